@@ -1,0 +1,150 @@
+"""Engine cache-key schemas, as data.
+
+A key dir name is ``sha256("|".join(parts))[:16]``. Which parts, in which order and how each
+is rendered is engine- and version-specific; each schema below is the single source of truth
+for one engine version, carried over from its source (see docs/cache-layout.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from .errors import UsageError
+
+# torch dtype names SGLang's ModelRunner.dtype can take, and the spellings users type for them.
+_DTYPE_ALIASES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+}
+
+
+def render_dtype(dtype: str) -> str:
+    """``str(torch.bfloat16)`` without importing torch: ``"torch.bfloat16"``."""
+    name = dtype.strip()
+    if name.startswith("torch."):
+        name = name[len("torch.") :]
+    canonical = _DTYPE_ALIASES.get(name.lower())
+    if canonical is None:
+        raise UsageError(
+            f"unknown dtype {dtype!r}; expected one of: " + ", ".join(sorted(set(_DTYPE_ALIASES.values())))
+        )
+    return f"torch.{canonical}"
+
+
+def render_optional(value: str | None) -> str:
+    """``str(x)`` as SGLang does for an unset server arg: ``None`` renders as ``"None"``."""
+    if value is None or value == "" or value == "None":
+        return "None"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class KeyFields:
+    """Everything an engine hashes into the key dir name, already resolved as the server would.
+
+    ``attn_dp_size`` is what SGLang calls it: ``--dp`` with dp-attention, else 1.
+    """
+
+    model_path: str
+    dtype: str
+    quantization: str | None
+    moe_runner_backend: str
+    tp: int
+    pp: int
+    attn_dp_size: int
+    ep: int
+    config_class: str
+    skip_ops: tuple[str, ...] = ()
+    draft_quantization: str | None = None
+    is_draft: bool = False
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["skip_ops"] = list(self.skip_ops)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KeyFields":
+        d = dict(d)
+        d["skip_ops"] = tuple(d.get("skip_ops") or ())
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+Renderer = Callable[[KeyFields], "str | None"]
+
+
+@dataclass(frozen=True)
+class KeySchema:
+    """An ordered list of (field name, renderer). A renderer returning None omits the part."""
+
+    name: str
+    description: str
+    parts: tuple[tuple[str, Renderer], ...] = field(repr=False)
+
+    def key_parts(self, f: KeyFields) -> list[str]:
+        rendered = (render(f) for _, render in self.parts)
+        return [part for part in rendered if part is not None]
+
+    def key_string(self, f: KeyFields) -> str:
+        return "|".join(self.key_parts(f))
+
+    def key(self, f: KeyFields) -> str:
+        return hashlib.sha256(self.key_string(f).encode()).hexdigest()[:16]
+
+    def field_names(self) -> list[str]:
+        return [name for name, _ in self.parts]
+
+
+_COMMON_PARTS: tuple[tuple[str, Renderer], ...] = (
+    ("model_path", lambda f: str(f.model_path)),
+    ("dtype", lambda f: render_dtype(f.dtype)),
+    ("quantization", lambda f: render_optional(f.quantization)),
+    ("moe_runner_backend", lambda f: str(f.moe_runner_backend)),
+    ("tp_size", lambda f: str(f.tp)),
+    ("pp_size", lambda f: str(f.pp)),
+    ("attn_dp_size", lambda f: str(f.attn_dp_size)),
+    ("moe_ep_size", lambda f: str(f.ep)),
+    ("config_class", lambda f: str(f.config_class)),
+)
+
+SCHEMAS: dict[str, KeySchema] = {
+    # sglang 0.5.23: flashinfer_autotune_cache_path()
+    "sglang": KeySchema(
+        name="sglang",
+        description="SGLang 0.5.23 (flashinfer_autotune_cache_path)",
+        parts=_COMMON_PARTS
+        + (
+            ("candidate_selection", lambda f: "candidate_selection=v2_default"),
+            ("skip_ops", lambda f: "skip_ops=" + ",".join(sorted(set(f.skip_ops)))),
+            (
+                "draft_quant",
+                lambda f: f"draft_quant={render_optional(f.draft_quantization)}" if f.is_draft else None,
+            ),
+        ),
+    ),
+    # sglang PR #24156 (May 2026): the first nine fields only.
+    "sglang-2605": KeySchema(
+        name="sglang-2605",
+        description="SGLang PR #24156 layout (May 2026): fields 1-9",
+        parts=_COMMON_PARTS,
+    ),
+}
+
+DEFAULT_SCHEMA = "sglang"
+
+
+def get_schema(name: str) -> KeySchema:
+    try:
+        return SCHEMAS[name]
+    except KeyError:
+        raise UsageError(
+            f"unknown key schema {name!r}; known: {', '.join(sorted(SCHEMAS))}"
+        ) from None

@@ -1,0 +1,93 @@
+"""Synthetic but format-exact cache entries, for tests and benchmarks of the cache tree.
+
+The rank files follow ``AutoTuner.save_configs`` byte for byte in structure: ``_metadata``
+first, keys sorted, ``_generation`` = sha256 of the compact sorted dump, ``indent=2``.
+Only the tactics are made up; nothing here pretends to have tuned anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+from .keys import KeyFields, get_schema
+from .layout import Topology
+from .manifest import Manifest, utc_now_iso
+from .writer import EntryId, commit_entry
+
+DEFAULT_METADATA = {
+    "flashinfer_version": "0.7.2.post1",
+    "cuda_version": "13.0",
+    "cublas_version": "13.1.0",
+    "cudnn_version": "91500",
+    "cudnn_frontend_version": "1.32.0",
+    "cutlass_dsl_version": "nvidia-cutlass-dsl==4.8.1",
+    "gpu": "NVIDIA H200",
+}
+
+HYBRID_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 8192)
+
+
+def cache_file_bytes(configs: dict[str, list], metadata: dict) -> bytes:
+    ordered: dict = {"_metadata": metadata}
+    for k in sorted(configs):
+        ordered[k] = configs[k]
+    gen = hashlib.sha256(json.dumps(ordered, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    ordered["_generation"] = gen
+    return json.dumps(ordered, indent=2).encode()
+
+
+def fake_configs(hidden: int = 7168, inter: int = 256, experts: int = 256, buckets=HYBRID_BUCKETS, seed: int = 0) -> dict[str, list]:
+    """MoE gemm1/gemm2 and a dense fp8 GEMM, one config per bucket, shaped like real file keys."""
+    rng = random.Random(seed)
+    configs = {}
+    for m in buckets:
+        for op, shapes in (
+            ("trtllm::fused_moe::gemm1", ((m, hidden), (experts, 2 * inter, hidden), (m, 8))),
+            ("trtllm::fused_moe::gemm2", ((m * 8, inter), (experts, hidden, inter), (m, 8))),
+            ("fp8_gemm", ((1, m, hidden), (1, hidden, 4 * inter), (1,), (1,), (1, m, 4 * inter))),
+        ):
+            extras = ("torch.bfloat16", 8, 8, 1, "Swiglu", True) if "moe" in op else ()
+            runner = "MoERunner" if "moe" in op else rng.choice(["CublasFp8GemmRunner", "CudnnFp8GemmRunner"])
+            key = str((op, runner, shapes, extras))
+            configs[key] = [runner, [rng.randrange(64), rng.randrange(8)] if "moe" in op else rng.randrange(-1, 40), ["cold_l2", 10]]
+    return configs
+
+
+def make_manifest(
+    fields: KeyFields, topology: Topology, flashinfer_version: str, arch: str,
+    schema: str = "sglang", metadata: dict | None = None, stats: dict | None = None,
+) -> Manifest:
+    s = get_schema(schema)
+    now = utc_now_iso()
+    return Manifest(
+        key=s.key(fields), schema=schema, key_string=s.key_string(fields), key_fields=fields,
+        topology=topology, flashinfer_version=flashinfer_version, arch=arch,
+        flashinfer_metadata=dict(metadata or DEFAULT_METADATA), rank_files={}, created=now, updated=now,
+        stats=dict(stats or {}),
+    )
+
+
+def default_fields(model: str = "zai-org/GLM-5.1-FP8", tp: int = 8, dp: int = 8, ep: int = 1) -> KeyFields:
+    return KeyFields(
+        model_path=model, dtype="torch.bfloat16", quantization="fp8", moe_runner_backend="flashinfer_trtllm",
+        tp=tp, pp=1, attn_dp_size=dp, ep=ep, config_class="GlmMoeDsaConfig",
+    )
+
+
+def write_fake_entry(
+    root: Path, fields: KeyFields | None = None, topology: Topology | None = None,
+    flashinfer_version: str = "0.7.2.post1", arch: str = "sm100", seed: int = 0,
+    with_manifest: bool = True, buckets=HYBRID_BUCKETS,
+) -> EntryId:
+    """Commit a complete entry through the real writer; returns its id."""
+    fields = fields or default_fields()
+    topology = topology or Topology(tp=fields.tp, pp=fields.pp, dp=fields.attn_dp_size, dp_attention=True)
+    manifest = make_manifest(fields, topology, flashinfer_version, arch)
+    data = cache_file_bytes(fake_configs(seed=seed, buckets=buckets), {**DEFAULT_METADATA, "flashinfer_version": flashinfer_version})
+    files = {name: data for name in topology.rank_files()}
+    eid = EntryId(flashinfer_version, arch, manifest.key)
+    commit_entry(root, eid, files, manifest if with_manifest else None)
+    return eid

@@ -1,0 +1,1 @@
+"""The ``fi-autotune`` command line: thin click wrappers over ``autotune_cache``."""

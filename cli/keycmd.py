@@ -1,0 +1,80 @@
+"""``key``: the low-level form of what ``plan``/``warm`` resolve from a model config; the test oracle."""
+
+from __future__ import annotations
+
+import click
+
+from autotune_cache import layout
+from autotune_cache.errors import UsageError
+from autotune_cache.keys import DEFAULT_SCHEMA, SCHEMAS, KeyFields, get_schema, render_dtype
+
+from .main import cache_dir_option, cli, json_option, quiet_option, resolve_root
+from .output import Output
+from .tree import _installed_flashinfer_version
+
+
+def _positive(ctx, param, value):
+    if value is not None and value < 1:
+        raise click.BadParameter(f"must be >= 1, got {value}")
+    return value
+
+
+@cli.command("key")
+@click.option("--model", required=True, help="The server's --model-path, verbatim.")
+@click.option("--tp", type=int, default=1, show_default=True, callback=_positive)
+@click.option("--pp", type=int, default=1, show_default=True, callback=_positive)
+@click.option("--dp", type=int, default=1, show_default=True, callback=_positive, help="Attention DP size (or replicas with --no-dp-attention).")
+@click.option("--ep", type=int, default=1, show_default=True, callback=_positive)
+@click.option("--dtype", default="bfloat16", show_default=True)
+@click.option("--quantization", default=None, help="As resolved by the server; 'None' for unset.")
+@click.option("--moe-runner-backend", default="auto", show_default=True)
+@click.option("--config-class", required=True, help="hf_config class name, e.g. GlmMoeDsaConfig.")
+@click.option("--arch", required=True, help="Target arch dir, e.g. sm90 or sm100.")
+@click.option("--flashinfer-version", default=None, help="Default: the installed flashinfer-python.")
+@click.option("--skip-ops", default="", help="Comma-separated --flashinfer-autotune-skip-ops.")
+@click.option("--schema", default=DEFAULT_SCHEMA, show_default=True, help=f"One of: {', '.join(sorted(SCHEMAS))}.")
+@click.option("--no-dp-attention", is_flag=True, help="--dp means independent replicas.")
+@click.option("--draft-quantization", default=None, help="Compute the speculative draft worker's key.")
+@cache_dir_option
+@json_option
+@quiet_option
+def key_cmd(model, tp, pp, dp, ep, dtype, quantization, moe_runner_backend, config_class, arch,
+            flashinfer_version, skip_ops, schema, no_dp_attention, draft_quantization, cache_dir, as_json, quiet):
+    """Print the cache key, the joined key string and every rank file path of a topology."""
+    schema_obj = get_schema(schema)
+    if not layout.ARCH_RE.match(arch):
+        raise UsageError(f"invalid --arch {arch!r}: expected sm<major><minor>, e.g. sm90 or sm100")
+    try:
+        topo = layout.Topology(tp=tp, pp=pp, dp=dp, dp_attention=not no_dp_attention)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    version = flashinfer_version or _installed_flashinfer_version()
+    if not version:
+        raise UsageError("flashinfer-python is not installed: pass --flashinfer-version")
+    if not layout.is_valid_version(version):
+        raise UsageError(f"invalid --flashinfer-version {version!r}")
+    fields = KeyFields(
+        model_path=model, dtype=render_dtype(dtype), quantization=quantization,
+        moe_runner_backend=moe_runner_backend, tp=tp, pp=pp, attn_dp_size=topo.attn_dp_size, ep=ep,
+        config_class=config_class,
+        skip_ops=tuple(sorted({s.strip() for s in skip_ops.split(",") if s.strip()})),
+        draft_quantization=draft_quantization, is_draft=draft_quantization is not None,
+    )
+    key = schema_obj.key(fields)
+    root = resolve_root(cache_dir)
+    kdir = layout.key_dir(root, version, arch, key)
+    files = [str(kdir / name) for name in topo.rank_files()]
+    out = Output(as_json, quiet)
+    if quiet:
+        out.keys([key])
+    elif as_json:
+        out.json({"key": key, "key_string": schema_obj.key_string(fields), "schema": schema,
+                  "key_fields": fields.to_dict(), "topology": topo.to_dict(), "key_dir": str(kdir),
+                  "rank_files": files})
+    else:
+        out.line(f"key         {key}")
+        out.line(f"key string  {schema_obj.key_string(fields)}")
+        out.line(f"key dir     {kdir}")
+        out.line(f"rank files  ({len(files)})")
+        for f in files:
+            out.line(f"  {f}")
