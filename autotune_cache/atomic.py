@@ -7,6 +7,7 @@ write a temp file in the same directory, flush, fsync, ``os.replace``, fsync the
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import signal
@@ -64,6 +65,34 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             raise
         fsync_dir(path.parent)
         return
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange_paths(a: Path, b: Path) -> bool:
+    """Atomically swap two directories (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Returns False where the libc or the filesystem cannot do it; the caller then falls back
+    to replacing files one by one.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
 
 
 @contextlib.contextmanager

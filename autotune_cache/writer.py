@@ -1,9 +1,11 @@
 """Committing a whole entry (rank files + manifest) to the tree: the one write path for every writer.
 
-A new key dir is assembled in a hidden staging dir and renamed into place, so even SIGKILL
-leaves either nothing or the complete entry. An existing key dir is updated file by file
-(each atomic), rank files first and the manifest last, with SIGINT/SIGTERM held until the
-commit is done, all under the key's lock.
+The whole entry is assembled in a hidden staging dir, then renamed into place (new key dir)
+or swapped with the old one in one ``renameat2(RENAME_EXCHANGE)`` (existing key dir), so even
+SIGKILL leaves either the previous entry or the complete new one. Where the swap is impossible
+(no renameat2, or the key dir holds files that are not ours), files are replaced one by one,
+each atomically, rank files first and the manifest last, with SIGINT/SIGTERM held until the
+commit is done. All of it under the key's lock.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import layout
-from .atomic import fsync_dir, makedirs, atomic_write_bytes, deferred_signals, key_lock
+from .atomic import atomic_write_bytes, deferred_signals, exchange_paths, fsync_dir, key_lock, makedirs
 from .layout import RankName
 from .manifest import Manifest, RankRecord
 from .rankfile import validate_cache_obj
@@ -48,33 +50,57 @@ def _write_plain(path: Path, data: bytes) -> os.stat_result:
     return os.stat(path)
 
 
-def _publish_new(target: Path, rank_files: dict[str, bytes], manifest: Manifest | None) -> bool:
+def _new_stage(target: Path) -> Path:
     parent = target.parent
     stage = parent / f".fi-autotune-stage-{target.name}-{secrets.token_hex(6)}"
     for attempt in range(20):
         makedirs(parent)
         try:
             stage.mkdir()
-            break
+            return stage
         except FileNotFoundError:
             if attempt == 19:
                 raise
-    try:
-        records = {name: _record(data, _write_plain(stage / name, data)) for name, data in rank_files.items()}
-        if manifest is not None:
-            _write_plain(stage / layout.MANIFEST_NAME, manifest.with_rank_records(records).to_bytes())
-        fsync_dir(stage)
-        try:
-            os.rename(stage, target)
-        except OSError:
-            if os.path.lexists(target):
-                return False
-            raise
-    finally:
-        if stage.exists():
-            shutil.rmtree(stage, ignore_errors=True)
-    fsync_dir(parent)
+    raise AssertionError("unreachable")
+
+
+def _fill(stage: Path, rank_files: dict[str, bytes], manifest: Manifest | None) -> None:
+    records = {name: _record(data, _write_plain(stage / name, data)) for name, data in rank_files.items()}
+    if manifest is not None:
+        _write_plain(stage / layout.MANIFEST_NAME, manifest.with_rank_records(records).to_bytes())
+    fsync_dir(stage)
+
+
+def _only_ours(target: Path) -> bool:
+    """True if swapping the dir away would lose nothing but our own files."""
+    for child in os.scandir(target):
+        if not child.is_file(follow_symlinks=False):
+            return False
+        name = child.name
+        if not (RankName.parse(name) or name == layout.MANIFEST_NAME or layout.TEMP_FILE_RE.match(name)):
+            return False
     return True
+
+
+def _publish(target: Path, rank_files: dict[str, bytes], manifest: Manifest | None) -> bool:
+    """Put the whole entry in place in one step; False if only a file-by-file update can do it."""
+    stage = _new_stage(target)
+    try:
+        _fill(stage, rank_files, manifest)
+        if not os.path.lexists(target):
+            try:
+                os.rename(stage, target)
+                fsync_dir(target.parent)
+                return True
+            except OSError:
+                if not os.path.lexists(target):
+                    raise
+        if target.is_dir() and not target.is_symlink() and _only_ours(target) and exchange_paths(stage, target):
+            fsync_dir(target.parent)
+            return True  # ``stage`` now holds the previous entry, removed below
+        return False
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _replace_in_place(target: Path, rank_files: dict[str, bytes], manifest: Manifest | None) -> None:
@@ -117,7 +143,7 @@ def commit_entry(
         else key_lock(root, entry.flashinfer_version, entry.arch, entry.key, timeout=lock_timeout)
     )
     with lock, deferred_signals():
-        if not os.path.lexists(target) and _publish_new(target, rank_files, manifest):
+        if _publish(target, rank_files, manifest):
             return target
         _replace_in_place(target, rank_files, manifest)
     return target

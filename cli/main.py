@@ -45,7 +45,8 @@ def _register() -> None:
 def main(argv: list[str] | None = None) -> int:
     _register()
     try:
-        cli.main(args=argv, prog_name=PROG, standalone_mode=False)
+        # Without standalone mode click returns the code of a ``click.exceptions.Exit``.
+        rv = cli.main(args=argv, prog_name=PROG, standalone_mode=False)
     except click.exceptions.Abort:
         click.echo(f"{PROG}: aborted", err=True)
         return 1
@@ -66,12 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-    return 0
+    return rv if isinstance(rv, int) else 0
 
 
 def console_main() -> None:
     sys.exit(main())
-
-
-if __name__ == "__main__":
-    console_main()

@@ -1,0 +1,3 @@
+from cli.main import console_main
+
+console_main()
