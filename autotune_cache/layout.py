@@ -10,6 +10,7 @@ Tree (SGLang 0.5.23, ``sglang/srt/model_executor/runner/flashinfer_autotune.py``
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -92,10 +93,33 @@ class RankName:
 
     @classmethod
     def parse(cls, filename: str) -> "RankName | None":
-        m = RANK_FILE_RE.match(filename)
-        if not m:
-            return None
-        return cls(int(m["tp"]), int(m["pp"]), int(m["dp"]), m["gpu"])
+        return _parse_rank_name(filename)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_rank_name(filename: str) -> RankName | None:
+    # Cached: the same few names recur in every key dir of a large tree.
+    m = RANK_FILE_RE.match(filename)
+    if not m:
+        return None
+    return RankName(int(m["tp"]), int(m["pp"]), int(m["dp"]), m["gpu"])
+
+
+@functools.lru_cache(maxsize=1024)
+def _rank_names(tp: int, pp: int, dp: int, dp_attention: bool) -> tuple[RankName, ...]:
+    names = []
+    replicas = 1 if dp_attention else dp
+    attn_tp = tp // dp if dp_attention else tp
+    for replica in range(replicas):
+        for p in range(pp):
+            for t in range(tp):
+                names.append(RankName(t, p, t // attn_tp if dp_attention else replica))
+    return tuple(sorted(names))
+
+
+@functools.lru_cache(maxsize=1024)
+def _rank_files(tp: int, pp: int, dp: int, dp_attention: bool) -> tuple[str, ...]:
+    return tuple(r.filename for r in _rank_names(tp, pp, dp, dp_attention))
 
 
 @dataclass(frozen=True)
@@ -130,18 +154,10 @@ class Topology:
         return self.dp if self.dp_attention else 1
 
     def rank_names(self) -> list[RankName]:
-        names = []
-        replicas = 1 if self.dp_attention else self.dp
-        attn_tp = self.tp // self.dp if self.dp_attention else self.tp
-        for replica in range(replicas):
-            for pp in range(self.pp):
-                for tp in range(self.tp):
-                    dp = tp // attn_tp if self.dp_attention else replica
-                    names.append(RankName(tp, pp, dp))
-        return sorted(names)
+        return list(_rank_names(self.tp, self.pp, self.dp, self.dp_attention))
 
     def rank_files(self) -> list[str]:
-        return [r.filename for r in self.rank_names()]
+        return list(_rank_files(self.tp, self.pp, self.dp, self.dp_attention))
 
     def tp_group_of(self, rank: RankName) -> tuple[int, int]:
         """(pp stage, replica): ranks sharing it must have byte-identical files."""
@@ -175,6 +191,9 @@ class Topology:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Topology":
-        return cls(
-            tp=int(d["tp"]), pp=int(d["pp"]), dp=int(d["dp"]), dp_attention=bool(d["dp_attention"])
-        )
+        return _topology(int(d["tp"]), int(d["pp"]), int(d["dp"]), bool(d["dp_attention"]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _topology(tp: int, pp: int, dp: int, dp_attention: bool) -> Topology:
+    return Topology(tp=tp, pp=pp, dp=dp, dp_attention=dp_attention)

@@ -93,7 +93,7 @@ class Manifest:
             schema=str(d["schema"]),
             key_string=str(d["key_string"]),
             key_fields=KeyFields.from_dict(d["key_fields"]),
-            topology=Topology.from_dict(d["topology"]),
+            topology=Topology.from_dict(d["topology"]),  # cached: a tree has few distinct topologies
             flashinfer_version=str(d["flashinfer_version"]),
             arch=str(d["arch"]),
             flashinfer_metadata=dict(d.get("flashinfer_metadata") or {}),

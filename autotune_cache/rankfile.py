@@ -62,15 +62,15 @@ def parse_cache_bytes(data: bytes) -> dict:
     return obj
 
 
-def read_regular_file(path: Path, limit: int = MAX_RANK_FILE_BYTES) -> bytes:
+def read_regular_file(path: "Path | str", limit: int = MAX_RANK_FILE_BYTES) -> bytes:
     """Read a regular file without following a symlink or blocking on a FIFO."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
-            raise OSError(f"{path.name} is not a regular file")
+            raise OSError(f"{os.path.basename(path)} is not a regular file")
         if st.st_size > limit:
-            raise OSError(f"{path.name} is larger than {limit} bytes")
+            raise OSError(f"{os.path.basename(path)} is larger than {limit} bytes")
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
@@ -130,7 +130,8 @@ def summarize_ops(obj: dict) -> list[OpSummary]:
 class RankFile:
     """One rank file as found on disk. ``error`` is set when it is corrupt or unreadable."""
 
-    path: Path
+    directory: Path
+    name: str
     size_on_disk: int
     mtime: float
     mtime_ns: int
@@ -140,8 +141,8 @@ class RankFile:
     error: str | None = None
 
     @property
-    def name(self) -> str:
-        return self.path.name
+    def path(self) -> Path:
+        return self.directory / self.name
 
     @property
     def ok(self) -> bool:
@@ -158,8 +159,9 @@ class RankFile:
         return parse_cache_bytes(read_regular_file(self.path))
 
     @classmethod
-    def read(cls, path: Path, st: os.stat_result) -> "RankFile":
-        base = dict(path=path, size_on_disk=st.st_size, mtime=st.st_mtime, mtime_ns=st.st_mtime_ns)
+    def read(cls, directory: Path, name: str, st: os.stat_result) -> "RankFile":
+        path = os.path.join(directory, name)
+        base = dict(directory=directory, name=name, size_on_disk=st.st_size, mtime=st.st_mtime, mtime_ns=st.st_mtime_ns)
         try:
             data = read_regular_file(path)
         except OSError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -9,18 +10,18 @@ import click
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import format_size, parse_duration
-from autotune_cache.scan import CacheEntry, CacheInfo, EntryStatus, scan_cache
+from autotune_cache.scan import CacheEntry, CacheInfo, EntryStatus, map_entries, scan_cache
 
 from .main import cache_dir_option, cli, json_option, quiet_option, resolve_root
 from .output import Output
 
 SORTS = {
-    "key": lambda e: (e.key, e.id),
-    "model": lambda e: (e.model or "~", e.id),
-    "size": lambda e: -e.size_on_disk,
-    "modified": lambda e: -e.last_modified,
-    "status": lambda e: (e.status, e.id),
-    "path": lambda e: e.id,
+    "key": lambda e: (e["key"], e["id"]),
+    "model": lambda e: (e["model"] or "~", e["id"]),
+    "size": lambda e: -e["size_on_disk"],
+    "modified": lambda e: -e["last_modified"],
+    "status": lambda e: (e["status"], e["id"]),
+    "path": lambda e: e["id"],
 }
 
 
@@ -43,6 +44,7 @@ def _installed_flashinfer_version() -> str | None:
 
 
 def _scan(root, check_env: bool) -> CacheInfo:
+    """Whole-tree scan in this process (show, prune): they need the entries themselves."""
     checker = None
     if check_env:
         from autotune_cache.envcheck import metadata_checker
@@ -55,25 +57,39 @@ def _filter(entries, model, versions, arch, statuses, older_than_s):
     now = time.time()
     out = []
     for e in entries:
-        if model and (e.model is None or model not in e.model):
+        if model and (e["model"] is None or model not in e["model"]):
             continue
-        if versions and e.flashinfer_version not in versions:
+        if versions and e["flashinfer_version"] not in versions:
             continue
-        if arch and e.arch not in arch:
+        if arch and e["arch"] not in arch:
             continue
-        if statuses and e.status not in statuses:
+        if statuses and e["status"] not in statuses:
             continue
-        if older_than_s is not None and now - e.last_modified < older_than_s:
+        if older_than_s is not None and now - e["last_modified"] < older_than_s:
             continue
         out.append(e)
     return out
 
 
-def _row(e: CacheEntry) -> list[str]:
-    return [
+def _summary(e: CacheEntry, full: bool = False) -> dict:
+    """What ls needs of an entry: computed where the entry was scanned (maybe a child process),
+    so only this small dict crosses the pipe."""
+    if full:
+        d = e.to_dict()
+    else:
+        d = {
+            "id": e.id, "key": e.key, "model": e.model, "flashinfer_version": e.flashinfer_version,
+            "arch": e.arch, "status": e.status, "size_on_disk": e.size_on_disk,
+            "last_modified": e.last_modified, "rank_files": len(e.rank_files),
+        }
+    d["row"] = [
         e.key, e.model or "-", e.flashinfer_version, e.arch, e.parallel_str, e.ranks_str,
         str(e.num_configs), e.size_on_disk_str, e.last_modified_str, e.status,
     ]
+    d["notes"] = [f"{e.id}: {p}" for p in e.problems] + [
+        f"{e.id}: {f.kind}: {f.path.name}: {f.message}" for f in e.foreign
+    ]
+    return d
 
 
 HEADERS = ["KEY", "MODEL", "FLASHINFER", "ARCH", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "STATUS"]
@@ -95,43 +111,45 @@ def ls_cmd(cache_dir, model, versions, arch, status, older_than, sort, check_env
     root = resolve_root(cache_dir)
     statuses = _statuses(status)
     older_than_s = parse_duration(older_than) if older_than else None
-    if EntryStatus.STALE in statuses:
-        check_env = True
-    info = _scan(root, check_env)
-    entries = sorted(_filter(info.entries, model, versions, arch, statuses, older_than_s), key=SORTS[sort])
+    checker = None
+    if check_env or EntryStatus.STALE in statuses:
+        from autotune_cache.envcheck import metadata_checker
+
+        checker = metadata_checker()
+    summaries, findings = map_entries(root, functools.partial(_summary, full=as_json), check_env=checker)
+    entries = sorted(_filter(summaries, model, versions, arch, statuses, older_than_s), key=SORTS[sort])
     out = Output(as_json, quiet)
     if quiet:
-        out.keys([e.key for e in entries])
+        out.keys([e["key"] for e in entries])
         return
-    counts = {s: sum(1 for e in entries if e.status == s) for s in EntryStatus.ALL}
+    counts = {s: sum(1 for e in entries if e["status"] == s) for s in EntryStatus.ALL}
     totals = {
         "entries": len(entries),
-        "rank_files": sum(len(e.rank_files) for e in entries),
-        "size_on_disk": sum(e.size_on_disk for e in entries),
+        "rank_files": sum(e["rank_files"] if isinstance(e["rank_files"], int) else len(e["rank_files"]) for e in entries),
+        "size_on_disk": sum(e["size_on_disk"] for e in entries),
         "by_status": {s: n for s, n in counts.items() if n},
     }
     if as_json:
+        for e in entries:
+            del e["row"], e["notes"]
         out.json({
             "root": str(root),
-            "entries": [e.to_dict() for e in entries],
-            "findings": [f.to_dict() for f in info.findings]
-            + [f.to_dict() for e in entries for f in e.foreign],
+            "entries": entries,
+            "findings": [f.to_dict() for f in findings] + [f for e in entries for f in e["foreign"]],
             "totals": totals,
         })
         return
     if entries:
-        out.table(HEADERS, [_row(e) for e in entries])
+        out.table(HEADERS, [e["row"] for e in entries])
     by_status = ", ".join(f"{n} {s}" for s, n in totals["by_status"].items()) or "nothing cached"
     out.line(
         f"\n{len(entries)} entries, {totals['rank_files']} rank files, "
         f"{format_size(totals['size_on_disk'])} in {root} ({by_status})"
     )
     for e in entries:
-        for p in e.problems:
-            out.note(f"{e.id}: {p}")
-        for f in e.foreign:
-            out.note(f"{e.id}: {f.kind}: {f.path.name}: {f.message}")
-    for f in info.findings:
+        for note in e["notes"]:
+            out.note(note)
+    for f in findings:
         out.note(f"{f.kind}: {f.path}: {f.message}")
 
 

@@ -106,3 +106,18 @@ def test_stale_against_this_machines_flashinfer(root):
 def test_missing_tree_is_empty(tmp_path):
     info = scan_cache(tmp_path / "nope")
     assert info.entries == () and info.findings == ()
+
+
+def test_forked_map_matches_serial_scan(root, monkeypatch):
+    """The parallel path of map_entries (real forked children) returns what a serial scan does, in order."""
+    from autotune_cache import scan as scan_mod
+
+    for i in range(7):
+        write_fake_entry(root, fields=default_fields(f"m{i}", tp=2, dp=1), arch="sm90" if i % 2 else "sm100")
+    serial = [e.to_dict() for e in scan_cache(root).entries]
+    monkeypatch.setattr(scan_mod, "PARALLEL_MIN_ENTRIES", 0)
+    parent = os.getpid()
+    results, findings = scan_mod.map_entries(root, lambda e: (os.getpid(), e.to_dict()), jobs=3)
+    assert [d for _, d in results] == serial
+    assert {pid for pid, _ in results} - {parent}, "no entry was scanned in a child process"
+    assert findings == []
