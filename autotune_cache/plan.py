@@ -1,0 +1,211 @@
+"""The tuning plan: config -> spec -> SGLang resolution -> per-rank recipes -> buckets.
+
+``TuningPlan.to_dict()`` is the JSON ``fi-autotune plan --json`` prints and ``warm`` consumes.
+No GPU and no CUDA runtime is needed; flashinfer is imported (CPU only) for its bucket functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import buckets as B
+from . import layout
+from .config_source import ConfigSource, load_model_config
+from .errors import UsageError
+from .keys import DEFAULT_SCHEMA, get_schema
+from .layout import RankName
+from .recipes import OpRecipe, recipes_for
+from .sglang import Resolution, ServerFlags, resolve
+from .spec import ModelSpec, build_spec
+
+PLAN_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class OpPlan:
+    recipe: OpRecipe
+    buckets: tuple[int, ...]  # what warm tunes (grid values + engine keys), each stored under itself
+    engine_keys: tuple[int, ...]  # what SGLang's dummy pass for these flags looks up
+    added: tuple[int, ...]  # engine keys the superset lacked, added to ``buckets``
+    max_tokens: int
+
+    @property
+    def profiles(self) -> int:
+        return len(self.buckets) * len(self.recipe.custom_ops)
+
+    def to_dict(self) -> dict:
+        return {
+            **self.recipe.to_dict(), "buckets": list(self.buckets), "engine_keys": list(self.engine_keys),
+            "added_engine_keys": list(self.added), "max_tokens": self.max_tokens, "profiles": self.profiles,
+        }
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Ranks whose calls produce identical cache keys: they get byte-identical rank files."""
+
+    ranks: tuple[str, ...]  # rank file names
+    ops: tuple[OpPlan, ...]
+    stages: tuple[tuple[int, int], ...]  # [start, end) layer spans of the pipeline stages it covers
+
+    @property
+    def profiles(self) -> int:
+        return sum(o.profiles for o in self.ops)
+
+    def to_dict(self) -> dict:
+        return {"ranks": list(self.ranks), "stages": [list(s) for s in self.stages], "profiles": self.profiles,
+                "ops": [o.to_dict() for o in self.ops]}
+
+
+@dataclass(frozen=True)
+class TuningPlan:
+    model: str
+    source: ConfigSource
+    spec: ModelSpec
+    resolution: Resolution
+    schema: str
+    key: str
+    key_string: str
+    flashinfer_version: str
+    cache_root: Path
+    workloads: tuple[Workload, ...]
+    max_tokens_override: int | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def autotunes(self) -> bool:
+        return self.resolution.autotunes and any(w.ops for w in self.workloads)
+
+    @property
+    def key_dir(self) -> Path:
+        return layout.key_dir(self.cache_root, self.flashinfer_version, self.resolution.arch, self.key)
+
+    @property
+    def rank_files(self) -> list[str]:
+        return self.resolution.topology.rank_files()
+
+    @property
+    def profiles(self) -> int:
+        """Distinct (op, bucket) profiles: what warm measures once and copies to every rank."""
+        return sum(w.profiles for w in self.workloads)
+
+    def to_dict(self) -> dict:
+        r = self.resolution
+        return {
+            "format": PLAN_FORMAT,
+            "model": self.model,
+            "source": self.source.to_dict() | {"describe": self.source.describe()},
+            "spec": self.spec.to_dict(),
+            "resolution": r.to_dict(),
+            "schema": self.schema,
+            "key": self.key,
+            "key_string": self.key_string,
+            "flashinfer_version": self.flashinfer_version,
+            "arch": r.arch,
+            "cache_root": str(self.cache_root),
+            "key_dir": str(self.key_dir),
+            "rank_files": self.rank_files,
+            "autotunes": self.autotunes,
+            "reasons": list(r.reasons),
+            "notes": list(r.notes + self.notes),
+            "max_tokens_override": self.max_tokens_override,
+            "workloads": [w.to_dict() for w in self.workloads],
+            "profiles": self.profiles,
+        }
+
+
+def pp_layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """sglang/srt/distributed/utils.py get_pp_indices: even split, the remainder to the last stages."""
+    base, extra = divmod(num_layers, pp)
+    ranges, start = [], 0
+    for stage in range(pp):
+        size = base + (1 if stage >= pp - extra else 0)
+        ranges.append((start, start + size))
+        start += size
+    return ranges
+
+
+def _op_plan(recipe: OpRecipe, res: Resolution, max_override: int | None) -> OpPlan:
+    gathered = res.attn_dp_size if recipe.tokens == "moe" else 1
+    decode_m = res.decode_batch * gathered
+    # The largest M the engine can feed the op: a full decode batch or a full prefill chunk, on
+    # every attention-DP rank at once for a MoE layer (dp gather).
+    # A decode-only kernel (MLA decode) never sees a prefill chunk.
+    prefill = res.chunked_prefill_size if recipe.tokens != "decode" else 0
+    largest_m = max(res.decode_batch, prefill) * gathered if max_override is None else max_override
+    cap = recipe.engine_tune_max_cap
+    top = B.largest_key(recipe.bucket_rule, largest_m, cap)
+    grid = set(B.hybrid_buckets(top))
+    # Keys of the engine's own dummy pass for these flags (and its optional EXTEND pass).
+    if recipe.bucket_rule == "gemm":
+        engine = B.engine_keys("gemm", decode_m)
+        if res.flags.autotune_extend:
+            engine |= B.engine_keys("gemm", res.chunked_prefill_size)
+    elif cap is not None:
+        # flashinfer_cutlass.py _cutlass_moe_tune_max_num_tokens: min(prefill tokens x attn_dp, 8192)
+        engine = B.engine_keys("moe", decode_m, tune_max=min(res.chunked_prefill_size * res.attn_dp_size, cap))
+    else:
+        # flashinfer_trtllm.py: tune_max_num_tokens = next_power_of_2(tokens in the call)
+        engine = B.engine_keys("moe", decode_m)
+        if res.flags.autotune_extend:
+            engine |= B.engine_keys("moe", res.chunked_prefill_size * gathered)
+    added = sorted(engine - grid)
+    return OpPlan(recipe, tuple(sorted(grid | engine)), tuple(sorted(engine)), tuple(added), top)
+
+
+def make_plan(
+    model: str,
+    flags: ServerFlags,
+    arch: str,
+    *,
+    config: str | None = None,
+    revision: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+    flashinfer_version: str | None = None,
+    cache_root: Path,
+    max_tokens: int | None = None,
+) -> TuningPlan:
+    if max_tokens is not None and max_tokens < 1:
+        raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
+    source = load_model_config(model, config=config, revision=revision)
+    spec = build_spec(source)
+    res = resolve(spec, arch, flags, model)
+    schema_obj = get_schema(schema)
+    version = flashinfer_version or installed_flashinfer_version()
+    if not version:
+        raise UsageError("flashinfer-python is not installed: pass --flashinfer-version")
+
+    by_signature: dict[tuple, tuple[list[str], list[OpPlan], list[tuple[int, int]]]] = {}
+    stages = pp_layer_ranges(spec.num_layers, flags.pp)
+    for rank in res.topology.rank_names():
+        start, end = stages[rank.pp]
+        recipes = recipes_for(spec, res, range(start, end))
+        sig = tuple(r.signature() for r in recipes)
+        if sig not in by_signature:
+            by_signature[sig] = ([], [_op_plan(r, res, max_tokens) for r in recipes], [])
+        ranks, _, spans = by_signature[sig]
+        ranks.append(rank.filename)
+        if (start, end) not in spans:
+            spans.append((start, end))
+    workloads = tuple(Workload(tuple(r), tuple(ops), tuple(spans)) for r, ops, spans in by_signature.values())
+    return TuningPlan(
+        model=model, source=source, spec=spec, resolution=res, schema=schema,
+        key=schema_obj.key(res.key_fields), key_string=schema_obj.key_string(res.key_fields),
+        flashinfer_version=version, cache_root=Path(cache_root), workloads=workloads,
+        max_tokens_override=max_tokens,
+    )
+
+
+def installed_flashinfer_version() -> str | None:
+    """From package metadata, without importing flashinfer (and so torch)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("flashinfer-python")
+    except PackageNotFoundError:
+        return None
+
+
+def rank_names(plan: TuningPlan) -> list[RankName]:
+    return plan.resolution.topology.rank_names()

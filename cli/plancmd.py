@@ -1,0 +1,169 @@
+"""``plan``: what SGLang would tune for a model and flags, resolved on CPU; the JSON warm consumes."""
+
+from __future__ import annotations
+
+import functools
+
+import click
+
+from autotune_cache.errors import UsageError
+from autotune_cache.keys import DEFAULT_SCHEMA
+
+from .main import cache_dir_option, cli, json_option, resolve_root
+from .output import Output
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(sorted({s.strip() for s in value.split(",") if s.strip()}))
+
+
+def serving_options(fn):
+    """The model and server flags shared by plan, warm and verify (named as sglang names them)."""
+    options = [
+        click.option("--model", required=True, help="The server's --model-path, verbatim (hub id or local path)."),
+        click.option("--config", "config_path", help="A config.json (or a directory holding one) to use instead of looking it up."),
+        click.option("--revision", help="Hub revision of the config."),
+        click.option("--arch", help="Target arch: sm90, sm100 or sm103 (default: this machine's GPU)."),
+        click.option("--tp", type=int, default=1, show_default=True),
+        click.option("--pp", type=int, default=1, show_default=True),
+        click.option("--dp", type=int, default=1, show_default=True, help="Attention DP size (--enable-dp-attention), or replicas with --no-dp-attention."),
+        click.option("--no-dp-attention", is_flag=True, help="--dp means independent replicas."),
+        click.option("--ep", type=int, default=1, show_default=True),
+        click.option("--dtype", default="auto", show_default=True),
+        click.option("--quantization", default=None, help="The server's --quantization (default: unset)."),
+        click.option("--moe-runner-backend", default="auto", show_default=True),
+        click.option("--skip-ops", default="", help="Comma-separated --flashinfer-autotune-skip-ops."),
+        click.option("--max-running-requests", type=int),
+        click.option("--cuda-graph-max-bs", type=int),
+        click.option("--chunked-prefill-size", type=int),
+        click.option("--autotune-extend", is_flag=True, help="The server runs with SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1."),
+        click.option("--max-tokens", type=int, help="Tune buckets up to this many tokens instead of the engine's maximum."),
+        click.option("--schema", default=DEFAULT_SCHEMA, show_default=True),
+        click.option("--flashinfer-version", help="Default: the installed flashinfer-python."),
+        cache_dir_option,
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def build_plan(kw: dict, arch: str | None = None):
+    from autotune_cache.plan import make_plan
+    from autotune_cache.sglang import ServerFlags
+
+    for name in ("tp", "pp", "dp", "ep"):
+        if kw[name] < 1:
+            raise UsageError(f"--{name} must be >= 1, got {kw[name]}")
+    arch = arch or kw["arch"]
+    if not arch:
+        arch = local_arch()
+    flags = ServerFlags(
+        tp=kw["tp"], pp=kw["pp"], dp=kw["dp"], dp_attention=not kw["no_dp_attention"], ep=kw["ep"],
+        dtype=kw["dtype"], quantization=None if kw["quantization"] in (None, "None", "") else kw["quantization"],
+        moe_runner_backend=kw["moe_runner_backend"], skip_ops=_split(kw["skip_ops"]),
+        max_running_requests=kw["max_running_requests"], cuda_graph_max_bs=kw["cuda_graph_max_bs"],
+        chunked_prefill_size=kw["chunked_prefill_size"], autotune_extend=kw["autotune_extend"],
+    )
+    return make_plan(
+        kw["model"], flags, arch, config=kw["config_path"], revision=kw["revision"], schema=kw["schema"],
+        flashinfer_version=kw["flashinfer_version"], cache_root=resolve_root(kw["cache_dir"]),
+        max_tokens=kw["max_tokens"],
+    )
+
+
+def local_arch() -> str:
+    """This machine's GPU arch through NVML (no CUDA context); a usage error when there is none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))
+        finally:
+            pynvml.nvmlShutdown()
+        return f"sm{major}{minor}"
+    except Exception:  # noqa: BLE001 - no driver, no GPU, no pynvml
+        raise UsageError("no GPU found to take the target arch from: pass --arch sm90 or --arch sm100") from None
+
+
+def _fmt_kwarg(value) -> str:
+    from autotune_cache.recipes import T, encode
+
+    if isinstance(value, T):
+        dims = "x".join(str(d) for d in value.shape)
+        col = " col-major" if value.layout == "column_major" else ""
+        return f"[{dims}] {value.dtype}{col}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt_kwarg(v) for v in value) + "]"
+    enc = encode(value)
+    if isinstance(enc, dict):
+        return str(enc.get("enum") or enc.get("dtype"))
+    return repr(value)
+
+
+def _compact(values) -> str:
+    values = list(values)
+    return ", ".join(map(str, values)) if len(values) <= 12 else f"{', '.join(map(str, values[:6]))}, ..., {', '.join(map(str, values[-3:]))}"
+
+
+def print_plan(plan, out: Output) -> None:
+    r = plan.resolution
+    f = r.key_fields
+    out.line(f"Config      {plan.source.describe()}")
+    out.line(f"Model       {plan.model}  ({plan.spec.architecture}, {plan.spec.family}, {plan.spec.config_class})")
+    q = plan.spec.quant
+    out.line(f"Checkpoint  dtype {plan.spec.dtype}, quantization {q.method if q else 'none'}"
+             + (f" (block {q.weight_block_size[0]}x{q.weight_block_size[1]})" if q and q.weight_block_size else ""))
+    out.line(f"Target      {r.arch}, tp={r.flags.tp} pp={r.flags.pp} dp={r.flags.dp} "
+             f"({'dp-attention' if r.flags.dp_attention else 'replicas'}) ep={r.flags.ep}")
+    out.line("Resolved    " + ", ".join([
+        f"dtype={f.dtype}", f"quantization={f.quantization}", f"moe_runner_backend={f.moe_runner_backend}",
+        f"attn_dp_size={f.attn_dp_size}", f"config_class={f.config_class}"]))
+    if plan.spec.moe:
+        out.line(f"MoE split   {plan.spec.moe.num_experts} experts, top-{plan.spec.moe.top_k}; per rank "
+                 f"{r.experts_per_rank} experts, intermediate {r.moe_intermediate_per_partition} "
+                 f"(moe_tp={r.moe_tp_size}, moe_ep={r.moe_ep_size})")
+    out.line(f"Dummy pass  decode batch {r.decode_batch} per rank"
+             + (f", {r.moe_tokens} tokens at each MoE layer (x{r.attn_dp_size} dp gather)" if plan.spec.moe and r.attn_dp_size > 1 else "")
+             + f"; chunked prefill {r.chunked_prefill_size}")
+    out.line(f"Key         {plan.key}  ({plan.schema})")
+    out.line(f"Key string  {plan.key_string}")
+    out.line(f"Key dir     {plan.key_dir}")
+    out.line(f"Rank files  {len(plan.rank_files)}: {_compact(plan.rank_files)}")
+    verdict = "YES" if plan.autotunes else "NO"
+    out.line(f"Autotune    {verdict}: SGLang 0.5.23 {'would' if plan.autotunes else 'would not'} run FlashInfer autotune")
+    for reason in r.reasons:
+        out.line(f"  - {reason}")
+    for note in r.notes + plan.notes:
+        out.line(f"  note: {note}")
+    for i, w in enumerate(plan.workloads, 1):
+        if not w.ops:
+            continue
+        spans = ", ".join(f"{a}-{b - 1}" for a, b in w.stages)
+        out.line(f"\nWorkload {i}: {len(w.ranks)} rank(s) share it (layers {spans}): {_compact(w.ranks)}")
+        for op in w.ops:
+            rec = op.recipe
+            out.line(f"  {rec.id}: {rec.api}  x{rec.layers} layers  custom_ops={','.join(rec.custom_ops)}"
+                     + ("" if rec.verified else "  [argument-level only: not yet run on a GPU]"))
+            out.line(f"    mirrors {rec.mirrors}")
+            for k, v in rec.kwargs.items():
+                if v is not None:
+                    out.line(f"    {k:<24} {_fmt_kwarg(v)}")
+            out.line(f"    buckets ({len(op.buckets)}, max {op.buckets[-1]}): {_compact(op.buckets)}")
+            out.line(f"    engine dummy pass looks up {len(op.engine_keys)}: {_compact(op.engine_keys)}"
+                     + (f"; added to the plan: {', '.join(map(str, op.added))}" if op.added else "; all in the plan"))
+    out.line(f"\nProfiles    {plan.profiles} (op, bucket) profiles to tune"
+             + (f", copied to {len(plan.rank_files)} rank files" if plan.autotunes else "; warm writes nothing"))
+
+
+@cli.command("plan")
+@serving_options
+@json_option
+def plan_cmd(as_json, **kw):
+    """Show what SGLang would autotune for a model and server flags, and the tuning plan (no GPU needed)."""
+    plan = build_plan(kw)
+    out = Output(as_json)
+    if as_json:
+        out.json(plan.to_dict())
+    else:
+        print_plan(plan, out)
