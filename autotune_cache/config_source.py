@@ -67,7 +67,8 @@ def _from_dir(directory: Path, kind: str, location: str) -> ConfigSource:
 
 
 def preset_ids() -> list[str]:
-    return sorted(p.stem.replace("--", "/") for p in PRESETS_DIR.glob("*.json") if "." not in p.stem)
+    sidecar_suffix = "." + QUANT_SIDECAR_NAME.removesuffix(".json")
+    return sorted(p.stem.replace("--", "/") for p in PRESETS_DIR.glob("*.json") if not p.stem.endswith(sidecar_suffix))
 
 
 def _preset(model: str) -> ConfigSource | None:

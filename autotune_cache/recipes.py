@@ -244,8 +244,7 @@ def _routing(spec: ModelSpec) -> tuple[Enum, Any, Any]:
     assert spec.moe is not None
     if spec.family in (Family.MLA_MOE, Family.MLA_DSA_MOE):
         return Enum("flashinfer.fused_moe.RoutingMethodType.DeepSeekV3", 2), spec.moe.n_group, spec.moe.topk_group
-    if spec.moe.norm_topk_prob:
-        return Enum("flashinfer.fused_moe.RoutingMethodType.RenormalizeNaive", 4), None, None
+    # models/qwen3_moe.py (and gpt-oss, Mixtral): TopK -> Softmax
     return Enum("flashinfer.fused_moe.RoutingMethodType.Renormalize", 1), None, None
 
 

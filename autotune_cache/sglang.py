@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from .errors import UsageError
 from .keys import KeyFields, render_dtype
 from .layout import Topology
-from .spec import Family, ModelSpec
+from .spec import ModelSpec
 
 # sglang/srt/model_executor/runner/flashinfer_autotune.py: should_run_flashinfer_autotune
 MOE_BACKENDS_THAT_AUTOTUNE = (
