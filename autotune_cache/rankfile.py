@@ -55,6 +55,17 @@ def validate_cache_obj(obj: object) -> tuple[dict, int]:
     return meta, count
 
 
+def cache_file_bytes(metadata: dict, entries: dict) -> bytes:
+    """A cache file exactly as FlashInfer's ``AutoTuner.save_configs`` lays it out: ``_metadata``
+    first, keys sorted, ``_generation`` = sha256 of the compact sorted dump, ``indent=2``."""
+    ordered: dict = {METADATA_KEY: metadata}
+    for k in sorted(entries):
+        ordered[k] = entries[k]
+    gen = hashlib.sha256(json.dumps(ordered, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    ordered[GENERATION_KEY] = gen
+    return json.dumps(ordered, indent=2).encode()
+
+
 def parse_cache_bytes(data: bytes) -> dict:
     """Parse and validate; raises ValueError (JSON or NotACacheFile) on anything unusable."""
     obj = json.loads(data)

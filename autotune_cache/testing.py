@@ -7,14 +7,13 @@ Only the tactics are made up; nothing here pretends to have tuned anything.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 from pathlib import Path
 
 from .keys import KeyFields, get_schema
 from .layout import Topology
 from .manifest import Manifest, utc_now_iso
+from .rankfile import cache_file_bytes
 from .writer import EntryId, commit_entry
 
 DEFAULT_METADATA = {
@@ -28,15 +27,6 @@ DEFAULT_METADATA = {
 }
 
 HYBRID_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 8192)
-
-
-def cache_file_bytes(configs: dict[str, list], metadata: dict) -> bytes:
-    ordered: dict = {"_metadata": metadata}
-    for k in sorted(configs):
-        ordered[k] = configs[k]
-    gen = hashlib.sha256(json.dumps(ordered, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    ordered["_generation"] = gen
-    return json.dumps(ordered, indent=2).encode()
 
 
 def fake_configs(hidden: int = 7168, inter: int = 256, experts: int = 256, buckets=HYBRID_BUCKETS, seed: int = 0) -> dict[str, list]:
@@ -86,7 +76,7 @@ def write_fake_entry(
     fields = fields or default_fields()
     topology = topology or Topology(tp=fields.tp, pp=fields.pp, dp=fields.attn_dp_size, dp_attention=True)
     manifest = make_manifest(fields, topology, flashinfer_version, arch)
-    data = cache_file_bytes(fake_configs(seed=seed, buckets=buckets), {**DEFAULT_METADATA, "flashinfer_version": flashinfer_version})
+    data = cache_file_bytes({**DEFAULT_METADATA, "flashinfer_version": flashinfer_version}, fake_configs(seed=seed, buckets=buckets))
     files = {name: data for name in topology.rank_files()}
     eid = EntryId(flashinfer_version, arch, manifest.key)
     commit_entry(root, eid, files, manifest if with_manifest else None)

@@ -36,7 +36,7 @@ from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, fake_conf
 
 def build_tree(root: Path, n: int) -> int:
     """Write n entries directly (the writer's fsyncs would make building take minutes)."""
-    data = cache_file_bytes(fake_configs(), DEFAULT_METADATA)  # ~14 KB: 63 configs, 21 buckets
+    data = cache_file_bytes(DEFAULT_METADATA, fake_configs())  # ~14 KB: 63 configs, 21 buckets
     topo = Topology(8, 1, 8)
     names = topo.rank_files()
     models = [f"org/model-{i}" for i in range(50)]

@@ -39,7 +39,7 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from . import keycmd, plancmd, transfer, tree  # noqa: F401  (commands attach themselves to ``cli``)
+    from . import keycmd, plancmd, transfer, tree, warmcmd  # noqa: F401  (commands attach themselves to ``cli``)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -149,7 +149,7 @@ def test_ls_and_prune_survive_a_hostile_tree(tmp_path):
     root = tmp_path / "tree"
     outside = tmp_path / "outside"
     outside.mkdir()
-    (outside / "target.json").write_bytes(cache_file_bytes(fake_configs(), DEFAULT_METADATA))
+    (outside / "target.json").write_bytes(cache_file_bytes(DEFAULT_METADATA, fake_configs()))
     (outside / "precious").write_text("do not touch")
     outside_before = {p.name: p.read_bytes() for p in outside.iterdir()}
     t = _hostile_tree(root, outside)
@@ -186,7 +186,7 @@ def _reg(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
     return info, data
 
 
-GOOD = cache_file_bytes(fake_configs(buckets=(1, 2)), DEFAULT_METADATA)
+GOOD = cache_file_bytes(DEFAULT_METADATA, fake_configs(buckets=(1, 2)))
 PREFIX = "flashinfer/autotune/0.7.2.post1/sm90/0123456789abcdef/"
 
 

@@ -1,0 +1,332 @@
+"""``warm``: run a plan on however many GPUs this machine has, and commit the rank files.
+
+The (op, bucket) profiles of every distinct op are spread over one worker process per GPU
+(``worker.py``, bound with CUDA_VISIBLE_DEVICES). Each worker tunes its buckets with
+``autotune(True, tuning_buckets=(b,))`` - a profile tuned that way is stored under its own
+value, exactly where a default engine pass looks it up - into per-op cache files in a work dir.
+When every worker has finished, the files are merged (refusing mixed ``_metadata``: different
+GPU models or software), one rank file is built per workload and copied byte for byte to each of
+its ranks, and the whole entry is committed in one atomic step. Nothing reaches the tree before
+that; an interrupted run keeps its finished buckets in the work dir and resumes from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import layout
+from .errors import FiAutotuneError, UsageError
+from .keys import KeyFields
+from .layout import Topology
+from .manifest import Manifest, utc_now_iso
+from .rankfile import METADATA_KEY, RESERVED_KEYS, cache_file_bytes
+from .scan import EntryStatus, scan_entry
+from .writer import EntryId, commit_entry
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    count: int
+    arch: str | None
+    names: tuple[str, ...]
+
+
+def detect_gpus() -> GpuInfo:
+    """Through NVML: no CUDA context in the parent, so workers own their devices."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001
+        return GpuInfo(0, None, ())
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        names = tuple(str(pynvml.nvmlDeviceGetName(h)) for h in handles)
+        arch = None
+        if handles:
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handles[0])
+            arch = layout.arch_from_capability(major, minor)
+        return GpuInfo(n, arch, names)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def work_dir(plan: dict) -> Path:
+    from platformdirs import user_cache_dir
+
+    digest = hashlib.sha256(json.dumps(plan["workloads"], sort_keys=True).encode()).hexdigest()[:12]
+    return Path(user_cache_dir("fi-autotune")) / "work" / f"{plan['flashinfer_version']}-{plan['arch']}-{plan['key']}-{digest}"
+
+
+def distinct_ops(plan: dict) -> tuple[list[dict], list[list[int]]]:
+    """Ops deduplicated across workloads (same call, same keys), and each workload's op indices."""
+    uids: dict[str, int] = {}
+    ops: list[dict] = []
+    per_workload: list[list[int]] = []
+    for w in plan["workloads"]:
+        idx = []
+        for op in w["ops"]:
+            sig = json.dumps({k: v for k, v in op.items() if k not in ("layers", "id")}, sort_keys=True)
+            if sig not in uids:
+                uids[sig] = len(ops)
+                ops.append(op)
+            idx.append(uids[sig])
+        per_workload.append(idx)
+    return ops, per_workload
+
+
+def assign(ops: list[dict], done: list[set[int]], workers: int) -> list[list[tuple[int, list[int]]]]:
+    """Remaining buckets of each op dealt round-robin, largest first, so workers finish together."""
+    plan: list[dict[int, list[int]]] = [dict() for _ in range(workers)]
+    turn = 0
+    for i, op in enumerate(ops):
+        for b in sorted((b for b in op["buckets"] if b not in done[i]), reverse=True):
+            plan[turn % workers].setdefault(i, []).append(b)
+            turn += 1
+    return [sorted(p.items()) for p in plan]
+
+
+def read_done(wd: Path, uid: int) -> set[int]:
+    out: set[int] = set()
+    for p in wd.glob(f"op{uid}.w*.done"):
+        for line in p.read_text().split():
+            if line.isdigit():
+                out.add(int(line))
+    return out
+
+
+def merge_cache_files(paths: list[Path]) -> tuple[dict, dict]:
+    """Union of tuned entries; the files must agree on ``_metadata`` (one GPU model, one image)."""
+    meta: dict | None = None
+    entries: dict = {}
+    for p in paths:
+        obj = json.loads(p.read_text())
+        m = obj.get(METADATA_KEY) or {}
+        if meta is None:
+            meta = m
+        elif m != meta:
+            diff = {k: (meta.get(k), m.get(k)) for k in set(meta) | set(m) if meta.get(k) != m.get(k)}
+            raise FiAutotuneError(f"refusing to merge tuning results from different environments: {diff}")
+        for k, v in obj.items():
+            if k not in RESERVED_KEYS:
+                entries[k] = v
+    return meta or {}, entries
+
+
+@dataclass
+class WarmResult:
+    status: str  # written | complete | nothing-to-tune
+    key_dir: str
+    rank_files: list[str] = field(default_factory=list)
+    profiles_tuned: int = 0
+    profiles_total: int = 0
+    gpus: int = 0
+    timings: dict = field(default_factory=dict)
+    message: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Interrupted(FiAutotuneError):
+    pass
+
+
+def warm(
+    plan: dict,
+    *,
+    gpus: int | None = None,
+    force: bool = False,
+    progress: Callable[[int, int, str], None] | None = None,
+    gpu_info: GpuInfo | None = None,
+) -> WarmResult:
+    t_start = time.perf_counter()
+    root = Path(plan["cache_root"])
+    eid = EntryId(plan["flashinfer_version"], plan["arch"], plan["key"])
+    kdir = layout.key_dir(root, *(eid.flashinfer_version, eid.arch, eid.key))
+    if not plan["autotunes"]:
+        return WarmResult("nothing-to-tune", str(kdir), message="SGLang would not autotune this configuration: nothing to write")
+    if not force and kdir.is_dir() and scan_entry(kdir, eid.flashinfer_version, eid.arch).status == EntryStatus.COMPLETE:
+        return WarmResult("complete", str(kdir), message="already complete (use --force to tune again)")
+
+    info = gpu_info or detect_gpus()
+    if info.count == 0:
+        raise UsageError("no CUDA GPU found: warm needs one (run `fi-autotune plan` to see the plan without a GPU)")
+    if info.arch != plan["arch"]:
+        raise UsageError(f"the plan targets {plan['arch']} but this machine's GPUs are {info.arch} ({info.names[0]})")
+    if len(set(info.names)) > 1 and gpus != 1:
+        raise UsageError(f"mixed GPU models ({', '.join(sorted(set(info.names)))}): tuned tactics would differ; use --gpus 1")
+    n = info.count if gpus is None else gpus
+    if n < 1 or n > info.count:
+        raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer") is None:
+        raise UsageError("flashinfer is not importable in this Python: install flashinfer-python")
+
+    ops, per_workload = distinct_ops(plan)
+    wd = work_dir(plan)
+    wd.mkdir(parents=True, exist_ok=True)
+    if force:
+        for p in wd.iterdir():
+            p.unlink()
+    done = [read_done(wd, i) for i in range(len(ops))]
+    total = sum(len(op["buckets"]) * len(op["custom_ops"]) for op in ops)
+    already = sum(len(d & set(op["buckets"])) * len(op["custom_ops"]) for op, d in zip(ops, done))
+    assignments = assign(ops, done, n)
+    spec = plan["spec"]
+    res = plan["resolution"]
+    skeleton = {"hidden": spec["hidden_size"], "vocab": spec["vocab_size"], "tp": res["flags"]["tp"],
+                "dp": res["attn_dp_size"], "dtype": res["dtype"]}
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(info.count)]
+    workers = []
+    for w, tasks in enumerate(assignments):
+        if not tasks:
+            continue
+        task = {"skeleton": skeleton, "ops": [
+            {"op": ops[i], "buckets": buckets, "out": str(wd / f"op{i}.w{w}.json"), "done": str(wd / f"op{i}.w{w}.done")}
+            for i, buckets in tasks]}
+        tpath = wd / f"task.w{w}.json"
+        tpath.write_text(json.dumps(task))
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[w], "PYTHONUNBUFFERED": "1"}
+        with open(wd / f"w{w}.log", "w") as log:  # FlashInfer logs and progress bars: never a full pipe
+            proc = subprocess.Popen([sys.executable, "-m", "autotune_cache.worker", str(tpath)], stdout=subprocess.PIPE,
+                                    stderr=log, env=env, text=True, start_new_session=True)
+        workers.append((w, proc))
+
+    events = _supervise(workers, already, total, progress, wd)
+    t_tuned = time.perf_counter()
+
+    # Merge per workload and commit the whole entry at once.
+    rank_bytes: dict[str, bytes] = {}
+    metadata: dict = {}
+    for w_idx, w in enumerate(plan["workloads"]):
+        files = sorted(p for i in per_workload[w_idx] for p in wd.glob(f"op{i}.w*.json"))
+        if not files:
+            raise FiAutotuneError("tuning produced no results (no tunable profile ran)")
+        metadata, entries = merge_cache_files(files)
+        data = cache_file_bytes(metadata, entries)
+        for rank in w["ranks"]:
+            rank_bytes[rank] = data
+    timings = _timings(events, t_start, t_tuned)
+    now = utc_now_iso()
+    manifest = Manifest(
+        key=plan["key"], schema=plan["schema"], key_string=plan["key_string"],
+        key_fields=KeyFields.from_dict(res["key_fields"]), topology=Topology.from_dict(res["topology"]),
+        flashinfer_version=plan["flashinfer_version"], arch=plan["arch"], flashinfer_metadata=metadata,
+        rank_files={}, created=now, updated=now,
+        stats={"profiles": total, "profiles_tuned_this_run": total - already, "gpus": n, **timings,
+               "model_source": plan["source"]["describe"]},
+        extra={"plan_args": plan["plan_args"]} if plan.get("plan_args") else {},
+    )
+    commit_entry(root, eid, rank_bytes, manifest)
+    timings["write_s"] = round(time.perf_counter() - t_tuned, 3)
+    timings["wall_s"] = round(time.perf_counter() - t_start, 3)
+    shutil.rmtree(wd, ignore_errors=True)
+    return WarmResult("written", str(kdir), [str(kdir / r) for r in sorted(rank_bytes)], total - already, total, n, timings)
+
+
+def _timings(events: list[dict], t_start: float, t_tuned: float) -> dict:
+    ready = [e for e in events if e["event"] == "ready"]
+    jit = [e for e in events if e["event"] == "jit"]
+    fin = [e for e in events if e["event"] == "finished"]
+    return {
+        "startup_import_s": round(max((e["import_s"] + e["setup_s"] for e in ready), default=0.0), 3),
+        "jit_s": round(max((e["jit_s"] for e in jit), default=0.0), 3),
+        "tuning_s": round(max((e["tune_s"] for e in fin), default=0.0), 3),
+        "tuning_gpu_s": round(sum(e["tune_s"] for e in fin), 3),
+        "workers_wall_s": round(t_tuned - t_start, 3),
+        "peak_gpu_mem_bytes": max((e["peak_mem"] for e in fin), default=0),
+    }
+
+
+def _supervise(workers, already: int, total: int, progress, wd: Path) -> list[dict]:
+    """Read every worker's events; on any failure or signal stop them all and raise."""
+    sel = selectors.DefaultSelector()
+    buffers: dict[int, str] = {}
+    for w, proc in workers:
+        sel.register(proc.stdout, selectors.EVENT_READ, (w, proc))
+        buffers[w] = ""
+    events: list[dict] = []
+    current: dict[int, tuple] = {}
+    done = already
+    failure: str | None = None
+    stop = {"sig": None}
+
+    def _on_signal(signum, frame):  # noqa: ARG001
+        stop["sig"] = signum
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if progress:
+            progress(done, total, "starting workers")
+        open_streams = len(workers)
+        while open_streams and failure is None and stop["sig"] is None:
+            for key, _ in sel.select(timeout=0.5):
+                w, proc = key.data
+                line = key.fileobj.readline()
+                if not line:
+                    sel.unregister(key.fileobj)
+                    open_streams -= 1
+                    continue
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                ev["worker"] = w
+                events.append(ev)
+                if ev["event"] == "start":
+                    current[w] = (ev["op"], ev["bucket"])
+                elif ev["event"] == "done":
+                    done += ev["profiles"]
+                    if progress:
+                        progress(done, total, f"{ev['op']} @ {ev['bucket']} tokens (GPU {w})")
+                elif ev["event"] == "error":
+                    where = f" while tuning {ev.get('op')} at {ev.get('bucket')} tokens" if ev.get("op") else ""
+                    failure = f"worker on GPU {w} failed{where}: {ev['message']}"
+        for w, proc in workers:
+            if failure is not None or stop["sig"] is not None:
+                _kill(proc)
+            rc = proc.wait()
+            if rc != 0 and failure is None and stop["sig"] is None:
+                log = wd / f"w{w}.log"
+                err = [ln for ln in (log.read_text(errors="replace") if log.exists() else "").splitlines() if ln.strip()]
+                op, bucket = current.get(w, (None, None))
+                where = f" while tuning {op} at {bucket} tokens" if op else ""
+                failure = f"worker on GPU {w} exited with {rc}{where}: {err[-1] if err else 'no message'}"
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        sel.close()
+    if stop["sig"] is not None:
+        raise Interrupted("interrupted: nothing was written; finished buckets are kept and a rerun resumes from them")
+    if failure:
+        raise FiAutotuneError(failure + "; nothing was written")
+    return events
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,91 @@
+"""One warm worker: a process bound to one GPU that tunes the (op, bucket) profiles it is given.
+
+``python -m autotune_cache.worker TASKS.json``. It reports JSON lines on stdout (ready, jit,
+start, done, error, finished) that the parent turns into progress, timings and errors. Each op's
+results go to the op's own FlashInfer cache file in the work dir (FlashInfer writes it
+atomically on leaving each ``autotune`` block), and each finished bucket is appended to a done
+file, so an interrupted warm resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def emit(event: str, **fields) -> None:
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def main(task_path: str) -> int:
+    t0 = time.perf_counter()
+    with open(task_path) as f:
+        task = json.load(f)
+    import torch
+    from flashinfer.autotuner import AutoTuner, autotune
+
+    from .lm_head import lm_head_stub
+    from .skeleton import SkeletonModel
+
+    if not torch.cuda.is_available():
+        emit("error", message="no CUDA device visible to the worker")
+        return 2
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    t_import = time.perf_counter() - t0
+
+    ops = [t["op"] for t in task["ops"]]
+    sk = task["skeleton"]
+    t1 = time.perf_counter()
+    model = SkeletonModel(ops, hidden=sk["hidden"], vocab=sk["vocab"], tp=sk["tp"], dp=sk["dp"], dtype=sk["dtype"], device=device)
+    torch.cuda.synchronize()
+    t_setup = time.perf_counter() - t1
+    emit("ready", import_s=t_import, setup_s=t_setup, gpu=torch.cuda.get_device_name(device))
+
+    # First calls outside tuning load or JIT-build each kernel module, timed apart from tuning.
+    t2 = time.perf_counter()
+    for layer in model.layers:
+        current = layer.op
+        try:
+            with autotune(False):
+                layer(1)
+        except Exception as e:  # noqa: BLE001 - reported with the op's name
+            emit("error", op=current["id"], bucket=None, message=f"first call failed: {type(e).__name__}: {str(e)[:500]}")
+            return 3
+    torch.cuda.synchronize()
+    emit("jit", jit_s=time.perf_counter() - t2)
+
+    tuner = AutoTuner.get()
+    tune_s = 0.0
+    for t, layer in zip(task["ops"], model.layers):
+        tuner.clear_cache()
+        out, done_path = t["out"], t["done"]
+        for bucket in t["buckets"]:
+            emit("start", op=t["op"]["id"], bucket=bucket)
+            t3 = time.perf_counter()
+            try:
+                with autotune(True, cache=out, tuning_buckets=(bucket,)), lm_head_stub():
+                    model(lambda op, layer_op=layer.op: 1 if op is layer_op else None, lm_tokens=1)
+                torch.cuda.synchronize()
+            except torch.OutOfMemoryError as e:
+                emit("error", op=t["op"]["id"], bucket=bucket, message=f"out of GPU memory: {str(e).splitlines()[0][:300]}")
+                return 3
+            except Exception as e:  # noqa: BLE001
+                emit("error", op=t["op"]["id"], bucket=bucket, message=f"{type(e).__name__}: {str(e)[:500]}")
+                return 3
+            dt = time.perf_counter() - t3
+            tune_s += dt
+            with open(done_path, "a") as f:
+                f.write(f"{bucket}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            emit("done", op=t["op"]["id"], bucket=bucket, profiles=len(t["op"]["custom_ops"]), seconds=dt)
+    emit("finished", tune_s=tune_s, peak_mem=torch.cuda.max_memory_allocated(device))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
