@@ -101,8 +101,11 @@ def _hub_reachable() -> bool:
 
 def _from_hf(model: str, revision: str | None) -> tuple[ConfigSource | None, str | None]:
     """(source, why not): the local HF cache first, then the hub unless offline."""
-    import huggingface_hub
-    from huggingface_hub import constants, try_to_load_from_cache
+    try:
+        import huggingface_hub
+        from huggingface_hub import constants, try_to_load_from_cache
+    except ImportError:
+        return None, "huggingface_hub is not installed"
 
     cached = try_to_load_from_cache(model, CONFIG_NAME, revision=revision)
     if isinstance(cached, str):

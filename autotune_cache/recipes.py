@@ -77,6 +77,21 @@ def encode(value: Any) -> Any:
     return value
 
 
+def decode(value: Any) -> Any:
+    """The inverse of ``encode``: a plan's JSON kwargs back to T / Dtype / Enum."""
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    if isinstance(value, dict):
+        if "tensor" in value:
+            t = value["tensor"]
+            return T(tuple(t["shape"]), t["dtype"], t["layout"], t["fill"])
+        if "dtype" in value:
+            return Dtype(value["dtype"])
+        if "enum" in value:
+            return Enum(value["enum"], value["value"])
+    return value
+
+
 @dataclass(frozen=True)
 class OpRecipe:
     id: str  # unique within a workload, e.g. "moe.experts", "linear.qkv_proj"
@@ -96,6 +111,11 @@ class OpRecipe:
 
     def file_keys(self, bucket: int) -> list[str]:
         return [str(k) for k in _KEYS[self.api](self, bucket)]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OpRecipe":
+        return cls(d["id"], d["api"], tuple(d["custom_ops"]), {k: decode(v) for k, v in d["kwargs"].items()},
+                   d["tokens"], d["bucket_rule"], d["layers"], d["mirrors"], d["engine_tune_max_cap"], d["verified"])
 
     def to_dict(self) -> dict:
         return {

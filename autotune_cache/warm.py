@@ -42,14 +42,27 @@ class GpuInfo:
     names: tuple[str, ...]
 
 
+def _gpus_from_smi() -> GpuInfo:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return GpuInfo(0, None, ())
+    rows = [r.rsplit(",", 1) for r in out.stdout.strip().splitlines() if "," in r] if out.returncode == 0 else []
+    if not rows:
+        return GpuInfo(0, None, ())
+    major, _, minor = rows[0][1].strip().partition(".")
+    return GpuInfo(len(rows), layout.arch_from_capability(int(major), int(minor or 0)), tuple(r[0].strip() for r in rows))
+
+
 def detect_gpus() -> GpuInfo:
-    """Through NVML: no CUDA context in the parent, so workers own their devices."""
+    """Through NVML (or nvidia-smi): no CUDA context in the parent, so workers own their devices."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001
-        return GpuInfo(0, None, ())
+    except Exception:  # noqa: BLE001 - no nvidia-ml-py or no driver
+        return _gpus_from_smi()
     try:
         n = pynvml.nvmlDeviceGetCount()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]

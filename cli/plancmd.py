@@ -72,18 +72,13 @@ def build_plan(kw: dict, arch: str | None = None):
 
 
 def local_arch() -> str:
-    """This machine's GPU arch through NVML (no CUDA context); a usage error when there is none."""
-    try:
-        import pynvml
+    """This machine's GPU arch (NVML, no CUDA context); a usage error when there is none."""
+    from autotune_cache.warm import detect_gpus
 
-        pynvml.nvmlInit()
-        try:
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))
-        finally:
-            pynvml.nvmlShutdown()
-        return f"sm{major}{minor}"
-    except Exception:  # noqa: BLE001 - no driver, no GPU, no pynvml
-        raise UsageError("no GPU found to take the target arch from: pass --arch sm90 or --arch sm100") from None
+    arch = detect_gpus().arch
+    if arch is None:
+        raise UsageError("no GPU found to take the target arch from: pass --arch sm90 or --arch sm100")
+    return arch
 
 
 def _fmt_kwarg(value) -> str:

@@ -11,12 +11,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_cli(*args: str, env: dict | None = None, input: str | None = None, **kw) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """The real command in a real process, as a user runs it."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "cli", *args], capture_output=True, text=True,
-        env=full_env, input=input, timeout=120, cwd=kw.pop("cwd", REPO), **kw,
+        env=full_env, input=input, timeout=timeout, cwd=kw.pop("cwd", REPO), **kw,
     )
 
 

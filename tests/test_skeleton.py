@@ -160,3 +160,12 @@ def test_merge_refuses_mixed_environments(tmp_path):
     b.write_bytes(cache_file_bytes({"gpu": "NVIDIA H100 80GB HBM3"}, {"k2": ["R", 2]}))
     meta, entries = merge_cache_files([a, b])
     assert entries == {"k1": ["R", 1], "k2": ["R", 2]}
+
+
+def test_recipe_roundtrips_through_plan_json():
+    from autotune_cache.recipes import OpRecipe
+
+    _, ops = ops_of("Qwen/Qwen3-30B-A3B", "sm90", tp=2, moe_runner_backend="flashinfer_cutlass")
+    r = OpRecipe.from_dict(ops[0])
+    assert r.to_dict() == {k: v for k, v in ops[0].items() if k in r.to_dict()}
+    assert r.file_keys(64)[0].startswith("('trtllm::fused_moe::gemm1', 'MoERunner', ((64, 2048),")

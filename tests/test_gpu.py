@@ -1,0 +1,210 @@
+"""End to end on real GPUs (sm90): warm, verify, resume, multi-GPU, LM-head memory.
+
+Run through the device tool: ``python3 -m pytest -m gpu tests/test_gpu.py``. Measured numbers are
+appended as JSON lines to ``$FI_AUTOTUNE_RESULTS`` (default: none) for the notes and docs/warm.md.
+CI has no GPU: these are skipped there (conftest.py), never counted as passing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune_cache import layout
+from autotune_cache.rankfile import RESERVED_KEYS
+from autotune_cache.recipes import OpRecipe
+
+from .conftest import REPO, run_cli, run_json
+
+pytestmark = pytest.mark.gpu
+
+LLAMA = ["--model", "nvidia/Llama-3.1-70B-Instruct-FP8", "--tp", "4"]
+QWEN = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass"]
+
+
+def record(name: str, **values) -> None:
+    path = os.environ.get("FI_AUTOTUNE_RESULTS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": name, **values}) + "\n")
+
+
+def gpu_count() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return len([ln for ln in out.stdout.splitlines() if ln.startswith("GPU ")])
+
+
+def warm(args, root: Path, *extra, timeout=900) -> dict:
+    proc = run_cli("warm", *args, "--cache-dir", str(root), "--json", *extra, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def rank_entries(result: dict) -> dict[str, dict]:
+    return {Path(p).name: json.loads(Path(p).read_text()) for p in result["rank_files"]}
+
+
+def assert_byte_identical(result: dict) -> bytes:
+    datas = {Path(p).read_bytes() for p in result["rank_files"]}
+    assert len(datas) == 1, "rank files of one TP group differ"
+    return datas.pop()
+
+
+def assert_plan_keys_present(args, root: Path, data: bytes) -> int:
+    """The plan predicts the FlashInfer keys of its verified recipes; the file must hold every one."""
+    plan = run_json("plan", *args, "--cache-dir", str(root))
+    keys = {k for k in json.loads(data) if k not in RESERVED_KEYS}
+    expected = set()
+    for w in plan["workloads"]:
+        for op in w["ops"]:
+            assert op["verified"], op["id"]
+            recipe = OpRecipe.from_dict(op)
+            for b in op["buckets"]:
+                expected.update(recipe.file_keys(b))
+    missing = expected - keys
+    assert not missing, sorted(missing)[:3]
+    return len(expected)
+
+
+def test_llama_fp8_tp4_warm_verify_noop(tmp_path):
+    """modelopt FP8 dense (bmm_fp8, cuBLAS) at TP4 on one GPU: four byte-identical rank files."""
+    root = tmp_path / "cache"
+    t0 = time.perf_counter()
+    r = warm(LLAMA, root, "--gpus", "1")
+    wall = time.perf_counter() - t0
+    assert r["status"] == "written" and len(r["rank_files"]) == 4
+    data = assert_byte_identical(r)
+    n_keys = assert_plan_keys_present(LLAMA, root, data)
+    kdir = Path(r["key_dir"])
+    assert (kdir / layout.MANIFEST_NAME).is_file()
+    listed = run_json("ls", "--cache-dir", str(root))
+    assert [e["status"] for e in listed["entries"]] == ["complete"]
+    v = run_cli("verify", kdir.name, "--cache-dir", str(root), "--json")
+    assert v.returncode == 0, v.stdout + v.stderr[-2000:]
+    rep = json.loads(v.stdout)
+    assert rep["ok"] and rep["hits"] == rep["lookups"] > 0
+    t1 = time.perf_counter()
+    again = warm(LLAMA, root, "--gpus", "1")
+    assert again["status"] == "complete"
+    record("llama_fp8_tp4_1gpu", warm_wall_s=round(wall, 2), timings=r["timings"], profiles=r["profiles_total"],
+           keys=n_keys, verify=rep, noop_wall_s=round(time.perf_counter() - t1, 2))
+
+
+def test_qwen3_cutlass_tp2_warm_verify(tmp_path):
+    """bf16 MoE through cutlass_fused_moe (prebuilt fused_moe_90) at TP2."""
+    root = tmp_path / "cache"
+    t0 = time.perf_counter()
+    r = warm(QWEN, root, "--gpus", "1")
+    wall = time.perf_counter() - t0
+    data = assert_byte_identical(r)
+    n_keys = assert_plan_keys_present(QWEN, root, data)
+    v = run_cli("verify", "--model", "Qwen/Qwen3-30B-A3B", "--cache-dir", str(root), "--json")
+    assert v.returncode == 0, v.stdout + v.stderr[-2000:]
+    rep = json.loads(v.stdout)
+    assert rep["ok"] and rep["hits"] == rep["lookups"] == 42
+    record("qwen3_cutlass_tp2_1gpu", warm_wall_s=round(wall, 2), timings=r["timings"], profiles=r["profiles_total"], keys=n_keys, verify=rep)
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs 2+ GPUs")
+@pytest.mark.parametrize("args,name", [(LLAMA, "llama_fp8_tp4"), (QWEN, "qwen3_cutlass_tp2")])
+def test_multi_gpu_matches_one_gpu(tmp_path, args, name):
+    n = gpu_count()
+    one = warm(args, tmp_path / "one", "--gpus", "1")
+    many = warm(args, tmp_path / "many", "--gpus", str(n))
+    k1 = {k for k in json.loads(assert_byte_identical(one)) if k not in RESERVED_KEYS}
+    kn = {k for k in json.loads(assert_byte_identical(many)) if k not in RESERVED_KEYS}
+    assert k1 == kn  # same keys, same coverage: the split changes who measures, not what
+    meta1 = json.loads(Path(one["rank_files"][0]).read_text())["_metadata"]
+    metan = json.loads(Path(many["rank_files"][0]).read_text())["_metadata"]
+    assert meta1 == metan
+    v = run_cli("verify", Path(many["key_dir"]).name, "--cache-dir", str(tmp_path / "many"), "--json")
+    assert v.returncode == 0 and json.loads(v.stdout)["ok"]
+    per1 = one["timings"]["tuning_s"] / one["profiles_tuned"]
+    pern = many["timings"]["tuning_s"] / many["profiles_tuned"]
+    record(f"{name}_scaling", gpus=n, one=one["timings"], many=many["timings"], profiles=one["profiles_total"],
+           wall_per_profile_1=round(one["timings"]["workers_wall_s"] / one["profiles_total"], 4),
+           wall_per_profile_n=round(many["timings"]["workers_wall_s"] / many["profiles_total"], 4),
+           tuning_per_profile_1=round(per1, 4), tuning_per_profile_n=round(pern, 4))
+    assert many["timings"]["tuning_s"] < one["timings"]["tuning_s"]
+
+
+def test_sigint_mid_tuning_then_resume(tmp_path):
+    root = tmp_path / "cache"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "warm", *LLAMA, "--gpus", "1", "--cache-dir", str(root)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 600
+    seen = ""
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        seen += line
+        if "profiles (" in line and not line.startswith("fi-autotune: 0/"):
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, seen + err[-2000:])
+    assert "nothing was written" in err
+    # no partial rank set: the key dir does not exist at all
+    assert not list(layout.autotune_dir(root).glob("*/*/*/rank_*.json"))
+    r = warm(LLAMA, root, "--gpus", "1")
+    assert r["status"] == "written" and 0 < r["profiles_tuned"] < r["profiles_total"]
+    assert_byte_identical(r)
+    record("sigint_resume", resumed_profiles=r["profiles_total"] - r["profiles_tuned"], total=r["profiles_total"])
+
+
+def test_lm_head_stub_peak_memory_glm51_dims():
+    """GLM-5.1 TP8 DP8: hidden 6144, vocab 154880, 512 decode tokens per rank gathered x8."""
+    import torch
+
+    from autotune_cache import lm_head_stub
+    from autotune_cache.skeleton import SkeletonModel
+
+    dev = torch.device("cuda", 0)
+    model = SkeletonModel([], hidden=6144, vocab=154880, tp=8, dp=8, dtype="bfloat16", device=dev)
+    peaks = {}
+    for stub in (True, False):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        if stub:
+            with lm_head_stub():
+                out = model(lambda op: None, lm_tokens=512)
+        else:
+            out = model(lambda op: None, lm_tokens=512)
+        torch.cuda.synchronize()
+        peaks[stub] = torch.cuda.max_memory_allocated(dev) - base
+        del out
+    logits = 512 * 8 * 154880 * 4
+    record("lm_head_peak_memory", with_stub_bytes=peaks[True], without_stub_bytes=peaks[False], fp32_logits_bytes=logits)
+    assert peaks[False] >= logits and peaks[True] < peaks[False] / 50
+
+
+def test_verify_reports_missing_keys(tmp_path):
+    """Drop one bucket from every rank file (byte-identical still): verify must see the engine re-tune it."""
+    from autotune_cache.rankfile import cache_file_bytes
+
+    root = tmp_path / "cache"
+    r = warm(QWEN, root, "--gpus", "1")
+    obj = json.loads(assert_byte_identical(r))
+    kept = {k: v for k, v in obj.items() if k not in RESERVED_KEYS and not k.startswith("('trtllm::fused_moe::gemm1', 'MoERunner', ((256,")}
+    assert len(kept) == len(obj) - len(RESERVED_KEYS & set(obj)) - 1
+    data = cache_file_bytes(obj["_metadata"], kept)
+    for p in r["rank_files"]:
+        Path(p).write_bytes(data)
+    v = run_cli("verify", Path(r["key_dir"]).name, "--cache-dir", str(root), "--json")
+    rep = json.loads(v.stdout)
+    assert v.returncode == 1 and not rep["ok"] and rep["workloads"][0]["retuned"] == 1
+    assert "((256, 2048)" in rep["workloads"][0]["retuned_keys"][0]
+    record("verify_detects_missing", lookups=rep["lookups"], hits=rep["hits"], retuned=rep["workloads"][0]["retuned"])
