@@ -10,6 +10,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# No test may wait on the Hugging Face hub (CI has no network); the hub path is exercised through
+# a real local cache in test_config_spec.py.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 
 def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """The real command in a real process, as a user runs it."""
