@@ -11,7 +11,7 @@ from autotune_cache.config_source import load_model_config, preset_ids
 from autotune_cache.errors import UsageError
 from autotune_cache.spec import Family, build_spec
 
-REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "model_configs"
+from autotune_cache.config_source import PRESETS_DIR as REF  # copies of shared/reference/model_configs
 
 
 def ref(name: str) -> dict:
@@ -30,8 +30,17 @@ def make_hf_cache(cache: Path, repo: str, files: dict[str, dict], revision="main
     return snap
 
 
-def test_presets_cover_every_reference_config():
-    assert set(preset_ids()) == {p.stem.replace("--", "/") for p in REF.glob("*.json")}
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "model_configs"
+
+
+def test_presets_are_the_reference_configs():
+    """The presets are verbatim copies of shared/reference/model_configs (beside the checkout)."""
+    if not SHARED.is_dir():
+        pytest.skip("shared/reference is not beside this checkout")
+    shared = {p.name: p.read_bytes() for p in SHARED.glob("*.json")}
+    presets = {p.name: p.read_bytes() for p in REF.glob("*.json") if not p.stem.endswith(".hf_quant_config")}
+    assert presets == shared
+    assert set(preset_ids()) == {p.stem.replace("--", "/") for p in SHARED.glob("*.json")}
 
 
 def test_config_file_and_directory(tmp_path):
