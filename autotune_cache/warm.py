@@ -264,6 +264,7 @@ def _timings(events: list[dict], t_start: float, t_tuned: float) -> dict:
         "tuning_gpu_s": round(sum(e["tune_s"] for e in fin), 3),
         "workers_wall_s": round(t_tuned - t_start, 3),
         "peak_gpu_mem_bytes": max((e["peak_mem"] for e in fin), default=0),
+        **({"floor_gpu_s": round(sum(e["floor_s"] for e in fin), 3)} if fin and all(e.get("floor_s") is not None for e in fin) else {}),
     }
 
 

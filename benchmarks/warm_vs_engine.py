@@ -1,0 +1,238 @@
+"""fi-autotune warm against the engine's own startup tuning, side by side, on one machine.
+
+    python benchmarks/warm_vs_engine.py --gpus 1,2,4 --repeat 3            # on a GPU machine
+    python benchmarks/warm_vs_engine.py --report benchmarks/results/warm_vs_engine.json   # docs + plot
+
+For each workload (a TP4 target) and each GPU count N, in one run:
+  baseline    N engine ranks, each tuning the full bucket set itself in lockstep
+              (set_autotune_process_group over gloo) - what SGLang does at startup today. With
+              fewer GPUs than the target's 4 ranks, N ranks run and the table says so.
+  fi-autotune `fi-autotune warm --gpus N`: the same profiles split over N GPUs, written to all ranks.
+and once per workload on one GPU:
+  cold        the engine's startup autotune pass with no cache
+  warm start  the same pass with fi-autotune's cache loaded: the startup time a server saves.
+Each is a whole process (or N of them), repeated; medians and min-max spreads are reported.
+"floor" is the time spent inside FlashInfer's per-tactic measurements alone; the tool's overhead
+is (fi-autotune GPU-seconds - floor) / floor, excluding first-time JIT builds (a pre-run builds
+every kernel module before anything is measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+WORKLOADS = {
+    "dense-fp8": ["--model", "nvidia/Llama-3.1-70B-Instruct-FP8", "--tp", "4"],
+    "moe-bf16": ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "4", "--moe-runner-backend", "flashinfer_cutlass"],
+}
+TARGET_RANKS = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(n: int, **extra) -> dict:
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(n)), "PYTHONUNBUFFERED": "1", **extra}
+
+
+def run_warm(args: list[str], n: int, root: Path) -> dict:
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "cli", "warm", *args, "--gpus", str(n), "--force", "--json",
+                           "--cache-dir", str(root)], cwd=REPO, capture_output=True, text=True, env=_env(n, FI_AUTOTUNE_FLOOR="1"))
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"warm failed: {proc.stderr[-2000:]}")
+    out = json.loads(proc.stdout)
+    return {"wall_s": wall, "floor_gpu_s": out["timings"].get("floor_gpu_s"), "profiles": out["profiles_total"],
+            "timings": out["timings"], "rank_file": out["rank_files"][0]}
+
+
+def run_ranks(plan_path: Path, mode: str, n: int, cache: str | None = None) -> dict:
+    port = _free_port()
+    t = time.perf_counter()
+    procs = []
+    for r in range(n):
+        env = _env(n)
+        env["CUDA_VISIBLE_DEVICES"] = str(r)
+        cmd = [sys.executable, str(REPO / "benchmarks" / "engine_rank.py"), "--plan", str(plan_path), "--mode", mode,
+               "--rank", str(r), "--world", str(n), "--port", str(port)] + (["--cache", cache] if cache else [])
+        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        if p.returncode != 0:
+            raise SystemExit(f"{mode} rank failed: {err[-2000:]}")
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    wall = time.perf_counter() - t
+    return {"wall_s": wall, "pass_s": max(o["pass_s"] for o in outs), "floor_gpu_s": sum(o["floor_s"] for o in outs),
+            "tuned": sum(o["tuned"] for o in outs), "ranks": outs}
+
+
+def stats(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def measure(gpu_counts: list[int], repeat: int, workloads: list[str]) -> dict:
+    from autotune_cache.plan import make_plan
+    from autotune_cache.sglang import ServerFlags
+    import torch
+
+    available = torch.cuda.device_count()
+    results = {"machine": {"gpu": torch.cuda.get_device_name(0), "gpus": available, "cpus": os.cpu_count(),
+                           "python": platform.python_version(), "torch": torch.__version__},
+               "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]), "workloads": {}}
+    import flashinfer
+
+    results["machine"]["flashinfer"] = flashinfer.__version__
+    work = Path(tempfile.mkdtemp(prefix="fi-bench-"))
+    for name in workloads:
+        args = WORKLOADS[name]
+        flags = dict(zip(args[2::2], args[3::2]))
+        plan = make_plan(args[1], ServerFlags(tp=int(flags["--tp"]), moe_runner_backend=flags.get("--moe-runner-backend", "auto")),
+                         "sm90", cache_root=work / name, flashinfer_version=flashinfer.__version__).to_dict()
+        plan_path = work / f"{name}.plan.json"
+        plan_path.write_text(json.dumps(plan))
+        print(f"[{name}] pre-run (builds any kernel module once; not measured)", flush=True)
+        run_warm(args, 1, work / f"{name}-pre")
+        rows = {}
+        for n in [g for g in gpu_counts if g <= available]:
+            fi, base = [], []
+            for rep in range(repeat):
+                fi.append(run_warm(args, n, work / f"{name}-fi{n}"))
+                base.append(run_ranks(plan_path, "baseline", min(n, TARGET_RANKS)))
+                print(f"[{name}] {n} GPU(s) rep {rep + 1}: fi-autotune {fi[-1]['wall_s']:.1f} s, baseline {base[-1]['wall_s']:.1f} s", flush=True)
+            rows[n] = {
+                "fi": {"wall_s": stats([r["wall_s"] for r in fi]), "gpu_s": stats([r["wall_s"] * n for r in fi]),
+                       "floor_gpu_s": stats([r["floor_gpu_s"] for r in fi]), "profiles": fi[0]["profiles"],
+                       "timings": fi[-1]["timings"]},
+                "baseline": {"ranks": min(n, TARGET_RANKS), "wall_s": stats([r["wall_s"] for r in base]),
+                             "gpu_s": stats([r["wall_s"] * min(n, TARGET_RANKS) for r in base]),
+                             "floor_gpu_s": stats([r["floor_gpu_s"] for r in base]), "profiles": base[0]["tuned"]},
+            }
+        cache = run_warm(args, 1, work / f"{name}-cache")["rank_file"]
+        cold = [run_ranks(plan_path, "cold", 1) for _ in range(repeat)]
+        warmstart = [run_ranks(plan_path, "warmstart", 1, cache) for _ in range(repeat)]
+        assert all(w["tuned"] == 0 for w in warmstart), "the warm start tuned something: cache incomplete"
+        results["workloads"][name] = {
+            "args": args, "profiles": plan["profiles"], "target_ranks": TARGET_RANKS, "by_gpus": rows,
+            "cold_pass_s": stats([c["pass_s"] for c in cold]), "warm_pass_s": stats([w["pass_s"] for w in warmstart]),
+            "cold_wall_s": stats([c["wall_s"] for c in cold]), "warm_wall_s": stats([w["wall_s"] for w in warmstart]),
+            "cold_tuned": cold[0]["tuned"],
+        }
+    return results
+
+
+def table(results: dict) -> str:
+    lines = []
+    for name, w in results["workloads"].items():
+        lines.append(f"\n{name}: {' '.join(w['args'])}  ({w['profiles']} profiles, TP{w['target_ranks']} target)")
+        lines.append(f"{'GPUs':>4} {'baseline wall s':>22} {'fi-autotune wall s':>22} {'speedup':>8} {'base GPU-s':>11} {'fi GPU-s':>9} {'floor GPU-s':>12} {'overhead':>9}")
+        for n, r in sorted(w["by_gpus"].items(), key=lambda kv: int(kv[0])):
+            b, f = r["baseline"], r["fi"]
+            note = "" if b["ranks"] == w["target_ranks"] else f" ({b['ranks']} of {w['target_ranks']} ranks)"
+            speed = b["wall_s"]["median"] / f["wall_s"]["median"]
+            floor = f["floor_gpu_s"]["median"]
+            overhead = (f["gpu_s"]["median"] - floor) / floor if floor else float("nan")
+            rng = lambda s: f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]"  # noqa: E731
+            lines.append(f"{n:>4} {rng(b['wall_s']):>22} {rng(f['wall_s']):>22} {speed:>7.2f}x {b['gpu_s']['median']:>11.1f} "
+                         f"{f['gpu_s']['median']:>9.1f} {floor:>12.2f} {overhead:>8.0%}{note}")
+        c, h = w["cold_pass_s"]["median"], w["warm_pass_s"]["median"]
+        lines.append(f"startup autotune pass: cold {c:.2f} s ({w['cold_tuned']} profiles tuned), warm start {h:.3f} s -> {c / h:.0f}x")
+    return "\n".join(lines)
+
+
+def report(paths: list[Path]) -> None:
+    """Merge result files (one per workload run) and write docs/benchmarks.md and the plot."""
+    results = json.loads(paths[0].read_text())
+    for p in paths[1:]:
+        results["workloads"].update(json.loads(p.read_text())["workloads"])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results["workloads"]), figsize=(5.5 * len(results["workloads"]), 4), squeeze=False)
+    for ax, (name, w) in zip(axes[0], results["workloads"].items()):
+        ns = sorted(int(n) for n in w["by_gpus"])
+        for key, label in (("baseline", "engine startup (lockstep ranks)"), ("fi", "fi-autotune warm")):
+            med = [w["by_gpus"][str(n)][key]["wall_s"]["median"] for n in ns]
+            lo = [m - w["by_gpus"][str(n)][key]["wall_s"]["min"] for m, n in zip(med, ns)]
+            hi = [w["by_gpus"][str(n)][key]["wall_s"]["max"] - m for m, n in zip(med, ns)]
+            ax.errorbar(ns, med, yerr=[lo, hi], marker="o", capsize=3, label=label)
+        ax.set_title(f"{name} ({w['profiles']} profiles, TP{w['target_ranks']} target)")
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel("wall time (s)")
+        ax.set_xticks(ns)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    png = REPO / "docs" / "warm_vs_engine.png"
+    fig.savefig(png, dpi=110)
+    m = results["machine"]
+    doc = REPO / "docs" / "benchmarks.md"
+    doc.write_text(f"""# Benchmarks: fi-autotune warm vs the engine's startup tuning
+
+Machine: {m['gpus']} x {m['gpu']}, {m['cpus']} CPUs; flashinfer {m['flashinfer']}, torch {m['torch']}, Python {m['python']}.
+
+Command (on the device machine, after `bash ../shared/gpu/stage.sh` and its prefix):
+
+```
+python3 benchmarks/warm_vs_engine.py --gpus 1,2,4 --repeat 3 --workloads dense-fp8 --out dense.json
+python3 benchmarks/warm_vs_engine.py --gpus 1,2,4 --repeat 3 --workloads moe-bf16 --out moe.json
+python3 benchmarks/warm_vs_engine.py --report dense.json,moe.json
+```
+
+Median [min-max] of the repeats, whole processes, kernel modules prebuilt (first-time JIT excluded).
+"baseline": N engine ranks each tuning the full bucket set in lockstep (`set_autotune_process_group`
+over gloo), as SGLang does at startup; with fewer GPUs than the TP4 target's 4 ranks, N ranks ran.
+"fi-autotune": `fi-autotune warm --gpus N`, profiles split over N GPUs and copied to all 4 ranks.
+GPU-s = wall x GPUs. Floor = time inside FlashInfer's per-tactic measurements; overhead = (fi GPU-s
+- floor) / floor (process starts, imports, tensor setup, kernel module loads, writing).
+
+```
+{table(results)}
+```
+
+![wall time against GPU count](warm_vs_engine.png)
+""")
+    print(f"wrote {doc} and {png}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", default="1,2,4")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "warm_vs_engine.json"))
+    ap.add_argument("--report", help="comma-separated result files: write docs/benchmarks.md and the plot")
+    a = ap.parse_args()
+    if a.report:
+        report([Path(p) for p in a.report.split(",")])
+        return
+    results = measure([int(g) for g in a.gpus.split(",")], a.repeat, a.workloads.split(","))
+    print(table(results))
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
