@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +158,47 @@ class Interrupted(FiAutotuneError):
     pass
 
 
+class WorkerPool:
+    """One worker process per GPU, started before the plan exists so that their torch and
+    flashinfer imports overlap the parent's planning; each then gets its task file on stdin."""
+
+    def __init__(self, n: int):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(n)]
+        self.procs: list[subprocess.Popen] = []
+        self.logs = []
+        for w in range(n):
+            log = tempfile.TemporaryFile(mode="w+")  # FlashInfer logs and progress bars: never a full pipe
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[w], "PYTHONUNBUFFERED": "1"}
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "autotune_cache.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, env=env, text=True, start_new_session=True))
+            self.logs.append(log)
+
+    def send(self, w: int, task: Path | None) -> None:
+        try:
+            self.procs[w].stdin.write(f"{task or ''}\n")
+            self.procs[w].stdin.close()
+        except (BrokenPipeError, OSError):
+            pass  # it died already; _supervise reports it
+
+    def log_text(self, w: int) -> str:
+        self.logs[w].flush()
+        self.logs[w].seek(0)
+        return self.logs[w].read()
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.stdin and not p.stdin.closed:
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
+            _kill(p)
+        for log in self.logs:
+            log.close()
+
+
 def warm(
     plan: dict,
     *,
@@ -164,6 +206,7 @@ def warm(
     force: bool = False,
     progress: Callable[[int, int, str], None] | None = None,
     gpu_info: GpuInfo | None = None,
+    pool: "WorkerPool | None" = None,
 ) -> WarmResult:
     t_start = time.perf_counter()
     root = Path(plan["cache_root"])
@@ -184,6 +227,8 @@ def warm(
     n = info.count if gpus is None else gpus
     if n < 1 or n > info.count:
         raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
+    if pool is not None and len(pool.procs) != n:
+        raise ValueError(f"worker pool has {len(pool.procs)} workers, not {n}")
     import importlib.util
 
     if importlib.util.find_spec("flashinfer") is None:
@@ -204,24 +249,26 @@ def warm(
     skeleton = {"hidden": spec["hidden_size"], "vocab": spec["vocab_size"], "tp": res["flags"]["tp"],
                 "dp": res["attn_dp_size"], "dtype": res["dtype"]}
 
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(info.count)]
-    workers = []
-    for w, tasks in enumerate(assignments):
-        if not tasks:
-            continue
-        task = {"skeleton": skeleton, "ops": [
-            {"op": ops[i], "buckets": buckets, "out": str(wd / f"op{i}.w{w}.json"), "done": str(wd / f"op{i}.w{w}.done")}
-            for i, buckets in tasks]}
-        tpath = wd / f"task.w{w}.json"
-        tpath.write_text(json.dumps(task))
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[w], "PYTHONUNBUFFERED": "1"}
-        with open(wd / f"w{w}.log", "w") as log:  # FlashInfer logs and progress bars: never a full pipe
-            proc = subprocess.Popen([sys.executable, "-m", "autotune_cache.worker", str(tpath)], stdout=subprocess.PIPE,
-                                    stderr=log, env=env, text=True, start_new_session=True)
-        workers.append((w, proc))
-
-    events = _supervise(workers, already, total, progress, wd)
+    own_pool = pool is None
+    if pool is None:
+        pool = WorkerPool(n)
+    try:
+        for w in range(len(pool.procs)):
+            tasks = assignments[w] if w < len(assignments) else []
+            if not tasks:
+                pool.send(w, None)
+                continue
+            task = {"skeleton": skeleton, "ops": [
+                {"op": ops[i], "buckets": buckets, "out": str(wd / f"op{i}.w{w}.json"), "done": str(wd / f"op{i}.w{w}.done")}
+                for i, buckets in tasks]}
+            tpath = wd / f"task.w{w}.json"
+            tpath.write_text(json.dumps(task))
+            pool.send(w, tpath)
+        workers = [(w, p) for w, p in enumerate(pool.procs) if w < len(assignments) and assignments[w]]
+        events = _supervise(workers, already, total, progress, pool)
+    finally:
+        if own_pool:
+            pool.close()
     t_tuned = time.perf_counter()
 
     # Merge per workload and commit the whole entry at once.
@@ -255,6 +302,9 @@ def warm(
 
 def _timings(events: list[dict], t_start: float, t_tuned: float) -> dict:
     ready = [e for e in events if e["event"] == "ready"]
+    imported = {e["worker"]: e["import_s"] for e in events if e["event"] == "imported"}
+    for e in ready:
+        e["import_s"] = imported.get(e["worker"], e["import_s"])
     jit = [e for e in events if e["event"] == "jit"]
     fin = [e for e in events if e["event"] == "finished"]
     return {
@@ -268,7 +318,7 @@ def _timings(events: list[dict], t_start: float, t_tuned: float) -> dict:
     }
 
 
-def _supervise(workers, already: int, total: int, progress, wd: Path) -> list[dict]:
+def _supervise(workers, already: int, total: int, progress, pool: "WorkerPool") -> list[dict]:
     """Read every worker's events; on any failure or signal stop them all and raise."""
     sel = selectors.DefaultSelector()
     buffers: dict[int, str] = {}
@@ -317,8 +367,7 @@ def _supervise(workers, already: int, total: int, progress, wd: Path) -> list[di
                 _kill(proc)
             rc = proc.wait()
             if rc != 0 and failure is None and stop["sig"] is None:
-                log = wd / f"w{w}.log"
-                err = [ln for ln in (log.read_text(errors="replace") if log.exists() else "").splitlines() if ln.strip()]
+                err = [ln for ln in pool.log_text(w).splitlines() if ln.strip()]
                 op, bucket = current.get(w, (None, None))
                 where = f" while tuning {op} at {bucket} tokens" if op else ""
                 failure = f"worker on GPU {w} exited with {rc}{where}: {err[-1] if err else 'no message'}"

@@ -37,22 +37,33 @@ def emit(event: str, **fields) -> None:
     sys.stdout.flush()
 
 
-def main(task_path: str) -> int:
+#: Finished buckets are saved to the op's file at least this often (and at the end of each op).
+CHECKPOINT_S = 5.0
+
+
+def main(task_path: str | None) -> int:
     t0 = time.perf_counter()
-    with open(task_path) as f:
-        task = json.load(f)
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
 
     from .lm_head import lm_head_stub
     from .skeleton import SkeletonModel
 
+    t_import = time.perf_counter() - t0
+    if task_path is None:
+        # Started ahead of the plan: imports overlap the parent's planning; the task comes on stdin.
+        emit("imported", import_s=t_import)
+        task_path = sys.stdin.readline().strip()
+        if not task_path:
+            return 0  # the parent had nothing for us
+    with open(task_path) as f:
+        task = json.load(f)
+
     if not torch.cuda.is_available():
         emit("error", message="no CUDA device visible to the worker")
         return 2
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    t_import = time.perf_counter() - t0
 
     ops = [t["op"] for t in task["ops"]]
     sk = task["skeleton"]
@@ -79,13 +90,25 @@ def main(task_path: str) -> int:
     tuner = AutoTuner.get()
     tune_s = 0.0
     for t, layer in zip(task["ops"], model.layers):
-        tuner.clear_cache()
+        tuner.clear_cache()  # this op's file gets this op's entries only
         out, done_path = t["out"], t["done"]
+        pending: list[int] = []
+        last_save = time.perf_counter()
+
+        def checkpoint() -> None:
+            # FlashInfer writes the file atomically, merged with what is already on disk.
+            tuner.save_configs(out)
+            with open(done_path, "a") as f:
+                f.write("".join(f"{b}\n" for b in pending))
+                f.flush()
+                os.fsync(f.fileno())
+            pending.clear()
+
         for bucket in t["buckets"]:
             emit("start", op=t["op"]["id"], bucket=bucket)
             t3 = time.perf_counter()
             try:
-                with autotune(True, cache=out, tuning_buckets=(bucket,)), lm_head_stub():
+                with autotune(True, tuning_buckets=(bucket,)), lm_head_stub():
                     model(lambda op, layer_op=layer.op: 1 if op is layer_op else None, lm_tokens=1)
                 torch.cuda.synchronize()
             except torch.OutOfMemoryError as e:
@@ -96,14 +119,15 @@ def main(task_path: str) -> int:
                 return 3
             dt = time.perf_counter() - t3
             tune_s += dt
-            with open(done_path, "a") as f:
-                f.write(f"{bucket}\n")
-                f.flush()
-                os.fsync(f.fileno())
+            pending.append(bucket)
+            if time.perf_counter() - last_save >= CHECKPOINT_S:
+                checkpoint()
+                last_save = time.perf_counter()
             emit("done", op=t["op"]["id"], bucket=bucket, profiles=len(t["op"]["custom_ops"]), seconds=dt)
+        checkpoint()
     emit("finished", tune_s=tune_s, peak_mem=torch.cuda.max_memory_allocated(device), floor_s=floor[0] if floor else None)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))
