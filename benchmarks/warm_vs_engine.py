@@ -211,8 +211,47 @@ GPU-s = wall x GPUs. Floor = time inside FlashInfer's per-tactic measurements; o
 ```
 
 ![wall time against GPU count](warm_vs_engine.png)
+
+## Targets
+
+{targets(results)}
+
+## Where the time goes
+
+Every run, baseline or fi-autotune, pays a fixed cost before the first measurement: a Python
+process per GPU importing torch and flashinfer (3.5-4 s here), a CUDA context, synthetic weights
+and kernel module loads (about 0.5 s). fi-autotune hides its own planning (the CLI imports
+flashinfer for the bucket functions) behind the workers' imports, but it cannot hide the imports
+themselves. On these two workloads the whole floor is 4.6 s (84 cuBLAS GEMM profiles) and 13.5 s
+(42 CUTLASS MoE profiles), so the fixed cost is as large as the work: that is why the 1-GPU runs
+tie with the baseline and why the overhead ratio is far above 15%. The split itself costs little:
+tuning time per profile falls close to 1/N (see docs/warm.md), and the engine baseline gets slower
+with more ranks because every profile waits for the slowest rank's timing all-reduce. The gap
+widens with the amount of tuning (the MoE workload scales better than the GEMM one); production
+MoE models whose startup tuning takes minutes per op (ENGINES.md section 5) are where the fixed
+cost vanishes. The warm start is the number a serving fleet sees on every boot.
+
+Data: [warm_vs_engine.json](warm_vs_engine.json).
 """)
-    print(f"wrote {doc} and {png}")
+    merged = REPO / "docs" / "warm_vs_engine.json"
+    merged.write_text(json.dumps(results, indent=2))
+    print(f"wrote {doc}, {png} and {merged}")
+
+
+def targets(results: dict) -> str:
+    """The issue's targets, checked against the measured medians."""
+    rows = ["| workload | fi-autotune 4 GPUs vs 4-rank baseline (target >= 3x) | tool overhead vs floor, 1 GPU (target < 15%) | warm start vs cold (target >= 20x) |",
+            "|---|---|---|---|"]
+    for name, w in results["workloads"].items():
+        g = {int(k): v for k, v in w["by_gpus"].items()}
+        four = g.get(4)
+        speed = four["baseline"]["wall_s"]["median"] / four["fi"]["wall_s"]["median"] if four else None
+        one = g.get(1)
+        overhead = (one["fi"]["gpu_s"]["median"] - one["fi"]["floor_gpu_s"]["median"]) / one["fi"]["floor_gpu_s"]["median"] if one else None
+        ws = w["cold_pass_s"]["median"] / w["warm_pass_s"]["median"]
+        mark = lambda ok: "met" if ok else "missed"  # noqa: E731
+        rows.append(f"| {name} | {speed:.2f}x ({mark(speed >= 3)}) | {overhead:.0%} ({mark(overhead < 0.15)}) | {ws:.0f}x ({mark(ws >= 20)}) |")
+    return "\n".join(rows)
 
 
 def main() -> None:
