@@ -1,7 +1,8 @@
 """Would FlashInfer here accept a cache file's ``_metadata``? Asked of FlashInfer itself.
 
 This is the only module of the cache-tree commands that imports flashinfer (and so torch);
-it is loaded only for ``ls --check-env`` / ``prune --status stale``.
+``metadata_checker`` is used only for ``ls --check-env`` / ``prune --status stale``; the rest of
+this module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -9,6 +10,16 @@ from __future__ import annotations
 from typing import Callable
 
 from .errors import FiAutotuneError
+
+
+def installed_flashinfer_version() -> str | None:
+    """From package metadata, without importing flashinfer (and so torch)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("flashinfer-python")
+    except PackageNotFoundError:
+        return None
 
 
 def metadata_checker() -> Callable[[dict], "dict | None"]:

@@ -12,9 +12,9 @@ from pathlib import Path
 from . import buckets as B
 from . import layout
 from .config_source import ConfigSource, load_model_config
+from .envcheck import installed_flashinfer_version
 from .errors import UsageError
 from .keys import DEFAULT_SCHEMA, get_schema
-from .layout import RankName
 from .recipes import OpRecipe, recipes_for
 from .sglang import Resolution, ServerFlags, resolve
 from .spec import ModelSpec, build_spec
@@ -195,17 +195,3 @@ def make_plan(
         flashinfer_version=version, cache_root=Path(cache_root), workloads=workloads,
         max_tokens_override=max_tokens,
     )
-
-
-def installed_flashinfer_version() -> str | None:
-    """From package metadata, without importing flashinfer (and so torch)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("flashinfer-python")
-    except PackageNotFoundError:
-        return None
-
-
-def rank_names(plan: TuningPlan) -> list[RankName]:
-    return plan.resolution.topology.rank_names()

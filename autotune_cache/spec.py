@@ -10,7 +10,7 @@ ModelOpt's ``hf_quant_config.json``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from .config_source import ConfigSource
 from .errors import UsageError

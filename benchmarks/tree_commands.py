@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from autotune_cache import layout  # noqa: E402
-from autotune_cache.keys import KeyFields, get_schema  # noqa: E402
+from autotune_cache.keys import KeyFields  # noqa: E402
 from autotune_cache.layout import Topology  # noqa: E402
 from autotune_cache.manifest import RankRecord  # noqa: E402
 from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, fake_configs, make_manifest  # noqa: E402

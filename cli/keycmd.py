@@ -5,12 +5,12 @@ from __future__ import annotations
 import click
 
 from autotune_cache import layout
+from autotune_cache.envcheck import installed_flashinfer_version
 from autotune_cache.errors import UsageError
 from autotune_cache.keys import DEFAULT_SCHEMA, SCHEMAS, KeyFields, get_schema, render_dtype
 
 from .main import cache_dir_option, cli, json_option, quiet_option, resolve_root
 from .output import Output
-from .tree import _installed_flashinfer_version
 
 
 def _positive(ctx, param, value):
@@ -48,7 +48,7 @@ def key_cmd(model, tp, pp, dp, ep, dtype, quantization, moe_runner_backend, conf
         topo = layout.Topology(tp=tp, pp=pp, dp=dp, dp_attention=not no_dp_attention)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    version = flashinfer_version or _installed_flashinfer_version()
+    version = flashinfer_version or installed_flashinfer_version()
     if not version:
         raise UsageError("flashinfer-python is not installed: pass --flashinfer-version")
     if not layout.is_valid_version(version):

@@ -8,6 +8,7 @@ import time
 
 import click
 
+from autotune_cache.envcheck import installed_flashinfer_version
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import format_size, parse_duration
 from autotune_cache.scan import CacheEntry, CacheInfo, EntryStatus, map_entries, scan_cache
@@ -31,16 +32,6 @@ def _statuses(values: tuple[str, ...]) -> tuple[str, ...]:
     if unknown:
         raise UsageError(f"unknown status {unknown[0]!r}; known: {', '.join(EntryStatus.ALL)}")
     return out
-
-
-def _installed_flashinfer_version() -> str | None:
-    """From package metadata: no import, so no torch."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("flashinfer-python")
-    except PackageNotFoundError:
-        return None
 
 
 def _scan(root, check_env: bool) -> CacheInfo:
@@ -250,7 +241,7 @@ def prune_cmd(cache_dir, older_than, versions, other_versions, status, keep_late
     statuses = _statuses(status)
     other = None
     if other_versions:
-        other = _installed_flashinfer_version()
+        other = installed_flashinfer_version()
         if other is None:
             raise UsageError("--other-versions needs flashinfer-python installed to know the current version")
     older_than_s = parse_duration(older_than) if older_than else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from autotune_cache import layout
-from autotune_cache.layout import Topology
 from autotune_cache.testing import default_fields, write_fake_entry
 
 from .conftest import REPO, run_cli, run_json
