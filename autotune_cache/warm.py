@@ -162,7 +162,8 @@ class WorkerPool:
     """One worker process per GPU, started before the plan exists so that their torch and
     flashinfer imports overlap the parent's planning; each then gets its task file on stdin."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, argv: list[str] | None = None):
+        argv = argv or [sys.executable, "-m", "autotune_cache.worker"]
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(n)]
         self.procs: list[subprocess.Popen] = []
@@ -171,7 +172,7 @@ class WorkerPool:
             log = tempfile.TemporaryFile(mode="w+")  # FlashInfer logs and progress bars: never a full pipe
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[w], "PYTHONUNBUFFERED": "1"}
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "autotune_cache.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=log, env=env, text=True, start_new_session=True))
             self.logs.append(log)
 

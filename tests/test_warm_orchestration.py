@@ -1,0 +1,98 @@
+"""warm's orchestration on CPU with real worker processes speaking the worker protocol.
+
+No GPU exists here, so tests/_fake_worker.py stands in for the GPU part of autotune_cache.worker;
+it receives exactly the task files warm writes. The real worker runs in tests/test_gpu.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune_cache import layout
+from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.plan import make_plan
+from autotune_cache.rankfile import RESERVED_KEYS
+from autotune_cache.scan import scan_cache
+from autotune_cache.sglang import ServerFlags
+from autotune_cache.warm import GpuInfo, WorkerPool, warm
+
+from .conftest import REPO
+
+FAKE = [sys.executable, str(REPO / "tests" / "_fake_worker.py")]
+H200 = GpuInfo(2, "sm90", ("NVIDIA H200", "NVIDIA H200"))
+
+
+@pytest.fixture
+def plan(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # platformdirs work dir
+    p = make_plan("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass"), "sm90",
+                  cache_root=tmp_path / "root", flashinfer_version="0.7.2.post1").to_dict()
+    return p | {"plan_args": {"model": "Qwen/Qwen3-30B-A3B"}}
+
+
+def run(plan, monkeypatch, mode="ok", gpus=2, **kw):
+    monkeypatch.setenv("FAKE_WORKER_MODE", mode)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    return warm(plan, gpus=gpus, gpu_info=H200, pool=WorkerPool(gpus, argv=FAKE), **kw)
+
+
+def test_split_merge_commit(plan, monkeypatch):
+    seen = []
+    r = run(plan, monkeypatch, progress=lambda done, total, what: seen.append((done, total)))
+    assert r.status == "written" and r.profiles_tuned == r.profiles_total == 42 and r.gpus == 2
+    datas = {Path(p).read_bytes() for p in r.rank_files}
+    assert len(datas) == 1 and len(r.rank_files) == 2  # byte-identical across the TP group
+    entries = {k for k in json.loads(datas.pop()) if k not in RESERVED_KEYS}
+    assert len(entries) == 42  # both workers' disjoint buckets merged
+    assert seen[-1] == (42, 42)
+    (entry,) = scan_cache(Path(plan["cache_root"])).entries
+    assert entry.status == "complete" and entry.manifest.extra["plan_args"]["model"] == "Qwen/Qwen3-30B-A3B"
+    assert entry.manifest.stats["gpus"] == 2
+    again = run(plan, monkeypatch)
+    assert again.status == "complete"
+
+
+@pytest.mark.parametrize("mode,needle", [("oom", "while tuning moe.experts at 8192 tokens: out of GPU memory"),
+                                         ("crash", "exited with -9 while tuning moe.experts at")])
+def test_failing_worker_names_op_and_bucket_and_writes_nothing(plan, monkeypatch, mode, needle):
+    with pytest.raises(FiAutotuneError, match=needle) as e:
+        run(plan, monkeypatch, mode=mode)
+    assert "nothing was written" in str(e.value)
+    assert not layout.autotune_dir(Path(plan["cache_root"])).exists() or not scan_cache(Path(plan["cache_root"])).entries
+
+
+def test_resume_after_a_killed_worker_tunes_only_what_is_left(plan, monkeypatch):
+    with pytest.raises(FiAutotuneError, match="exited with -9"):
+        run(plan, monkeypatch, mode="crash-after-3", gpus=1)
+    assert not scan_cache(Path(plan["cache_root"])).entries
+    r = run(plan, monkeypatch, gpus=2)
+    assert (r.profiles_total, r.profiles_tuned) == (42, 42 - 3 * 2)  # 3 buckets x (gemm1, gemm2) kept
+    entries = {k for k in json.loads(Path(r.rank_files[0]).read_bytes()) if k not in RESERVED_KEYS}
+    assert len(entries) == 42
+    forced = run(plan, monkeypatch, gpus=2, force=True)
+    assert forced.profiles_tuned == 42  # --force starts from nothing
+
+
+def test_mixed_metadata_is_refused(plan, monkeypatch):
+    monkeypatch.setenv("FAKE_WORKER_MODE", "ok")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    # worker 1 reports another GPU model in its files' _metadata
+    argv = [sys.executable, "-c", "import os,sys,runpy; os.environ['FAKE_GPU']='NVIDIA H100 80GB HBM3' if os.environ['CUDA_VISIBLE_DEVICES']=='1' else 'NVIDIA H200'; sys.argv=['w']; runpy.run_path(%r, run_name='__main__')" % str(REPO / "tests" / "_fake_worker.py")]
+    with pytest.raises(FiAutotuneError, match="different environments"):
+        warm(plan, gpus=2, gpu_info=H200, pool=WorkerPool(2, argv=argv))
+    assert not scan_cache(Path(plan["cache_root"])).entries
+
+
+def test_usage_errors_before_any_work(plan):
+    with pytest.raises(UsageError, match="no CUDA GPU"):
+        warm(plan, gpu_info=GpuInfo(0, None, ()))
+    with pytest.raises(UsageError, match="targets sm90 but this machine's GPUs are sm100"):
+        warm(plan, gpu_info=GpuInfo(1, "sm100", ("NVIDIA B200",)))
+    with pytest.raises(UsageError, match="--gpus 3"):
+        warm(plan, gpus=3, gpu_info=H200)
+    nothing = dict(plan, autotunes=False)
+    assert warm(nothing, gpu_info=H200).status == "nothing-to-tune"
