@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import FiAutotuneError
+from .errors import FiAutotuneError, UsageError
 from .rankfile import parse_cache_bytes, read_regular_file
 
 
@@ -72,7 +72,7 @@ def verify(plan: dict, key_dir: Path) -> VerifyReport:
     from .skeleton import SkeletonModel
 
     if not torch.cuda.is_available():
-        raise FiAutotuneError("verify needs a CUDA GPU")
+        raise UsageError("no CUDA GPU found: verify replays the engine's pass on one")
     device = torch.device("cuda", 0)
     spec, res = plan["spec"], plan["resolution"]
     reports = []

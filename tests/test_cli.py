@@ -236,3 +236,16 @@ def test_tree_commands_do_not_import_torch_or_flashinfer(root, tmp_path):
         imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time:")}
         assert "click" in imported  # the probe works
         assert not imported & {"torch", "flashinfer", "numpy"}, (cmd, imported & {"torch", "flashinfer", "numpy"})
+
+
+def test_gpu_commands_without_a_gpu_are_usage_errors(root):
+    """warm and verify on a machine with no GPU: one line, exit 2, nothing written."""
+    proc = run_cli("warm", "--model", "nvidia/Llama-3.1-70B-Instruct-FP8", "--tp", "4", "--cache-dir", str(root))
+    assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr and "fi-autotune plan" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not any(root.rglob("*"))
+    proc = run_cli("verify", "--cache-dir", str(root))
+    assert proc.returncode == 2 and "KEY" in proc.stderr
+    write_fake_entry(root, with_manifest=False)
+    proc = run_cli("verify", "d99390dfa961185d", "--cache-dir", str(root))
+    assert proc.returncode == 2 and "not written by fi-autotune warm" in proc.stderr
