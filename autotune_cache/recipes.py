@@ -166,15 +166,18 @@ def _bmm_fp8_keys(r: OpRecipe, bucket: int):
 
 
 def _trtllm_moe_keys(r: OpRecipe, bucket: int):
-    """trtllm-gen MoE (sm100): the hidden-states profile and TrtllmMoERunner's extras
-    (ENGINES.md section 2). Not yet checked against a Blackwell-written file."""
+    """trtllm-gen MoE (sm100), approximate: the runner class is ``MoERunner``
+    (fused_moe/backends/trtllm/sm100_runner.py; ``TrtllmMoERunner`` is an import alias), the
+    profile covers the eight ``MoeRunnerInputs`` fields and the extras start with the JIT module's
+    class name and enum ints we cannot read without the kernels. Here: the hidden-states profile
+    and the shape-derived extras only. Not yet checked against a Blackwell-written file."""
     kw = r.kwargs
     hs = kw["hidden_states"]
     extras = (
         kw["top_k"], kw["local_num_experts"], kw["num_experts"], 0, hs.dtype,
         kw.get("gemm1_weights").dtype, hs.shape[1], hs.shape[1], kw["intermediate_size"],
     )
-    return [(op, "TrtllmMoERunner", (hs.concrete(bucket),), extras) for op in r.custom_ops]
+    return [(op, "MoERunner", (hs.concrete(bucket),), extras) for op in r.custom_ops]
 
 
 def _generic_keys(r: OpRecipe, bucket: int):
