@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+import functools
+
 import click
 
 from autotune_cache.errors import UsageError
@@ -16,10 +18,12 @@ def _split(value: str) -> tuple[str, ...]:
     return tuple(sorted({s.strip() for s in value.split(",") if s.strip()}))
 
 
-def serving_options(fn):
+def serving_options(fn=None, *, model_required: bool = True):
     """The model and server flags shared by plan, warm and verify (named as sglang names them)."""
+    if fn is None:
+        return functools.partial(serving_options, model_required=model_required)
     options = [
-        click.option("--model", required=True, help="The server's --model-path, verbatim (hub id or local path)."),
+        click.option("--model", required=model_required, help="The server's --model-path, verbatim (hub id or local path)."),
         click.option("--config", "config_path", help="A config.json (or a directory holding one) to use instead of looking it up."),
         click.option("--revision", help="Hub revision of the config."),
         click.option("--arch", help="Target arch: sm90, sm100 or sm103 (default: this machine's GPU)."),

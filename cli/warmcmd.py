@@ -9,7 +9,7 @@ import click
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 
-from .main import cache_dir_option, cli, json_option, resolve_root
+from .main import cli, json_option, resolve_root
 from .output import Output
 from .plancmd import build_plan, serving_options
 
@@ -104,40 +104,47 @@ def warm_cmd(gpus, force, as_json, **kw):
 
 @cli.command("verify")
 @click.argument("ref", required=False, metavar="[KEY|PATH]")
-@click.option("--model", help="Verify the entry this model and flags map to (see `plan`).")
-@cache_dir_option
+@serving_options(model_required=False)
 @json_option
 @click.pass_context
-def verify_cmd(ctx, ref, model, cache_dir, as_json):
+def verify_cmd(ctx, ref, as_json, **kw):
     """Replay the engine's startup pass against a cache on this GPU; exit 1 unless every lookup hits.
 
-    Name the entry by KEY, key dir PATH, or --model (the entry warm wrote for it); the serving
-    flags come from the manifest warm wrote.
+    Name the entry by KEY or key dir PATH (flags from the manifest warm wrote), by --model alone
+    (the entry warm wrote for that model), or by --model with the server's flags (any entry those
+    flags map to, engine-written ones included).
     """
     from autotune_cache.scan import scan_cache
     from autotune_cache.verify import verify
 
-    root = resolve_root(cache_dir)
-    info = scan_cache(root)
-    if ref is None and model is None:
+    root = resolve_root(kw["cache_dir"])
+    flags_given = [k for k in kw if k not in ("model", "cache_dir")
+                   and ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE]
+    if ref is None and kw["model"] is None:
         raise UsageError("give a KEY, a key dir PATH or --model")
-    if ref is not None:
-        entries = info.find(ref)
+    if ref is None and flags_given:
+        plan = build_plan(kw).to_dict()
+        key_dir = Path(plan["key_dir"])
+        if not key_dir.is_dir():
+            raise FiAutotuneError(f"no cache entry at {key_dir} (key {plan['key']} for these flags)")
     else:
-        entries = [e for e in info.entries if e.model == model]
-    if not entries:
-        raise FiAutotuneError(f"no cache entry for {ref or model!r} under {root}")
-    if len(entries) > 1:
-        raise UsageError(f"{ref or model!r} matches {len(entries)} entries: name one by path ({', '.join(e.id for e in entries)})")
-    entry = entries[0]
-    if entry.manifest is None or "plan_args" not in entry.manifest.extra:
-        raise UsageError(f"{entry.id} was not written by fi-autotune warm: its serving flags are unknown")
-    args = dict(entry.manifest.extra["plan_args"])
-    args["cache_dir"] = str(root)
-    plan = build_plan(args).to_dict()
-    if plan["key"] != entry.key:
-        raise FiAutotuneError(f"the recorded flags now map to key {plan['key']}, not {entry.key}")
-    report = verify(plan, entry.path)
+        info = scan_cache(root)
+        entries = info.find(ref) if ref is not None else [e for e in info.entries if e.model == kw["model"]]
+        what = ref or kw["model"]
+        if not entries:
+            raise FiAutotuneError(f"no cache entry for {what!r} under {root}")
+        if len(entries) > 1:
+            raise UsageError(f"{what!r} matches {len(entries)} entries: name one by path ({', '.join(e.id for e in entries)})")
+        entry = entries[0]
+        if entry.manifest is None or "plan_args" not in entry.manifest.extra:
+            raise UsageError(f"{entry.id} was not written by fi-autotune warm: give --model and the server's flags")
+        args = dict(entry.manifest.extra["plan_args"])
+        args["cache_dir"] = str(root)
+        plan = build_plan(args).to_dict()
+        if plan["key"] != entry.key:
+            raise FiAutotuneError(f"the recorded flags now map to key {plan['key']}, not {entry.key}")
+        key_dir = entry.path
+    report = verify(plan, key_dir)
     out = Output(as_json)
     if as_json:
         out.json(report.to_dict())

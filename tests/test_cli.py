@@ -249,3 +249,7 @@ def test_gpu_commands_without_a_gpu_are_usage_errors(root):
     write_fake_entry(root, with_manifest=False)
     proc = run_cli("verify", "d99390dfa961185d", "--cache-dir", str(root))
     assert proc.returncode == 2 and "not written by fi-autotune warm" in proc.stderr
+    # with the server's flags the entry is found by its key even without a manifest; the GPU is next
+    proc = run_cli("verify", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100",
+                   "--quantization", "fp8", "--cache-dir", str(root))
+    assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr, proc.stderr
