@@ -44,7 +44,7 @@ class PruneCandidate:
     @property
     def freed(self) -> int:
         # Foreign files stay, so they are not freed.
-        return self.entry.size_on_disk
+        return self.entry.size_on_disk - sum(f.size_on_disk for f in self.entry.foreign)
 
 
 @dataclass(frozen=True)

@@ -162,8 +162,13 @@ def test_ls_and_prune_survive_a_hostile_tree(tmp_path):
     status = {e["id"]: e["status"] for e in data["entries"]}
     assert status == {str(t["good"]): "complete", str(t["bad"]): "corrupt"}
 
+    notes = (t["bdir"] / "notes.txt").stat().st_size
+    ours = sum(p.stat().st_size for p in t["bdir"].iterdir() if p.is_file() and not p.is_symlink() and p.name != "notes.txt"
+               and p.stat().st_mode & 0o170000 == 0o100000)
     pruned = run_json("prune", "--status", "corrupt", "-y", "--cache-dir", str(root))
     assert pruned["result"]["deleted"] == [str(t["bad"])]
+    # what it promised and what it freed are ours only: the foreign notes.txt stays and is not counted
+    assert pruned["plan"]["expected_freed_size"] == pruned["result"]["freed"] == ours and notes > 0
     bdir = t["bdir"]
     remaining = sorted(p.name for p in bdir.iterdir())
     # ours (regular files in our names) are gone; foreign, symlink, FIFO and dir stay
