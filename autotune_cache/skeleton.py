@@ -51,7 +51,7 @@ def _fill(shape: tuple[int, ...], dtype: torch.dtype, fill: str, layout: str, de
     if dtype in (torch.int32, torch.int64):
         return torch.zeros(shape, dtype=dtype, device=device)
     if fill == "scale":
-        return torch.full(shape, 1.0 if dtype.is_floating_point and dtype.itemsize >= 2 else 1.0, device=device).to(dtype)
+        return torch.ones(shape, device=device).to(dtype)
     scale = 1.0 if fill in ("activation", "router_logits") else 0.02
     x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale
     if fill == "bias":

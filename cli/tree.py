@@ -245,8 +245,6 @@ def prune_cmd(cache_dir, older_than, versions, other_versions, status, keep_late
         if other is None:
             raise UsageError("--other-versions needs flashinfer-python installed to know the current version")
     older_than_s = parse_duration(older_than) if older_than else None
-    if keep_latest is not None and keep_latest < 0:
-        raise UsageError("--keep-latest must be >= 0")
     check_env = None
     if EntryStatus.STALE in statuses:
         from autotune_cache.envcheck import metadata_checker
