@@ -101,15 +101,11 @@ def distinct_ops(plan: dict) -> tuple[list[dict], list[list[int]]]:
     return ops, per_workload
 
 
-def assign(ops: list[dict], done: list[set[int]], workers: int) -> list[list[tuple[int, list[int]]]]:
-    """Remaining buckets of each op dealt round-robin, largest first, so workers finish together."""
-    plan: list[dict[int, list[int]]] = [dict() for _ in range(workers)]
-    turn = 0
-    for i, op in enumerate(ops):
-        for b in sorted((b for b in op["buckets"] if b not in done[i]), reverse=True):
-            plan[turn % workers].setdefault(i, []).append(b)
-            turn += 1
-    return [sorted(p.items()) for p in plan]
+def work_queue(ops: list[dict], done: list[set[int]]) -> list[tuple[int, int]]:
+    """The (op, bucket) items still to tune, in the order they are dealt: op by op (a worker
+    switches ops, and so saves, as rarely as possible), largest bucket first within an op (the
+    longest profiles start early, the short ones fill the gaps at the end)."""
+    return [(i, b) for i, op in enumerate(ops) for b in sorted((b for b in op["buckets"] if b not in done[i]), reverse=True)]
 
 
 def read_done(wd: Path, uid: int) -> set[int]:
@@ -160,7 +156,8 @@ class Interrupted(FiAutotuneError):
 
 class WorkerPool:
     """One worker process per GPU, started before the plan exists so that their torch and
-    flashinfer imports overlap the parent's planning; each then gets its task file on stdin."""
+    flashinfer imports and CUDA contexts overlap the parent's planning; each then gets its task
+    file and its work items on stdin."""
 
     def __init__(self, n: int, argv: list[str] | None = None):
         argv = argv or [sys.executable, "-m", "autotune_cache.worker"]
@@ -176,11 +173,16 @@ class WorkerPool:
                 stderr=log, env=env, text=True, start_new_session=True))
             self.logs.append(log)
 
-    def send(self, w: int, task: Path | None) -> None:
+    def send(self, w: int, line: str | None) -> None:
+        """One line to worker ``w`` (its task path, then work items); None closes its stdin."""
+        stdin = self.procs[w].stdin
         try:
-            self.procs[w].stdin.write(f"{task or ''}\n")
-            self.procs[w].stdin.close()
-        except (BrokenPipeError, OSError):
+            if line is None:
+                stdin.close()
+            else:
+                stdin.write(f"{line}\n")
+                stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
             pass  # it died already; _supervise reports it
 
     def log_text(self, w: int) -> str:
@@ -209,7 +211,7 @@ def warm(
     gpu_info: GpuInfo | None = None,
     pool: "WorkerPool | None" = None,
 ) -> WarmResult:
-    t_start = time.perf_counter()
+    t_start, epoch_start = time.perf_counter(), time.time()
     root = Path(plan["cache_root"])
     eid = EntryId(plan["flashinfer_version"], plan["arch"], plan["key"])
     kdir = layout.key_dir(root, *(eid.flashinfer_version, eid.arch, eid.key))
@@ -244,7 +246,7 @@ def warm(
     done = [read_done(wd, i) for i in range(len(ops))]
     total = sum(len(op["buckets"]) * len(op["custom_ops"]) for op in ops)
     already = sum(len(d & set(op["buckets"])) * len(op["custom_ops"]) for op, d in zip(ops, done))
-    assignments = assign(ops, done, n)
+    queue = work_queue(ops, done)
     spec = plan["spec"]
     res = plan["resolution"]
     skeleton = {"hidden": spec["hidden_size"], "vocab": spec["vocab_size"], "tp": res["flags"]["tp"],
@@ -254,19 +256,19 @@ def warm(
     if pool is None:
         pool = WorkerPool(n)
     try:
+        active = min(len(pool.procs), len(queue))
         for w in range(len(pool.procs)):
-            tasks = assignments[w] if w < len(assignments) else []
-            if not tasks:
-                pool.send(w, None)
+            if w >= active:
+                pool.send(w, "")  # nothing for this one
                 continue
             task = {"skeleton": skeleton, "ops": [
-                {"op": ops[i], "buckets": buckets, "out": str(wd / f"op{i}.w{w}.json"), "done": str(wd / f"op{i}.w{w}.done")}
-                for i, buckets in tasks]}
+                {"op": op, "out": str(wd / f"op{i}.w{w}.json"), "done": str(wd / f"op{i}.w{w}.done")}
+                for i, op in enumerate(ops)]}
             tpath = wd / f"task.w{w}.json"
             tpath.write_text(json.dumps(task))
-            pool.send(w, tpath)
-        workers = [(w, p) for w, p in enumerate(pool.procs) if w < len(assignments) and assignments[w]]
-        events = _supervise(workers, already, total, progress, pool)
+            pool.send(w, str(tpath))
+        workers = [(w, pool.procs[w]) for w in range(active)]
+        events = _supervise(workers, queue, already, total, progress, pool)
     finally:
         if own_pool:
             pool.close()
@@ -290,42 +292,57 @@ def warm(
         key_fields=KeyFields.from_dict(res["key_fields"]), topology=Topology.from_dict(res["topology"]),
         flashinfer_version=plan["flashinfer_version"], arch=plan["arch"], flashinfer_metadata=metadata,
         rank_files={}, created=now, updated=now,
-        stats={"profiles": total, "profiles_tuned_this_run": total - already, "gpus": n, **timings,
+        stats={"profiles": total, "profiles_tuned_this_run": total - already, "gpus": n,
+               **{k: v for k, v in timings.items() if k != "timeline"},
                "model_source": plan["source"]["describe"]},
         extra={"plan_args": plan["plan_args"]} if plan.get("plan_args") else {},
     )
     commit_entry(root, eid, rank_bytes, manifest)
     timings["write_s"] = round(time.perf_counter() - t_tuned, 3)
     timings["wall_s"] = round(time.perf_counter() - t_start, 3)
+    timings["timeline"].update(planned=epoch_start, written=time.time())
     shutil.rmtree(wd, ignore_errors=True)
     return WarmResult("written", str(kdir), [str(kdir / r) for r in sorted(rank_bytes)], total - already, total, n, timings)
 
 
 def _timings(events: list[dict], t_start: float, t_tuned: float) -> dict:
-    ready = [e for e in events if e["event"] == "ready"]
-    imported = {e["worker"]: e["import_s"] for e in events if e["event"] == "imported"}
-    for e in ready:
-        e["import_s"] = imported.get(e["worker"], e["import_s"])
-    jit = [e for e in events if e["event"] == "jit"]
+    ready = {e["worker"]: e for e in events if e["event"] == "ready"}
+    cuda = {e["worker"]: e for e in events if e["event"] == "cuda"}
+    imported = {e["worker"]: e for e in events if e["event"] == "imported"}
     fin = [e for e in events if e["event"] == "finished"]
+    starts = [e["t"] for e in events if e["event"] == "start" and "t" in e]
+    startup = [imported[w]["import_s"] + (cuda[w]["cuda_s"] if w in cuda else 0.0) + ready[w]["setup_s"]
+               for w in ready if w in imported]
     return {
-        "startup_import_s": round(max((e["import_s"] + e["setup_s"] for e in ready), default=0.0), 3),
-        "jit_s": round(max((e["jit_s"] for e in jit), default=0.0), 3),
+        "startup_import_s": round(max(startup, default=0.0), 3),
+        "jit_s": round(max((e.get("jit_s", 0.0) for e in fin), default=0.0), 3),
         "tuning_s": round(max((e["tune_s"] for e in fin), default=0.0), 3),
         "tuning_gpu_s": round(sum(e["tune_s"] for e in fin), 3),
         "workers_wall_s": round(t_tuned - t_start, 3),
         "peak_gpu_mem_bytes": max((e["peak_mem"] for e in fin), default=0),
         **({"floor_gpu_s": round(sum(e["floor_s"] for e in fin), 3)} if fin and all(e.get("floor_s") is not None for e in fin) else {}),
+        # Epoch seconds of each phase's last (or first) worker: a time line benchmarks can lay
+        # next to the command's own start and end.
+        "timeline": {k: v for k, v in {
+            "workers_imported": max((e["t"] for e in imported.values() if "t" in e), default=None),
+            "workers_cuda": max((e["t"] for e in cuda.values() if "t" in e), default=None),
+            "workers_ready": max((e["t"] for e in ready.values() if "t" in e), default=None),
+            "first_profile": min(starts, default=None),
+            "workers_finished": max((e["t"] for e in fin if "t" in e), default=None),
+        }.items() if v is not None},
     }
 
 
-def _supervise(workers, already: int, total: int, progress, pool: "WorkerPool") -> list[dict]:
-    """Read every worker's events; on any failure or signal stop them all and raise."""
+def _supervise(workers, queue: list[tuple[int, int]], already: int, total: int, progress, pool: "WorkerPool") -> list[dict]:
+    """Deal the queue to the workers one item at a time (the next goes to whichever finishes
+    first) and read their events; on any failure or signal stop them all and raise."""
     sel = selectors.DefaultSelector()
-    buffers: dict[int, str] = {}
+    # Raw reads split into lines here: a buffered readline() could keep a second event in its
+    # buffer while select() waits on an fd with nothing left to read (and the worker waits on us).
+    buffers: dict[int, bytes] = {}
     for w, proc in workers:
-        sel.register(proc.stdout, selectors.EVENT_READ, (w, proc))
-        buffers[w] = ""
+        sel.register(proc.stdout.fileno(), selectors.EVENT_READ, (w, proc))
+        buffers[w] = b""
     events: list[dict] = []
     current: dict[int, tuple] = {}
     done = already
@@ -335,34 +352,49 @@ def _supervise(workers, already: int, total: int, progress, pool: "WorkerPool") 
     def _on_signal(signum, frame):  # noqa: ARG001
         stop["sig"] = signum
 
+    pending = list(reversed(queue))  # pop() deals from the front
+
+    def deal(w: int) -> None:
+        pool.send(w, " ".join(map(str, pending.pop())) if pending else None)
+
+    def _on_event(ev: dict, w: int) -> str | None:
+        nonlocal done
+        ev["worker"] = w
+        events.append(ev)
+        if ev["event"] == "start":
+            current[w] = (ev["op"], ev["bucket"])
+        elif ev["event"] == "done":
+            deal(w)
+            done += ev["profiles"]
+            if progress:
+                progress(done, total, f"{ev['op']} @ {ev['bucket']} tokens (GPU {w})")
+        elif ev["event"] == "error":
+            where = f" while tuning {ev.get('op')} at {ev.get('bucket')} tokens" if ev.get("op") else ""
+            return f"worker on GPU {w} failed{where}: {ev['message']}"
+        return None
+
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if progress:
             progress(done, total, "starting workers")
+        for w, _ in workers:
+            deal(w)
         open_streams = len(workers)
         while open_streams and failure is None and stop["sig"] is None:
             for key, _ in sel.select(timeout=0.5):
                 w, proc = key.data
-                line = key.fileobj.readline()
-                if not line:
-                    sel.unregister(key.fileobj)
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fd)
                     open_streams -= 1
                     continue
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                ev["worker"] = w
-                events.append(ev)
-                if ev["event"] == "start":
-                    current[w] = (ev["op"], ev["bucket"])
-                elif ev["event"] == "done":
-                    done += ev["profiles"]
-                    if progress:
-                        progress(done, total, f"{ev['op']} @ {ev['bucket']} tokens (GPU {w})")
-                elif ev["event"] == "error":
-                    where = f" while tuning {ev.get('op')} at {ev.get('bucket')} tokens" if ev.get("op") else ""
-                    failure = f"worker on GPU {w} failed{where}: {ev['message']}"
+                *lines, buffers[w] = (buffers[w] + chunk).split(b"\n")
+                for line in lines:
+                    try:
+                        ev = json.loads(line)
+                    except ValueError:
+                        continue
+                    failure = _on_event(ev, w) or failure
         for w, proc in workers:
             if failure is not None or stop["sig"] is not None:
                 _kill(proc)

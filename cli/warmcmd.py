@@ -69,25 +69,30 @@ def warm_cmd(gpus, force, as_json, **kw):
 
     t0 = time.perf_counter()
     n = _gpus(gpus)
-    info = detect_gpus()
-    if info.count == 0:
-        raise UsageError("no CUDA GPU found: warm needs one (`fi-autotune plan` shows the plan without a GPU)")
-    if n is not None and n > info.count:
-        raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
-    out = Output(as_json)
-    progress = _Progress(not as_json)
-    # Workers import torch and flashinfer while this process plans.
-    pool = WorkerPool(n or info.count)
+    # Workers import torch and flashinfer and create their CUDA contexts while this process
+    # plans; with --gpus N they start before even the GPU count is checked.
+    pool = WorkerPool(n) if n is not None else None
     try:
-        plan = build_plan(kw, arch=kw["arch"] or info.arch)
-        result = warm(plan.to_dict() | {"plan_args": kw}, gpus=n, force=force, progress=progress, gpu_info=info, pool=pool)
-    except Interrupted as e:
-        progress.close()
-        click.echo(f"fi-autotune: {e}", err=True)
-        raise click.exceptions.Exit(130)
+        info = detect_gpus()
+        if info.count == 0:
+            raise UsageError("no CUDA GPU found: warm needs one (`fi-autotune plan` shows the plan without a GPU)")
+        if n is not None and n > info.count:
+            raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
+        pool = pool or WorkerPool(info.count)
+        out = Output(as_json)
+        progress = _Progress(not as_json)
+        try:
+            plan = build_plan(kw, arch=kw["arch"] or info.arch)
+            result = warm(plan.to_dict() | {"plan_args": kw}, gpus=n, force=force, progress=progress, gpu_info=info, pool=pool)
+        except Interrupted as e:
+            progress.close()
+            click.echo(f"fi-autotune: {e}", err=True)
+            raise click.exceptions.Exit(130)
+        finally:
+            progress.close()
     finally:
-        progress.close()
-        pool.close()
+        if pool is not None:
+            pool.close()
     result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
     if as_json:
         out.json(result.to_dict())

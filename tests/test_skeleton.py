@@ -15,7 +15,7 @@ from autotune_cache import lm_head_stub, lm_head_stubbed  # noqa: E402
 from autotune_cache.plan import make_plan  # noqa: E402
 from autotune_cache.sglang import ServerFlags  # noqa: E402
 from autotune_cache.skeleton import LMHead, OpLayer, SkeletonModel, resolve_api  # noqa: E402
-from autotune_cache.warm import assign, merge_cache_files  # noqa: E402
+from autotune_cache.warm import merge_cache_files, work_queue  # noqa: E402
 from autotune_cache.errors import FiAutotuneError  # noqa: E402
 from autotune_cache.rankfile import cache_file_bytes  # noqa: E402
 
@@ -143,12 +143,10 @@ def test_skeleton_runs_layers_at_their_token_counts():
     assert out.shape == (12, 0) and rec.calls[0]["input"].shape == (12, 2048)
 
 
-def test_assignment_and_merge():
+def test_work_queue_order():
     ops = [{"buckets": [1, 2, 4, 8], "custom_ops": ["a"]}, {"buckets": [1, 2], "custom_ops": ["b", "c"]}]
-    plan = assign(ops, [set(), {2}], 2)
-    dealt = sorted((i, b) for w in plan for i, bs in w for b in bs)
-    assert dealt == [(0, 1), (0, 2), (0, 4), (0, 8), (1, 1)]  # bucket 2 of op 1 was already done
-    assert {i for i, _ in plan[0]} and {i for i, _ in plan[1]}
+    # op by op, largest first; bucket 2 of op 1 was already done
+    assert work_queue(ops, [set(), {2}]) == [(0, 8), (0, 4), (0, 2), (0, 1), (1, 1)]
 
 
 def test_merge_refuses_mixed_environments(tmp_path):

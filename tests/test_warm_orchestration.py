@@ -56,6 +56,20 @@ def test_split_merge_commit(plan, monkeypatch):
     assert again.status == "complete"
 
 
+def test_work_is_dealt_to_whichever_worker_is_free(plan, monkeypatch, tmp_path):
+    """Worker 0 takes 0.3 s an item, worker 1 none: the dynamic queue hands worker 1 the rest,
+    where a static half-and-half split would make the run wait on worker 0."""
+    log = tmp_path / "items.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    r = run(plan, monkeypatch, mode="slow-on-0")
+    assert r.status == "written" and r.profiles_tuned == 42
+    items = [line.split() for line in log.read_text().splitlines()]
+    by_device = {d: [int(b) for dev, _, b in items if dev == d] for d in ("0", "1")}
+    assert sorted(by_device["0"] + by_device["1"]) == sorted(plan["workloads"][0]["ops"][0]["buckets"])  # each once
+    assert len(by_device["0"]) <= 2 < len(by_device["1"])
+    assert by_device["0"][0] == max(by_device["0"] + by_device["1"])  # largest bucket dealt first
+
+
 @pytest.mark.parametrize("mode,needle", [("oom", r"while tuning moe.experts at \d+ tokens: out of GPU memory"),
                                          ("crash", "exited with -9 while tuning moe.experts at")])
 def test_failing_worker_names_op_and_bucket_and_writes_nothing(plan, monkeypatch, mode, needle):
