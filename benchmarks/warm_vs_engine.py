@@ -108,7 +108,7 @@ def stats(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def measure(gpu_counts: list[int], repeat: int, workloads: list[str], startup_pass: bool = True) -> dict:
+def measure(gpu_counts: list[int], repeat: int, workloads: list[str], startup_pass: bool = True, out: Path | None = None) -> dict:
     from autotune_cache.plan import make_plan
     from autotune_cache.sglang import ServerFlags
     import torch
@@ -146,6 +146,10 @@ def measure(gpu_counts: list[int], repeat: int, workloads: list[str], startup_pa
                              "gpu_s": stats([r["wall_s"] * min(n, TARGET_RANKS) for r in base]),
                              "floor_gpu_s": stats([r["floor_gpu_s"] for r in base]), "profiles": base[0]["tuned"]},
             }
+            results["workloads"][name] = {"args": args, "profiles": plan["profiles"], "target_ranks": TARGET_RANKS, "by_gpus": rows}
+            if out is not None:  # what is measured so far survives a run cut short
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(results, indent=2))
         results["workloads"][name] = {"args": args, "profiles": plan["profiles"], "target_ranks": TARGET_RANKS, "by_gpus": rows}
         if startup_pass:
             cache = run_warm(args, 1, work / f"{name}-cache")["rank_file"]
@@ -306,9 +310,9 @@ def main() -> None:
     if a.report:
         report([Path(p) for p in a.report.split(",")])
         return
-    results = measure([int(g) for g in a.gpus.split(",")], a.repeat, a.workloads.split(","), not a.no_startup_pass)
-    print(table(results))
     out = Path(a.out)
+    results = measure([int(g) for g in a.gpus.split(",")], a.repeat, a.workloads.split(","), not a.no_startup_pass, out)
+    print(table(results))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")
