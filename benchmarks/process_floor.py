@@ -44,7 +44,13 @@ def main() -> None:
     once(CASES["import torch, flashinfer"])  # byte-compile once; not measured
     rows = {name: [once(code) for _ in range(a.repeat)] for name, code in CASES.items()}
     rows["5 x import torch, flashinfer at once"] = [once(CASES["import torch, flashinfer"], 5) for _ in range(a.repeat)]
-    results = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "repeat": a.repeat,
+    try:
+        gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n")
+        gpus = [g for g in gpus if g.strip()]
+        machine = f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU"
+    except OSError:
+        machine = "no GPU"
+    results = {"machine": machine, "python": sys.version.split()[0], "cpus": os.cpu_count(), "repeat": a.repeat,
                "seconds": {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in rows.items()}}
     print(f"{'process':<40} {'wall s':>22}")
     for k, s in results["seconds"].items():
