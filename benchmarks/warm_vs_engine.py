@@ -40,7 +40,12 @@ WORKLOADS = {
     # The same op at production size (4x the FLOPs per token): where startup tuning gets long.
     "moe-bf16-large": ["--model", "Qwen/Qwen3-235B-A22B", "--tp", "4", "--moe-runner-backend", "flashinfer_cutlass"],
 }
-TARGET_RANKS = 4
+TARGET_TP = 4  # the workloads' target; --tp 8 makes them TP8 targets (issue 6: 1, 2, 4, 8 GPUs)
+
+
+def with_tp(args: list[str], tp: int) -> list[str]:
+    i = args.index("--tp")
+    return args[:i + 1] + [str(tp)] + args[i + 2:]
 
 
 def _free_port() -> int:
@@ -108,7 +113,8 @@ def stats(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def measure(gpu_counts: list[int], repeat: int, workloads: list[str], startup_pass: bool = True, out: Path | None = None) -> dict:
+def measure(gpu_counts: list[int], repeat: int, workloads: list[str], startup_pass: bool = True, out: Path | None = None,
+            tp: int = TARGET_TP) -> dict:
     from autotune_cache.plan import make_plan
     from autotune_cache.sglang import ServerFlags
     import torch
@@ -122,7 +128,7 @@ def measure(gpu_counts: list[int], repeat: int, workloads: list[str], startup_pa
     results["machine"]["flashinfer"] = flashinfer.__version__
     work = Path(tempfile.mkdtemp(prefix="fi-bench-"))
     for name in workloads:
-        args = WORKLOADS[name]
+        args = with_tp(WORKLOADS[name], tp)
         flags = dict(zip(args[2::2], args[3::2]))
         plan = make_plan(args[1], ServerFlags(tp=int(flags["--tp"]), moe_runner_backend=flags.get("--moe-runner-backend", "auto")),
                          "sm90", cache_root=work / name, flashinfer_version=flashinfer.__version__).to_dict()
@@ -135,22 +141,22 @@ def measure(gpu_counts: list[int], repeat: int, workloads: list[str], startup_pa
             fi, base = [], []
             for rep in range(repeat):
                 fi.append(run_warm(args, n, work / f"{name}-fi{n}"))
-                base.append(run_ranks(plan_path, "baseline", min(n, TARGET_RANKS)))
+                base.append(run_ranks(plan_path, "baseline", min(n, tp)))
                 print(f"[{name}] {n} GPU(s) rep {rep + 1}: fi-autotune {fi[-1]['wall_s']:.1f} s, baseline {base[-1]['wall_s']:.1f} s", flush=True)
             rows[n] = {
                 "fi": {"wall_s": stats([r["wall_s"] for r in fi]), "gpu_s": stats([r["wall_s"] * n for r in fi]),
                        "floor_gpu_s": stats([r["floor_gpu_s"] for r in fi]), "profiles": fi[0]["profiles"],
                        "timings": fi[-1]["timings"],
                        "phases": {k: stats([r["phases"][k] for r in fi]) for k in fi[0]["phases"]}},
-                "baseline": {"ranks": min(n, TARGET_RANKS), "wall_s": stats([r["wall_s"] for r in base]),
-                             "gpu_s": stats([r["wall_s"] * min(n, TARGET_RANKS) for r in base]),
+                "baseline": {"ranks": min(n, tp), "wall_s": stats([r["wall_s"] for r in base]),
+                             "gpu_s": stats([r["wall_s"] * min(n, tp) for r in base]),
                              "floor_gpu_s": stats([r["floor_gpu_s"] for r in base]), "profiles": base[0]["tuned"]},
             }
-            results["workloads"][name] = {"args": args, "profiles": plan["profiles"], "target_ranks": TARGET_RANKS, "by_gpus": rows}
+            results["workloads"][name] = {"args": args, "profiles": plan["profiles"], "target_ranks": tp, "by_gpus": rows}
             if out is not None:  # what is measured so far survives a run cut short
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps(results, indent=2))
-        results["workloads"][name] = {"args": args, "profiles": plan["profiles"], "target_ranks": TARGET_RANKS, "by_gpus": rows}
+        results["workloads"][name] = {"args": args, "profiles": plan["profiles"], "target_ranks": tp, "by_gpus": rows}
         if startup_pass:
             cache = run_warm(args, 1, work / f"{name}-cache")["rank_file"]
             cold = [run_ranks(plan_path, "cold", 1) for _ in range(repeat)]
@@ -380,6 +386,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "warm_vs_engine.json"))
+    ap.add_argument("--tp", type=int, default=TARGET_TP, help="target tensor-parallel size of every workload (ranks of the baseline)")
     ap.add_argument("--no-startup-pass", action="store_true", help="skip the cold / warm-start startup pass measurement")
     ap.add_argument("--report", help="comma-separated result files: write docs/benchmarks.md and the plot")
     ap.add_argument("--process-floor", help="with --report: a benchmarks/process_floor.py result to include")
@@ -388,7 +395,7 @@ def main() -> None:
         report([Path(p) for p in a.report.split(",")], Path(a.process_floor) if a.process_floor else None)
         return
     out = Path(a.out)
-    results = measure([int(g) for g in a.gpus.split(",")], a.repeat, a.workloads.split(","), not a.no_startup_pass, out)
+    results = measure([int(g) for g in a.gpus.split(",")], a.repeat, a.workloads.split(","), not a.no_startup_pass, out, a.tp)
     print(table(results))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
