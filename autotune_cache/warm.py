@@ -369,7 +369,8 @@ def _supervise(workers, queue: list[tuple[int, int]], already: int, total: int, 
             if progress:
                 progress(done, total, f"{ev['op']} @ {ev['bucket']} tokens (GPU {w})")
         elif ev["event"] == "error":
-            where = f" while tuning {ev.get('op')} at {ev.get('bucket')} tokens" if ev.get("op") else ""
+            op, bucket = ev.get("op"), ev.get("bucket")
+            where = (f" while tuning {op} at {bucket} tokens" if bucket is not None else f" while loading {op}") if op else ""
             return f"worker on GPU {w} failed{where}: {ev['message']}"
         return None
 
