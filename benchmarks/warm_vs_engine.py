@@ -71,20 +71,13 @@ def run_warm(args: list[str], n: int, root: Path) -> dict:
             "rank_file": out["rank_files"][0]}
 
 
-#: fi-autotune's time line, in order: each phase ends at the stamp named (seconds from launch).
-PHASES = (
-    ("workers_cuda", "worker start, torch + flashinfer import, CUDA context (slowest worker)"),
-    ("planned", "plan ready in the CLI (it imports flashinfer for the bucket rules meanwhile)"),
-    ("first_profile", "task sent, skeleton weights, kernel module load"),
-    ("workers_finished", "tuning (first profile to last worker done)"),
-    ("written", "merge, rank files + manifest committed"),
-    ("exit", "CLI exit"),
-)
+#: fi-autotune's time line, in order: the stamps of ``timings.timeline`` (docs/warm.md), then exit.
+PHASES = ("workers_cuda", "planned", "first_profile", "workers_finished", "written", "exit")
 
 
 def phases(timeline: dict, launch: float, end: float) -> dict:
     stamps = {**timeline, "exit": end}
-    return {k: round(stamps[k] - launch, 3) for k, _ in PHASES if k in stamps}
+    return {k: round(stamps[k] - launch, 3) for k in PHASES if k in stamps}
 
 
 def run_ranks(plan_path: Path, mode: str, n: int, cache: str | None = None) -> dict:
