@@ -3,7 +3,7 @@
 files and done files), behaviour chosen by FAKE_WORKER_MODE:
 
 ok | oom (error event on the first item) | crash (SIGKILL on the first item) |
-crash-after-N (SIGKILL after N items) | slow-on-0 (the worker on device 0 takes 0.3 s an item).
+crash-after-N (SIGKILL after N items) | slow-on-0 (the worker on device 0 takes 1 s an item).
 FAKE_LOG, when set, gets a "<device> <op> <bucket>" line per item tuned.
 """
 
@@ -43,7 +43,7 @@ def main():
         if mode == "crash" or (mode.startswith("crash-after-") and done_here == int(mode.rsplit("-", 1)[1])):
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "slow-on-0" and device == "0":
-            time.sleep(0.3)
+            time.sleep(1.0)
         done_here += 1
         entries = json.load(open(t["out"])) if os.path.exists(t["out"]) else {}
         entries = {k: v for k, v in entries.items() if not k.startswith("_")}

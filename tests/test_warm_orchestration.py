@@ -57,7 +57,7 @@ def test_split_merge_commit(plan, monkeypatch):
 
 
 def test_work_is_dealt_to_whichever_worker_is_free(plan, monkeypatch, tmp_path):
-    """Worker 0 takes 0.3 s an item, worker 1 none: the dynamic queue hands worker 1 the rest,
+    """Worker 0 takes 1 s an item, worker 1 none: the dynamic queue hands worker 1 the rest,
     where a static half-and-half split would make the run wait on worker 0."""
     log = tmp_path / "items.log"
     monkeypatch.setenv("FAKE_LOG", str(log))
@@ -66,7 +66,8 @@ def test_work_is_dealt_to_whichever_worker_is_free(plan, monkeypatch, tmp_path):
     items = [line.split() for line in log.read_text().splitlines()]
     by_device = {d: [int(b) for dev, _, b in items if dev == d] for d in ("0", "1")}
     assert sorted(by_device["0"] + by_device["1"]) == sorted(plan["workloads"][0]["ops"][0]["buckets"])  # each once
-    assert len(by_device["0"]) <= 2 < len(by_device["1"])
+    # a static split would give each 10-11 of the 21; the slack (3) is for a slow CI machine
+    assert len(by_device["0"]) <= 3 and len(by_device["1"]) >= 18
     assert by_device["0"][0] == max(by_device["0"] + by_device["1"])  # largest bucket dealt first
 
 
