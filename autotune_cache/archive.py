@@ -1,212 +1,324 @@
-"""Moving entries between machines as ``.tar.gz`` (tune on a GPU builder, copy into an image).
+"""Moving entries between machines as ``.tar.gz`` bundles (tune on a GPU box, copy into an image).
+
+Export writes a *reproducible* bundle: the same entries always give the same bytes (members
+sorted, mtime/uid/gid/mode fixed, gzip header without name or time), so a Docker layer that
+``ADD``s it is reused as long as the cache is unchanged. Entries are read without locks (a
+read-only tree exports too): each entry dir is opened once and its files read through that
+handle, and the read is retried if the entry was swapped meanwhile.
 
 Import treats the archive as hostile: every member is checked (layout name, no absolute path,
-no ``..``, regular files only, size caps, JSON that is a FlashInfer cache or our manifest,
-manifest key consistent with its directory) before anything is written, then each entry is
-committed whole under its lock through the same writer as ``warm``.
+no ``..``, regular files only, per-member, total and compression-ratio caps, JSON that is a
+FlashInfer cache or our manifest, manifest consistent with its entry) while it is streamed into
+staging dirs, and the whole archive is then committed all-or-nothing (``txn.Transaction``).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
-import re
+import stat as stat_mod
 import tarfile
-import time
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import BinaryIO
 
-from . import layout
-from .atomic import atomic_write_bytes, key_lock
-from .errors import EntryLocked, FiAutotuneError
+from .errors import FiAutotuneError, os_error_message
 from .keys import SCHEMAS
-from .layout import RankName
-from .manifest import Manifest
+from .layouts import CacheLayout, EntryId
+from .layouts.base import JOURNAL_DIRNAME, LOCKS_DIRNAME, MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE, NameKind
+from .manifest import Manifest, NewerManifest
 from .rankfile import MAX_RANK_FILE_BYTES, parse_cache_bytes, read_regular_file
-from .scan import CacheEntry, EntryStatus, scan_entry
-from .writer import EntryId, commit_entry
+from .scan import CacheEntry
+from .txn import Transaction
+from .writer import replace_policy
 
+#: Members in one archive: 8 files per entry for ~12,000 entries.
 MAX_MEMBERS = 100_000
-MAX_TOTAL_BYTES = 1 << 30
-
-_MEMBER_RE = re.compile(
-    r"^flashinfer/autotune/(?P<version>[^/]+)/(?P<arch>[^/]+)/(?P<key>[^/]+)/(?P<name>[^/]+)$"
-)
-
-
-def _arcname(entry: CacheEntry, name: str) -> str:
-    return f"flashinfer/autotune/{entry.flashinfer_version}/{entry.arch}/{entry.key}/{name}"
+#: Uncompressed bytes in one archive. Real entries are 0.1-1 MB (8 rank files of 15-110 KB).
+MAX_TOTAL_BYTES = 4 << 30
+#: Uncompressed / compressed. Real bundles compress 5-15x (JSON with repeated keys; gzip's
+#: 32 KB window cannot share bytes across 100 KB rank files); whitespace bombs reach 1000x.
+MAX_RATIO = 100
+#: The ratio is checked once this much has been decompressed (small archives are never bombs).
+RATIO_GRACE_BYTES = 8 << 20
 
 
-def export_entries(root: Path, entries: list[CacheEntry], out: Path) -> list[str]:
-    """Write rank files and manifests of ``entries`` to ``out``; returns the member names.
+# --- export ----------------------------------------------------------------------------------
 
-    Each entry is read under its lock so a concurrent warm cannot hand us half of a retune.
-    """
-    buf = io.BytesIO()
-    members = []
-    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        for e in entries:
-            with key_lock(root, e.flashinfer_version, e.arch, e.key, timeout=60):
-                names = sorted(rf.name for rf in e.rank_files if rf.ok)
-                if e.manifest is not None:
-                    names.append(layout.MANIFEST_NAME)
-                for name in names:
-                    data = read_regular_file(e.path / name)
-                    info = tarfile.TarInfo(_arcname(e, name))
-                    info.size = len(data)
-                    info.mtime = int(time.time())
-                    info.mode = 0o644
-                    tar.addfile(info, io.BytesIO(data))
-                    members.append(info.name)
-    atomic_write_bytes(Path(out), buf.getvalue())
-    return members
+def _snapshot(layout: CacheLayout, entry: CacheEntry, attempts: int = 5) -> dict[str, bytes] | None:
+    """The entry's data files and manifest, read through one handle on its dir; None if it
+    vanished. Retried while a writer swaps the entry in between (then we read the new one)."""
+    for _ in range(attempts):
+        try:
+            dfd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        try:
+            before = os.fstat(dfd).st_ino
+            files: dict[str, bytes] = {}
+            for name in sorted(os.listdir(dfd)):
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if not stat_mod.S_ISREG(st.st_mode):
+                    continue
+                kind = layout.classify(name, False)
+                if kind is NameKind.DATA:
+                    files[name] = read_regular_file(name, dir_fd=dfd)
+                elif kind is NameKind.MANIFEST:
+                    files[name] = read_regular_file(name, dir_fd=dfd)
+            try:
+                still = os.lstat(entry.path).st_ino
+            except FileNotFoundError:
+                return None
+            if still == before:
+                return files
+        except FileNotFoundError:
+            continue  # a file vanished under us: the entry was replaced or deleted; look again
+        finally:
+            os.close(dfd)
+    return None
+
+
+def _source_date_epoch() -> int:
+    try:
+        return max(0, int(os.environ.get("SOURCE_DATE_EPOCH", "0")))
+    except ValueError:
+        return 0
 
 
 @dataclass(frozen=True)
-class ArchiveEntry:
-    id: EntryId
-    rank_files: dict[str, bytes]
-    manifest: Manifest | None
+class ExportResult:
+    entries: tuple[str, ...]
+    members: tuple[str, ...]
+    vanished: tuple[str, ...] = ()
+    size: int = 0
+
+    def to_dict(self) -> dict:
+        return {"entries": list(self.entries), "members": list(self.members), "vanished": list(self.vanished),
+                "size": self.size}
 
 
-def _check_name(name: str) -> re.Match:
-    if name.startswith("/") or "\\" in name or "\x00" in name:
-        raise FiAutotuneError(f"archive member {name!r}: absolute or malformed path")
-    parts = PurePosixPath(name).parts
-    if ".." in parts or "." in parts:
-        raise FiAutotuneError(f"archive member {name!r}: path traversal")
-    m = _MEMBER_RE.match(name)
-    if not m:
-        raise FiAutotuneError(f"archive member {name!r}: not in the cache layout")
-    if not layout.is_valid_version(m["version"]) or not layout.ARCH_RE.match(m["arch"]) or not layout.KEY_RE.match(m["key"]):
-        raise FiAutotuneError(f"archive member {name!r}: not in the cache layout")
-    if not (RankName.parse(m["name"]) or m["name"] == layout.MANIFEST_NAME):
-        raise FiAutotuneError(f"archive member {name!r}: not a rank file or manifest")
-    return m
+def export_entries(layout: CacheLayout, entries: list[CacheEntry], out: BinaryIO) -> ExportResult:
+    """Write a reproducible .tar.gz of ``entries`` to ``out``. Entries that vanished since they
+    were listed (a concurrent prune) are skipped and reported, never an error."""
+    mtime = _source_date_epoch()
+    members: list[tuple[str, bytes]] = []
+    exported, vanished = [], []
+    for e in sorted(entries, key=lambda e: e.id):
+        files = _snapshot(layout, e)
+        if files is None or not any(layout.classify(n, False) is NameKind.DATA for n in files):
+            vanished.append(str(e.id))
+            continue
+        exported.append(str(e.id))
+        members.extend((layout.member_name(e.id, name), data) for name, data in files.items())
+    members.sort()
+    with tempfile.SpooledTemporaryFile(max_size=64 << 20) as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=mtime, compresslevel=9) as gz:
+            with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                for name, data in members:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    info.mtime = mtime
+                    info.mode = 0o644
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    tar.addfile(info, io.BytesIO(data))
+        size = raw.tell()
+        raw.seek(0)
+        while chunk := raw.read(1 << 20):
+            out.write(chunk)
+    return ExportResult(tuple(exported), tuple(n for n, _ in members), tuple(vanished), size)
 
 
-def read_archive(path: Path) -> list[ArchiveEntry]:
-    """Validate the whole archive into memory; raise on the first bad member."""
-    try:
-        tar = tarfile.open(path, mode="r:*")
-    except (OSError, tarfile.TarError) as e:
-        raise FiAutotuneError(f"cannot read {path}: {e}") from None
-    grouped: dict[EntryId, dict[str, bytes]] = {}
-    total = 0
-    count = 0
-    with tar:
-        try:
-            for member in tar:
-                count += 1
-                if count > MAX_MEMBERS:
-                    raise FiAutotuneError(f"archive has more than {MAX_MEMBERS} members")
-                name = member.name[2:] if member.name.startswith("./") else member.name
-                if member.isdir():
-                    if name.startswith("/") or ".." in PurePosixPath(name).parts:
-                        raise FiAutotuneError(f"archive member {member.name!r}: path traversal")
-                    continue
-                if not member.isreg():
-                    kind = "link" if (member.issym() or member.islnk()) else "special file"
-                    raise FiAutotuneError(f"archive member {member.name!r}: {kind}, only regular files are allowed")
-                m = _check_name(name)
-                if member.size > MAX_RANK_FILE_BYTES:
-                    raise FiAutotuneError(f"archive member {name!r}: {member.size} bytes, over the {MAX_RANK_FILE_BYTES} limit")
-                total += member.size
-                if total > MAX_TOTAL_BYTES:
-                    raise FiAutotuneError(f"archive contents exceed {MAX_TOTAL_BYTES} bytes")
-                f = tar.extractfile(member)
-                data = f.read(member.size + 1) if f else b""
-                if len(data) != member.size:
-                    raise FiAutotuneError(f"archive member {name!r}: truncated")
-                eid = EntryId(m["version"], m["arch"], m["key"])
-                files = grouped.setdefault(eid, {})
-                if m["name"] in files:
-                    raise FiAutotuneError(f"archive member {name!r} appears twice")
-                files[m["name"]] = data
-        except (tarfile.TarError, EOFError, OSError, ValueError) as e:
-            if isinstance(e, FiAutotuneError):
-                raise
-            raise FiAutotuneError(f"cannot read {path}: {e}") from None
+# --- import ----------------------------------------------------------------------------------
 
-    entries = []
-    for eid, files in sorted(grouped.items(), key=lambda kv: str(kv[0])):
-        manifest = None
-        mdata = files.pop(layout.MANIFEST_NAME, None)
-        if mdata is not None:
-            try:
-                manifest = Manifest.from_bytes(mdata)
-            except ValueError as e:
-                raise FiAutotuneError(f"{eid}: {e}") from None
-            if (manifest.flashinfer_version, manifest.arch, manifest.key) != (eid.flashinfer_version, eid.arch, eid.key):
-                raise FiAutotuneError(f"{eid}: manifest describes another entry")
-            schema = SCHEMAS.get(manifest.schema)
-            if schema is not None and schema.key(manifest.key_fields) != eid.key:
-                raise FiAutotuneError(f"{eid}: key does not match the manifest's key fields")
-        for name, data in files.items():
-            try:
-                parse_cache_bytes(data)
-            except (ValueError, RecursionError) as e:
-                raise FiAutotuneError(f"{eid}/{name}: not a FlashInfer cache file ({str(e)[:80]})") from None
-        if not files:
-            raise FiAutotuneError(f"{eid}: no rank files")
-        entries.append(ArchiveEntry(eid, files, manifest))
-    if not entries:
-        raise FiAutotuneError(f"{path}: no cache entries in the archive")
-    return entries
+class _Counting(io.RawIOBase):
+    """Counts the compressed bytes the tar reader pulls, for the ratio cap."""
+
+    def __init__(self, f: BinaryIO):
+        self.f = f
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self.f.read(len(b))
+        n = len(data)
+        b[:n] = data
+        self.count += n
+        return n
+
+
+@dataclass
+class ImportPlan:
+    """What reading an archive found: staged entries plus members skipped with a note."""
+
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    incomplete: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class ImportResult:
-    imported: tuple[str, ...]
-    unchanged: tuple[str, ...]
-    refused: tuple[tuple[str, str], ...]
+    imported: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
+    refused: tuple[tuple[str, str], ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()  # (member, why) left out of the archive with a note
+    incomplete: tuple[tuple[str, str], ...] = ()  # (entry, what) imported though incomplete
 
     def to_dict(self) -> dict:
         return {
             "imported": list(self.imported),
             "unchanged": list(self.unchanged),
             "refused": [{"entry": e, "reason": r} for e, r in self.refused],
+            "skipped_members": [{"member": m, "reason": r} for m, r in self.skipped],
+            "incomplete": [{"entry": e, "reason": r} for e, r in self.incomplete],
         }
 
 
-def _conflict(root: Path, a: ArchiveEntry, force: bool) -> str | None:
-    """None to write; 'same' when identical; else why we refuse."""
-    path = layout.key_dir(root, a.id.flashinfer_version, a.id.arch, a.id.key)
-    if not os.path.lexists(path):
+def _ours_to_skip(parts: tuple[str, ...], base: tuple[str, ...]) -> str | None:
+    """Why a member of a plain ``tar czf x.tgz -C ROOT flashinfer`` is left out, or None."""
+    rest = parts[len(base):] if parts[: len(base)] == base else ()
+    if not rest:
         return None
-    if not path.is_dir() or path.is_symlink():
-        return "the key dir path exists and is not a directory"
-    existing = scan_entry(path, a.id.flashinfer_version, a.id.arch)
-    ours = {n: hashlib.sha256(d).hexdigest() for n, d in a.rank_files.items()}
-    theirs = {rf.name: rf.sha256 for rf in existing.rank_files}
-    if ours == theirs:
-        return "same"
-    if existing.status == EntryStatus.COMPLETE and not force:
-        return "a different complete entry is already there (use --force to replace it)"
+    if rest[0] in (LOCKS_DIRNAME, JOURNAL_DIRNAME):
+        return "fi-autotune's lock or journal file, not a cache file"
+    if any(STAGE_DIR_RE.match(p) or TRASH_DIR_RE.match(p) for p in rest):
+        return "part of an interrupted write, not a cache file"
+    if TEMP_FILE_RE.match(rest[-1]):
+        return "a temporary file"
+    if len(rest) >= 2 and rest[-2] == "runs":
+        return "the engine's per-run record, which it never reads back"
     return None
 
 
-def import_archive(root: Path, archive: Path, *, force: bool = False) -> ImportResult:
-    entries = read_archive(archive)
-    refusals = [(str(a.id), why) for a in entries if (why := _conflict(root, a, force)) not in (None, "same")]
-    if refusals:
-        # All or nothing: refuse before writing any entry.
-        return ImportResult((), (), tuple(refusals))
-    imported, unchanged, refused = [], [], []
-    for a in entries:
-        try:
-            with key_lock(root, a.id.flashinfer_version, a.id.arch, a.id.key, timeout=120):
-                why = _conflict(root, a, force)  # again, under the lock
-                if why == "same":
-                    unchanged.append(str(a.id))
+def _check_name(name: str) -> None:
+    if name.startswith("/") or "\\" in name or "\x00" in name:
+        raise FiAutotuneError(f"archive member {name!r}: absolute or malformed path")
+    parts = PurePosixPath(name).parts
+    if ".." in parts or "." in parts:
+        raise FiAutotuneError(f"archive member {name!r}: path traversal")
+
+
+def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label: str) -> ImportPlan:
+    """Validate the archive member by member into ``txn``'s staging dirs; raise on the first
+    bad member (the caller discards the transaction: nothing reaches the tree)."""
+    counting = _Counting(stream)
+    buffered = io.BufferedReader(counting, buffer_size=1 << 16)
+    plan = ImportPlan()
+    manifests: dict[EntryId, bytes] = {}
+    total = count = 0
+    base = layout.base_parts()
+    try:
+        tar = tarfile.open(fileobj=buffered, mode="r|*")
+    except (OSError, tarfile.TarError, EOFError) as e:
+        raise FiAutotuneError(f"cannot read {label}: {e}") from None
+    try:
+        with tar:
+            for member in tar:
+                count += 1
+                if count > MAX_MEMBERS:
+                    raise FiAutotuneError(f"{label}: more than {MAX_MEMBERS} members")
+                name = member.name[2:] if member.name.startswith("./") else member.name
+                _check_name(name)
+                if member.isdir():
                     continue
-                if why is not None:
-                    refused.append((str(a.id), why))
+                skip = _ours_to_skip(PurePosixPath(name).parts, base)
+                if skip is not None:
+                    plan.skipped.append((name, skip))
                     continue
-                commit_entry(root, a.id, a.rank_files, a.manifest, locked=True)
-                imported.append(str(a.id))
-        except EntryLocked as e:
-            refused.append((str(a.id), str(e)))
-    return ImportResult(tuple(imported), tuple(unchanged), tuple(refused))
+                if not member.isreg():
+                    kind = "link" if (member.issym() or member.islnk()) else "special file"
+                    raise FiAutotuneError(f"archive member {name!r}: {kind}, only regular files are allowed")
+                parsed = layout.parse_member(name)
+                if parsed is None:
+                    raise FiAutotuneError(f"archive member {name!r}: not in the {layout.name} cache layout")
+                eid, fname = parsed
+                kind = layout.classify(fname, False)
+                if kind not in (NameKind.DATA, NameKind.MANIFEST):
+                    raise FiAutotuneError(f"archive member {name!r}: not a cache file or manifest")
+                if member.size > MAX_RANK_FILE_BYTES:
+                    raise FiAutotuneError(f"archive member {name!r}: {member.size} bytes, over the {MAX_RANK_FILE_BYTES} limit")
+                total += member.size
+                if total > MAX_TOTAL_BYTES:
+                    raise FiAutotuneError(f"{label}: contents exceed {MAX_TOTAL_BYTES} bytes")
+                f = tar.extractfile(member)
+                data = f.read(member.size + 1) if f else b""
+                if len(data) != member.size:
+                    raise FiAutotuneError(f"archive member {name!r}: truncated")
+                if total > RATIO_GRACE_BYTES and total > MAX_RATIO * counting.count:
+                    raise FiAutotuneError(
+                        f"{label}: decompresses more than {MAX_RATIO}x (a real cache bundle is 5-15x): refusing it"
+                    )
+                if kind is NameKind.MANIFEST:
+                    if eid in manifests:
+                        raise FiAutotuneError(f"archive member {name!r} appears twice")
+                    manifests[eid] = data
+                    continue
+                try:
+                    parse_cache_bytes(data)
+                except ValueError as e:
+                    raise FiAutotuneError(f"{eid}/{fname}: not a FlashInfer cache file ({str(e)[:80]})") from None
+                try:
+                    txn.add_file(eid, fname, data)
+                except FiAutotuneError as e:
+                    raise FiAutotuneError(f"archive member {name!r}: {e}") from None
+    except (tarfile.TarError, EOFError, ValueError) as e:
+        raise FiAutotuneError(f"cannot read {label}: {e}") from None
+    except OSError as e:
+        raise FiAutotuneError(f"cannot import {label}: {os_error_message(e)}; nothing was written") from None
+
+    for eid in manifests:
+        if eid not in txn.staged:
+            raise FiAutotuneError(f"{eid}: a manifest but no rank files")
+    if not txn.staged:
+        raise FiAutotuneError(f"{label}: no cache entries in the archive")
+    for eid, s in sorted(txn.staged.items()):
+        manifest = _manifest_for(eid, manifests.get(eid), layout)
+        txn.finish_entry(eid, manifest)
+        expected = manifest.expected_files if manifest else None
+        if expected is not None:
+            missing = [n for n in expected if n not in s.records]
+            if missing:
+                plan.incomplete.append((str(eid), f"{len(expected) - len(missing)} of {len(expected)} rank files"))
+    return plan
+
+
+def _manifest_for(eid: EntryId, data: bytes | None, layout: CacheLayout) -> Manifest | None:
+    if data is None:
+        return None
+    try:
+        manifest = Manifest.from_bytes(data)
+    except NewerManifest as e:
+        raise FiAutotuneError(f"{eid}: manifest {e}") from None
+    except ValueError as e:
+        raise FiAutotuneError(f"{eid}: {e}") from None
+    ids = layout.id_fields(eid)
+    if (manifest.flashinfer_version, manifest.arch, manifest.key) != (ids.get("flashinfer_version"), ids.get("arch"), eid.name):
+        raise FiAutotuneError(f"{eid}: manifest describes another entry")
+    schema = SCHEMAS.get(manifest.schema)
+    if schema is not None and schema.key(manifest.key_fields) != eid.name:
+        raise FiAutotuneError(f"{eid}: key does not match the manifest's key fields")
+    return manifest
+
+
+def import_archive(layout: CacheLayout, root, stream: BinaryIO, label: str, *, force: bool = False) -> ImportResult:
+    """Import every entry of an archive, or none (see the module doc)."""
+    txn = Transaction(layout, root)
+    try:
+        plan = stage_archive(layout, txn, stream, label)
+        result = txn.commit(replace_policy(layout, root, force))
+    except OSError as e:
+        raise FiAutotuneError(f"cannot import {label}: {os_error_message(e)}; nothing was written") from None
+    finally:
+        txn.discard()
+    return ImportResult(
+        tuple(map(str, result.committed)), tuple(map(str, result.unchanged)),
+        tuple((str(e), why) for e, why in result.refused), tuple(plan.skipped), tuple(plan.incomplete),
+    )
+
+
+def digest_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,13 +1,51 @@
-"""Two kinds of failure, because the CLI maps them to different exit codes (2 and 1)."""
+"""Failures and the exit code each one maps to: the one table the CLI consults.
+
+Every error a command can meet becomes one of these before it reaches the user, so the CLI
+prints one line and exits with ``exit_code``; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """What ``fi-autotune`` returns (documented in README and ``fi-autotune --help``)."""
+
+    OK = 0
+    FAILURE = 1  # the command could not do its job: I/O error, refused overwrite, bad archive
+    USAGE = 2  # the request itself is wrong: bad flag value, unknown id, impossible topology
+    INTERRUPTED = 130  # Ctrl-C / SIGINT (128 + 2), as shells report it
 
 
 class FiAutotuneError(Exception):
-    """A command could not do its job (exit 1): bad archive, refused overwrite, I/O error."""
+    """A command could not do its job (exit 1)."""
+
+    exit_code = ExitCode.FAILURE
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
 
 
 class UsageError(FiAutotuneError):
     """The request itself is wrong (exit 2): unknown schema, impossible topology, bad size."""
 
+    exit_code = ExitCode.USAGE
+
 
 class EntryLocked(FiAutotuneError):
-    """Another writer holds the key dir's lock."""
+    """Another writer holds the entry's lock."""
+
+
+class Interrupted(FiAutotuneError):
+    """Stopped by SIGINT/SIGTERM after leaving everything complete (exit 130)."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
+def os_error_message(e: OSError, path: object | None = None) -> str:
+    """``cannot write /x/y: No space left on device`` - the path and the reason, nothing else."""
+    where = path if path is not None else (e.filename if e.filename is not None else "")
+    reason = e.strerror or str(e)
+    return f"{where}: {reason}" if where != "" else reason

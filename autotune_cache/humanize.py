@@ -1,9 +1,10 @@
-"""Human strings for sizes, ages and durations (one place, so every command prints alike)."""
+"""Human strings for sizes, ages, durations and counts (one place, so every command prints alike)."""
 
 from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 from .errors import UsageError
 
@@ -11,7 +12,7 @@ _UNITS = ("B", "K", "M", "G", "T", "P")
 
 
 def format_size(num_bytes: int) -> str:
-    """``1.2M`` style, like ``du -h`` and ``huggingface-cli scan-cache``."""
+    """``1.2M`` style, like ``du -h`` and ``hf cache scan``."""
     size = float(num_bytes)
     for unit in _UNITS:
         if size < 1000 or unit == _UNITS[-1]:
@@ -22,7 +23,10 @@ def format_size(num_bytes: int) -> str:
     raise AssertionError("unreachable")
 
 
-def format_age(timestamp: float, now: float | None = None) -> str:
+def format_age(timestamp: float | None, now: float | None = None) -> str:
+    """``3d ago``; ``unknown`` when the time cannot be known (never a made-up one)."""
+    if timestamp is None or timestamp <= 0:
+        return "unknown"
     delta = max(0.0, (now if now is not None else time.time()) - timestamp)
     for unit, seconds in (("y", 365 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
         if delta >= seconds:
@@ -30,13 +34,29 @@ def format_age(timestamp: float, now: float | None = None) -> str:
     return f"{int(delta)}s ago"
 
 
+def plural(n: int, singular: str, plural_form: str | None = None) -> str:
+    """``1 entry``, ``2 entries``, ``1 temp file``."""
+    return f"{n} {singular if n == 1 else (plural_form or singular + 's')}"
+
+
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def parse_duration(text: str) -> float:
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w`` -> seconds. Bare numbers are seconds."""
+@dataclass(frozen=True)
+class Duration:
+    """A span the user typed: seconds for the code, the user's own text for messages."""
+
+    seconds: float
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_duration(text: str) -> Duration:
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``; a bare number is seconds."""
     m = _DURATION_RE.match(text)
     if not m:
         raise UsageError(f"invalid duration {text!r}: use a number with s, m, h, d or w (e.g. 30d)")
-    return float(m[1]) * _DURATION_UNITS[m[2]]
+    return Duration(float(m[1]) * _DURATION_UNITS[m[2]], text.strip())

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .errors import UsageError
+from .topology import MAX_PARALLEL as _MAX_SIZE
 
 # torch dtype names SGLang's ModelRunner.dtype can take, and the spellings users type for them.
 _DTYPE_ALIASES = {
@@ -72,10 +73,25 @@ class KeyFields:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "KeyFields":
-        d = dict(d)
-        d["skip_ops"] = tuple(d.get("skip_ops") or ())
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+    def from_dict(cls, d: object) -> "KeyFields":
+        """From a manifest or plan; raises ValueError unless every field has its type."""
+        if not isinstance(d, dict):
+            raise ValueError("key_fields is not an object")
+        values = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        values["skip_ops"] = tuple(values.get("skip_ops") or ())
+        for name in ("model_path", "dtype", "moe_runner_backend", "config_class"):
+            if not isinstance(values.get(name), str):
+                raise ValueError(f"key_fields.{name} is not a string")
+        for name in ("tp", "pp", "attn_dp_size", "ep"):
+            v = values.get(name)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= _MAX_SIZE:
+                raise ValueError(f"key_fields.{name} is not an integer in 1..{_MAX_SIZE}")
+        for name in ("quantization", "draft_quantization"):
+            if not isinstance(values.get(name), (str, type(None))):
+                raise ValueError(f"key_fields.{name} is not a string or null")
+        if not all(isinstance(s, str) for s in values["skip_ops"]) or not isinstance(values.get("is_draft", False), bool):
+            raise ValueError("key_fields.skip_ops / is_draft have the wrong types")
+        return cls(**values)
 
 
 Renderer = Callable[[KeyFields], "str | None"]

@@ -1,9 +1,13 @@
-"""fi-autotune's manifest: one small JSON per key dir recording what the key's hash hides.
+"""fi-autotune's manifest: one small JSON per entry recording what the key's hash hides.
 
-The manifest is written last, after every rank file, and also records each rank file's
-(size, mtime_ns, sha256, configs). ``ls`` trusts those numbers only while ``stat`` still
-matches them, which keeps listing 10,000 entries to a few stats per entry instead of parsing
-80,000 JSON files; any file touched since (by an engine, by hand) is read and hashed again.
+The manifest is written with the data files and records each one's (size, mtime_ns, ctime_ns,
+sha256, configs). ``ls`` trusts those numbers only while ``stat`` still shows the same size,
+mtime and ctime, which keeps listing 10,000 entries to a few stats per entry instead of parsing
+80,000 JSON files; any file touched since (by an engine, by hand, even with its mtime put back)
+is read and hashed again.
+
+A manifest is data we may not have written (an archive, a hand edit): every field is type- and
+size-checked on read, and anything malformed makes the entry corrupt, never a crash.
 """
 
 from __future__ import annotations
@@ -11,13 +15,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from pathlib import Path
 
 from . import __version__
 from .keys import KeyFields
-from .layout import Topology
+from .topology import MAX_RANK_FILES, Topology, TopologyError
 
-MANIFEST_FORMAT = 1
+#: 2: ``request`` (the typed serving request) replaces ``extra.plan_args``; records gain ctime_ns.
+MANIFEST_FORMAT = 2
+#: Largest manifest we parse; real ones are a few KB (one record per rank file).
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+
+
+class NewerManifest(ValueError):
+    """Written by a newer fi-autotune: not corrupt, just not ours to interpret."""
 
 
 def utc_now_iso() -> str:
@@ -30,9 +40,32 @@ class RankRecord:
     mtime_ns: int
     sha256: str
     configs: int
+    ctime_ns: int | None = None  # absent in format-1 manifests
 
     def to_dict(self) -> dict:
-        return {"size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256, "configs": self.configs}
+        d = {"size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256, "configs": self.configs}
+        if self.ctime_ns is not None:
+            d["ctime_ns"] = self.ctime_ns
+        return d
+
+    def matches(self, st) -> bool:
+        """Does ``stat`` say the file is still the one recorded?"""
+        return (
+            self.size == st.st_size
+            and self.mtime_ns == st.st_mtime_ns
+            and (self.ctime_ns is None or self.ctime_ns == st.st_ctime_ns)
+        )
+
+    @classmethod
+    def from_dict(cls, name: str, r: object) -> "RankRecord":
+        if not isinstance(r, dict):
+            raise ValueError(f"rank_files[{name[:40]!r}] is not an object")
+        ints = [r.get(k) for k in ("size", "mtime_ns", "configs")]
+        ctime = r.get("ctime_ns")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints) \
+                or not isinstance(r.get("sha256"), str) or not isinstance(ctime, (int, type(None))):
+            raise ValueError(f"rank_files[{name[:40]!r}] has fields of the wrong type")
+        return cls(ints[0], ints[1], r["sha256"], ints[2], ctime)
 
 
 @dataclass(frozen=True)
@@ -50,7 +83,10 @@ class Manifest:
     updated: str
     tool_version: str = __version__
     stats: dict = field(default_factory=dict)
+    #: What warm was asked (``request.TuneRequest.to_dict()``): how ``verify`` rebuilds the plan.
+    request: dict | None = None
     extra: dict = field(default_factory=dict)
+    format: int = MANIFEST_FORMAT
 
     @property
     def model(self) -> str:
@@ -60,8 +96,13 @@ class Manifest:
     def expected_files(self) -> list[str]:
         return self.topology.rank_files()
 
+    @property
+    def gpu(self) -> str | None:
+        value = self.flashinfer_metadata.get("gpu")
+        return value if isinstance(value, str) else None
+
     def to_dict(self) -> dict:
-        return {
+        d = {
             "format": MANIFEST_FORMAT,
             "tool": "fi-autotune",
             "tool_version": self.tool_version,
@@ -78,46 +119,77 @@ class Manifest:
             "created": self.created,
             "updated": self.updated,
             "stats": self.stats,
-            **({"extra": self.extra} if self.extra else {}),
         }
+        if self.request is not None:
+            d["request"] = self.request
+        if self.extra:
+            d["extra"] = self.extra
+        return d
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n").encode()
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Manifest":
+    def from_dict(cls, d: object) -> "Manifest":
         if not isinstance(d, dict) or d.get("tool") != "fi-autotune":
             raise ValueError("not an fi-autotune manifest")
+        fmt = d.get("format")
+        if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
+            raise ValueError("no valid format number")
+        if fmt > MANIFEST_FORMAT:
+            raise NewerManifest(f"format {fmt} is newer than this fi-autotune reads ({MANIFEST_FORMAT}); upgrade fi-autotune")
+        strings = {k: d.get(k) for k in ("key", "schema", "key_string", "flashinfer_version", "arch")}
+        bad = [k for k, v in strings.items() if not isinstance(v, str)]
+        if bad:
+            raise ValueError(f"{bad[0]} is not a string")
+        records = d.get("rank_files")
+        if records is None:
+            records = {}
+        if not isinstance(records, dict):
+            raise ValueError("rank_files is not an object")
+        if len(records) > MAX_RANK_FILES:
+            raise ValueError(f"more than {MAX_RANK_FILES} rank files")
+        for name in ("flashinfer_metadata", "stats", "extra"):
+            if not isinstance(d.get(name) or {}, dict):
+                raise ValueError(f"{name} is not an object")
+        request = d.get("request")
+        if request is not None and not isinstance(request, dict):
+            raise ValueError("request is not an object")
+        try:
+            topology = Topology.from_dict(d.get("topology"))  # cached: a tree has few distinct topologies
+        except TopologyError as e:
+            raise ValueError(f"topology: {e}") from None
         return cls(
-            key=str(d["key"]),
-            schema=str(d["schema"]),
-            key_string=str(d["key_string"]),
-            key_fields=KeyFields.from_dict(d["key_fields"]),
-            topology=Topology.from_dict(d["topology"]),  # cached: a tree has few distinct topologies
-            flashinfer_version=str(d["flashinfer_version"]),
-            arch=str(d["arch"]),
+            key=strings["key"],
+            schema=strings["schema"],
+            key_string=strings["key_string"],
+            key_fields=KeyFields.from_dict(d.get("key_fields")),
+            topology=topology,
+            flashinfer_version=strings["flashinfer_version"],
+            arch=strings["arch"],
             flashinfer_metadata=dict(d.get("flashinfer_metadata") or {}),
-            rank_files={
-                name: RankRecord(int(r["size"]), int(r["mtime_ns"]), str(r["sha256"]), int(r["configs"]))
-                for name, r in (d.get("rank_files") or {}).items()
-            },
+            rank_files={str(name): RankRecord.from_dict(str(name), r) for name, r in records.items()},
             created=str(d.get("created", "")),
             updated=str(d.get("updated", "")),
             tool_version=str(d.get("tool_version", "")),
             stats=dict(d.get("stats") or {}),
+            request=request,
             extra=dict(d.get("extra") or {}),
+            format=fmt,
         )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Manifest":
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ValueError(f"invalid manifest: larger than {MAX_MANIFEST_BYTES} bytes")
         try:
             return cls.from_dict(json.loads(data))
+        except NewerManifest:
+            raise
+        except RecursionError:
+            raise ValueError("invalid manifest: nested too deeply") from None
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"invalid manifest: {e}") from None
-
-    @classmethod
-    def read(cls, path: Path) -> "Manifest":
-        return cls.from_bytes(Path(path).read_bytes())
 
     def with_rank_records(self, records: dict[str, RankRecord], updated: str | None = None) -> "Manifest":
         return replace(self, rank_files=dict(records), updated=updated or utc_now_iso())

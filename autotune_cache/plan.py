@@ -1,23 +1,28 @@
 """The tuning plan: config -> spec -> SGLang resolution -> per-rank recipes -> buckets.
 
-``TuningPlan.to_dict()`` is the JSON ``fi-autotune plan --json`` prints and ``warm`` consumes.
-No GPU and no CUDA runtime is needed; flashinfer is imported (CPU only) for its bucket functions.
+``TuningPlan`` stays typed up to the worker process (``warm.worker_task`` serializes what a
+worker needs); ``to_dict()`` is the JSON ``fi-autotune plan --json`` prints. No GPU and no CUDA
+runtime is needed; flashinfer is imported (CPU only) for its bucket functions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import buckets as B
-from . import layout
 from .config_source import ConfigSource, load_model_config
-from .envcheck import installed_flashinfer_version
 from .errors import UsageError
+from .installed import installed_flashinfer_version
 from .keys import DEFAULT_SCHEMA, get_schema
+from .layouts.sglang import VERSION_RE
 from .recipes import OpRecipe, recipes_for
 from .sglang import Resolution, ServerFlags, resolve
 from .spec import ModelSpec, build_spec
+
+if TYPE_CHECKING:
+    from .request import TuneRequest
 
 PLAN_FORMAT = 1
 
@@ -72,14 +77,23 @@ class TuningPlan:
     workloads: tuple[Workload, ...]
     max_tokens_override: int | None = None
     notes: tuple[str, ...] = field(default=())
+    request: "TuneRequest | None" = field(default=None, compare=False)
 
     @property
     def autotunes(self) -> bool:
         return self.resolution.autotunes and any(w.ops for w in self.workloads)
 
     @property
+    def entry_id(self):
+        from .layouts import default_layout
+
+        return default_layout().make_id((self.flashinfer_version, self.resolution.arch, self.key))
+
+    @property
     def key_dir(self) -> Path:
-        return layout.key_dir(self.cache_root, self.flashinfer_version, self.resolution.arch, self.key)
+        from .layouts import default_layout
+
+        return default_layout().entry_dir(self.cache_root, self.entry_id)
 
     @property
     def rank_files(self) -> list[str]:
@@ -95,6 +109,8 @@ class TuningPlan:
         return {
             "format": PLAN_FORMAT,
             "model": self.model,
+            "model_path": r.key_fields.model_path,
+            "request": self.request.to_dict() if self.request is not None else None,
             "source": self.source.to_dict() | {"describe": self.source.describe()},
             "spec": self.spec.to_dict(),
             "resolution": r.to_dict(),
@@ -165,17 +181,25 @@ def make_plan(
     flashinfer_version: str | None = None,
     cache_root: Path,
     max_tokens: int | None = None,
+    model_path: str | None = None,
+    request=None,
 ) -> TuningPlan:
     if max_tokens is not None and max_tokens < 1:
         raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
     source = load_model_config(model, config=config, revision=revision)
     spec = build_spec(source)
-    res = resolve(spec, arch, flags, model)
+    res = resolve(spec, arch, flags, model if model_path is None else model_path)
     schema_obj = get_schema(schema)
     version = flashinfer_version or installed_flashinfer_version()
     if not version:
         raise UsageError("flashinfer-python is not installed: pass --flashinfer-version")
+    if not VERSION_RE.match(version):
+        raise UsageError(f"invalid --flashinfer-version {version!r}")
 
+    if request is not None:
+        from dataclasses import replace
+
+        request = replace(request, arch=arch, flashinfer_version=version)  # recorded as resolved
     by_signature: dict[tuple, tuple[list[str], list[OpPlan], list[tuple[int, int]]]] = {}
     stages = pp_layer_ranges(spec.num_layers, flags.pp)
     for rank in res.topology.rank_names():
@@ -193,5 +217,5 @@ def make_plan(
         model=model, source=source, spec=spec, resolution=res, schema=schema,
         key=schema_obj.key(res.key_fields), key_string=schema_obj.key_string(res.key_fields),
         flashinfer_version=version, cache_root=Path(cache_root), workloads=workloads,
-        max_tokens_override=max_tokens,
+        max_tokens_override=max_tokens, request=request,
     )

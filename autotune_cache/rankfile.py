@@ -25,8 +25,11 @@ GENERATION_KEY = "_generation"
 RECORDS_KEY = "_records"
 RESERVED_KEYS = (METADATA_KEY, GENERATION_KEY, RECORDS_KEY)
 
-#: Caps what we agree to read; a real rank file is KBs to a few MB.
-MAX_RANK_FILE_BYTES = 64 * 1024 * 1024
+#: Caps what we agree to read. Real rank files are 15-110 KB (a dense FP8 Llama TP4: 84 configs,
+#: 31 KB; GLM-5.1 on Blackwell with MoE, FP4 GEMMs and MLA: ~110 KB); 16 MiB is 150x that.
+MAX_RANK_FILE_BYTES = 16 * 1024 * 1024
+#: Longest file key we parse (``ast.literal_eval`` cost grows with it); real ones are < 1 KB.
+MAX_KEY_CHARS = 8192
 
 
 class NotACacheFile(ValueError):
@@ -68,14 +71,32 @@ def cache_file_bytes(metadata: dict, entries: dict) -> bytes:
 
 def parse_cache_bytes(data: bytes) -> dict:
     """Parse and validate; raises ValueError (JSON or NotACacheFile) on anything unusable."""
-    obj = json.loads(data)
+    try:
+        obj = json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     validate_cache_obj(obj)
     return obj
 
 
-def read_regular_file(path: "Path | str", limit: int = MAX_RANK_FILE_BYTES) -> bytes:
-    """Read a regular file without following a symlink or blocking on a FIFO."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+_NOATIME = getattr(os, "O_NOATIME", 0)
+
+
+def open_for_reading(path: "Path | str", dir_fd: int | None = None) -> int:
+    """An fd on ``path`` that neither follows a symlink nor blocks on a FIFO, and, where we may
+    (our own files), does not update the access time: listing is not using (``--unused-for``)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    if _NOATIME:
+        try:
+            return os.open(path, flags | _NOATIME, dir_fd=dir_fd)
+        except PermissionError:
+            pass  # O_NOATIME needs ownership; reading someone else's file may touch its atime
+    return os.open(path, flags, dir_fd=dir_fd)
+
+
+def read_regular_file(path: "Path | str", limit: int = MAX_RANK_FILE_BYTES, dir_fd: int | None = None) -> bytes:
+    """Read a regular file without following a symlink, blocking on a FIFO, or touching atime."""
+    fd = open_for_reading(path, dir_fd)
     try:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
@@ -100,9 +121,11 @@ class ParsedKey:
 
 def parse_file_key(file_key: str) -> ParsedKey | None:
     """Split a FlashInfer ``file_key`` string; None for keys of a shape we do not know."""
+    if len(file_key) > MAX_KEY_CHARS:
+        return None
     try:
         value = ast.literal_eval(file_key)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
     if not (isinstance(value, tuple) and len(value) == 4 and isinstance(value[0], str)):
         return None
@@ -139,7 +162,7 @@ def summarize_ops(obj: dict) -> list[OpSummary]:
 
 @dataclass(frozen=True)
 class RankFile:
-    """One rank file as found on disk. ``error`` is set when it is corrupt or unreadable."""
+    """One data file of an entry as found on disk. ``error`` is set when it is corrupt or unreadable."""
 
     directory: Path
     name: str
@@ -150,6 +173,7 @@ class RankFile:
     num_configs: int = 0
     metadata: dict = field(default_factory=dict, compare=False, hash=False)
     error: str | None = None
+    atime: float = 0.0
 
     @property
     def path(self) -> Path:
@@ -170,14 +194,10 @@ class RankFile:
         return parse_cache_bytes(read_regular_file(self.path))
 
     @classmethod
-    def read(cls, directory: Path, name: str, st: os.stat_result) -> "RankFile":
-        path = os.path.join(directory, name)
-        base = dict(directory=directory, name=name, size_on_disk=st.st_size, mtime=st.st_mtime, mtime_ns=st.st_mtime_ns)
-        try:
-            data = read_regular_file(path)
-        except OSError as e:
-            return cls(**base, error=f"unreadable: {e.strerror or e}")
-        digest = hashlib.sha256(data).hexdigest()
+    def from_bytes(cls, directory: Path, name: str, st: os.stat_result, data: bytes, digest: str | None = None) -> "RankFile":
+        base = dict(directory=directory, name=name, size_on_disk=st.st_size, mtime=st.st_mtime,
+                    mtime_ns=st.st_mtime_ns, atime=st.st_atime)
+        digest = digest or hashlib.sha256(data).hexdigest()
         try:
             obj = json.loads(data)
             meta, count = validate_cache_obj(obj)
@@ -186,3 +206,15 @@ class RankFile:
         except (ValueError, RecursionError) as e:
             return cls(**base, sha256=digest, error=f"invalid JSON: {str(e)[:80]}")
         return cls(**base, sha256=digest, num_configs=count, metadata=meta)
+
+    @classmethod
+    def unreadable(cls, directory: Path, name: str, st: os.stat_result, why: str) -> "RankFile":
+        return cls(directory, name, st.st_size, st.st_mtime, st.st_mtime_ns, error=f"unreadable: {why}", atime=st.st_atime)
+
+    @classmethod
+    def read(cls, directory: Path, name: str, st: os.stat_result) -> "RankFile":
+        try:
+            data = read_regular_file(os.path.join(directory, name))
+        except OSError as e:
+            return cls.unreadable(directory, name, st, e.strerror or str(e))
+        return cls.from_bytes(directory, name, st, data)

@@ -1,35 +1,37 @@
-"""Scanning the cache tree into frozen records, in the manner of ``huggingface_hub.scan_cache_dir``.
+"""Scanning a cache tree into frozen records, in the manner of ``huggingface_hub.scan_cache_dir``.
 
-Nothing here writes, follows a symlink, or opens anything that is not a regular file; odd
-things found in the tree become ``Finding``s, never exceptions, so ``ls`` always finishes.
+Nothing here writes, follows a symlink, blocks on a FIFO, or reads more than a bounded amount;
+odd things found in the tree become ``Finding``s or entry problems, never exceptions, so ``ls``
+always finishes. The shape of the tree comes from a ``CacheLayout``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import operator
+import hashlib
 import os
 import pickle
 import stat as stat_mod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import Callable, Iterator, TypeVar
 
-from . import layout
+from .atime import policy_for
+from .errors import FiAutotuneError, UsageError
+from .fingerprint import Fingerprint
 from .humanize import format_age, format_size
-from .layout import RankName, Topology
-from .manifest import Manifest
+from .layouts import CacheLayout, EntryId, NameKind, default_layout
+from .layouts.base import JOURNAL_DIRNAME, LOCKS_DIRNAME, MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
+from .manifest import Manifest, NewerManifest
 from .rankfile import RankFile, read_regular_file
+from .status import EntryStatus
+from .topology import MAX_RANK_FILES, RankName, Topology, TopologyError
 
-
-class EntryStatus:
-    COMPLETE = "complete"
-    INCOMPLETE = "incomplete"
-    DIVERGED = "diverged"
-    CORRUPT = "corrupt"
-    STALE = "stale"
-    ALL = (COMPLETE, INCOMPLETE, DIVERGED, CORRUPT, STALE)
+#: An entry dir holding more names than this is not a cache entry (its files are not read).
+MAX_ENTRY_CHILDREN = MAX_RANK_FILES + 64
+#: Files walked inside an engine side directory (SGLang's runs/) before giving up on its size.
+MAX_SIDE_FILES = 10_000
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class Finding:
     """Something in the tree that is not a well-formed part of an entry."""
 
     path: Path
-    kind: str  # foreign | symlink | special | unreadable | temp | stage
+    kind: str  # foreign | symlink | special | unreadable | temp | stage | trash | journal
     message: str
     size_on_disk: int = 0
     mtime: float = 0.0
@@ -48,28 +50,33 @@ class Finding:
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One key dir: ``<root>/flashinfer/autotune/<version>/<arch>/<key>``."""
+    """One entry: for SGLang, ``<root>/flashinfer/autotune/<version>/<arch>/<key>``."""
 
+    id: EntryId
     path: Path
-    key: str
-    flashinfer_version: str
-    arch: str
+    flashinfer_version: str | None
+    arch: str | None
     manifest: Manifest | None
     rank_files: tuple[RankFile, ...]
     topology: Topology | None
-    status: str
+    status: EntryStatus
     problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # remarks that do not change the status ("gpu unknown here")
     engine_files: tuple[Path, ...] = ()
     temp_files: tuple[Finding, ...] = ()
     foreign: tuple[Finding, ...] = ()
     size_on_disk: int = 0
     last_modified: float = 0.0
-    fingerprint: tuple = field(default=(), repr=False, compare=False)
+    last_used: float | None = None  # newest access time of a data file; None: not recorded here
+    state: tuple = field(default=(), repr=False, compare=False)  # stat snapshot: "changed since?"
 
     @property
-    def id(self) -> str:
-        """Unique name of the entry in a tree; the bare key may repeat across versions/arches."""
-        return f"{self.flashinfer_version}/{self.arch}/{self.key}"
+    def key(self) -> str:
+        return self.id.name
+
+    @property
+    def layout(self) -> str:
+        return self.id.layout
 
     @property
     def model(self) -> str | None:
@@ -88,20 +95,47 @@ class CacheEntry:
 
     @property
     def ranks_str(self) -> str:
-        return f"{self.present_expected}/{len(self.expected_files)}"
+        return f"{self.present_expected}/{len(self.expected_files)}" if self.expected_files else "-"
 
     @property
     def num_configs(self) -> int:
         return max((rf.num_configs for rf in self.rank_files if rf.ok), default=0)
 
     @property
+    def ep(self) -> int | None:
+        return self.manifest.key_fields.ep if self.manifest else None
+
+    @property
     def parallel_str(self) -> str:
+        """``tp8 dp8a ep1``: dp with ``a`` under dp-attention, ``r`` for replicas; ep is ``ep?``
+        when not recorded (an engine-written entry has no manifest to say)."""
         t = self.topology
         if t is None:
             return "-"
-        ep = str(self.manifest.key_fields.ep) if self.manifest else "?"
-        replicas = "" if t.dp_attention or t.dp == 1 else "r"
-        return f"{t.tp}/{t.pp}/{t.dp}{replicas}/{ep}"
+        parts = [f"tp{t.tp}"]
+        if t.pp > 1:
+            parts.append(f"pp{t.pp}")
+        if t.dp > 1:
+            parts.append(f"dp{t.dp}{'a' if t.dp_attention else 'r'}")
+        parts.append(f"ep{self.ep}" if self.ep is not None else "ep?")
+        return " ".join(parts)
+
+    @property
+    def metadata(self) -> dict:
+        for rf in self.rank_files:
+            if rf.ok and rf.metadata:
+                return rf.metadata
+        return self.manifest.flashinfer_metadata if self.manifest else {}
+
+    @property
+    def gpu(self) -> str | None:
+        value = self.metadata.get("gpu")
+        return value if isinstance(value, str) and value not in ("unknown", "None") else None
+
+    @property
+    def gpu_short(self) -> str:
+        g = self.gpu
+        return g.removeprefix("NVIDIA ").replace(" ", "-") if g else "-"
 
     @property
     def size_on_disk_str(self) -> str:
@@ -112,22 +146,27 @@ class CacheEntry:
         return format_age(self.last_modified)
 
     @property
-    def metadata(self) -> dict:
-        for rf in self.rank_files:
-            if rf.ok and rf.metadata:
-                return rf.metadata
-        return self.manifest.flashinfer_metadata if self.manifest else {}
+    def last_used_str(self) -> str:
+        return format_age(self.last_used)
+
+    @property
+    def only_ours(self) -> bool:
+        """Nothing in the dir but engine data files, our manifest, temp files and engine side
+        dirs: it may be replaced or removed as a whole without losing anyone else's file."""
+        return not self.foreign
 
     def to_dict(self) -> dict:
         m = self.manifest
         t = self.topology
         return {
-            "id": self.id,
+            "id": str(self.id),
+            "layout": self.layout,
             "key": self.key,
             "path": str(self.path),
             "model": self.model,
             "flashinfer_version": self.flashinfer_version,
             "arch": self.arch,
+            "gpu": self.gpu,
             "schema": m.schema if m else None,
             "key_fields": m.key_fields.to_dict() if m else None,
             "topology": t.to_dict() if t else None,
@@ -136,8 +175,10 @@ class CacheEntry:
             "configs": self.num_configs,
             "size_on_disk": self.size_on_disk,
             "last_modified": self.last_modified,
-            "status": self.status,
+            "last_used": self.last_used,
+            "status": self.status.value,
             "problems": list(self.problems),
+            "notes": list(self.notes),
             "has_manifest": m is not None,
             "rank_files": [
                 {"name": rf.name, "size": rf.size_on_disk, "configs": rf.num_configs,
@@ -151,6 +192,7 @@ class CacheEntry:
 @dataclass(frozen=True)
 class CacheInfo:
     root: Path
+    layout: CacheLayout
     entries: tuple[CacheEntry, ...]
     findings: tuple[Finding, ...]
 
@@ -164,52 +206,77 @@ class CacheInfo:
 
     @property
     def stale_temp(self) -> tuple[Finding, ...]:
-        """Temp files and staging dirs anywhere in the tree (entries' and loose ones)."""
-        loose = tuple(f for f in self.findings if f.kind in ("temp", "stage"))
+        """Temp files anywhere in the tree (entries' and loose ones)."""
+        loose = tuple(f for f in self.findings if f.kind == "temp")
         return loose + tuple(t for e in self.entries for t in e.temp_files)
 
+    def resolve(self, refs: "list[str] | tuple[str, ...]") -> list[CacheEntry]:
+        """The entries named by ids (``<version>/<arch>/<key>``), unique bare keys, or entry dir
+        paths, in the order given, each once. An unknown ref fails (exit 1); a bare key that
+        names several entries is a usage error listing their ids (exit 2)."""
+        out: list[CacheEntry] = []
+        for ref in refs:
+            for e in self.find(ref):
+                if e not in out:
+                    out.append(e)
+        return out
+
     def find(self, ref: str) -> list[CacheEntry]:
-        """Entries named by a key, a ``version/arch/key`` id, or a key dir path."""
-        ref = ref.rstrip("/")
-        matches = [e for e in self.entries if ref in (e.key, e.id)]
-        if not matches:
-            p = Path(ref)
-            if p.exists():
-                real = p.resolve()
-                matches = [e for e in self.entries if e.path.resolve() == real]
-        return matches
+        text = ref.strip().rstrip("/")
+        eid = self.layout.parse_id(text)
+        if eid is not None:
+            matches = [e for e in self.entries if e.id == eid]
+            if matches:
+                return matches
+        if self.layout.is_entry_name(text):
+            matches = [e for e in self.entries if e.key == text]
+            if len(matches) > 1:
+                raise UsageError(
+                    f"{ref!r} names {len(matches)} entries; give one id: " + ", ".join(str(e.id) for e in matches)
+                )
+            if matches:
+                return matches
+        p = Path(ref)
+        if ("/" in ref or p.is_absolute()) and os.path.lexists(p):
+            real = p.resolve()
+            matches = [e for e in self.entries if e.path.resolve() == real]
+            if matches:
+                return matches
+        raise FiAutotuneError(f"no cache entry {ref!r} under {self.root}", hint="`fi-autotune ls -q` lists the ids")
 
 
-MetadataCheck = Callable[[dict], "dict | None"]
-
-
-def _finding_for(path: Path, st: os.stat_result, kind: str | None = None, msg: str = "") -> Finding:
-    if kind is None:
-        if stat_mod.S_ISLNK(st.st_mode):
-            kind, msg = "symlink", msg or f"symlink to {os.readlink(path)!r}, not followed"
-        elif not (stat_mod.S_ISREG(st.st_mode) or stat_mod.S_ISDIR(st.st_mode)):
-            kind, msg = "special", msg or "not a regular file or directory"
-        else:
-            kind, msg = "foreign", msg or "not part of the cache layout"
+def _finding_for(path: Path, st: os.stat_result, msg: str = "") -> Finding:
+    if stat_mod.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        kind, msg = "symlink", msg or f"symlink to {target!r}, not followed"
+    elif not (stat_mod.S_ISREG(st.st_mode) or stat_mod.S_ISDIR(st.st_mode)):
+        kind, msg = "special", msg or "not a regular file or directory"
+    else:
+        kind, msg = "foreign", msg or "not part of the cache layout"
     size = st.st_size if stat_mod.S_ISREG(st.st_mode) else 0
     return Finding(path, kind, msg, size, st.st_mtime)
-
-
-_BY_NAME = operator.attrgetter("name")
 
 
 def _scandir(path: Path, sort: bool = True) -> tuple[list[os.DirEntry], str | None]:
     try:
         with os.scandir(path) as it:
-            return (sorted(it, key=_BY_NAME) if sort else list(it)), None
+            children = list(it)
     except OSError as e:
         return [], f"cannot list: {e.strerror or e}"
+    if sort:
+        children.sort(key=lambda c: c.name)
+    return children, None
 
 
-def _dir_size(path: Path) -> tuple[int, float, list[Path]]:
+def _dir_size(path: Path, limit: int = MAX_SIDE_FILES) -> tuple[int, float, list[Path]]:
     total, newest, files = 0, 0.0, []
-    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+    for dirpath, _dirnames, filenames in os.walk(path, followlinks=False):
         for name in filenames:
+            if len(files) >= limit:
+                return total, newest, files
             p = Path(dirpath) / name
             try:
                 st = p.lstat()
@@ -222,24 +289,54 @@ def _dir_size(path: Path) -> tuple[int, float, list[Path]]:
     return total, newest, files
 
 
+def _read_unvouched(path: Path, name: str, st: os.stat_result, parsed: dict[str, RankFile]) -> RankFile:
+    """Read a data file no manifest vouches for. Files with the same bytes (every rank of a TP
+    group, usually) are parsed once: engine-written trees are mostly identical copies."""
+    try:
+        data = read_regular_file(os.path.join(path, name))
+    except OSError as e:
+        return RankFile.unreadable(path, name, st, e.strerror or str(e))
+    digest = hashlib.sha256(data).hexdigest()
+    seen = parsed.get(digest)
+    if seen is None:
+        seen = parsed[digest] = RankFile.from_bytes(path, name, st, data, digest)
+        return seen
+    return RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, digest, seen.num_configs, seen.metadata,
+                    seen.error, st.st_atime)
+
+
 def scan_entry(
-    path: Path, flashinfer_version: str, arch: str, check_env: MetadataCheck | None = None
+    layout: CacheLayout,
+    path: Path,
+    eid: EntryId,
+    fingerprint: Fingerprint | None = None,
+    atime_trusted: bool = True,
 ) -> CacheEntry:
-    """Read one key dir. Cheap when a manifest vouches for unchanged rank files."""
-    key = path.name
+    """Read one entry dir. Cheap when a manifest vouches for unchanged data files."""
+    ids = layout.id_fields(eid)
+    version, arch = ids.get("flashinfer_version"), ids.get("arch")
     children, err = _scandir(path, sort=False)
-    problems: list[str] = []
     if err:
-        problems.append(err)
+        try:
+            mtime = os.lstat(path).st_mtime
+        except OSError:
+            mtime = 0.0
+        return CacheEntry(eid, path, version, arch, None, (), None, EntryStatus.UNREADABLE, (err,),
+                          last_modified=mtime, state=(("<unreadable>", mtime),))
+    problems: list[str] = []
+    notes: list[str] = []
+    if len(children) > MAX_ENTRY_CHILDREN:
+        problems.append(f"holds {len(children)} names, more than any cache entry (limit {MAX_ENTRY_CHILDREN}): not read")
+        children = []
     manifest: Manifest | None = None
     manifest_error: str | None = None
-    rank_stats: list[tuple[str, os.stat_result]] = []
+    data_stats: list[tuple[str, os.stat_result]] = []
     engine_files: list[Path] = []
     temp: list[Finding] = []
     foreign: list[Finding] = []
     size = 0
     newest = 0.0
-    fingerprint = []
+    state = []
     # Hot loop of ``ls`` on large trees: plain strings, Path objects only for rare findings.
     for child in children:
         name = child.name
@@ -253,112 +350,129 @@ def scan_entry(
             size += st.st_size
             if st.st_mtime > newest:
                 newest = st.st_mtime
-        fingerprint.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
-        if RankName.parse(name):
-            rank_stats.append((name, st))
-            continue
-        p = path / name
-        if name == layout.MANIFEST_NAME and is_reg:
+        state.append((name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+        kind = layout.classify(name, stat_mod.S_ISDIR(st.st_mode))
+        if kind is NameKind.DATA and is_reg:
+            data_stats.append((name, st))
+        elif kind is NameKind.DATA:
+            found = _finding_for(path / name, st)
+            foreign.append(found)
+            problems.append(f"{name}: named like a data file but {found.message}")
+        elif kind is NameKind.MANIFEST and is_reg:
             try:
                 manifest = Manifest.from_bytes(read_regular_file(child.path))
+            except NewerManifest as e:
+                notes.append(f"{MANIFEST_NAME}: {e}; listed from its data files only")
             except (OSError, ValueError) as e:
                 manifest_error = str(e)
-        elif layout.TEMP_FILE_RE.match(name) and is_reg:
-            temp.append(Finding(p, "temp", "temporary file of an interrupted write", st.st_size, st.st_mtime))
-        elif name == layout.ENGINE_RUNS_DIRNAME and stat_mod.S_ISDIR(st.st_mode):
-            run_size, run_newest, files = _dir_size(p)
-            size += run_size
-            newest = max(newest, run_newest)
+        elif kind is NameKind.TEMP and is_reg:
+            temp.append(Finding(path / name, "temp", "temporary file of an interrupted write", st.st_size, st.st_mtime))
+        elif kind is NameKind.ENGINE_SIDE:
+            side_size, side_newest, files = _dir_size(path / name)
+            size += side_size
+            newest = max(newest, side_newest)
             engine_files.extend(files)
         else:
-            foreign.append(_finding_for(p, st))
+            foreign.append(_finding_for(path / name, st))
 
-    rank_stats.sort()
+    data_stats.sort()
+    if len(data_stats) > MAX_RANK_FILES:
+        problems.append(f"{len(data_stats)} data files, more than any topology fi-autotune accepts")
+        data_stats = []
     records = manifest.rank_files if manifest else {}
     rank_files = []
-    for name, st in rank_stats:
+    parsed: dict[str, RankFile] = {}
+    for name, st in data_stats:
         rec = records.get(name)
-        if rec is not None and rec.size == st.st_size and rec.mtime_ns == st.st_mtime_ns and stat_mod.S_ISREG(st.st_mode):
+        if rec is not None and rec.matches(st):
             rank_files.append(
                 RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, rec.sha256, rec.configs,
-                         manifest.flashinfer_metadata)
+                         manifest.flashinfer_metadata, None, st.st_atime)
             )
         else:
-            rank_files.append(RankFile.read(path, name, st))
+            rank_files.append(_read_unvouched(path, name, st, parsed))
 
+    topology: Topology | None = None
     if manifest is not None:
-        topology: Topology | None = manifest.topology
-        if manifest.key != key or manifest.flashinfer_version != flashinfer_version or manifest.arch != arch:
+        topology = manifest.topology
+        if (manifest.flashinfer_version, manifest.arch, manifest.key) != (version, arch, eid.name):
             manifest_error = (
-                f"manifest names {manifest.flashinfer_version}/{manifest.arch}/{manifest.key}, "
-                f"not this directory"
+                f"manifest names {manifest.flashinfer_version}/{manifest.arch}/{manifest.key}, not this directory"
             )
     else:
-        names = [RankName.parse(rf.name) for rf in rank_files]
-        topology = Topology.infer([n for n in names if n is not None])
+        try:
+            topology = layout.infer_topology([rf.name for rf in rank_files])
+        except TopologyError as e:
+            problems.append(f"rank file names beyond the bounds: {e}")
 
-    status = _status(rank_files, topology, manifest, manifest_error, problems, check_env)
+    status = _status(layout, rank_files, topology, manifest, manifest_error, problems, notes, fingerprint)
+    last_used = None
+    if atime_trusted:
+        last_used = max((rf.atime for rf in rank_files if rf.atime), default=None)
     return CacheEntry(
+        id=eid,
         path=path,
-        key=key,
-        flashinfer_version=flashinfer_version,
+        flashinfer_version=version,
         arch=arch,
         manifest=manifest if manifest_error is None else None,
         rank_files=tuple(rank_files),
         topology=topology,
         status=status,
         problems=tuple(problems),
+        notes=tuple(notes),
         engine_files=tuple(engine_files),
         temp_files=tuple(temp),
         foreign=tuple(foreign),
         size_on_disk=size,
         last_modified=newest,
-        fingerprint=tuple(sorted(fingerprint)),
+        last_used=last_used,
+        state=tuple(sorted(state)),
     )
 
 
 def _status(
+    layout: CacheLayout,
     rank_files: list[RankFile],
     topology: Topology | None,
     manifest: Manifest | None,
     manifest_error: str | None,
     problems: list[str],
-    check_env: MetadataCheck | None,
-) -> str:
+    notes: list[str],
+    fingerprint: Fingerprint | None,
+) -> EntryStatus:
     """Order of precedence: corrupt > stale > diverged > incomplete > complete."""
     bad = [rf for rf in rank_files if not rf.ok]
     for rf in bad:
         problems.append(f"{rf.name}: {rf.error}")
     if manifest_error:
-        problems.append(f"{layout.MANIFEST_NAME}: {manifest_error}")
-    if bad or manifest_error:
+        problems.append(f"{MANIFEST_NAME}: {manifest_error}")
+    if bad or manifest_error or problems:
         return EntryStatus.CORRUPT
-    if check_env is not None:
+    if fingerprint is not None:
+        seen: set[int] = set()
         for rf in rank_files:
-            mismatch = check_env(rf.metadata)
-            if mismatch:
-                problems.append(
-                    f"{rf.name}: FlashInfer here would ignore it ("
-                    + ", ".join(f"{k}: {old!r} vs {new!r}" for k, (old, new) in mismatch.items())
-                    + ")"
-                )
+            if id(rf.metadata) in seen:
+                continue  # identical files share one parsed metadata object
+            seen.add(id(rf.metadata))
+            verdict = fingerprint.compare(rf.metadata)
+            if verdict.stale:
+                problems.append(f"{rf.name}: FlashInfer in {fingerprint.source} would ignore it ({verdict.describe()})")
                 return EntryStatus.STALE
-    digests = {rf.sha256 for rf in rank_files}
-    if topology is not None and len(digests) > 1:  # all identical (the usual case): nothing diverged
-        groups: dict[tuple, set[str]] = {}
-        for rf in rank_files:
-            rank = RankName.parse(rf.name)
-            groups.setdefault(topology.tp_group_of(rank), set()).add(rf.sha256 or "")
-        diverged = sorted(g for g, digests in groups.items() if len(digests) > 1)
+            for k, (saved, _) in verdict.unknown.items():
+                note = f"{k}: {saved!r} cannot be checked ({fingerprint.source} does not know its own value)"
+                if note not in notes:
+                    notes.append(note)
+    if topology is not None and len({rf.sha256 for rf in rank_files}) > 1:
+        by_name = {rf.name: rf.sha256 for rf in rank_files}
+        diverged = [label for label, names in layout.identical_groups(list(by_name), topology)
+                    if len({by_name[n] for n in names}) > 1]
         if diverged:
             problems.append(
-                "rank files differ within TP group(s) "
-                + ", ".join(f"pp{pp}/replica{r}" for pp, r in diverged)
-                + ": SGLang would delete them and tune again"
+                f"rank files differ within TP group(s) {', '.join(diverged)}: SGLang would delete them and tune again"
             )
             return EntryStatus.DIVERGED
     present = {rf.name for rf in rank_files}
-    expected = manifest.expected_files if manifest else (topology.rank_files() if topology else [])
+    expected = manifest.expected_files if manifest else (layout.expected_files(topology) if topology else [])
     missing = [n for n in expected if n not in present]
     if missing or not rank_files:
         problems.append(f"missing {len(missing)} of {len(expected)} rank files" if expected else "no rank files")
@@ -366,52 +480,90 @@ def _status(
     return EntryStatus.COMPLETE
 
 
-def _iter_dirs(path: Path, valid: Callable[[str], bool], findings: list[Finding], what: str) -> Iterable[tuple[str, Path]]:
-    children, err = _scandir(path)
-    if err:
-        findings.append(Finding(path, "unreadable", err))
-    for child in children:
-        name = child.name
-        if name == layout.LOCKS_DIRNAME and what == "flashinfer version":
-            continue
-        # d_type answers the common case (a real directory with a valid name) without a stat.
-        if valid(name) and child.is_dir(follow_symlinks=False):
-            yield name, path / name
-            continue
-        p = path / name
+# --- walking the tree -----------------------------------------------------------------------
+
+def check_base(layout: CacheLayout, root: Path) -> Path | None:
+    """The layout's managed subtree, None if absent; an error if something else is in its place."""
+    path = Path(root)
+    for part in layout.base_parts():
+        path = path / part
         try:
-            st = child.stat(follow_symlinks=False)
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
         except OSError as e:
-            findings.append(Finding(p, "unreadable", f"cannot stat: {e.strerror or e}"))
-            continue
-        if layout.TEMP_FILE_RE.match(name) and stat_mod.S_ISREG(st.st_mode):
-            findings.append(Finding(p, "temp", "temporary file of an interrupted write", st.st_size, st.st_mtime))
-        elif layout.STAGE_DIR_RE.match(name) and stat_mod.S_ISDIR(st.st_mode):
-            size, _, _ = _dir_size(p)
-            findings.append(Finding(p, "stage", "staging dir of an interrupted write", size, st.st_mtime))
-        else:
-            findings.append(_finding_for(p, st, msg="" if not stat_mod.S_ISDIR(st.st_mode) else f"not a {what} directory"))
+            raise FiAutotuneError(f"cannot read {path}: {e.strerror or e}") from None
+        if stat_mod.S_ISLNK(st.st_mode):
+            raise FiAutotuneError(f"{path} is a symlink inside the cache tree; fi-autotune does not follow it "
+                                  "(point --cache-dir at the real tree)")
+        if not stat_mod.S_ISDIR(st.st_mode):
+            raise FiAutotuneError(f"{path} is not a directory: this is not a cache tree (it should hold "
+                                  f"{'/'.join(layout.base_parts())}/<version>/...)")
+    return path
 
 
-def _is_arch(name: str) -> bool:
-    return bool(layout.ARCH_RE.match(name))
+def _tree_level_finding(path: Path, child: os.DirEntry) -> Finding | None:
+    """Our own hidden names found between entries."""
+    name = child.name
+    try:
+        st = child.stat(follow_symlinks=False)
+    except OSError as e:
+        return Finding(path / name, "unreadable", f"cannot stat: {e.strerror or e}")
+    p = path / name
+    is_dir = stat_mod.S_ISDIR(st.st_mode)
+    if TEMP_FILE_RE.match(name) and stat_mod.S_ISREG(st.st_mode):
+        return Finding(p, "temp", "temporary file of an interrupted write", st.st_size, st.st_mtime)
+    if STAGE_DIR_RE.match(name) and is_dir:
+        size, _, _ = _dir_size(p)
+        return Finding(p, "stage", "staging dir of a running or interrupted write", size, st.st_mtime)
+    if TRASH_DIR_RE.match(name) and is_dir:
+        size, _, _ = _dir_size(p)
+        return Finding(p, "trash", "an entry being deleted (or whose deletion was interrupted)", size, st.st_mtime)
+    return None
 
 
-def _is_key(name: str) -> bool:
-    return bool(layout.KEY_RE.match(name))
-
-
-def list_key_dirs(root: Path) -> tuple[list[tuple[Path, str, str]], list[Finding]]:
-    """(key dir, flashinfer version, arch) for every key dir, plus what does not belong."""
-    base = layout.autotune_dir(root)
+def list_entry_dirs(layout: CacheLayout, root: Path) -> tuple[list[tuple[Path, EntryId]], list[Finding]]:
+    """(entry dir, id) for every entry of ``layout`` under ``root``, plus what does not belong."""
     findings: list[Finding] = []
-    out: list[tuple[Path, str, str]] = []
-    if not base.is_dir():
+    out: list[tuple[Path, EntryId]] = []
+    base = check_base(layout, root)
+    if base is None:
         return out, findings
-    for version, vpath in _iter_dirs(base, layout.is_valid_version, findings, "flashinfer version"):
-        for arch, apath in _iter_dirs(vpath, _is_arch, findings, "sm<XY> arch"):
-            for _, kpath in _iter_dirs(apath, _is_key, findings, "cache key"):
-                out.append((kpath, version, arch))
+
+    def walk(path: Path, depth: int, parts: tuple[str, ...]) -> None:
+        level = layout.levels[depth]
+        children, err = _scandir(path)
+        if err:
+            findings.append(Finding(path, "unreadable", err))
+        for child in children:
+            name = child.name
+            if depth == 0 and name == LOCKS_DIRNAME:
+                continue
+            if depth == 0 and name == JOURNAL_DIRNAME:
+                jchildren, _ = _scandir(path / name)
+                for j in jchildren:
+                    if j.name.endswith(".json"):
+                        findings.append(Finding(path / name / j.name, "journal",
+                                                "commit record of an interrupted multi-entry write"))
+                continue
+            # d_type answers the common case (a real directory with a valid name) without a stat.
+            if level.valid(name) and child.is_dir(follow_symlinks=False):
+                if depth + 1 == len(layout.levels):
+                    out.append((path / name, EntryId(layout.name, (*parts, name))))
+                else:
+                    walk(path / name, depth + 1, (*parts, name))
+                continue
+            found = _tree_level_finding(path, child)
+            if found is None:
+                try:
+                    st = child.stat(follow_symlinks=False)
+                except OSError as e:
+                    found = Finding(path / name, "unreadable", f"cannot stat: {e.strerror or e}")
+                else:
+                    found = _finding_for(path / name, st, "" if not stat_mod.S_ISDIR(st.st_mode) else f"not a {level.name} directory")
+            findings.append(found)
+
+    walk(base, 0, ())
     return out, findings
 
 
@@ -428,22 +580,31 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def scan_cache(root: Path, check_env: MetadataCheck | None = None) -> CacheInfo:
-    """Scan ``<root>/flashinfer/autotune``. A missing tree is an empty cache, not an error."""
+def scan_cache(
+    root: Path, layout: CacheLayout | None = None, fingerprint: Fingerprint | None = None
+) -> CacheInfo:
+    """Scan one layout's tree under ``root``. A missing tree is an empty cache here; commands
+    decide whether a missing *root* is an error (``cli.params``)."""
+    layout = layout or default_layout()
+    trusted = policy_for(root).trusted
     with _no_cyclic_gc():
-        key_dirs, findings = list_key_dirs(root)
-        entries = tuple(scan_entry(p, v, a, check_env) for p, v, a in key_dirs)
-    return CacheInfo(Path(root), entries, tuple(findings))
+        entry_dirs, findings = list_entry_dirs(layout, root)
+        entries = tuple(scan_entry(layout, p, eid, fingerprint, trusted) for p, eid in entry_dirs)
+    return CacheInfo(Path(root), layout, entries, tuple(findings))
 
 
 T = TypeVar("T")
 
-#: Below this many key dirs a second process costs more than it saves.
+#: Below this many entries a second process costs more than it saves.
 PARALLEL_MIN_ENTRIES = 1000
 
 
 def map_entries(
-    root: Path, fn: Callable[[CacheEntry], T], check_env: MetadataCheck | None = None, jobs: int | None = None
+    root: Path,
+    fn: Callable[[CacheEntry], T],
+    layout: CacheLayout | None = None,
+    fingerprint: Fingerprint | None = None,
+    jobs: int | None = None,
 ) -> tuple[list[T], list[Finding]]:
     """``[fn(entry) for entry in scan]``, spread over forked processes on large trees.
 
@@ -451,12 +612,19 @@ def map_entries(
     10,000-entry tree needs both cores to stay interactive. Children return only ``fn``'s
     (small, picklable) results; any child failure falls back to doing its share here.
     """
+    layout = layout or default_layout()
+    trusted = policy_for(root).trusted
+
+    def run(chunk):
+        return [fn(scan_entry(layout, p, eid, fingerprint, trusted)) for p, eid in chunk]
+
     with _no_cyclic_gc():
-        key_dirs, findings = list_key_dirs(root)
-        jobs = jobs if jobs is not None else min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
-        if jobs <= 1 or len(key_dirs) < PARALLEL_MIN_ENTRIES or not hasattr(os, "fork"):
-            return [fn(scan_entry(p, v, a, check_env)) for p, v, a in key_dirs], findings
-        chunks = [key_dirs[i::jobs] for i in range(jobs)]
+        entry_dirs, findings = list_entry_dirs(layout, root)
+        if jobs is None:
+            jobs = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+        if jobs <= 1 or len(entry_dirs) < PARALLEL_MIN_ENTRIES or not hasattr(os, "fork"):
+            return run(entry_dirs), findings
+        chunks = [entry_dirs[i::jobs] for i in range(jobs)]
         children = []
         for chunk in chunks[1:]:
             r, w = os.pipe()
@@ -466,13 +634,13 @@ def map_entries(
                 code = 0
                 try:
                     with os.fdopen(w, "wb") as out:
-                        pickle.dump([fn(scan_entry(p, v, a, check_env)) for p, v, a in chunk], out, protocol=pickle.HIGHEST_PROTOCOL)
+                        pickle.dump(run(chunk), out, protocol=pickle.HIGHEST_PROTOCOL)
                 except BaseException:
                     code = 1
                 os._exit(code)
             os.close(w)
             children.append((pid, r, chunk))
-        results = [[fn(scan_entry(p, v, a, check_env)) for p, v, a in chunks[0]]]
+        results = [run(chunks[0])]
         for pid, r, chunk in children:
             with os.fdopen(r, "rb") as f:
                 data = f.read()
@@ -482,9 +650,9 @@ def map_entries(
                     raise ValueError("child failed")
                 results.append(pickle.loads(data))
             except Exception:
-                results.append([fn(scan_entry(p, v, a, check_env)) for p, v, a in chunk])
+                results.append(run(chunk))
     # Interleave back to the listing order.
     ordered: list[T] = []
-    for i in range(len(key_dirs)):
+    for i in range(len(entry_dirs)):
         ordered.append(results[i % jobs][i // jobs])
     return ordered, findings

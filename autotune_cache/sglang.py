@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import UsageError
 from .keys import KeyFields, render_dtype
-from .layout import Topology
+from .topology import Topology, TopologyError
 from .spec import ModelSpec
 
 # sglang/srt/model_executor/runner/flashinfer_autotune.py: should_run_flashinfer_autotune
@@ -60,6 +60,30 @@ class ServerFlags:
         d = asdict(self)
         d["skip_ops"] = list(self.skip_ops)
         return d
+
+    @classmethod
+    def from_dict(cls, d: object) -> "ServerFlags":
+        """From a manifest's request; unknown names (a newer fi-autotune's) are a ValueError,
+        so a renamed flag can never be silently dropped."""
+        if not isinstance(d, dict):
+            raise ValueError("flags is not an object")
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown server flags {sorted(unknown)}")
+        values = dict(d)
+        if "skip_ops" in values:
+            if not isinstance(values["skip_ops"], (list, tuple)) or not all(isinstance(s, str) for s in values["skip_ops"]):
+                raise ValueError("skip_ops is not a list of strings")
+            values["skip_ops"] = tuple(values["skip_ops"])
+        for name, f in cls.__dataclass_fields__.items():
+            if name not in values or name == "skip_ops":
+                continue
+            v = values[name]
+            kind = {"int": int, "int | None": (int, type(None)), "bool": bool, "str": str,
+                    "str | None": (str, type(None))}.get(str(f.type))
+            if kind is not None and (not isinstance(v, kind) or (kind is int and isinstance(v, bool))):
+                raise ValueError(f"flag {name} has the wrong type")
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -114,7 +138,7 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> 
         raise UsageError(f"--arch {arch}: supported targets are {', '.join(SUPPORTED_ARCHS)}")
     try:
         topo = Topology(tp=flags.tp, pp=flags.pp, dp=flags.dp, dp_attention=flags.dp_attention)
-    except ValueError as e:
+    except TopologyError as e:
         raise UsageError(str(e)) from None
     if flags.ep < 1 or flags.tp % flags.ep:
         raise UsageError(f"--ep {flags.ep} must divide --tp {flags.tp}")

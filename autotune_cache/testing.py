@@ -11,10 +11,11 @@ import random
 from pathlib import Path
 
 from .keys import KeyFields, get_schema
-from .layout import Topology
+from .layouts import EntryId, default_layout
 from .manifest import Manifest, utc_now_iso
 from .rankfile import cache_file_bytes
-from .writer import EntryId, commit_entry
+from .topology import Topology
+from .writer import commit_entry
 
 DEFAULT_METADATA = {
     "flashinfer_version": "0.7.2.post1",
@@ -70,14 +71,22 @@ def default_fields(model: str = "zai-org/GLM-5.1-FP8", tp: int = 8, dp: int = 8,
 def write_fake_entry(
     root: Path, fields: KeyFields | None = None, topology: Topology | None = None,
     flashinfer_version: str = "0.7.2.post1", arch: str = "sm100", seed: int = 0,
-    with_manifest: bool = True, buckets=HYBRID_BUCKETS,
+    with_manifest: bool = True, buckets=HYBRID_BUCKETS, metadata: dict | None = None,
 ) -> EntryId:
     """Commit a complete entry through the real writer; returns its id."""
     fields = fields or default_fields()
     topology = topology or Topology(tp=fields.tp, pp=fields.pp, dp=fields.attn_dp_size, dp_attention=True)
-    manifest = make_manifest(fields, topology, flashinfer_version, arch)
-    data = cache_file_bytes({**DEFAULT_METADATA, "flashinfer_version": flashinfer_version}, fake_configs(seed=seed, buckets=buckets))
+    meta = {**DEFAULT_METADATA, "flashinfer_version": flashinfer_version, **(metadata or {})}
+    manifest = make_manifest(fields, topology, flashinfer_version, arch, metadata=meta)
+    data = cache_file_bytes(meta, fake_configs(seed=seed, buckets=buckets))
     files = {name: data for name in topology.rank_files()}
-    eid = EntryId(flashinfer_version, arch, manifest.key)
-    commit_entry(root, eid, files, manifest if with_manifest else None)
+    layout = default_layout()
+    eid = layout.make_id((flashinfer_version, arch, manifest.key))
+    result = commit_entry(layout, root, eid, files, manifest if with_manifest else None)
+    if result.refused:
+        raise RuntimeError(f"{eid}: {result.refused[0][1]}")
     return eid
+
+
+def entry_path(root: Path, eid: EntryId) -> Path:
+    return default_layout().entry_dir(root, eid)

@@ -15,8 +15,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from .errors import FiAutotuneError, UsageError
 from .rankfile import parse_cache_bytes, read_regular_file
+
+if TYPE_CHECKING:
+    from .plan import TuningPlan
 
 
 @dataclass
@@ -57,14 +62,14 @@ class VerifyReport:
                 "workloads": [w.to_dict() for w in self.workloads]}
 
 
-def engine_tokens(plan: dict, op: dict, extend: bool = False) -> int:
+def engine_tokens(plan: "TuningPlan", op: dict, extend: bool = False) -> int:
     """The token count SGLang's dummy pass feeds this op (decode batch, dp-gathered at MoE layers)."""
-    res = plan["resolution"]
-    per_rank = res["chunked_prefill_size"] if extend else res["decode_batch"]
-    return per_rank * (res["attn_dp_size"] if op["tokens"] == "moe" else 1)
+    res = plan.resolution
+    per_rank = res.chunked_prefill_size if extend else res.decode_batch
+    return per_rank * (res.attn_dp_size if op["tokens"] == "moe" else 1)
 
 
-def verify(plan: dict, key_dir: Path) -> VerifyReport:
+def verify(plan: "TuningPlan", key_dir: Path) -> VerifyReport:
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
 
@@ -74,11 +79,12 @@ def verify(plan: dict, key_dir: Path) -> VerifyReport:
     if not torch.cuda.is_available():
         raise UsageError("no CUDA GPU found: verify replays the engine's pass on one")
     device = torch.device("cuda", 0)
-    spec, res = plan["spec"], plan["resolution"]
+    spec, res = plan.spec, plan.resolution
     reports = []
-    for w in plan["workloads"]:
-        if not w["ops"]:
+    for workload in plan.workloads:
+        if not workload.ops:
             continue
+        w = workload.to_dict()  # the skeleton builds its layers from the recipes' JSON, as the worker does
         src = Path(key_dir) / w["ranks"][0]
         try:
             parse_cache_bytes(read_regular_file(src))
@@ -92,14 +98,14 @@ def verify(plan: dict, key_dir: Path) -> VerifyReport:
             tuner.clear_cache()
             accepted = tuner.load_configs(str(copy))
             report = WorkloadReport(str(src), len(w["ranks"]), bool(accepted))
-            model = SkeletonModel(w["ops"], hidden=spec["hidden_size"], vocab=spec["vocab_size"], tp=res["flags"]["tp"],
-                                  dp=res["attn_dp_size"], dtype=res["dtype"], device=device)
-            passes = [False] + ([True] if res["flags"]["autotune_extend"] else [])
+            model = SkeletonModel(w["ops"], hidden=spec.hidden_size, vocab=spec.vocab_size, tp=res.flags.tp,
+                                  dp=res.attn_dp_size, dtype=res.dtype, device=device)
+            passes = [False] + ([True] if res.flags.autotune_extend else [])
             t0 = time.perf_counter()
             with autotune(True), lm_head_stub():
                 for extend in passes:
                     model(lambda op, e=extend: None if (e and op["tokens"] == "decode") else engine_tokens(plan, op, e),
-                          lm_tokens=res["decode_batch"])
+                          lm_tokens=res.decode_batch)
             torch.cuda.synchronize()
             report.replay_s = round(time.perf_counter() - t0, 3)
             tuned = [k.file_key for k in tuner.profiling_cache]

@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import layout
-from .errors import FiAutotuneError, UsageError
-from .keys import KeyFields
-from .layout import Topology
+from .errors import FiAutotuneError, Interrupted, UsageError
+from .layouts import default_layout
+from .layouts.sglang import arch_from_capability
 from .manifest import Manifest, utc_now_iso
+from .plan import TuningPlan
 from .rankfile import METADATA_KEY, RESERVED_KEYS, cache_file_bytes
-from .scan import EntryStatus, scan_entry
-from .writer import EntryId, commit_entry
+from .scan import scan_entry
+from .status import EntryStatus
+from .writer import commit_entry, other_gpu_refusal, replace_policy
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def _gpus_from_smi() -> GpuInfo:
     if not rows:
         return GpuInfo(0, None, ())
     major, _, minor = rows[0][1].strip().partition(".")
-    return GpuInfo(len(rows), layout.arch_from_capability(int(major), int(minor or 0)), tuple(r[0].strip() for r in rows))
+    return GpuInfo(len(rows), arch_from_capability(int(major), int(minor or 0)), tuple(r[0].strip() for r in rows))
 
 
 def detect_gpus() -> GpuInfo:
@@ -71,27 +72,29 @@ def detect_gpus() -> GpuInfo:
         arch = None
         if handles:
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handles[0])
-            arch = layout.arch_from_capability(major, minor)
+            arch = arch_from_capability(major, minor)
         return GpuInfo(n, arch, names)
     finally:
         pynvml.nvmlShutdown()
 
 
-def work_dir(plan: dict) -> Path:
+def work_dir(plan: TuningPlan) -> Path:
     from platformdirs import user_cache_dir
 
-    digest = hashlib.sha256(json.dumps(plan["workloads"], sort_keys=True).encode()).hexdigest()[:12]
-    return Path(user_cache_dir("fi-autotune")) / "work" / f"{plan['flashinfer_version']}-{plan['arch']}-{plan['key']}-{digest}"
+    workloads = [w.to_dict() for w in plan.workloads]
+    digest = hashlib.sha256(json.dumps(workloads, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(user_cache_dir("fi-autotune")) / "work" / f"{plan.flashinfer_version}-{plan.resolution.arch}-{plan.key}-{digest}"
 
 
-def distinct_ops(plan: dict) -> tuple[list[dict], list[list[int]]]:
-    """Ops deduplicated across workloads (same call, same keys), and each workload's op indices."""
+def distinct_ops(plan: TuningPlan) -> tuple[list[dict], list[list[int]]]:
+    """Ops deduplicated across workloads (same call, same keys), and each workload's op indices,
+    as the JSON the worker reads: this is where the typed plan crosses the process boundary."""
     uids: dict[str, int] = {}
     ops: list[dict] = []
     per_workload: list[list[int]] = []
-    for w in plan["workloads"]:
+    for w in plan.workloads:
         idx = []
-        for op in w["ops"]:
+        for op in (o.to_dict() for o in w.ops):
             sig = json.dumps({k: v for k, v in op.items() if k not in ("layers", "id")}, sort_keys=True)
             if sig not in uids:
                 uids[sig] = len(ops)
@@ -150,10 +153,6 @@ class WarmResult:
         return dict(self.__dict__)
 
 
-class Interrupted(FiAutotuneError):
-    pass
-
-
 class WorkerPool:
     """One worker process per GPU, started before the plan exists so that their torch and
     flashinfer imports and CUDA contexts overlap the parent's planning; each then gets its task
@@ -203,7 +202,7 @@ class WorkerPool:
 
 
 def warm(
-    plan: dict,
+    plan: TuningPlan,
     *,
     gpus: int | None = None,
     force: bool = False,
@@ -212,21 +211,25 @@ def warm(
     pool: "WorkerPool | None" = None,
 ) -> WarmResult:
     t_start, epoch_start = time.perf_counter(), time.time()
-    root = Path(plan["cache_root"])
-    eid = EntryId(plan["flashinfer_version"], plan["arch"], plan["key"])
-    kdir = layout.key_dir(root, *(eid.flashinfer_version, eid.arch, eid.key))
-    if not plan["autotunes"]:
+    layout = default_layout()
+    root, eid, kdir, arch = plan.cache_root, plan.entry_id, plan.key_dir, plan.resolution.arch
+    if not plan.autotunes:
         return WarmResult("nothing-to-tune", str(kdir), message="SGLang would not autotune this configuration: nothing to write")
-    if not force and kdir.is_dir() and scan_entry(kdir, eid.flashinfer_version, eid.arch).status == EntryStatus.COMPLETE:
-        return WarmResult("complete", str(kdir), message="already complete (use --force to tune again)")
 
     info = gpu_info or detect_gpus()
     if info.count == 0:
         raise UsageError("no CUDA GPU found: warm needs one (run `fi-autotune plan` to see the plan without a GPU)")
-    if info.arch != plan["arch"]:
-        raise UsageError(f"the plan targets {plan['arch']} but this machine's GPUs are {info.arch} ({info.names[0]})")
+    if info.arch != arch:
+        raise UsageError(f"the plan targets {arch} but this machine's GPUs are {info.arch} ({info.names[0]})")
     if len(set(info.names)) > 1 and gpus != 1:
         raise UsageError(f"mixed GPU models ({', '.join(sorted(set(info.names)))}): tuned tactics would differ; use --gpus 1")
+    if kdir.is_dir() and not force:
+        existing = scan_entry(layout, kdir, eid)
+        why = other_gpu_refusal(existing.gpu, info.names[0], arch)
+        if why:
+            raise FiAutotuneError(f"{eid} {why}")
+        if existing.status == EntryStatus.COMPLETE:
+            return WarmResult("complete", str(kdir), message="already complete (use --force to tune again)")
     n = info.count if gpus is None else gpus
     if n < 1 or n > info.count:
         raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
@@ -247,10 +250,9 @@ def warm(
     total = sum(len(op["buckets"]) * len(op["custom_ops"]) for op in ops)
     already = sum(len(d & set(op["buckets"])) * len(op["custom_ops"]) for op, d in zip(ops, done))
     queue = work_queue(ops, done)
-    spec = plan["spec"]
-    res = plan["resolution"]
-    skeleton = {"hidden": spec["hidden_size"], "vocab": spec["vocab_size"], "tp": res["flags"]["tp"],
-                "dp": res["attn_dp_size"], "dtype": res["dtype"]}
+    res = plan.resolution
+    skeleton = {"hidden": plan.spec.hidden_size, "vocab": plan.spec.vocab_size, "tp": res.flags.tp,
+                "dp": res.attn_dp_size, "dtype": res.dtype}
 
     own_pool = pool is None
     if pool is None:
@@ -277,27 +279,29 @@ def warm(
     # Merge per workload and commit the whole entry at once.
     rank_bytes: dict[str, bytes] = {}
     metadata: dict = {}
-    for w_idx, w in enumerate(plan["workloads"]):
+    for w_idx, w in enumerate(plan.workloads):
         files = sorted(p for i in per_workload[w_idx] for p in wd.glob(f"op{i}.w*.json"))
         if not files:
             raise FiAutotuneError("tuning produced no results (no tunable profile ran)")
         metadata, entries = merge_cache_files(files)
         data = cache_file_bytes(metadata, entries)
-        for rank in w["ranks"]:
+        for rank in w.ranks:
             rank_bytes[rank] = data
     timings = _timings(events, t_start, t_tuned)
     now = utc_now_iso()
     manifest = Manifest(
-        key=plan["key"], schema=plan["schema"], key_string=plan["key_string"],
-        key_fields=KeyFields.from_dict(res["key_fields"]), topology=Topology.from_dict(res["topology"]),
-        flashinfer_version=plan["flashinfer_version"], arch=plan["arch"], flashinfer_metadata=metadata,
+        key=plan.key, schema=plan.schema, key_string=plan.key_string, key_fields=res.key_fields,
+        topology=res.topology, flashinfer_version=plan.flashinfer_version, arch=arch, flashinfer_metadata=metadata,
         rank_files={}, created=now, updated=now,
         stats={"profiles": total, "profiles_tuned_this_run": total - already, "gpus": n,
                **{k: v for k, v in timings.items() if k != "timeline"},
-               "model_source": plan["source"]["describe"]},
-        extra={"plan_args": plan["plan_args"]} if plan.get("plan_args") else {},
+               "model_source": plan.source.describe()},
+        request=plan.request.to_dict() if plan.request is not None else None,
     )
-    commit_entry(root, eid, rank_bytes, manifest)
+    result = commit_entry(layout, root, eid, rank_bytes, manifest,
+                          check=replace_policy(layout, root, force))
+    if result.refused:
+        raise FiAutotuneError(f"{eid}: {result.refused[0][1]}; nothing was written (the tuned buckets are kept in {wd})")
     timings["write_s"] = round(time.perf_counter() - t_tuned, 3)
     timings["wall_s"] = round(time.perf_counter() - t_start, 3)
     timings["timeline"].update(planned=epoch_start, written=time.time())

@@ -1,149 +1,85 @@
-"""Committing a whole entry (rank files + manifest) to the tree: the one write path for every writer.
+"""Committing one entry (rank files + manifest): the write path of ``warm`` and ``convert``.
 
-The whole entry is assembled in a hidden staging dir, then renamed into place (new key dir)
-or swapped with the old one in one ``renameat2(RENAME_EXCHANGE)`` (existing key dir), so even
-SIGKILL leaves either the previous entry or the complete new one. Where the swap is impossible
-(no renameat2, or the key dir holds files that are not ours), files are replaced one by one,
-each atomically, rank files first and the manifest last, with SIGINT/SIGTERM held until the
-commit is done. All of it under the key's lock.
+A one-entry ``txn.Transaction``: staged beside its target, swapped in with one rename under the
+entry's lock. ``check`` (called under the lock) may refuse or report "same".
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
-import secrets
-import shutil
-import stat as stat_mod
-from dataclasses import dataclass
 from pathlib import Path
 
-from . import layout
-from .atomic import atomic_write_bytes, deferred_signals, exchange_paths, fsync_dir, key_lock, makedirs
-from .layout import RankName
-from .manifest import Manifest, RankRecord
-from .rankfile import validate_cache_obj
+import os
+
+from .errors import FiAutotuneError, os_error_message
+from .layouts import CacheLayout, EntryId
+from .manifest import Manifest
+from .status import EntryStatus
+from .txn import Check, CommitResult, StagedEntry, Transaction
 
 
-@dataclass(frozen=True)
-class EntryId:
-    flashinfer_version: str
-    arch: str
-    key: str
+def other_gpu_refusal(existing_gpu: str | None, incoming_gpu: str | None, arch: str | None) -> str | None:
+    """Why a cache tuned on one GPU model must not silently replace one tuned on another.
 
-    def __str__(self) -> str:
-        return f"{self.flashinfer_version}/{self.arch}/{self.key}"
-
-
-def _record(data: bytes, st: os.stat_result) -> RankRecord:
-    _, configs = validate_cache_obj(json.loads(data))
-    return RankRecord(st.st_size, st.st_mtime_ns, hashlib.sha256(data).hexdigest(), configs)
+    H100 and H200 are both sm90, so their caches for one deployment share one path; FlashInfer
+    rejects a file whose ``gpu`` differs from the device it runs on, so replacing one with the
+    other makes every engine on the first GPU model re-tune at each boot.
+    """
+    if existing_gpu and incoming_gpu and existing_gpu != incoming_gpu:
+        return (f"holds a cache tuned on {existing_gpu}, not {incoming_gpu}: both are {arch or 'one arch'} and share "
+                f"one path, and FlashInfer on either GPU rejects the other's file (use --force to replace it)")
+    return None
 
 
-def _write_plain(path: Path, data: bytes) -> os.stat_result:
-    with open(path, "xb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return os.stat(path)
+def replace_policy(layout: CacheLayout, root: Path, force: bool) -> Check:
+    """What ``import`` and ``warm`` may overwrite, decided under the entry's lock:
 
+    * identical rank files: ``"same"`` (nothing to do);
+    * an entry tuned on another GPU model: refused without ``--force`` (``other_gpu_refusal``);
+    * a different complete entry: refused without ``--force``;
+    * anything else (absent, incomplete, corrupt, stale): replaced.
+    """
+    from .scan import scan_entry
 
-def _new_stage(target: Path) -> Path:
-    parent = target.parent
-    stage = parent / f".fi-autotune-stage-{target.name}-{secrets.token_hex(6)}"
-    for attempt in range(20):
-        makedirs(parent)
-        try:
-            stage.mkdir()
-            return stage
-        except FileNotFoundError:
-            if attempt == 19:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _fill(stage: Path, rank_files: dict[str, bytes], manifest: Manifest | None) -> None:
-    records = {name: _record(data, _write_plain(stage / name, data)) for name, data in rank_files.items()}
-    if manifest is not None:
-        _write_plain(stage / layout.MANIFEST_NAME, manifest.with_rank_records(records).to_bytes())
-    fsync_dir(stage)
-
-
-def _only_ours(target: Path) -> bool:
-    """True if swapping the dir away would lose nothing but our own files."""
-    for child in os.scandir(target):
-        if not child.is_file(follow_symlinks=False):
-            return False
-        name = child.name
-        if not (RankName.parse(name) or name == layout.MANIFEST_NAME or layout.TEMP_FILE_RE.match(name)):
-            return False
-    return True
-
-
-def _publish(target: Path, rank_files: dict[str, bytes], manifest: Manifest | None) -> bool:
-    """Put the whole entry in place in one step; False if only a file-by-file update can do it."""
-    stage = _new_stage(target)
-    try:
-        _fill(stage, rank_files, manifest)
+    def check(staged: StagedEntry, target: Path) -> str | None:
         if not os.path.lexists(target):
-            try:
-                os.rename(stage, target)
-                fsync_dir(target.parent)
-                return True
-            except OSError:
-                if not os.path.lexists(target):
-                    raise
-        if target.is_dir() and not target.is_symlink() and _only_ours(target) and exchange_paths(stage, target):
-            fsync_dir(target.parent)
-            return True  # ``stage`` now holds the previous entry, removed below
-        return False
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+            return None
+        existing = scan_entry(layout, target, staged.eid)
+        if {rf.name: rf.sha256 for rf in existing.rank_files} == staged.digests:
+            return "same"
+        if force:
+            return None
+        why = other_gpu_refusal(existing.gpu, (staged.metadata or {}).get("gpu"), existing.arch)
+        if why:
+            return why
+        if existing.status == EntryStatus.COMPLETE:
+            return "a different complete entry is already there (use --force to replace it)"
+        return None
 
-
-def _replace_in_place(target: Path, rank_files: dict[str, bytes], manifest: Manifest | None) -> None:
-    records = {}
-    for name, data in rank_files.items():
-        atomic_write_bytes(target / name, data)
-        records[name] = _record(data, os.stat(target / name))
-    # Files of the old entry that the new one does not have would mix two tunings.
-    for child in os.scandir(target):
-        if RankName.parse(child.name) and child.name not in rank_files and child.is_file(follow_symlinks=False):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(child.path)
-    mpath = target / layout.MANIFEST_NAME
-    if manifest is not None:
-        atomic_write_bytes(mpath, manifest.with_rank_records(records).to_bytes())
-    elif os.path.lexists(mpath) and stat_mod.S_ISREG(os.lstat(mpath).st_mode):
-        os.unlink(mpath)  # it described the entry we just replaced
+    return check
 
 
 def commit_entry(
+    layout: CacheLayout,
     root: Path,
-    entry: EntryId,
+    eid: EntryId,
     rank_files: dict[str, bytes],
     manifest: Manifest | None,
     *,
+    check: Check | None = None,
     lock_timeout: float = -1,
-    locked: bool = False,
-) -> Path:
-    """Make the key dir hold exactly ``rank_files`` (+ manifest). Returns the key dir.
-
-    ``locked=True`` when the caller already holds the key lock (to check-then-write atomically).
-    """
-    for name in rank_files:
-        if not RankName.parse(name):
-            raise ValueError(f"not a rank file name: {name!r}")
-    target = layout.key_dir(root, entry.flashinfer_version, entry.arch, entry.key)
-    lock = (
-        contextlib.nullcontext()
-        if locked
-        else key_lock(root, entry.flashinfer_version, entry.arch, entry.key, timeout=lock_timeout)
-    )
-    with lock, deferred_signals():
-        if _publish(target, rank_files, manifest):
-            return target
-        _replace_in_place(target, rank_files, manifest)
-    return target
+) -> CommitResult:
+    """Make the entry dir hold exactly ``rank_files`` (+ manifest), or nothing changes."""
+    if not rank_files:
+        raise ValueError("an entry needs at least one data file")
+    txn = Transaction(layout, root)
+    try:
+        for name, data in sorted(rank_files.items()):
+            if layout.classify(name, False).value != "data":
+                raise ValueError(f"not a data file name of the {layout.name} layout: {name!r}")
+            txn.add_file(eid, name, data)
+        txn.finish_entry(eid, manifest)
+        return txn.commit(check, lock_timeout)
+    except OSError as e:
+        raise FiAutotuneError(f"cannot write {eid}: {os_error_message(e)}; nothing was written") from None
+    finally:
+        txn.discard()

@@ -61,7 +61,7 @@ def time_cmd(args: list[str], repeat: int) -> dict:
     runs = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.run([sys.executable, "-m", "fi_autotune_cli", *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         runs.append(time.perf_counter() - t0)
         if proc.returncode != 0:
             raise SystemExit(f"{args} failed: {proc.stderr.decode()[-2000:]}")
@@ -69,7 +69,7 @@ def time_cmd(args: list[str], repeat: int) -> dict:
 
 
 def heavy_imports(args: list[str]) -> list[str]:
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "cli", *args], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "fi_autotune_cli", *args], cwd=REPO,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     mods = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time:")}
     return sorted(mods & {"torch", "flashinfer", "numpy"})

@@ -60,7 +60,7 @@ def _env(n: int, **extra) -> dict:
 
 def run_warm(args: list[str], n: int, root: Path) -> dict:
     launch, t = time.time(), time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "cli", "warm", *args, "--gpus", str(n), "--force", "--json",
+    proc = subprocess.run([sys.executable, "-m", "fi_autotune_cli", "warm", *args, "--gpus", str(n), "--force", "--json",
                            "--cache-dir", str(root)], cwd=REPO, capture_output=True, text=True, env=_env(n, FI_AUTOTUNE_FLOOR="1"))
     wall = time.perf_counter() - t
     if proc.returncode != 0:

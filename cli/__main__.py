@@ -1,3 +1,3 @@
-from cli.main import console_main
+from .main import console_main
 
 console_main()

@@ -4,27 +4,23 @@ from __future__ import annotations
 
 import click
 
-from autotune_cache import layout
-from autotune_cache.envcheck import installed_flashinfer_version
 from autotune_cache.errors import UsageError
+from autotune_cache.installed import installed_flashinfer_version
 from autotune_cache.keys import DEFAULT_SCHEMA, SCHEMAS, KeyFields, get_schema, render_dtype
+from autotune_cache.layouts import default_layout
+from autotune_cache.layouts.sglang import ARCH_RE, VERSION_RE
+from autotune_cache.topology import Topology, TopologyError
 
-from .main import cache_dir_option, cli, json_option, quiet_option, resolve_root
 from .output import Output
+from .params import POSITIVE, cache_dir_option, json_option, quiet_option, resolve_root
 
 
-def _positive(ctx, param, value):
-    if value is not None and value < 1:
-        raise click.BadParameter(f"must be >= 1, got {value}")
-    return value
-
-
-@cli.command("key")
+@click.command("key")
 @click.option("--model", required=True, help="The server's --model-path, verbatim.")
-@click.option("--tp", type=int, default=1, show_default=True, callback=_positive)
-@click.option("--pp", type=int, default=1, show_default=True, callback=_positive)
-@click.option("--dp", type=int, default=1, show_default=True, callback=_positive, help="Attention DP size (or replicas with --no-dp-attention).")
-@click.option("--ep", type=int, default=1, show_default=True, callback=_positive)
+@click.option("--tp", type=POSITIVE, default=1, show_default=True)
+@click.option("--pp", type=POSITIVE, default=1, show_default=True)
+@click.option("--dp", type=POSITIVE, default=1, show_default=True, help="Attention DP size (or replicas with --no-dp-attention).")
+@click.option("--ep", type=POSITIVE, default=1, show_default=True)
 @click.option("--dtype", default="bfloat16", show_default=True)
 @click.option("--quantization", default=None, help="As resolved by the server; 'None' for unset.")
 @click.option("--moe-runner-backend", default="auto", show_default=True)
@@ -42,16 +38,17 @@ def key_cmd(model, tp, pp, dp, ep, dtype, quantization, moe_runner_backend, conf
             flashinfer_version, skip_ops, schema, no_dp_attention, draft_quantization, cache_dir, as_json, quiet):
     """Print the cache key, the joined key string and every rank file path of a topology."""
     schema_obj = get_schema(schema)
-    if not layout.ARCH_RE.match(arch):
+    arch = arch.lower()
+    if not ARCH_RE.match(arch):
         raise UsageError(f"invalid --arch {arch!r}: expected sm<major><minor>, e.g. sm90 or sm100")
     try:
-        topo = layout.Topology(tp=tp, pp=pp, dp=dp, dp_attention=not no_dp_attention)
-    except ValueError as e:
+        topo = Topology(tp=tp, pp=pp, dp=dp, dp_attention=not no_dp_attention)
+    except TopologyError as e:
         raise UsageError(str(e)) from None
     version = flashinfer_version or installed_flashinfer_version()
     if not version:
         raise UsageError("flashinfer-python is not installed: pass --flashinfer-version")
-    if not layout.is_valid_version(version):
+    if not VERSION_RE.match(version):
         raise UsageError(f"invalid --flashinfer-version {version!r}")
     fields = KeyFields(
         model_path=model, dtype=render_dtype(dtype), quantization=quantization,
@@ -61,20 +58,22 @@ def key_cmd(model, tp, pp, dp, ep, dtype, quantization, moe_runner_backend, conf
         draft_quantization=draft_quantization, is_draft=draft_quantization is not None,
     )
     key = schema_obj.key(fields)
-    root = resolve_root(cache_dir)
-    kdir = layout.key_dir(root, version, arch, key)
-    files = [str(kdir / name) for name in topo.rank_files()]
+    root = resolve_root(cache_dir, must_exist=False).path
+    layout = default_layout()
+    eid = layout.make_id((version, arch, key))
+    kdir = layout.entry_dir(root, eid)
+    files = [str(kdir / name) for name in layout.expected_files(topo)]
     out = Output(as_json, quiet)
-    if quiet:
-        out.keys([key])
-    elif as_json:
-        out.json({"key": key, "key_string": schema_obj.key_string(fields), "schema": schema,
-                  "key_fields": fields.to_dict(), "topology": topo.to_dict(), "key_dir": str(kdir),
-                  "rank_files": files})
-    else:
+
+    def human() -> None:
         out.line(f"key         {key}")
+        out.line(f"id          {eid}")
         out.line(f"key string  {schema_obj.key_string(fields)}")
         out.line(f"key dir     {kdir}")
         out.line(f"rank files  ({len(files)})")
         for f in files:
             out.line(f"  {f}")
+
+    out.emit(human=human, ids=[key], data={
+        "key": key, "id": str(eid), "key_string": schema_obj.key_string(fields), "schema": schema,
+        "key_fields": fields.to_dict(), "topology": topo.to_dict(), "key_dir": str(kdir), "rank_files": files})

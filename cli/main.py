@@ -1,74 +1,84 @@
-"""Entry point: the click group, shared options and the exit-code contract (0 ok, 1 failure, 2 usage)."""
+"""Entry point: the click group, its commands, and the one place errors become exit codes.
+
+Exit codes (``autotune_cache.errors.ExitCode``): 0 ok, 1 failure, 2 usage error, 130 interrupted.
+Every error is one line on stderr; ``--debug`` (or ``FI_AUTOTUNE_DEBUG=1``) adds the traceback.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
+import traceback
 
 import click
 
 from autotune_cache import __version__
-from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.layout import sglang_cache_root
+from autotune_cache.errors import ExitCode, FiAutotuneError, os_error_message
 
-PROG = "fi-autotune"
+from . import cleanup, envcmd, keycmd, plancmd, transfer, tree, warmcmd
+from .output import PROG
 
-
-def resolve_root(cache_dir: str | None) -> Path:
-    """``--cache-dir`` or the engine's own root; a path that is a file is a usage error."""
-    root = Path(cache_dir) if cache_dir is not None else sglang_cache_root()
-    if root.exists() and not root.is_dir():
-        raise UsageError(f"cache dir {str(root)!r} exists and is not a directory")
-    return root
+EPILOG = "Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted (Ctrl-C). --debug shows tracebacks."
 
 
-cache_dir_option = click.option(
-    "--cache-dir",
-    type=click.Path(file_okay=True, dir_okay=True),
-    default=None,
-    help="Engine cache root holding flashinfer/autotune (default: $SGLANG_CACHE_DIR or ~/.cache/sglang).",
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    invoke_without_command=True,
+    epilog=EPILOG,
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
-quiet_option = click.option("-q", "--quiet", is_flag=True, help="Print keys only.")
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name=PROG)
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
     """Ahead-of-time FlashInfer autotune caches where serving engines look for them."""
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
 
 
-def _register() -> None:
-    from . import keycmd, plancmd, transfer, tree, warmcmd  # noqa: F401  (commands attach themselves to ``cli``)
+for command in (
+    plancmd.plan_cmd, warmcmd.warm_cmd, warmcmd.verify_cmd,
+    tree.ls_cmd, tree.show_cmd, cleanup.prune_cmd, cleanup.rm_cmd,
+    transfer.export_cmd, transfer.import_cmd, envcmd.env_cmd, keycmd.key_cmd,
+):
+    cli.add_command(command)
+
+
+def _fail(message: str, code: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    click.echo(f"{PROG}: error: {message}", err=True)
+    return int(code)
 
 
 def main(argv: list[str] | None = None) -> int:
-    _register()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("FI_AUTOTUNE_DEBUG") == "1"
     try:
         # Without standalone mode click returns the code of a ``click.exceptions.Exit``.
         rv = cli.main(args=argv, prog_name=PROG, standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo(f"{PROG}: aborted", err=True)
-        return 1
     except click.exceptions.Exit as e:
         return e.exit_code
+    except click.exceptions.Abort:
+        click.echo(f"{PROG}: aborted: nothing was changed", err=True)
+        return int(ExitCode.FAILURE)
     except click.ClickException as e:
         # Click's own usage errors print several lines; ours promise one.
-        click.echo(f"{PROG}: error: {e.format_message()}", err=True)
-        return 2 if isinstance(e, click.UsageError) else e.exit_code
-    except UsageError as e:
-        click.echo(f"{PROG}: error: {e}", err=True)
-        return 2
+        code = ExitCode.USAGE if isinstance(e, click.UsageError) else e.exit_code
+        return _fail(e.format_message(), code, debug)
     except FiAutotuneError as e:
-        click.echo(f"{PROG}: error: {e}", err=True)
-        return 1
+        message = str(e) + (f" ({e.hint})" if e.hint else "")
+        return _fail(message, e.exit_code, debug)
     except KeyboardInterrupt:
         click.echo(f"{PROG}: interrupted", err=True)
-        return 130
+        return int(ExitCode.INTERRUPTED)
     except BrokenPipeError:
-        return 0
-    return rv if isinstance(rv, int) else 0
+        return int(ExitCode.OK)  # `fi-autotune ls | head`
+    except OSError as e:
+        return _fail(os_error_message(e), ExitCode.FAILURE, debug)
+    except Exception as e:  # noqa: BLE001 - a bug; one line unless asked
+        return _fail(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
+                     ExitCode.FAILURE, debug)
+    return rv if isinstance(rv, int) else int(ExitCode.OK)
 
 
 def console_main() -> None:

@@ -1,40 +1,64 @@
-"""One output layer for every command: a human table, ``--json``, or ``-q`` (keys only)."""
+"""One output layer for every command, in the manner of huggingface_hub's CLI output helper.
+
+A command builds its result once and hands it over with ``emit``: a function that prints the
+human view, the object ``--json`` prints, and the ids ``-q`` prints. The mode decides which
+one runs; commands never branch on ``--json``/``-q`` themselves. Notes and warnings go to
+stderr so stdout stays machine-readable in every mode.
+"""
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import click
 
+PROG = "fi-autotune"
+
+
+class Mode(enum.Enum):
+    HUMAN = "human"
+    JSON = "json"
+    QUIET = "quiet"
+
 
 class Output:
-    def __init__(self, as_json: bool = False, quiet: bool = False):
-        self.as_json = as_json
-        self.quiet = quiet
+    def __init__(self, as_json: bool = False, quiet: bool = False, results_to_stderr: bool = False):
+        """``results_to_stderr``: stdout carries data of its own (``export -o -``)."""
+        self.mode = Mode.JSON if as_json else Mode.QUIET if quiet else Mode.HUMAN
+        self.err = results_to_stderr
 
-    @property
-    def human(self) -> bool:
-        return not (self.as_json or self.quiet)
+    # the one call a command makes for its result -------------------------------------------
+    def emit(
+        self,
+        *,
+        human: Callable[[], None] | None = None,
+        data: Any | Callable[[], Any] = None,
+        ids: Sequence[str] | None = None,
+    ) -> None:
+        if self.mode is Mode.JSON:
+            click.echo(json.dumps(data() if callable(data) else data, indent=2, default=str), err=self.err)
+        elif self.mode is Mode.QUIET:
+            for i in ids or ():
+                click.echo(i, err=self.err)
+        else:
+            self.human(human)
 
-    def json(self, obj: Any) -> None:
-        click.echo(json.dumps(obj, indent=2, default=str))
+    def human(self, view: Callable[[], None] | None) -> None:
+        """Run a human view now (a plan shown before asking to confirm); nothing in other modes."""
+        if self.mode is Mode.HUMAN and view is not None:
+            view()
 
+    # building blocks of a human view --------------------------------------------------------
     def line(self, text: str = "") -> None:
-        if self.human:
-            click.echo(text)
-
-    def note(self, text: str) -> None:
-        """Progress and side remarks: stderr, so stdout stays machine-readable."""
-        if not self.quiet:
-            click.echo(text, err=True)
-
-    def keys(self, keys: Sequence[str]) -> None:
-        for k in keys:
-            click.echo(k)
+        if self.mode is Mode.HUMAN:
+            click.echo(text, err=self.err)
 
     def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        if self.mode is not Mode.HUMAN:
+            return
         widths = [len(h) for h in headers]
         for row in rows:
             for i, cell in enumerate(row):
@@ -42,4 +66,17 @@ class Output:
         fmt = "  ".join("{:<%d}" % w for w in widths)
         lines = [fmt.format(*headers).rstrip(), fmt.format(*("-" * w for w in widths)).rstrip()]
         lines.extend(fmt.format(*row).rstrip() for row in rows)
-        sys.stdout.write("\n".join(lines) + "\n")
+        (sys.stderr if self.err else sys.stdout).write("\n".join(lines) + "\n")
+
+    # stderr -----------------------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        """Progress and side remarks; silent under ``-q``."""
+        if self.mode is not Mode.QUIET:
+            click.echo(text, err=True)
+
+    def warn(self, text: str) -> None:
+        click.echo(f"{PROG}: warning: {text}", err=True)
+
+    def error(self, text: str) -> None:
+        """A failure that does not stop the command (the command exits non-zero at the end)."""
+        click.echo(f"{PROG}: error: {text}", err=True)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-
 import functools
 
 import click
 
 from autotune_cache.errors import UsageError
 from autotune_cache.keys import DEFAULT_SCHEMA
+from autotune_cache.request import TuneRequest
+from autotune_cache.sglang import ServerFlags
 
-from .main import cache_dir_option, cli, json_option, resolve_root
 from .output import Output
+from .params import POSITIVE, cache_dir_option, json_option, resolve_root
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -23,24 +24,28 @@ def serving_options(fn=None, *, model_required: bool = True):
     if fn is None:
         return functools.partial(serving_options, model_required=model_required)
     options = [
-        click.option("--model", required=model_required, help="The server's --model-path, verbatim (hub id or local path)."),
+        click.option("--model", required=model_required,
+                     help="The model: a hub id, a built-in preset, or a local model directory (where its config.json is read)."),
+        click.option("--model-path", default=None,
+                     help="The server's --model-path exactly as it will be launched (hashed into the key), "
+                          "e.g. /models/GLM-5.1-FP8 in an image (default: --model)."),
         click.option("--config", "config_path", help="A config.json (or a directory holding one) to use instead of looking it up."),
         click.option("--revision", help="Hub revision of the config."),
         click.option("--arch", help="Target arch: sm90, sm100 or sm103 (default: this machine's GPU)."),
-        click.option("--tp", type=int, default=1, show_default=True),
-        click.option("--pp", type=int, default=1, show_default=True),
-        click.option("--dp", type=int, default=1, show_default=True, help="Attention DP size (--enable-dp-attention), or replicas with --no-dp-attention."),
+        click.option("--tp", type=POSITIVE, default=1, show_default=True),
+        click.option("--pp", type=POSITIVE, default=1, show_default=True),
+        click.option("--dp", type=POSITIVE, default=1, show_default=True, help="Attention DP size (--enable-dp-attention), or replicas with --no-dp-attention."),
         click.option("--no-dp-attention", is_flag=True, help="--dp means independent replicas."),
-        click.option("--ep", type=int, default=1, show_default=True),
+        click.option("--ep", type=POSITIVE, default=1, show_default=True),
         click.option("--dtype", default="auto", show_default=True),
         click.option("--quantization", default=None, help="The server's --quantization (default: unset)."),
         click.option("--moe-runner-backend", default="auto", show_default=True),
         click.option("--skip-ops", default="", help="Comma-separated --flashinfer-autotune-skip-ops."),
-        click.option("--max-running-requests", type=int),
-        click.option("--cuda-graph-max-bs", type=int),
-        click.option("--chunked-prefill-size", type=int),
+        click.option("--max-running-requests", type=POSITIVE),
+        click.option("--cuda-graph-max-bs", type=POSITIVE),
+        click.option("--chunked-prefill-size", type=POSITIVE),
         click.option("--autotune-extend", is_flag=True, help="The server runs with SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1."),
-        click.option("--max-tokens", type=int, help="Tune buckets up to this many tokens instead of the engine's maximum."),
+        click.option("--max-tokens", type=POSITIVE, help="Tune buckets up to this many tokens instead of the engine's maximum."),
         click.option("--schema", default=DEFAULT_SCHEMA, show_default=True),
         click.option("--flashinfer-version", help="Default: the installed flashinfer-python."),
         cache_dir_option,
@@ -50,16 +55,8 @@ def serving_options(fn=None, *, model_required: bool = True):
     return fn
 
 
-def build_plan(kw: dict, arch: str | None = None):
-    from autotune_cache.plan import make_plan
-    from autotune_cache.sglang import ServerFlags
-
-    for name in ("tp", "pp", "dp", "ep"):
-        if kw[name] < 1:
-            raise UsageError(f"--{name} must be >= 1, got {kw[name]}")
-    arch = arch or kw["arch"]
-    if not arch:
-        arch = local_arch()
+def request_from(kw: dict) -> TuneRequest:
+    """The typed request behind the serving options (``kw``: the click keyword arguments)."""
     flags = ServerFlags(
         tp=kw["tp"], pp=kw["pp"], dp=kw["dp"], dp_attention=not kw["no_dp_attention"], ep=kw["ep"],
         dtype=kw["dtype"], quantization=None if kw["quantization"] in (None, "None", "") else kw["quantization"],
@@ -67,11 +64,18 @@ def build_plan(kw: dict, arch: str | None = None):
         max_running_requests=kw["max_running_requests"], cuda_graph_max_bs=kw["cuda_graph_max_bs"],
         chunked_prefill_size=kw["chunked_prefill_size"], autotune_extend=kw["autotune_extend"],
     )
-    return make_plan(
-        kw["model"], flags, arch, config=kw["config_path"], revision=kw["revision"], schema=kw["schema"],
-        flashinfer_version=kw["flashinfer_version"], cache_root=resolve_root(kw["cache_dir"]),
-        max_tokens=kw["max_tokens"],
+    return TuneRequest(
+        model=kw["model"], flags=flags, arch=kw["arch"].lower() if kw["arch"] else None, config=kw["config_path"],
+        revision=kw["revision"], schema=kw["schema"], flashinfer_version=kw["flashinfer_version"],
+        max_tokens=kw["max_tokens"], model_path=kw["model_path"],
     )
+
+
+def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = None):
+    """The plan for ``request`` under the cache root ``cache_dir`` names (made if missing)."""
+    if request.arch is None:
+        request = request.with_arch(arch or local_arch())
+    return request.plan(resolve_root(cache_dir, must_exist=False).path)
 
 
 def local_arch() -> str:
@@ -108,12 +112,12 @@ def print_plan(plan, out: Output) -> None:
     r = plan.resolution
     f = r.key_fields
     out.line(f"Config      {plan.source.describe()}")
-    out.line(f"Model       {plan.model}  ({plan.spec.architecture}, {plan.spec.family}, {plan.spec.config_class})")
+    served = f"; served as {r.key_fields.model_path}" if r.key_fields.model_path != plan.model else ""
+    out.line(f"Model       {plan.model}{served}  ({plan.spec.architecture}, {plan.spec.family}, {plan.spec.config_class})")
     q = plan.spec.quant
     out.line(f"Checkpoint  dtype {plan.spec.dtype}, quantization {q.method if q else 'none'}"
              + (f" (block {q.weight_block_size[0]}x{q.weight_block_size[1]})" if q and q.weight_block_size else ""))
-    out.line(f"Target      {r.arch}, tp={r.flags.tp} pp={r.flags.pp} dp={r.flags.dp} "
-             f"({'dp-attention' if r.flags.dp_attention else 'replicas'}) ep={r.flags.ep}")
+    out.line(f"Target      {r.arch}, {r.topology.describe} ep={r.flags.ep}")
     out.line("Resolved    " + ", ".join([
         f"dtype={f.dtype}", f"quantization={f.quantization}", f"moe_runner_backend={f.moe_runner_backend}",
         f"attn_dp_size={f.attn_dp_size}", f"config_class={f.config_class}"]))
@@ -126,8 +130,11 @@ def print_plan(plan, out: Output) -> None:
              + f"; chunked prefill {r.chunked_prefill_size}")
     out.line(f"Key         {plan.key}  ({plan.schema})")
     out.line(f"Key string  {plan.key_string}")
-    out.line(f"Key dir     {plan.key_dir}")
-    out.line(f"Rank files  {len(plan.rank_files)}: {_compact(plan.rank_files)}")
+    if plan.autotunes:
+        out.line(f"Key dir     {plan.key_dir}")
+        out.line(f"Rank files  {len(plan.rank_files)}: {_compact(plan.rank_files)}")
+    else:
+        out.line("Key dir     none: the server would not autotune, so it neither reads nor writes a cache")
     verdict = "YES" if plan.autotunes else "NO"
     out.line(f"Autotune    {verdict}: SGLang 0.5.23 {'would' if plan.autotunes else 'would not'} run FlashInfer autotune")
     for reason in r.reasons:
@@ -154,14 +161,11 @@ def print_plan(plan, out: Output) -> None:
              + (f", copied to {len(plan.rank_files)} rank files" if plan.autotunes else "; warm writes nothing"))
 
 
-@cli.command("plan")
+@click.command("plan")
 @serving_options
 @json_option
 def plan_cmd(as_json, **kw):
     """Show what SGLang would autotune for a model and server flags, and the tuning plan (no GPU needed)."""
-    plan = build_plan(kw)
+    plan = build_plan(request_from(kw), kw["cache_dir"])
     out = Output(as_json)
-    if as_json:
-        out.json(plan.to_dict())
-    else:
-        print_plan(plan, out)
+    out.emit(human=lambda: print_plan(plan, out), data=plan.to_dict)

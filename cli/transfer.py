@@ -1,74 +1,130 @@
-"""``export`` and ``import``: move entries between machines as .tar.gz."""
+"""``export`` and ``import``: move entries between machines as reproducible .tar.gz bundles."""
 
 from __future__ import annotations
 
+import os
+import secrets
+import sys
+import time
 from pathlib import Path
 
 import click
 
 from autotune_cache.archive import export_entries, import_archive
-from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.scan import EntryStatus, scan_cache
+from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
+from autotune_cache.layouts import default_layout
+from autotune_cache.scan import scan_cache
+from autotune_cache.status import EntryStatus
 
-from .main import cache_dir_option, cli, json_option, resolve_root
 from .output import Output
+from .params import cache_dir_option, entry_filter, filter_options, json_option, resolve_root
+from .tree import recover_journals_quietly
 
 
-@cli.command("export")
-@click.argument("refs", nargs=-1, metavar="[KEY|PATH]...")
-@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False), help="Archive to write (.tar.gz).")
+@click.command("export")
+@click.argument("refs", nargs=-1, metavar="[ID]...")
+@click.option("-o", "--output", "output", required=True, help="Archive to write (.tar.gz), or - for stdout.")
 @cache_dir_option
+@filter_options
+@click.option("--include-incomplete", is_flag=True,
+              help="Also export incomplete entries (an engine re-tunes every rank of one: it is warned about).")
 @json_option
-def export_cmd(refs, output, cache_dir, as_json):
-    """Pack entries (all complete and incomplete ones by default) into a .tar.gz."""
-    root = resolve_root(cache_dir)
-    info = scan_cache(root)
-    out = Output(as_json)
-    if refs:
-        entries = []
-        for ref in refs:
-            found = info.find(ref)
-            if not found:
-                raise FiAutotuneError(f"no cache entry {ref!r} under {root}")
-            entries.extend(e for e in found if e not in entries)
-    else:
-        entries = list(info.entries)
-    exportable = [e for e in entries if e.status in (EntryStatus.COMPLETE, EntryStatus.INCOMPLETE)]
+def export_cmd(refs, output, cache_dir, model, versions, arch, status, older_than, unused_for, include_incomplete, as_json):
+    """Pack complete entries (all, or the named ones, or those the filters select) into a
+    reproducible .tar.gz: the same entries always give the same bytes (Docker layer caching)."""
+    to_stdout = output == "-"
+    out = Output(as_json, results_to_stderr=to_stdout)  # stdout carries the archive itself
+    root = resolve_root(cache_dir, must_exist=True)
+    if to_stdout and sys.stdout.isatty():
+        raise UsageError("refusing to write a binary archive to a terminal: redirect stdout or give -o FILE")
+    out_path = None if to_stdout else Path(output)
+    if out_path is not None and not out_path.parent.is_dir():
+        raise UsageError(f"output directory {str(out_path.parent)!r} does not exist")
+    recover_journals_quietly(root.path)
+    info = scan_cache(root.path)
+    entries = info.resolve(refs) if refs else list(info.entries)
+    flt = entry_filter(model, versions, arch, status, older_than, unused_for)
+    now = time.time()
+    entries = [e for e in entries if flt.reasons(e, now) is not None]
+    exportable = []
     for e in entries:
-        if e not in exportable:
+        if e.status == EntryStatus.COMPLETE:
+            exportable.append(e)
+        elif e.status == EntryStatus.INCOMPLETE and include_incomplete:
+            out.warn(f"exporting {e.id} incomplete ({e.ranks_str} rank files): engines re-tune every rank of it")
+            exportable.append(e)
+        elif e.status == EntryStatus.INCOMPLETE:
+            out.note(f"skipping {e.id}: incomplete ({e.ranks_str} rank files; --include-incomplete exports it)")
+        else:
             out.note(f"skipping {e.id}: {e.status} ({'; '.join(e.problems)})")
     if not exportable:
         raise FiAutotuneError("nothing to export")
-    out_path = Path(output)
-    if out_path.parent and not out_path.parent.is_dir():
-        raise UsageError(f"output directory {str(out_path.parent)!r} does not exist")
-    members = export_entries(root, exportable, out_path)
-    if as_json:
-        out.json({"archive": str(out_path), "entries": [e.id for e in exportable], "members": members})
+    layout = default_layout()
+    if to_stdout:
+        result = export_entries(layout, exportable, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
     else:
-        out.line(f"Exported {len(exportable)} entries ({len(members)} files) to {out_path}")
+        tmp = out_path.parent / f".{out_path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            with open(tmp, "xb") as f:
+                result = export_entries(layout, exportable, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, out_path)
+        except OSError as e:
+            raise FiAutotuneError(f"cannot write {out_path}: {e.strerror or e}") from None
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+    for entry_id in result.vanished:
+        out.note(f"skipped {entry_id}: deleted or replaced while exporting")
+    where = "stdout" if to_stdout else str(out_path)
+    summary = f"Exported {len(result.entries)} {'entry' if len(result.entries) == 1 else 'entries'} " \
+              f"({len(result.members)} files, {result.size} bytes) to {where}"
+    out.emit(human=lambda: out.line(summary), data={"archive": where, **result.to_dict()})
 
 
-@cli.command("import")
-@click.argument("archive", type=click.Path(dir_okay=False))
+@click.command("import")
+@click.argument("archive", metavar="ARCHIVE|-")
 @cache_dir_option
-@click.option("--force", is_flag=True, help="Replace a different complete entry.")
+@click.option("--force", is_flag=True, help="Replace a different complete entry, or one tuned on another GPU model.")
 @json_option
 def import_cmd(archive, cache_dir, force, as_json):
-    """Validate an archive made by `export` and write its entries atomically."""
-    root = resolve_root(cache_dir)
-    if not Path(archive).is_file():
-        raise UsageError(f"archive {archive!r} does not exist or is not a file")
-    result = import_archive(root, Path(archive), force=force)
+    """Validate an archive (from `export`, or `tar czf x.tgz -C ROOT flashinfer`) and install
+    all of its entries or none: a refusal, a bad member, a full disk or a kill leaves the tree as
+    it was (a kill mid-install is finished by the next fi-autotune command)."""
     out = Output(as_json)
-    if as_json:
-        out.json(result.to_dict())
+    root = resolve_root(cache_dir, must_exist=False)
+    if archive == "-":
+        stream, label = sys.stdin.buffer, "stdin"
     else:
+        p = Path(archive)
+        if not p.is_file():
+            raise UsageError(f"archive {archive!r} does not exist or is not a file")
+        try:
+            stream = open(p, "rb")
+        except OSError as e:
+            raise FiAutotuneError(f"cannot read {archive}: {e.strerror or e}") from None
+        label = archive
+    try:
+        result = import_archive(default_layout(), root.path, stream, label, force=force)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    for member, why in result.skipped:
+        out.note(f"skipped {member}: {why}")
+    for entry_id, what in result.incomplete:
+        out.warn(f"{entry_id} is incomplete ({what}): engines re-tune every rank of it")
+
+    def human() -> None:
         for entry_id in result.imported:
             out.line(f"imported   {entry_id}")
         for entry_id in result.unchanged:
             out.line(f"unchanged  {entry_id}")
+
+    out.emit(human=human, data=result.to_dict(), ids=list(result.imported))
     for entry_id, why in result.refused:
-        click.echo(f"fi-autotune: error: {entry_id}: {why}", err=True)
+        out.error(f"{entry_id}: {why}")
     if result.refused:
-        raise click.exceptions.Exit(1)
+        out.error(f"nothing was imported ({len(result.refused)} of the archive's entries refused)")
+        raise click.exceptions.Exit(int(ExitCode.FAILURE))

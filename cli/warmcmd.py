@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
-from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.errors import ExitCode, FiAutotuneError, Interrupted, UsageError
+from autotune_cache.request import TuneRequest
 
-from .main import cli, json_option, resolve_root
 from .output import Output
-from .plancmd import build_plan, serving_options
+from .params import json_option, resolve_root
+from .plancmd import build_plan, request_from, serving_options
 
 
 def _gpus(value: str | None) -> int | None:
@@ -56,22 +57,24 @@ class _Progress:
             self.bar.close()
 
 
-@cli.command("warm")
+@click.command("warm")
 @serving_options
 @click.option("--gpus", default="all", show_default=True, help="How many local GPUs to spread the work over.")
-@click.option("--force", is_flag=True, help="Tune again even if a complete entry exists.")
+@click.option("--force", is_flag=True, help="Tune again even if a complete entry exists (and replace one tuned on another GPU model).")
 @json_option
 def warm_cmd(gpus, force, as_json, **kw):
     """Tune the plan on this machine's GPUs and write every rank file where the engine looks."""
     import time
 
-    from autotune_cache.warm import Interrupted, WorkerPool, detect_gpus, warm
+    from autotune_cache.warm import WorkerPool, detect_gpus, warm
 
     t0 = time.perf_counter()
     n = _gpus(gpus)
+    request = request_from(kw)
     # Workers import torch and flashinfer and create their CUDA contexts while this process
     # plans; with --gpus N they start before even the GPU count is checked.
     pool = WorkerPool(n) if n is not None else None
+    out = Output(as_json)
     try:
         info = detect_gpus()
         if info.count == 0:
@@ -79,86 +82,102 @@ def warm_cmd(gpus, force, as_json, **kw):
         if n is not None and n > info.count:
             raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
         pool = pool or WorkerPool(info.count)
-        out = Output(as_json)
         progress = _Progress(not as_json)
         try:
-            plan = build_plan(kw, arch=kw["arch"] or info.arch)
-            result = warm(plan.to_dict() | {"plan_args": kw}, gpus=n, force=force, progress=progress, gpu_info=info, pool=pool)
+            plan = build_plan(request, kw["cache_dir"], arch=info.arch)
+            result = warm(plan, gpus=n, force=force, progress=progress, gpu_info=info, pool=pool)
         except Interrupted as e:
             progress.close()
             click.echo(f"fi-autotune: {e}", err=True)
-            raise click.exceptions.Exit(130)
+            raise click.exceptions.Exit(int(ExitCode.INTERRUPTED))
         finally:
             progress.close()
     finally:
         if pool is not None:
             pool.close()
     result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
-    if as_json:
-        out.json(result.to_dict())
-        return
-    if result.status != "written":
-        out.line(f"{result.message}: {result.key_dir}")
-        return
-    t = result.timings
-    out.line(f"Tuned {result.profiles_tuned} of {result.profiles_total} profiles on {result.gpus} GPU(s) in {t['command_wall_s']:.1f} s "
-             f"(startup/import {t['startup_import_s']:.1f} s, JIT {t['jit_s']:.1f} s, tuning {t['tuning_s']:.1f} s, "
-             f"writing {t['write_s']:.2f} s)")
-    out.line(f"Wrote {len(result.rank_files)} rank files + manifest to {result.key_dir}")
+
+    def human() -> None:
+        if result.status != "written":
+            out.line(f"{result.message}: {result.key_dir}")
+            return
+        t = result.timings
+        out.line(f"Tuned {result.profiles_tuned} of {result.profiles_total} profiles on {result.gpus} GPU(s) in "
+                 f"{t['command_wall_s']:.1f} s (startup/import {t['startup_import_s']:.1f} s, JIT {t['jit_s']:.1f} s, "
+                 f"tuning {t['tuning_s']:.1f} s, writing {t['write_s']:.2f} s)")
+        out.line(f"Wrote {len(result.rank_files)} rank files + manifest to {result.key_dir}")
+
+    out.emit(human=human, data=result.to_dict)
 
 
-@cli.command("verify")
-@click.argument("ref", required=False, metavar="[KEY|PATH]")
+def _request_of(entry) -> TuneRequest:
+    """The request warm recorded in an entry's manifest (format 2), or its raw flags (format 1)."""
+    m = entry.manifest
+    if m is None:
+        raise UsageError(f"{entry.id} was not written by fi-autotune warm: give --model and the server's flags")
+    try:
+        if m.request is not None:
+            return TuneRequest.from_dict(m.request)
+        if "plan_args" in m.extra:
+            return TuneRequest.from_plan_args(dict(m.extra["plan_args"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise FiAutotuneError(f"{entry.id}: its manifest's request cannot be replayed here ({e}); "
+                              "give --model and the server's flags") from None
+    raise UsageError(f"{entry.id} was not written by fi-autotune warm: give --model and the server's flags")
+
+
+@click.command("verify")
+@click.argument("ref", required=False, metavar="[ID]")
 @serving_options(model_required=False)
 @json_option
 @click.pass_context
 def verify_cmd(ctx, ref, as_json, **kw):
     """Replay the engine's startup pass against a cache on this GPU; exit 1 unless every lookup hits.
 
-    Name the entry by KEY or key dir PATH (flags from the manifest warm wrote), by --model alone
-    (the entry warm wrote for that model), or by --model with the server's flags (any entry those
-    flags map to, engine-written ones included).
+    Name the entry by its ID (as `ls` prints it; a unique key or the entry's directory work too;
+    flags from the manifest warm wrote), by --model alone (the entry warm wrote for that model),
+    or by --model with the server's flags (any entry those flags map to, engine-written ones included).
     """
     from autotune_cache.scan import scan_cache
     from autotune_cache.verify import verify
 
-    root = resolve_root(kw["cache_dir"])
     flags_given = [k for k in kw if k not in ("model", "cache_dir")
                    and ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE]
     if ref is None and kw["model"] is None:
-        raise UsageError("give a KEY, a key dir PATH or --model")
+        raise UsageError("give an entry ID or --model")
     if ref is None and flags_given:
-        plan = build_plan(kw).to_dict()
-        key_dir = Path(plan["key_dir"])
+        plan = build_plan(request_from(kw), kw["cache_dir"])
+        key_dir = plan.key_dir
         if not key_dir.is_dir():
-            raise FiAutotuneError(f"no cache entry at {key_dir} (key {plan['key']} for these flags)")
+            raise FiAutotuneError(f"no cache entry at {key_dir} (id {plan.entry_id} for these flags)")
     else:
+        root = resolve_root(kw["cache_dir"], must_exist=True).path
         info = scan_cache(root)
-        entries = info.find(ref) if ref is not None else [e for e in info.entries if e.model == kw["model"]]
-        what = ref or kw["model"]
-        if not entries:
-            raise FiAutotuneError(f"no cache entry for {what!r} under {root}")
-        if len(entries) > 1:
-            raise UsageError(f"{what!r} matches {len(entries)} entries: name one by path ({', '.join(e.id for e in entries)})")
+        if ref is not None:
+            entries = info.resolve([ref])
+        else:
+            entries = [e for e in info.entries if e.model == kw["model"]]
+            if not entries:
+                raise FiAutotuneError(f"no cache entry for {kw['model']!r} under {root}")
+            if len(entries) > 1:
+                raise UsageError(f"{kw['model']!r} has {len(entries)} entries; give one id: "
+                                 + ", ".join(str(e.id) for e in entries))
         entry = entries[0]
-        if entry.manifest is None or "plan_args" not in entry.manifest.extra:
-            raise UsageError(f"{entry.id} was not written by fi-autotune warm: give --model and the server's flags")
-        args = dict(entry.manifest.extra["plan_args"])
-        args["cache_dir"] = str(root)
-        plan = build_plan(args).to_dict()
-        if plan["key"] != entry.key:
-            raise FiAutotuneError(f"the recorded flags now map to key {plan['key']}, not {entry.key}")
+        plan = build_plan(_request_of(entry), str(root))
+        if plan.key != entry.key:
+            raise FiAutotuneError(f"the recorded request now maps to key {plan.key}, not {entry.key}")
         key_dir = entry.path
     report = verify(plan, key_dir)
     out = Output(as_json)
-    if as_json:
-        out.json(report.to_dict())
-    else:
+
+    def human() -> None:
         for w in report.workloads:
             state = "metadata accepted" if w.metadata_accepted else "METADATA REJECTED by FlashInfer here"
             out.line(f"{Path(w.rank_file).name} (x{w.ranks} ranks): {w.hits}/{w.lookups} lookups hit, "
                      f"{w.retuned} would be tuned again, replay {w.replay_s:.2f} s, {state}")
         pct = 100.0 * report.hits / report.lookups if report.lookups else 0.0
         out.line(f"{'OK' if report.ok else 'INCOMPLETE'}: {report.hits}/{report.lookups} hits ({pct:.1f}%)")
+
+    out.emit(human=human, data=report.to_dict)
     if not report.ok:
-        raise click.exceptions.Exit(1)
+        raise click.exceptions.Exit(int(ExitCode.FAILURE))

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from autotune_cache.archive import import_archive
 from autotune_cache.errors import EntryLocked
-from autotune_cache.prune import plan_prune
+from autotune_cache.layouts import default_layout
+from autotune_cache.prune import EntryFilter, plan_prune
 from autotune_cache.scan import scan_cache
+from autotune_cache.status import EntryStatus
 from autotune_cache.testing import default_fields, write_fake_entry
 
 MODELS = ("zai-org/GLM-5.1-FP8", "deepseek-ai/DeepSeek-V3", "moonshotai/Kimi-K2-Instruct")
@@ -39,14 +41,15 @@ def main() -> None:
         while True:
             write_one(root, rng)
     elif mode == "pruner":
+        bad = (EntryStatus.INCOMPLETE, EntryStatus.CORRUPT, EntryStatus.DIVERGED)
         for _ in range(rounds):
-            plan = plan_prune(scan_cache(root), statuses=("incomplete", "corrupt", "diverged"))
-            plan.execute()
+            plan_prune(scan_cache(root), EntryFilter(statuses=bad)).execute()
     elif mode == "importer":
         archive = Path(sys.argv[4])
         for _ in range(rounds):
             try:
-                import_archive(root, archive, force=rng.random() < 0.5)
+                with open(archive, "rb") as f:
+                    import_archive(default_layout(), root, f, str(archive), force=rng.random() < 0.5)
             except EntryLocked:
                 pass
     else:

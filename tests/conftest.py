@@ -19,7 +19,7 @@ def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeo
     """The real command in a real process, as a user runs it."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "fi_autotune_cli", *args], capture_output=True, text=True,
         env=full_env, input=input, timeout=timeout, cwd=kw.pop("cwd", REPO), **kw,
     )
 
@@ -49,3 +49,42 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def unprivileged(argv: list[str]) -> list[str]:
+    """``argv`` run so that file permissions apply: as root, without the capabilities that
+    override them (the interpreter may live under root's 0700 home, so no uid change); as any
+    other user, unchanged. Skips the test where neither is possible."""
+    if os.geteuid() != 0:
+        return argv
+    import shutil
+
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: cannot drop the permission-override capabilities")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *argv]
+
+
+def run_cli_unprivileged(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(unprivileged([sys.executable, "-m", "fi_autotune_cli", *args]), capture_output=True,
+                          text=True, env={**os.environ}, timeout=120, cwd=REPO, **kw)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small tmpfs (root only): ``tmpfs(size="2m", options="noatime") -> Path``; skipped where
+    mounting is not allowed."""
+    mounted: list[Path] = []
+
+    def make(size: str = "2m", options: str = "") -> Path:
+        target = tmp_path / f"tmpfs{len(mounted)}"
+        target.mkdir()
+        opts = f"size={size}" + (f",{options}" if options else "")
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(target)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()[:100]}")
+        mounted.append(target)
+        return target
+
+    yield make
+    for target in mounted:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)

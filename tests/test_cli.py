@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache import layout
-from autotune_cache.testing import default_fields, write_fake_entry
+from autotune_cache.layouts import default_layout
+from autotune_cache.testing import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 
 from .conftest import REPO, run_cli, run_json
 
@@ -20,11 +21,25 @@ KEY_ARGS = [
     "--quantization", "fp8", "--moe-runner-backend", "flashinfer_trtllm", "--config-class", "GlmMoeDsaConfig",
     "--arch", "sm100", "--flashinfer-version", "0.7.2.post1",
 ]
+GLM_ID = "0.7.2.post1/sm100/d99390dfa961185d"
+
+
+def ids(root, *args) -> list[str]:
+    proc = run_cli("ls", "-q", *args, "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+def age(root, eid, days: float, atime_days: float | None = None) -> None:
+    t = time.time() - days * 86400
+    a = t if atime_days is None else time.time() - atime_days * 86400
+    for p in entry_path(root, eid).iterdir():
+        os.utime(p, (a, t))
 
 
 def test_key_command_prints_key_string_and_rank_paths(root):
     out = run_json("key", *KEY_ARGS, "--cache-dir", str(root))
-    assert out["key"] == "d99390dfa961185d"
+    assert out["key"] == "d99390dfa961185d" and out["id"] == GLM_ID
     assert out["key_string"].endswith("|GlmMoeDsaConfig|candidate_selection=v2_default|skip_ops=")
     assert out["rank_files"][7] == str(root / "flashinfer/autotune/0.7.2.post1/sm100/d99390dfa961185d/rank_tp7_pp0_dp7.json")
     q = run_cli("key", *KEY_ARGS, "-q")
@@ -33,7 +48,7 @@ def test_key_command_prints_key_string_and_rank_paths(root):
 
 def test_key_quantization_none_and_replicas(root):
     out = run_json("key", "--model", "m", "--tp", "2", "--dp", "2", "--no-dp-attention", "--quantization", "None",
-                   "--config-class", "LlamaConfig", "--arch", "sm90", "--flashinfer-version", "0.7.2.post1",
+                   "--config-class", "LlamaConfig", "--arch", "SM90", "--flashinfer-version", "0.7.2.post1",
                    "--cache-dir", str(root))
     assert out["key_string"] == "m|torch.bfloat16|None|auto|2|1|1|1|LlamaConfig|candidate_selection=v2_default|skip_ops="
     assert [Path(p).name for p in out["rank_files"]] == [
@@ -42,30 +57,67 @@ def test_key_quantization_none_and_replicas(root):
 
 @pytest.mark.parametrize("args,needle", [
     (["key", *KEY_ARGS, "--schema", "nope"], "unknown key schema"),
-    (["key", *[a if a != "8" else "8" for a in KEY_ARGS], "--dp", "3"], "divisible"),
-    (["key", *KEY_ARGS, "--tp", "-1"], "must be >= 1"),
+    (["key", *KEY_ARGS, "--dp", "3"], "divisible"),
+    (["key", *KEY_ARGS, "--tp", "-1"], "-1 is not in the range"),
     (["key", *KEY_ARGS, "--arch", "hopper"], "invalid --arch"),
     (["key", *KEY_ARGS, "--dtype", "int7"], "unknown dtype"),
     (["prune", "--keep-latest", "-1", "-y"], "--keep-latest"),
     (["prune", "--older-than", "soon", "-y"], "invalid duration"),
     (["prune", "-y"], "nothing selected"),
-    (["ls", "--status", "weird"], "unknown status"),
+    (["prune", "--arch", "hopper", "-y"], "invalid arch 'hopper'"),
+    (["ls", "--status", "weird"], "unknown status 'weird'"),
+    (["ls", "--status", "complete,weird"], "unknown status 'weird'"),
+    (["ls", "--flashinfer-version", "../x"], "invalid FlashInfer version"),
     (["ls", "--bogus"], "No such option"),
+    (["show"], "Missing argument"),
+    (["plan", "--model", "Qwen/Qwen3-30B-A3B", "--arch", "sm90", "--tp", "0"], "0 is not in the range"),
 ])
 def test_usage_errors_exit_2_with_one_line(root, args, needle):
+    write_fake_entry(root)
     proc = run_cli(*args, "--cache-dir", str(root))
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def test_bare_command_prints_help_and_succeeds():
+    proc = run_cli()
+    assert proc.returncode == 0 and "Commands:" in proc.stdout and proc.stderr == ""
+    assert "Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted" in " ".join(proc.stdout.split())
+
+
 def test_cache_dir_that_is_a_file_is_a_usage_error(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    for cmd in (["ls"], ["prune", "--status", "corrupt", "-y"], ["key", *KEY_ARGS]):
+    for cmd in (["ls"], ["prune", "--status", "corrupt", "-y"], ["key", *KEY_ARGS], ["rm", GLM_ID]):
         proc = run_cli(*cmd, "--cache-dir", str(f))
         assert proc.returncode == 2 and "not a directory" in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_missing_root_is_an_error_naming_where_it_came_from(tmp_path):
+    typo = tmp_path / "typo"
+    for cmd in (["ls"], ["show", GLM_ID], ["prune", "--status", "corrupt", "-y"], ["rm", GLM_ID], ["export", "-o", str(tmp_path / "x.tgz")]):
+        proc = run_cli(*cmd, "--cache-dir", str(typo))
+        assert proc.returncode == 1, (cmd, proc.stderr)
+        assert f"cache root {typo} does not exist (from --cache-dir)" in proc.stderr
+    proc = run_cli("ls", env={"SGLANG_CACHE_DIR": str(typo)})
+    assert proc.returncode == 1 and "(from $SGLANG_CACHE_DIR)" in proc.stderr
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_CACHE_DIR"}
+    proc = subprocess.run([sys.executable, "-m", "fi_autotune_cli", "ls"], capture_output=True, text=True, cwd=REPO,
+                          env={**env, "HOME": str(tmp_path / "home")})
+    assert proc.returncode == 1 and "(from the default ~/.cache/sglang)" in proc.stderr
+    # a root that exists but holds no cache yet is simply empty
+    (tmp_path / "empty").mkdir()
+    proc = run_cli("ls", "--cache-dir", str(tmp_path / "empty"))
+    assert proc.returncode == 0 and "0 entries" in proc.stdout and "nothing cached" in proc.stdout
+
+
+def test_autotune_dir_that_is_a_file_is_an_error(tmp_path):
+    (tmp_path / "flashinfer").mkdir()
+    (tmp_path / "flashinfer" / "autotune").write_text("")
+    proc = run_cli("ls", "--cache-dir", str(tmp_path))
+    assert proc.returncode == 1 and "is not a directory" in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
 def test_ls_table_filters_and_quiet(root):
@@ -75,43 +127,62 @@ def test_ls_table_filters_and_quiet(root):
     proc = run_cli("ls", "--cache-dir", str(root))
     assert proc.returncode == 0
     header = proc.stdout.splitlines()[0].split()
-    assert header == ["KEY", "MODEL", "FLASHINFER", "ARCH", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "STATUS"]
+    assert header == ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "USED", "STATUS"]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith(str(a)))
+    assert "H200" in row and "tp8 dp8a ep1" in row
     assert "3 entries, 18 rank files" in proc.stdout and "(3 complete)" in proc.stdout
-    assert run_cli("ls", "-q", "--arch", "sm90", "--cache-dir", str(root)).stdout.split() == [b.key]
-    assert run_cli("ls", "-q", "--model", "GLM", "--flashinfer-version", "0.7.1", "--cache-dir", str(root)).stdout.split() == [c.key]
+    assert ids(root, "--arch", "SM90") == [str(b)]
+    assert ids(root, "--arch", "sm90,sm100", "--model", "glm", "--flashinfer-version", "0.7.1") == [str(c)]
+    assert sorted(ids(root, "--flashinfer-version", "0.7.1,0.7.2.post1", "--status", "complete")) == sorted(map(str, (a, b, c)))
     data = run_json("ls", "--sort", "size", "--cache-dir", str(root))
     assert [e["size_on_disk"] for e in data["entries"]] == sorted((e["size_on_disk"] for e in data["entries"]), reverse=True)
     assert data["totals"]["entries"] == 3 and {e["id"] for e in data["entries"]} == {str(a), str(b), str(c)}
-    old = time.time() - 40 * 86400
-    for p in layout.key_dir(root, b.flashinfer_version, b.arch, b.key).iterdir():
-        os.utime(p, (old, old))
-    assert run_cli("ls", "-q", "--older-than", "30d", "--cache-dir", str(root)).stdout.split() == [b.key]
+    age(root, b, 40)
+    assert ids(root, "--older-than", "30d") == [str(b)]
+    one = run_cli("ls", "--arch", "sm90", "--cache-dir", str(root))
+    assert "\n1 entry, 2 rank files" in one.stdout
 
 
-def test_ls_on_missing_root_is_empty_and_ok(tmp_path):
-    proc = run_cli("ls", "--cache-dir", str(tmp_path / "none"))
-    assert proc.returncode == 0 and "0 entries" in proc.stdout
+def test_ls_unused_for_uses_access_time(root):
+    a = write_fake_entry(root)
+    b = write_fake_entry(root, flashinfer_version="0.7.1")
+    age(root, a, 60, atime_days=1)  # written 60 days ago, read yesterday
+    age(root, b, 60)  # written and last read 60 days ago
+    assert sorted(ids(root, "--older-than", "30d")) == sorted([str(a), str(b)])
+    assert ids(root, "--unused-for", "30d") == [str(b)]
 
 
 def test_ls_honours_sglang_cache_dir(root):
     write_fake_entry(root)
     proc = run_cli("ls", "-q", env={"SGLANG_CACHE_DIR": str(root)})
-    assert proc.stdout.split() == ["d99390dfa961185d"]
+    assert proc.stdout.split() == [GLM_ID]
 
 
-def test_show_by_key_id_and_path(root):
+def test_show_by_id_unique_key_and_path(root):
     eid = write_fake_entry(root)
-    kdir = layout.key_dir(root, eid.flashinfer_version, eid.arch, eid.key)
-    for ref in (eid.key, str(eid), str(kdir)):
+    kdir = entry_path(root, eid)
+    for ref in (str(eid), eid.name, str(kdir)):
         proc = run_cli("show", ref, "--cache-dir", str(root))
         assert proc.returncode == 0, proc.stderr
         assert "zai-org/GLM-5.1-FP8" in proc.stdout and "trtllm::fused_moe::gemm1" in proc.stdout
-    (doc,) = run_json("show", eid.key, "--cache-dir", str(root))
+        assert "GPU       NVIDIA H200" in proc.stdout and "tp=8 pp=1 dp=8 (dp-attention)" in proc.stdout
+    (doc,) = run_json("show", eid.name, "--cache-dir", str(root))
     ops = {o["custom_op"]: o for o in doc["ops"]}
     assert ops["trtllm::fused_moe::gemm1"]["buckets"] == 21
-    assert doc["metadata"]["gpu"] == "NVIDIA H200"
+    assert doc["metadata"]["gpu"] == "NVIDIA H200" and doc["gpu"] == "NVIDIA H200"
     missing = run_cli("show", "0000000000000000", "--cache-dir", str(root))
     assert missing.returncode == 1 and "no cache entry" in missing.stderr
+
+
+def test_a_key_under_two_versions_is_ambiguous_everywhere(root, tmp_path):
+    a = write_fake_entry(root)
+    b = write_fake_entry(root, flashinfer_version="0.7.1")
+    for cmd in (["show", a.name], ["rm", a.name, "-y"], ["export", a.name, "-o", str(tmp_path / "x.tgz")], ["verify", a.name]):
+        proc = run_cli(*cmd, "--cache-dir", str(root))
+        assert proc.returncode == 2, (cmd, proc.stderr)
+        assert f"names 2 entries; give one id: {b}, {a}" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert sorted(ids(root)) == sorted([str(a), str(b)])  # nothing was deleted
 
 
 def test_prune_dry_run_is_the_same_plan_and_deletes_nothing(root):
@@ -126,28 +197,61 @@ def test_prune_dry_run_is_the_same_plan_and_deletes_nothing(root):
     assert real["result"]["freed"] == dry["plan"]["expected_freed_size"] > 0
     # empty version/arch dirs are gone, the other entry untouched
     assert not (root / "flashinfer/autotune/0.7.1").exists()
-    assert run_cli("ls", "-q", "--cache-dir", str(root)).stdout.split() == [keep.key]
+    assert ids(root) == [str(keep)]
+
+
+def test_prune_says_why_in_the_users_words(root):
+    eid = write_fake_entry(root)
+    age(root, eid, 40)
+    proc = run_cli("prune", "--older-than", "30d", "--arch", "SM100", "--dry-run", "--cache-dir", str(root))
+    assert proc.returncode == 0
+    assert "arch sm100; not modified for 30d" in proc.stdout and "2592000" not in proc.stdout
+    assert "Would free" in proc.stdout and "(1 entry)" in proc.stdout
+
+
+def test_prune_has_the_ls_filters(root):
+    a = write_fake_entry(root)
+    b = write_fake_entry(root, fields=default_fields("Qwen/Qwen3-30B-A3B", tp=2, dp=1), arch="sm90")
+    out = run_json("prune", "--model", "qwen", "--arch", "sm90,sm100", "-y", "--cache-dir", str(root))
+    assert out["result"]["deleted"] == [str(b)]
+    assert ids(root) == [str(a)]
 
 
 def test_prune_refuses_to_prompt_without_tty(root):
     write_fake_entry(root)
     proc = run_cli("prune", "--status", "complete", "--cache-dir", str(root), input="y\n")
     assert proc.returncode == 2 and "-y" in proc.stderr
-    assert run_cli("ls", "-q", "--cache-dir", str(root)).stdout.split() == ["d99390dfa961185d"]
+    assert ids(root) == [GLM_ID]
 
 
-def test_prune_keep_latest_per_model(root):
-    ids = []
-    for i, tp in enumerate((2, 4, 8)):
-        eid = write_fake_entry(root, fields=default_fields("A", tp=tp, dp=1))
-        t = time.time() - 1000 + i * 100
-        for p in layout.key_dir(root, eid.flashinfer_version, eid.arch, eid.key).iterdir():
-            os.utime(p, (t, t))
-        ids.append(eid)
+def test_keep_latest_groups_by_deployment_and_prefers_complete(root):
+    """The issue's case: a complete TP8/DP8 entry and a newer incomplete EP8 one are two
+    deployments (different keys): --keep-latest 1 keeps both. Within one deployment (one key
+    under two FlashInfer versions) a complete entry is kept over a newer incomplete one."""
+    tp8dp8 = write_fake_entry(root)
+    ep8 = write_fake_entry(root, fields=default_fields(ep=8))
+    (entry_path(root, ep8) / "rank_tp3_pp0_dp3.json").unlink()
+    age(root, tp8dp8, 10)
+    plan = run_json("prune", "--keep-latest", "1", "--dry-run", "--cache-dir", str(root))
+    assert plan["plan"]["entries"] == []
+    older_complete = write_fake_entry(root, fields=default_fields("A", tp=2, dp=1), flashinfer_version="0.7.1")
+    newer_incomplete = write_fake_entry(root, fields=default_fields("A", tp=2, dp=1))
+    (entry_path(root, newer_incomplete) / "rank_tp1_pp0_dp0.json").unlink()
+    age(root, older_complete, 20)
+    plan = run_json("prune", "--keep-latest", "1", "--dry-run", "--cache-dir", str(root))
+    (picked,) = plan["plan"]["entries"]
+    assert picked["id"] == str(newer_incomplete)
+    assert f"kept: {older_complete}" in picked["reasons"][-1]
+
+
+def test_prune_keep_latest_keeps_newest_per_deployment(root):
+    a = [write_fake_entry(root, fields=default_fields("A", tp=2, dp=1), flashinfer_version=v) for v in ("0.6.9", "0.7.1", "0.7.2.post1")]
+    for i, eid in enumerate(a):
+        age(root, eid, 30 - 10 * i)
     other = write_fake_entry(root, fields=default_fields("B", tp=2, dp=1))
     out = run_json("prune", "--keep-latest", "1", "-y", "--cache-dir", str(root))
-    assert sorted(out["result"]["deleted"]) == sorted([str(ids[0]), str(ids[1])])
-    assert sorted(run_cli("ls", "-q", "--cache-dir", str(root)).stdout.split()) == sorted([ids[2].key, other.key])
+    assert sorted(out["result"]["deleted"]) == sorted([str(a[0]), str(a[1])])
+    assert sorted(ids(root)) == sorted([str(a[2]), str(other)])
 
 
 def test_prune_other_versions_keeps_installed(root):
@@ -160,11 +264,28 @@ def test_prune_other_versions_keeps_installed(root):
     assert out["result"]["deleted"] == [str(old)]
 
 
+def test_rm_deletes_named_entries_only(root):
+    a = write_fake_entry(root)
+    b = write_fake_entry(root, flashinfer_version="0.7.1")
+    dry = run_cli("rm", str(a), "--dry-run", "--cache-dir", str(root))
+    assert dry.returncode == 0 and "Would free" in dry.stdout and str(a) in dry.stdout
+    assert sorted(ids(root)) == sorted([str(a), str(b)])
+    assert run_cli("rm", str(a), "--cache-dir", str(root), input="y\n").returncode == 2  # no tty, no -y
+    out = run_json("rm", str(a), "-y", "--cache-dir", str(root))
+    assert out["result"]["deleted"] == [str(a)]
+    assert ids(root) == [str(b)]
+    missing = run_cli("rm", str(b), "0.7.1/sm100/0000000000000000", "-y", "--cache-dir", str(root))
+    assert missing.returncode == 1 and "no cache entry '0.7.1/sm100/0000000000000000'" in missing.stderr
+    assert ids(root) == [str(b)]  # an unknown name stops rm before anything is deleted
+
+
 LOCK_HOLDER = """
 import sys, time
 from pathlib import Path
-from autotune_cache.atomic import key_lock
-with key_lock(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]):
+from autotune_cache.layouts import default_layout
+from autotune_cache.txn import entry_lock
+layout = default_layout()
+with entry_lock(layout, Path(sys.argv[1]), layout.parse_id(sys.argv[2])):
     print("locked", flush=True)
     time.sleep(60)
 """
@@ -172,17 +293,31 @@ with key_lock(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]):
 
 def test_prune_skips_entry_locked_by_a_running_writer(root):
     eid = write_fake_entry(root, flashinfer_version="0.7.1")
-    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(root), eid.flashinfer_version, eid.arch, eid.key],
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(root), str(eid)],
                               stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert holder.stdout.readline().strip() == "locked"
         out = run_json("prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", str(root))
         assert out["result"]["deleted"] == []
         assert out["result"]["skipped"] == [{"entry": str(eid), "reason": "locked by a running writer"}]
-        assert run_cli("ls", "-q", "--cache-dir", str(root)).stdout.split() == [eid.key]
+        assert ids(root) == [str(eid)]
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_prune_leaves_an_entry_changed_since_the_plan(root):
+    """The plan is what was shown; an entry re-tuned between plan and execution stays."""
+    from autotune_cache.prune import EntryFilter, plan_prune
+    from autotune_cache.scan import scan_cache
+    from autotune_cache.status import EntryStatus
+
+    eid = write_fake_entry(root)
+    plan = plan_prune(scan_cache(root), EntryFilter(statuses=(EntryStatus.COMPLETE,)))
+    write_fake_entry(root, seed=7)  # a writer replaced it meanwhile
+    result = plan.execute()
+    assert result.deleted == () and result.skipped == ((str(eid), "changed since the plan was made"),)
+    assert ids(root) == [str(eid)]
 
 
 def test_export_import_roundtrip(root, tmp_path):
@@ -195,15 +330,56 @@ def test_export_import_roundtrip(root, tmp_path):
     out = run_json("import", str(archive), "--cache-dir", str(dest))
     assert sorted(out["imported"]) == sorted([str(a), str(b)])
     for eid in (a, b):
-        src = layout.key_dir(root, eid.flashinfer_version, eid.arch, eid.key)
-        dst = layout.key_dir(dest, eid.flashinfer_version, eid.arch, eid.key)
-        for p in src.glob("rank_*.json"):
-            assert (dst / p.name).read_bytes() == p.read_bytes()
+        for p in entry_path(root, eid).glob("rank_*.json"):
+            assert (entry_path(dest, eid) / p.name).read_bytes() == p.read_bytes()
     listed = run_json("ls", "--cache-dir", str(dest))
     assert {e["status"] for e in listed["entries"]} == {"complete"}
-    # again: nothing changes
     again = run_json("import", str(archive), "--cache-dir", str(dest))
     assert again["imported"] == [] and sorted(again["unchanged"]) == sorted([str(a), str(b)])
+
+
+def test_export_is_reproducible_and_streams(root, tmp_path):
+    write_fake_entry(root)
+    write_fake_entry(root, fields=default_fields("m2", tp=2, dp=1), arch="sm90")
+    one, two = tmp_path / "1.tgz", tmp_path / "2.tgz"
+    assert run_cli("export", "-o", str(one), "--cache-dir", str(root)).returncode == 0
+    time.sleep(1.1)  # a timestamp anywhere in the archive would now differ
+    assert run_cli("export", "-o", str(two), "--cache-dir", str(root)).returncode == 0
+    assert one.read_bytes() == two.read_bytes()
+    piped = subprocess.run([sys.executable, "-m", "fi_autotune_cli", "export", "-o", "-", "--cache-dir", str(root)],
+                           capture_output=True, cwd=REPO)
+    assert piped.returncode == 0 and piped.stdout == one.read_bytes()
+    dest = tmp_path / "dest"
+    proc = subprocess.run([sys.executable, "-m", "fi_autotune_cli", "import", "-", "--cache-dir", str(dest)],
+                          input=piped.stdout, capture_output=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert len(ids(dest)) == 2
+
+
+def test_export_takes_only_complete_entries_unless_asked(root, tmp_path):
+    done = write_fake_entry(root)
+    partial = write_fake_entry(root, flashinfer_version="0.7.1")
+    for name in ("rank_tp6_pp0_dp6.json", "rank_tp7_pp0_dp7.json"):
+        (entry_path(root, partial) / name).unlink()
+    archive = tmp_path / "x.tgz"
+    proc = run_cli("export", "-o", str(archive), "--cache-dir", str(root))
+    assert proc.returncode == 0 and f"skipping {partial}: incomplete (6/8 rank files" in proc.stderr
+    assert ids(_imported(archive, tmp_path / "d1")) == [str(done)]
+    proc = run_cli("export", "--include-incomplete", "-o", str(archive), "--cache-dir", str(root))
+    assert proc.returncode == 0 and "warning: exporting" in proc.stderr
+    imp = run_cli("import", str(archive), "--cache-dir", str(tmp_path / "d2"))
+    assert imp.returncode == 0 and "incomplete (6 of 8 rank files)" in imp.stderr
+    # filters as ls has them
+    proc = run_cli("export", "--flashinfer-version", "0.7.2.post1", "--arch", "SM100", "-o", str(archive), "--cache-dir", str(root))
+    assert proc.returncode == 0 and ids(_imported(archive, tmp_path / "d3")) == [str(done)]
+    proc = run_cli("export", "--status", "corrupt", "-o", str(archive), "--cache-dir", str(root))
+    assert proc.returncode == 1 and "nothing to export" in proc.stderr
+
+
+def _imported(archive: Path, dest: Path) -> Path:
+    proc = run_cli("import", str(archive), "--cache-dir", str(dest))
+    assert proc.returncode == 0, proc.stderr
+    return dest
 
 
 def test_import_refuses_different_complete_entry_without_force(root, tmp_path):
@@ -212,23 +388,56 @@ def test_import_refuses_different_complete_entry_without_force(root, tmp_path):
     assert run_cli("export", "-o", str(archive), "--cache-dir", str(root)).returncode == 0
     dest = tmp_path / "dest"
     eid = write_fake_entry(dest, seed=2)
-    dst = layout.key_dir(dest, eid.flashinfer_version, eid.arch, eid.key)
+    dst = entry_path(dest, eid)
     before = {p.name: p.read_bytes() for p in dst.iterdir()}
     proc = run_cli("import", str(archive), "--cache-dir", str(dest))
     assert proc.returncode == 1 and "--force" in proc.stderr
     assert {p.name: p.read_bytes() for p in dst.iterdir()} == before
     forced = run_cli("import", str(archive), "--force", "--cache-dir", str(dest))
     assert forced.returncode == 0, forced.stderr
-    src = layout.key_dir(root, eid.flashinfer_version, eid.arch, eid.key)
+    src = entry_path(root, eid)
     assert (dst / "rank_tp0_pp0_dp0.json").read_bytes() == (src / "rank_tp0_pp0_dp0.json").read_bytes()
+
+
+def test_import_refuses_to_replace_another_gpu_models_cache(root, tmp_path):
+    """H100 and H200 share sm90/<key>: an H200 archive must not silently evict an H100 cache."""
+    fields = default_fields("m", tp=2, dp=1)
+    write_fake_entry(root, fields=fields, arch="sm90", metadata={"gpu": "NVIDIA H200"})
+    archive = tmp_path / "h200.tgz"
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(root)).returncode == 0
+    dest = tmp_path / "dest"
+    eid = write_fake_entry(dest, fields=fields, arch="sm90", metadata={"gpu": "NVIDIA H100 80GB HBM3"})
+    (entry_path(dest, eid) / "rank_tp1_pp0_dp0.json").unlink()  # even an incomplete one
+    proc = run_cli("import", str(archive), "--cache-dir", str(dest))
+    assert proc.returncode == 1
+    assert "holds a cache tuned on NVIDIA H100 80GB HBM3, not NVIDIA H200" in proc.stderr and "--force" in proc.stderr
+    assert run_json("ls", "--cache-dir", str(dest))["entries"][0]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert run_cli("import", str(archive), "--force", "--cache-dir", str(dest)).returncode == 0
+    assert run_json("ls", "--cache-dir", str(dest))["entries"][0]["gpu"] == "NVIDIA H200"
+
+
+def test_export_to_an_unwritable_path_is_one_line(root):
+    write_fake_entry(root)
+    proc = run_cli("export", "-o", "/proc/self/x.tar.gz", "--cache-dir", str(root))
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "cannot write /proc/self/x.tar.gz" in proc.stderr
+
+
+def test_debug_shows_the_traceback(root):
+    write_fake_entry(root)
+    proc = run_cli("--debug", "export", "-o", "/proc/self/x.tar.gz", "--cache-dir", str(root))
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "cannot write /proc/self/x.tar.gz" in proc.stderr
 
 
 def test_tree_commands_do_not_import_torch_or_flashinfer(root, tmp_path):
     write_fake_entry(root)
     archive = tmp_path / "x.tar.gz"
+    env_file = tmp_path / "env.json"
+    env_file.write_text(json.dumps({"fingerprint": DEFAULT_METADATA}))
     cmds = [
-        ["ls"], ["ls", "--json"], ["show", "d99390dfa961185d"], ["prune", "--status", "corrupt", "--dry-run"],
-        ["key", *KEY_ARGS], ["export", "-o", str(archive)], ["import", str(archive)],
+        ["ls"], ["ls", "--json"], ["ls", "--env-from", str(env_file)], ["show", GLM_ID],
+        ["prune", "--status", "corrupt", "--dry-run"], ["prune", "--status", "stale", "--env-from", str(env_file), "--dry-run"],
+        ["rm", GLM_ID, "--dry-run"], ["key", *KEY_ARGS], ["export", "-o", str(archive)], ["import", str(archive)],
     ]
     for cmd in cmds:
         proc = run_cli(*cmd, "--cache-dir", str(root), env={"PYTHONPROFILEIMPORTTIME": "1"})
@@ -238,6 +447,50 @@ def test_tree_commands_do_not_import_torch_or_flashinfer(root, tmp_path):
         assert not imported & {"torch", "flashinfer", "numpy"}, (cmd, imported & {"torch", "flashinfer", "numpy"})
 
 
+# --- environments -----------------------------------------------------------------------------
+
+def test_env_prints_flashinfers_own_fields(tmp_path):
+    data = run_json("env")
+    assert set(data["fingerprint"]) == {"flashinfer_version", "cuda_version", "cublas_version", "cudnn_version",
+                                        "cudnn_frontend_version", "cutlass_dsl_version", "gpu"}
+    from importlib.metadata import version
+
+    assert data["fingerprint"]["flashinfer_version"] == version("flashinfer-python")
+    human = run_cli("env")
+    assert human.returncode == 0 and "flashinfer_version" in human.stdout
+
+
+def test_no_gpu_host_never_calls_a_cache_stale(root, tmp_path):
+    """The CI host has no GPU: its fingerprint reads gpu 'unknown'. It is no serving environment."""
+    if run_json("env")["fingerprint"]["gpu"] not in ("unknown", None):
+        pytest.skip("this host has a GPU")
+    write_fake_entry(root)
+    proc = run_cli("ls", "--check-env", "--cache-dir", str(root))
+    assert proc.returncode == 0 and "complete" in proc.stdout and "stale" not in proc.stdout.split("\n")[2]
+    assert "this host has no GPU" in proc.stderr and "--env-from" in proc.stderr
+    proc = run_cli("prune", "--status", "stale", "-y", "--cache-dir", str(root))
+    assert proc.returncode == 2 and "this host has no GPU" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert ids(root) == [GLM_ID]
+
+
+def test_env_from_judges_staleness_anywhere(root, tmp_path):
+    write_fake_entry(root)  # tuned on an H200
+    h200, h100 = tmp_path / "h200.json", tmp_path / "h100.json"
+    h200.write_text(json.dumps({"format": 1, "fingerprint": DEFAULT_METADATA}))
+    h100.write_text(json.dumps({"fingerprint": {**DEFAULT_METADATA, "gpu": "NVIDIA H100 80GB HBM3"}}))
+    assert run_json("ls", "--env-from", str(h200), "--cache-dir", str(root))["entries"][0]["status"] == "complete"
+    stale = run_json("ls", "--env-from", str(h100), "--cache-dir", str(root))["entries"][0]
+    assert stale["status"] == "stale" and "H100" in stale["problems"][0]
+    shown = run_cli("show", GLM_ID, "--env-from", str(h100), "--cache-dir", str(root))
+    assert "Status    stale" in shown.stdout
+    out = run_json("prune", "--status", "stale", "--env-from", str(h100), "-y", "--cache-dir", str(root))
+    assert out["result"]["deleted"] == [GLM_ID]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"gpu": "x"}')
+    proc = run_cli("ls", "--env-from", str(bad), "--cache-dir", str(root))
+    assert proc.returncode == 2 and "not a fingerprint" in proc.stderr
+
+
 def test_gpu_commands_without_a_gpu_are_usage_errors(root):
     """warm and verify on a machine with no GPU: one line, exit 2, nothing written."""
     proc = run_cli("warm", "--model", "nvidia/Llama-3.1-70B-Instruct-FP8", "--tp", "4", "--cache-dir", str(root))
@@ -245,11 +498,18 @@ def test_gpu_commands_without_a_gpu_are_usage_errors(root):
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not any(root.rglob("*"))
     proc = run_cli("verify", "--cache-dir", str(root))
-    assert proc.returncode == 2 and "KEY" in proc.stderr
+    assert proc.returncode == 2 and "entry ID" in proc.stderr
     write_fake_entry(root, with_manifest=False)
-    proc = run_cli("verify", "d99390dfa961185d", "--cache-dir", str(root))
+    proc = run_cli("verify", GLM_ID, "--cache-dir", str(root))
     assert proc.returncode == 2 and "not written by fi-autotune warm" in proc.stderr
     # with the server's flags the entry is found by its key even without a manifest; the GPU is next
     proc = run_cli("verify", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100",
                    "--quantization", "fp8", "--cache-dir", str(root))
     assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr, proc.stderr
+
+
+def test_plan_for_a_model_sglang_would_not_tune_names_no_key_dir(root):
+    proc = run_cli("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--arch", "sm90", "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert "Key dir     none: the server would not autotune" in proc.stdout and "Rank files" not in proc.stdout
+    assert "(dp-attention)" not in proc.stdout  # dp=1: the dp mode means nothing

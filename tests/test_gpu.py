@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache import layout
+from autotune_cache.layouts import default_layout
+from autotune_cache.layouts.base import MANIFEST_NAME
 from autotune_cache.rankfile import RESERVED_KEYS
 from autotune_cache.recipes import OpRecipe
 
@@ -86,10 +87,10 @@ def test_llama_fp8_tp4_warm_verify_noop(tmp_path):
     data = assert_byte_identical(r)
     n_keys = assert_plan_keys_present(LLAMA, root, data)
     kdir = Path(r["key_dir"])
-    assert (kdir / layout.MANIFEST_NAME).is_file()
+    assert (kdir / MANIFEST_NAME).is_file()
     listed = run_json("ls", "--cache-dir", str(root))
     assert [e["status"] for e in listed["entries"]] == ["complete"]
-    v = run_cli("verify", kdir.name, "--cache-dir", str(root), "--json")
+    v = run_cli("verify", "/".join(kdir.parts[-3:]), "--cache-dir", str(root), "--json")
     assert v.returncode == 0, v.stdout + v.stderr[-2000:]
     rep = json.loads(v.stdout)
     assert rep["ok"] and rep["hits"] == rep["lookups"] > 0
@@ -141,7 +142,7 @@ def test_multi_gpu_matches_one_gpu(tmp_path, args, name):
 def test_sigint_mid_tuning_then_resume(tmp_path):
     root = tmp_path / "cache"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "warm", *LLAMA, "--gpus", "1", "--cache-dir", str(root)],
+    proc = subprocess.Popen([sys.executable, "-m", "fi_autotune_cli", "warm", *LLAMA, "--gpus", "1", "--cache-dir", str(root)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 600
     seen = ""
@@ -156,7 +157,7 @@ def test_sigint_mid_tuning_then_resume(tmp_path):
     assert proc.returncode == 130, (proc.returncode, seen + err[-2000:])
     assert "nothing was written" in err
     # no partial rank set: the key dir does not exist at all
-    assert not list(layout.autotune_dir(root).glob("*/*/*/rank_*.json"))
+    assert not list(default_layout().base(root).glob("*/*/*/rank_*.json"))
     r = warm(LLAMA, root, "--gpus", "1")
     assert r["status"] == "written" and 0 < r["profiles_tuned"] < r["profiles_total"]
     assert_byte_identical(r)

@@ -1,7 +1,12 @@
-"""Crash safety and concurrency with real processes, real files and SIGKILL."""
+"""Crash safety, concurrency and hostile input with real processes, real files and real kills.
+
+Faults are injected by killing a process - at random times, or at an exact step through
+``FI_AUTOTUNE_CRASH_AT`` (the process SIGKILLs itself there) - never by mocking ``os``.
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -9,20 +14,22 @@ import signal
 import subprocess
 import sys
 import tarfile
-import io
 import time
 from pathlib import Path
 
 import pytest
 
-from autotune_cache import layout
 from autotune_cache.atomic import exchange_paths
+from autotune_cache.layouts import default_layout
+from autotune_cache.layouts.base import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from autotune_cache.manifest import Manifest
 from autotune_cache.rankfile import parse_cache_bytes
 from autotune_cache.scan import scan_cache
-from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, fake_configs, write_fake_entry
+from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
 
-from .conftest import REPO, run_cli, run_json
+from .conftest import REPO, run_cli, run_cli_unprivileged, run_json
+
+SG = default_layout()
 
 
 def worker(*args: str) -> subprocess.Popen:
@@ -33,16 +40,43 @@ def worker(*args: str) -> subprocess.Popen:
 def assert_every_cache_file_parses(root: Path) -> int:
     """Every rank file and manifest an engine or ls may read is whole, valid JSON."""
     checked = 0
-    for p in layout.autotune_dir(root).rglob("*.json"):
-        if layout.TEMP_FILE_RE.match(p.name) or any(layout.STAGE_DIR_RE.match(part) for part in p.parts):
-            continue  # hidden temp/staging names are never read by engines; prune cleans them
+    for p in SG.base(root).rglob("*.json"):
+        if TEMP_FILE_RE.match(p.name) or any(STAGE_DIR_RE.match(x) or TRASH_DIR_RE.match(x) for x in p.parts) \
+                or ".fi-autotune-journal" in p.parts:
+            continue  # hidden names are never read by engines; prune cleans them
         data = p.read_bytes()
-        if p.name == layout.MANIFEST_NAME:
+        if p.name == MANIFEST_NAME:
             Manifest.from_bytes(data)
         else:
             parse_cache_bytes(data)
         checked += 1
     return checked
+
+
+def leftovers(root: Path) -> list[Path]:
+    base = SG.base(root)
+    if not base.exists():
+        return []
+    return [p for p in base.rglob("*") if STAGE_DIR_RE.match(p.name) or TRASH_DIR_RE.match(p.name)
+            or (p.parent.name == ".fi-autotune-journal")]
+
+
+def seeded_archive(tmp_path: Path, n: int, name: str = "a.tgz", buckets=(1, 2, 4, 8)) -> tuple[Path, list[str]]:
+    src = tmp_path / f"src-{name}"
+    eids = [write_fake_entry(src, fields=default_fields(f"org/m{i}", tp=2, dp=2), arch="sm90", seed=i,
+                             buckets=buckets) for i in range(n)]
+    archive = tmp_path / name
+    proc = run_cli("export", "-o", str(archive), "--cache-dir", str(src))
+    assert proc.returncode == 0, proc.stderr
+    return archive, [str(e) for e in eids]  # eids[i] is org/m{i}
+
+
+def listed(root: Path) -> dict[str, str]:
+    proc = run_cli("ls", "--json", "--cache-dir", str(root)) if root.exists() else None
+    if proc is None:
+        return {}
+    assert proc.returncode == 0, proc.stderr
+    return {e["id"]: e["status"] for e in json.loads(proc.stdout)["entries"]}
 
 
 def test_eight_processes_write_prune_import_concurrently(tmp_path):
@@ -65,17 +99,14 @@ def test_eight_processes_write_prune_import_concurrently(tmp_path):
     # Three keys were written complete by every writer and importer; pruners only remove
     # incomplete/corrupt/diverged entries: all three must have survived, complete.
     assert len(info.entries) == 3
-    assert {e.status for e in info.entries} == {"complete"}, [(e.id, e.problems) for e in info.entries]
-    assert info.stale_temp == ()
+    assert {e.status.value for e in info.entries} == {"complete"}, [(e.id, e.problems) for e in info.entries]
+    assert leftovers(root) == [] and info.stale_temp == ()
 
 
 def test_sigkilled_writer_never_leaves_an_unparseable_file(tmp_path):
     root = tmp_path / "tree"
     rng = random.Random(7)
     kills = 20
-    a, b = tmp_path / "probe-a", tmp_path / "probe-b"
-    a.mkdir(), b.mkdir()
-    swap_supported = exchange_paths(a, b)
     for i in range(kills):
         p = worker("forever", root, 0, i)
         assert p.stdout.readline().strip() == "started"
@@ -83,34 +114,29 @@ def test_sigkilled_writer_never_leaves_an_unparseable_file(tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait()
         assert_every_cache_file_parses(root)
-        if swap_supported:
-            # Each commit is one rename or one RENAME_EXCHANGE: never a partial rank set.
-            assert all(e.status == "complete" for e in scan_cache(root).entries)
+        # Each commit is one rename (or one journaled pair): never a partial rank set.
+        assert all(e.status.value == "complete" for e in scan_cache(root).entries)
     info = scan_cache(root)
     assert info.entries, "the writer never got to write anything"
-    # Leftover temp files / staging dirs from the kills are cleaned once they are old enough.
-    leftovers = info.stale_temp
-    old = time.time() - 7200
-    for f in leftovers:
-        os.utime(f.path, (old, old), follow_symlinks=False)
+    # Leftovers of the kills belong to dead owners: the next prune removes them at once.
     proc = run_cli("prune", "--status", "corrupt", "-y", "--cache-dir", str(root))
     assert proc.returncode == 0, proc.stderr
-    assert scan_cache(root).stale_temp == ()
+    assert leftovers(root) == []
     assert [e.id for e in scan_cache(root).entries] == [e.id for e in info.entries]
 
 
 def test_ctrl_c_during_commit_is_deferred_until_the_entry_is_whole(tmp_path):
-    """SIGINT arriving mid-commit is held by deferred_signals: the entry lands whole, then the process stops."""
+    """SIGINT arriving mid-commit is held: the entry lands whole, then the process stops."""
     code = (
         "import os, signal, sys\n"
         "from pathlib import Path\n"
-        "import autotune_cache.writer as w\n"
+        "import autotune_cache.txn as t\n"
         "from autotune_cache.testing import write_fake_entry\n"
-        "orig = w._write_plain\n"
-        "def interrupted(path, data):\n"
-        "    if path.name == 'rank_tp1_pp0_dp1.json': os.kill(os.getpid(), signal.SIGINT)\n"
-        "    return orig(path, data)\n"
-        "w._write_plain = interrupted\n"
+        "orig = t._swap_in\n"
+        "def interrupted(*a):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return orig(*a)\n"
+        "t._swap_in = interrupted\n"
         "write_fake_entry(Path(sys.argv[1]), seed=1)\n"
         "print('not reached')\n"
     )
@@ -118,65 +144,304 @@ def test_ctrl_c_during_commit_is_deferred_until_the_entry_is_whole(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(root)], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr and "not reached" not in proc.stdout
     (e,) = scan_cache(root).entries
-    assert e.status == "complete" and e.manifest is not None
-    assert scan_cache(root).stale_temp == ()
+    assert e.status.value == "complete" and e.manifest is not None
+    assert leftovers(root) == []
 
 
-def _hostile_tree(root: Path, outside: Path) -> dict:
-    good = write_fake_entry(root, seed=1)
-    bad = write_fake_entry(root, flashinfer_version="0.7.1", seed=2)
-    bdir = layout.key_dir(root, bad.flashinfer_version, bad.arch, bad.key)
-    (bdir / "rank_tp0_pp0_dp0.json").write_bytes((bdir / "rank_tp1_pp0_dp1.json").read_bytes()[:500])  # truncated
-    (bdir / "rank_tp1_pp0_dp1.json").write_text(json.dumps({"hello": "world"}))  # JSON, not a cache
-    (bdir / "notes.txt").write_text("mine, not fi-autotune's")  # foreign
-    unreadable = bdir / "rank_tp2_pp0_dp2.json"
-    unreadable.write_text("{not json")
-    unreadable.chmod(0)
-    (bdir / "rank_tp3_pp0_dp3.json").unlink()
-    (bdir / "rank_tp3_pp0_dp3.json").symlink_to(outside / "target.json")  # symlink out of the tree
-    (bdir / "rank_tp4_pp0_dp4.json").unlink()
-    os.mkfifo(bdir / "rank_tp4_pp0_dp4.json")  # reading would block forever
-    (bdir / "rank_tp5_pp0_dp5.json").unlink()
-    (bdir / "rank_tp5_pp0_dp5.json").mkdir()
-    vdir = layout.autotune_dir(root) / "0.7.1"
-    (vdir / "README").write_text("foreign file at version level")
-    (vdir / "sm90").symlink_to(outside, target_is_directory=True)  # symlinked arch dir pointing out
-    (layout.autotune_dir(root) / "0.7.1" / "sm100" / "not-a-key").mkdir()
-    return {"good": good, "bad": bad, "bdir": bdir}
+# --- archives: all or nothing ------------------------------------------------------------------
+
+def _import(archive: Path, root: Path, *extra, env=None) -> subprocess.CompletedProcess:
+    return run_cli("import", str(archive), "--cache-dir", str(root), *extra, env=env)
+
+
+@pytest.mark.parametrize("point,exchange,expect", [
+    ("txn.staged_file:7", True, "none"),  # mid-staging: nothing is visible
+    ("txn.journaled", True, "all"),  # decided: the next command finishes it
+    ("txn.swapped:1", True, "all"),
+    ("txn.swapped:3", True, "all"),
+    ("txn.exchanged:2", True, "all"),
+    ("txn.between_renames:2", False, "all"),  # filesystems without RENAME_EXCHANGE
+    ("txn.unjournaled", True, "all"),
+])
+def test_a_killed_import_ends_all_or_nothing(tmp_path, point, exchange, expect):
+    archive, eids = seeded_archive(tmp_path, 5)
+    root = tmp_path / "dest"
+    # older versions of two of its entries are there already: the import replaces them
+    first = SG.parse_id(eids[0])
+    for i in (0, 1):
+        write_fake_entry(root, fields=default_fields(f"org/m{i}", tp=2, dp=2), arch="sm90", seed=99, buckets=(1, 2))
+    assert sorted(listed(root)) == sorted(eids[:2])
+    env = {"FI_AUTOTUNE_CRASH_AT": point, **({} if exchange else {"FI_AUTOTUNE_NO_EXCHANGE": "1"})}
+    killed = _import(archive, root, "--force", env=env)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    after = listed(root)  # any command finishes (or ignores) what the kill left
+    assert set(after.values()) == {"complete"}
+    if expect == "none":
+        assert sorted(after) == sorted(eids[:2])
+        old = json.loads((entry_path(root, first) / "rank_tp0_pp0_dp0.json").read_text())
+        assert len([k for k in old if not k.startswith("_")]) == 6  # still the old one (2 buckets x 3 ops)
+    else:
+        assert sorted(after) == sorted(eids)
+        new = json.loads((entry_path(root, first) / "rank_tp0_pp0_dp0.json").read_text())
+        assert len([k for k in new if not k.startswith("_")]) == 12
+    assert_every_cache_file_parses(root)
+    # the rerun completes (or confirms) the rest and leaves nothing behind
+    again = _import(archive, root, "--force")
+    assert again.returncode == 0, again.stderr
+    assert sorted(listed(root)) == sorted(eids) and leftovers(root) == []
+
+
+def test_import_killed_at_random_times_is_all_or_nothing(tmp_path):
+    archive, eids = seeded_archive(tmp_path, 30)
+    rng = random.Random(11)
+    outcomes = {"none": 0, "all": 0}
+    for i in range(12):
+        root = tmp_path / f"dest{i}"
+        p = subprocess.Popen([sys.executable, "-m", "fi_autotune_cli", "import", str(archive), "--cache-dir", str(root)],
+                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.2, 0.9))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        after = listed(root) if root.exists() else {}
+        assert sorted(after) in ([], sorted(eids)), (i, len(after))
+        outcomes["all" if after else "none"] += 1
+        if root.exists():
+            assert _import(archive, root).returncode == 0
+            assert sorted(listed(root)) == sorted(eids) and leftovers(root) == []
+    assert sum(outcomes.values()) == 12
+
+
+def test_a_full_disk_imports_nothing_and_says_where(tmp_path, tmpfs):
+    archive, _ = seeded_archive(tmp_path, 60, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
+    mnt = tmpfs("600k")  # the archive needs ~1.5 MB
+    root = mnt / "cache"
+    proc = _import(archive, root)
+    assert proc.returncode == 1, proc.stderr
+    assert "No space left on device" in proc.stderr and "nothing was written" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not scan_cache(root).entries and leftovers(root) == []
+
+
+def test_a_refusal_found_under_the_lock_writes_nothing(tmp_path):
+    """The refusal check runs under every entry's lock before any swap: one refused entry, nothing written."""
+    archive, eids = seeded_archive(tmp_path, 4)
+    root = tmp_path / "dest"
+    third = SG.parse_id(eids[2])
+    write_fake_entry(root, fields=default_fields("org/m2", tp=2, dp=2), arch="sm90", seed=77, buckets=(1, 2))
+    before = {p.name: p.read_bytes() for p in entry_path(root, third).iterdir()}
+    proc = _import(archive, root)
+    assert proc.returncode == 1 and "nothing was imported" in proc.stderr and str(third) in proc.stderr
+    assert list(listed(root)) == [str(third)]
+    assert {p.name: p.read_bytes() for p in entry_path(root, third).iterdir()} == before
+    assert leftovers(root) == []
+
+
+def test_import_over_an_entry_holding_a_foreign_file_is_refused(tmp_path):
+    archive, eids = seeded_archive(tmp_path, 1)
+    root = tmp_path / "dest"
+    eid = write_fake_entry(root, fields=default_fields("org/m0", tp=2, dp=2), arch="sm90", seed=5, buckets=(1, 2))
+    notes = entry_path(root, eid) / "notes.txt"
+    notes.write_text("mine")
+    before = {p.name: p.read_bytes() for p in entry_path(root, eid).iterdir()}
+    proc = _import(archive, root, "--force")
+    assert proc.returncode == 1 and "holds files that are not part of a cache (notes.txt)" in proc.stderr
+    assert {p.name: p.read_bytes() for p in entry_path(root, eid).iterdir()} == before
+
+
+def test_the_swap_leaves_no_file_of_the_old_entry(tmp_path, monkeypatch):
+    """A replaced entry is replaced whole: a rank file the new one lacks does not survive, on
+    both commit paths (RENAME_EXCHANGE and the journaled pair of renames)."""
+    for no_exchange in ("0", "1"):
+        monkeypatch.setenv("FI_AUTOTUNE_NO_EXCHANGE", no_exchange)
+        root = tmp_path / f"t{no_exchange}"
+        eid = write_fake_entry(root, fields=default_fields("m", tp=2, dp=1), arch="sm90", seed=1)
+        stray = entry_path(root, eid) / "rank_tp2_pp0_dp0.json"
+        stray.write_bytes((entry_path(root, eid) / "rank_tp0_pp0_dp0.json").read_bytes())
+        write_fake_entry(root, fields=default_fields("m", tp=2, dp=1), arch="sm90", seed=2)
+        assert sorted(p.name for p in entry_path(root, eid).iterdir()) == [
+            MANIFEST_NAME, "rank_tp0_pp0_dp0.json", "rank_tp1_pp0_dp0.json"]
+        assert leftovers(root) == []
+
+
+def test_staging_of_a_dead_import_is_removed_by_the_next_one(tmp_path):
+    archive, eids = seeded_archive(tmp_path, 3)
+    root = tmp_path / "dest"
+    killed = _import(archive, root, env={"FI_AUTOTUNE_CRASH_AT": "txn.staged_file:4"})
+    assert killed.returncode == -signal.SIGKILL
+    assert any(STAGE_DIR_RE.match(p.name) for p in leftovers(root))
+    assert _import(archive, root).returncode == 0
+    assert leftovers(root) == [] and sorted(listed(root)) == sorted(eids)
+
+
+# --- deleting ----------------------------------------------------------------------------------
+
+def test_a_killed_prune_never_leaves_a_half_deleted_entry(tmp_path):
+    root = tmp_path / "tree"
+    for i in range(3):
+        write_fake_entry(root, fields=default_fields(f"m{i}", tp=4, dp=4), flashinfer_version="0.7.1", seed=i)
+    killed = run_cli("prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", str(root),
+                     env={"FI_AUTOTUNE_CRASH_AT": "prune.renamed:2"})
+    assert killed.returncode == -signal.SIGKILL
+    after = listed(root)
+    assert len(after) == 1 and set(after.values()) == {"complete"}  # two gone whole, one untouched
+    assert any(TRASH_DIR_RE.match(p.name) for p in leftovers(root))
+    out = run_json("prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", str(root))
+    assert len(out["result"]["deleted"]) == 1 and out["result"]["leftovers_removed"] >= 1
+    assert leftovers(root) == [] and listed(root) == {}
+
+
+def test_prune_reports_what_it_could_not_delete(tmp_path):
+    """Symlinks, FIFOs and foreign files stay - and so does the entry holding them, whole."""
+    root = tmp_path / "tree"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "target.json").write_bytes(cache_file_bytes(DEFAULT_METADATA, fake_configs()))
+    eid = write_fake_entry(root, flashinfer_version="0.7.1")
+    d = entry_path(root, eid)
+    (d / "rank_tp3_pp0_dp3.json").unlink()
+    (d / "rank_tp3_pp0_dp3.json").symlink_to(outside / "target.json")
+    (d / "rank_tp4_pp0_dp4.json").unlink()
+    os.mkfifo(d / "rank_tp4_pp0_dp4.json")
+    plain = write_fake_entry(root, fields=default_fields("x"), flashinfer_version="0.7.1")
+    out = run_json("prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", str(root))
+    assert out["result"]["deleted"] == [str(plain)]
+    (skip,) = out["result"]["skipped"]
+    assert skip["entry"] == str(eid) and "not part of a cache" in skip["reason"] and "rank_tp3_pp0_dp3.json" in skip["reason"]
+    assert d.is_dir() and (d / "rank_tp0_pp0_dp0.json").is_file()  # nothing of it was deleted
+    assert (outside / "target.json").exists()
+    human = run_cli("prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", str(root))
+    assert "Deleted 0 entries" in human.stdout and f"left {eid}: holds files" in human.stderr
 
 
 def test_ls_and_prune_survive_a_hostile_tree(tmp_path):
     root = tmp_path / "tree"
     outside = tmp_path / "outside"
     outside.mkdir()
-    (outside / "target.json").write_bytes(cache_file_bytes(DEFAULT_METADATA, fake_configs()))
     (outside / "precious").write_text("do not touch")
-    outside_before = {p.name: p.read_bytes() for p in outside.iterdir()}
-    t = _hostile_tree(root, outside)
-
+    good = write_fake_entry(root, seed=1)
+    bad = write_fake_entry(root, flashinfer_version="0.7.1", seed=2)
+    bdir = entry_path(root, bad)
+    (bdir / "rank_tp0_pp0_dp0.json").write_bytes((bdir / "rank_tp1_pp0_dp1.json").read_bytes()[:500])  # truncated
+    (bdir / "rank_tp1_pp0_dp1.json").write_text(json.dumps({"hello": "world"}))  # JSON, not a cache
+    (bdir / "rank_tp5_pp0_dp5.json").unlink()
+    (bdir / "rank_tp5_pp0_dp5.json").mkdir()
+    vdir = SG.base(root) / "0.7.1"
+    (vdir / "README").write_text("foreign file at version level")
+    (vdir / "sm90").symlink_to(outside, target_is_directory=True)
+    (vdir / "sm100" / "not-a-key").mkdir()
     proc = run_cli("ls", "--cache-dir", str(root))
     assert proc.returncode == 0, proc.stderr
-    for needle in ("notes.txt", "symlink", "README", "not-a-key", "invalid JSON", "not a FlashInfer cache", "not a regular file"):
+    for needle in ("symlink", "README", "not-a-key", "invalid JSON", "not a FlashInfer cache", "rank_tp5"):
         assert needle in proc.stderr, needle
-    data = run_json("ls", "--cache-dir", str(root))
-    status = {e["id"]: e["status"] for e in data["entries"]}
-    assert status == {str(t["good"]): "complete", str(t["bad"]): "corrupt"}
+    assert listed(root) == {str(good): "complete", str(bad): "corrupt"}
+    out = run_json("prune", "--status", "corrupt", "-y", "--cache-dir", str(root))
+    assert out["result"]["deleted"] == [] and out["result"]["skipped"][0]["entry"] == str(bad)
+    assert (outside / "precious").read_text() == "do not touch" and (vdir / "README").exists()
 
-    notes = (t["bdir"] / "notes.txt").stat().st_size
-    ours = sum(p.stat().st_size for p in t["bdir"].iterdir() if p.is_file() and not p.is_symlink() and p.name != "notes.txt"
-               and p.stat().st_mode & 0o170000 == 0o100000)
-    pruned = run_json("prune", "--status", "corrupt", "-y", "--cache-dir", str(root))
-    assert pruned["result"]["deleted"] == [str(t["bad"])]
-    # what it promised and what it freed are ours only: the foreign notes.txt stays and is not counted
-    assert pruned["plan"]["expected_freed_size"] == pruned["result"]["freed"] == ours and notes > 0
-    bdir = t["bdir"]
-    remaining = sorted(p.name for p in bdir.iterdir())
-    # ours (regular files in our names) are gone; foreign, symlink, FIFO and dir stay
-    assert remaining == ["notes.txt", "rank_tp3_pp0_dp3.json", "rank_tp4_pp0_dp4.json", "rank_tp5_pp0_dp5.json"]
-    assert {p.name: p.read_bytes() for p in outside.iterdir()} == outside_before
-    assert (layout.autotune_dir(root) / "0.7.1" / "README").exists()
-    assert run_cli("ls", "-q", "--cache-dir", str(root)).stdout.split() == sorted([t["good"].key, t["bad"].key])
 
+# --- races ------------------------------------------------------------------------------------
+
+def test_export_during_prune_never_crashes(tmp_path):
+    root = tmp_path / "tree"
+    rounds = 12
+    crashes = []
+    for r in range(rounds):
+        for i in range(6):
+            write_fake_entry(root, fields=default_fields(f"m{i}", tp=2, dp=1), flashinfer_version="0.7.1", seed=r)
+        out = tmp_path / f"x{r}.tgz"
+        exp = subprocess.Popen([sys.executable, "-m", "fi_autotune_cli", "export", "-o", str(out), "--cache-dir", str(root)],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pr = run_cli("prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", str(root))
+        e_out, e_err = exp.communicate(timeout=120)
+        assert pr.returncode == 0, pr.stderr
+        if exp.returncode not in (0, 1) or "Traceback" in e_err:
+            crashes.append(e_err[-500:])
+        if exp.returncode == 1:
+            assert "nothing to export" in e_err, e_err  # everything vanished before it looked
+        elif exp.returncode == 0:
+            with tarfile.open(out) as tar:  # whatever it exported is whole
+                for m in tar.getmembers():
+                    data = tar.extractfile(m).read()
+                    (Manifest.from_bytes if m.name.endswith(MANIFEST_NAME) else parse_cache_bytes)(data)
+    assert crashes == []
+
+
+# --- the tree's boundaries ----------------------------------------------------------------------
+
+def test_import_never_writes_through_a_symlinked_dir(tmp_path):
+    archive, _ = seeded_archive(tmp_path, 1)
+    root = tmp_path / "dest"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (SG.base(root) / "0.7.2.post1").mkdir(parents=True)
+    (SG.base(root) / "0.7.2.post1" / "sm90").symlink_to(outside, target_is_directory=True)
+    proc = _import(archive, root)
+    assert proc.returncode == 1 and "is a symlink inside the cache tree" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert list(outside.iterdir()) == []
+
+
+def test_read_only_tree_reads_but_does_not_write(tmp_path, tmpfs):
+    mnt = tmpfs("8m")
+    eid = write_fake_entry(mnt)
+    archive, _ = seeded_archive(tmp_path, 1)
+    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+    assert listed(mnt) == {str(eid): "complete"}
+    assert run_cli("show", str(eid), "--cache-dir", str(mnt)).returncode == 0
+    out = tmp_path / "ro.tgz"
+    proc = run_cli("export", "-o", str(out), "--cache-dir", str(mnt))
+    assert proc.returncode == 0, proc.stderr
+    for cmd in (["import", str(archive)], ["prune", "--status", "complete", "-y"], ["rm", str(eid), "-y"]):
+        proc = run_cli(*cmd, "--cache-dir", str(mnt))
+        assert proc.returncode == 1, (cmd, proc.stderr)
+        assert "read-only" in proc.stderr.lower() and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_unreadable_entries_are_reported_and_skipped(root):
+    a = write_fake_entry(root, flashinfer_version="0.7.1", fields=default_fields("a"))
+    b = write_fake_entry(root, flashinfer_version="0.7.1", fields=default_fields("b"))
+    c = write_fake_entry(root, flashinfer_version="0.7.1", fields=default_fields("c"))
+    entry_path(root, b).chmod(0)
+    try:
+        ls = run_cli_unprivileged("ls", "--cache-dir", str(root))
+        assert ls.returncode == 0 and "unreadable" in ls.stdout
+        proc = run_cli_unprivileged("prune", "--flashinfer-version", "0.7.1", "-y", "--json", "--cache-dir", str(root))
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout)["result"]
+        assert sorted(result["deleted"]) == sorted([str(a), str(c)])
+        assert result["skipped"][0]["entry"] == str(b) and "unreadable" in result["skipped"][0]["reason"]
+    finally:
+        entry_path(root, b).chmod(0o755)
+    assert list(listed(root)) == [str(b)]
+
+
+def test_a_file_where_a_directory_belongs(tmp_path):
+    archive, _ = seeded_archive(tmp_path, 1)
+    root = tmp_path / "dest"
+    (SG.base(root) / "0.7.2.post1").mkdir(parents=True)
+    (SG.base(root) / "0.7.2.post1" / "sm90").write_text("not a dir")
+    proc = _import(archive, root)
+    assert proc.returncode == 1 and "exists and is not a directory" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_permission_denied_is_one_line(root, tmp_path):
+    write_fake_entry(root)
+    archive, _ = seeded_archive(tmp_path, 1)
+    locked_dir = tmp_path / "locked"
+    locked_dir.mkdir()
+    locked_dir.chmod(0o500)
+    try:
+        exp = run_cli_unprivileged("export", "-o", str(locked_dir / "x.tgz"), "--cache-dir", str(root))
+        assert exp.returncode == 1 and "Permission denied" in exp.stderr and len(exp.stderr.strip().splitlines()) == 1
+        dest = locked_dir / "cache"
+        imp = run_cli_unprivileged("import", str(archive), "--cache-dir", str(dest))
+        assert imp.returncode == 1 and "Permission denied" in imp.stderr and len(imp.stderr.strip().splitlines()) == 1
+    finally:
+        locked_dir.chmod(0o755)
+
+
+# --- hostile archives ---------------------------------------------------------------------------
 
 def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
     with tarfile.open(path, "w:gz") as tar:
@@ -202,40 +467,55 @@ def _special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInf
     return info, None
 
 
-@pytest.mark.parametrize("case,members", [
+HOSTILE = [
     ("traversal", [_reg(PREFIX + "rank_tp0_pp0_dp0.json", GOOD), _reg("flashinfer/autotune/../../evil.json", GOOD)]),
     ("traversal-deep", [_reg(PREFIX + "../../../../../evil.json", GOOD)]),
     ("absolute", [_reg("/tmp/evil.json", GOOD)]),
     ("symlink", [_special(PREFIX + "rank_tp0_pp0_dp0.json", tarfile.SYMTYPE, "/etc/passwd")]),
     ("hardlink", [_reg(PREFIX + "rank_tp0_pp0_dp0.json", GOOD), _special(PREFIX + "rank_tp1_pp0_dp0.json", tarfile.LNKTYPE, PREFIX + "rank_tp0_pp0_dp0.json")]),
     ("device", [_special(PREFIX + "rank_tp0_pp0_dp0.json", tarfile.CHRTYPE)]),
-    ("oversized", [_reg(PREFIX + "rank_tp0_pp0_dp0.json", b" " * (64 * 1024 * 1024 + 1))]),
+    ("oversized", [_reg(PREFIX + "rank_tp0_pp0_dp0.json", b" " * (16 * 1024 * 1024 + 1))]),
     ("foreign-name", [_reg(PREFIX + "evil.sh", b"#!/bin/sh\n")]),
     ("not-json", [_reg(PREFIX + "rank_tp0_pp0_dp0.json", GOOD), _reg(PREFIX + "rank_tp1_pp0_dp0.json", b"{oops")]),
     ("not-a-cache", [_reg(PREFIX + "rank_tp0_pp0_dp0.json", b'{"a": 1}')]),
     ("bad-key-dir", [_reg("flashinfer/autotune/0.7.2.post1/sm90/NOTAKEY/rank_tp0_pp0_dp0.json", GOOD)]),
-])
+    ("nested", [_reg(PREFIX + "rank_tp0_pp0_dp0.json", b"[" * 50_000 + b"]" * 50_000)]),
+    ("manifest-list", [_reg(PREFIX + "rank_tp0_pp0_dp0.json", GOOD),
+                       _reg(PREFIX + MANIFEST_NAME, json.dumps({"tool": "fi-autotune", "format": 2, "rank_files": []}).encode())]),
+    ("huge-rank-index", [_reg(PREFIX + "rank_tp99999999999_pp0_dp0.json", GOOD)]),
+    ("bomb", [_reg(PREFIX + f"rank_tp{i}_pp0_dp0.json", GOOD[:-2] + b" " * (3 << 20) + GOOD[-2:]) for i in range(4)]),
+]
+
+
+@pytest.mark.parametrize("case,members", HOSTILE, ids=[c for c, _ in HOSTILE])
 def test_hostile_archive_is_rejected_and_nothing_is_written(tmp_path, case, members):
     archive = _tar(tmp_path / f"{case}.tar.gz", members)
     dest = tmp_path / "dest"
     proc = run_cli("import", str(archive), "--cache-dir", str(dest))
     assert proc.returncode == 1, (case, proc.stdout, proc.stderr)
-    assert len(proc.stderr.strip().splitlines()) == 1
-    assert not dest.exists() or not any(p.is_file() for p in dest.rglob("*"))
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not dest.exists() or not any(p.is_file() and "rank_" in p.name for p in dest.rglob("*"))
+    assert leftovers(dest) == []
     assert not list(tmp_path.rglob("evil*"))
+
+
+def test_bomb_is_refused_for_its_ratio(tmp_path):
+    archive = _tar(tmp_path / "bomb.tgz", dict(HOSTILE)["bomb"])
+    proc = run_cli("import", str(archive), "--cache-dir", str(tmp_path / "d"))
+    assert proc.returncode == 1 and "decompresses more than 100x" in proc.stderr
 
 
 def test_archive_with_forged_manifest_key_is_rejected(tmp_path):
     src = tmp_path / "src"
     eid = write_fake_entry(src)
-    kdir = layout.key_dir(src, eid.flashinfer_version, eid.arch, eid.key)
-    m = json.loads((kdir / layout.MANIFEST_NAME).read_text())
+    kdir = entry_path(src, eid)
+    m = json.loads((kdir / MANIFEST_NAME).read_text())
     m["key_fields"]["model_path"] = "someone/else"
     members = [_reg(f"flashinfer/autotune/{eid}/{p.name}", p.read_bytes()) for p in kdir.glob("rank_*.json")]
-    members.append(_reg(f"flashinfer/autotune/{eid}/{layout.MANIFEST_NAME}", json.dumps(m).encode()))
+    members.append(_reg(f"flashinfer/autotune/{eid}/{MANIFEST_NAME}", json.dumps(m).encode()))
     proc = run_cli("import", str(_tar(tmp_path / "f.tar.gz", members)), "--cache-dir", str(tmp_path / "dest"))
     assert proc.returncode == 1 and "key does not match" in proc.stderr
-    assert not (tmp_path / "dest").exists()
+    assert not any((tmp_path / "dest").rglob("rank_*"))
 
 
 def test_not_an_archive(tmp_path):
@@ -243,3 +523,21 @@ def test_not_an_archive(tmp_path):
     f.write_bytes(b"definitely not gzip")
     proc = run_cli("import", str(f), "--cache-dir", str(tmp_path / "d"))
     assert proc.returncode == 1 and "cannot read" in proc.stderr
+
+
+def test_a_plain_tar_of_the_tree_imports_with_notes(tmp_path):
+    """`tar czf x.tgz -C ROOT flashinfer` carries our locks and any temp files: left out with a note."""
+    src = tmp_path / "src"
+    eid = write_fake_entry(src)
+    (entry_path(src, eid) / ".autotuner_abc.tmp").write_text("{")
+    runs = entry_path(src, eid) / "runs"
+    runs.mkdir()
+    (runs / "rank_tp0_pp0_dp0.123.json").write_bytes(GOOD)
+    archive = tmp_path / "plain.tgz"
+    subprocess.run(["tar", "czf", str(archive), "-C", str(src), "flashinfer"], check=True)
+    with tarfile.open(archive) as tar:
+        assert any(".fi-autotune-locks" in n for n in tar.getnames())
+    proc = run_cli("import", str(archive), "--cache-dir", str(tmp_path / "dest"))
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped" in proc.stderr and ".fi-autotune-locks" in proc.stderr and "temporary file" in proc.stderr
+    assert listed(tmp_path / "dest") == {str(eid): "complete"}

@@ -2,16 +2,24 @@
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from autotune_cache import layout
-from autotune_cache.layout import Topology
-from autotune_cache.scan import EntryStatus, scan_cache
-from autotune_cache.testing import DEFAULT_METADATA, default_fields, write_fake_entry
+import pytest
 
+from autotune_cache import scan as scan_mod
+from autotune_cache.fingerprint import Fingerprint
+from autotune_cache.layouts import default_layout
+from autotune_cache.scan import scan_cache
+from autotune_cache.status import EntryStatus
+from autotune_cache.testing import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
+from autotune_cache.topology import Topology
 
-def key_dir(root: Path, eid) -> Path:
-    return layout.key_dir(root, eid.flashinfer_version, eid.arch, eid.key)
+from .conftest import REPO, unprivileged
+
+SG = default_layout()
 
 
 def only(root, **kw):
@@ -23,21 +31,22 @@ def test_complete_entry_with_manifest(root):
     eid = write_fake_entry(root)
     e = only(root)
     assert e.status == EntryStatus.COMPLETE
-    assert e.id == str(eid) and e.model == "zai-org/GLM-5.1-FP8"
+    assert e.id == eid and e.model == "zai-org/GLM-5.1-FP8" and e.gpu == "NVIDIA H200"
     assert e.ranks_str == "8/8" and e.num_configs == 63
-    assert e.size_on_disk == sum(p.stat().st_size for p in key_dir(root, eid).iterdir())
+    assert e.size_on_disk == sum(p.stat().st_size for p in entry_path(root, eid).iterdir())
+    assert e.parallel_str == "tp8 dp8a ep1"
 
 
 def test_missing_rank_file_is_incomplete(root):
     eid = write_fake_entry(root)
-    (key_dir(root, eid) / "rank_tp5_pp0_dp5.json").unlink()
+    (entry_path(root, eid) / "rank_tp5_pp0_dp5.json").unlink()
     e = only(root)
     assert e.status == EntryStatus.INCOMPLETE and e.ranks_str == "7/8"
 
 
 def test_differing_file_in_tp_group_is_diverged(root):
     eid = write_fake_entry(root)
-    p = key_dir(root, eid) / "rank_tp3_pp0_dp3.json"
+    p = entry_path(root, eid) / "rank_tp3_pp0_dp3.json"
     obj = json.loads(p.read_text())
     k = next(k for k in obj if not k.startswith("_"))
     obj[k][1] = 999
@@ -52,7 +61,7 @@ def test_replicas_may_differ_from_each_other(root):
     fields = default_fields("m", tp=2, dp=1)
     topo = Topology(2, 1, 2, dp_attention=False)
     eid = write_fake_entry(root, fields=fields, topology=topo)
-    d = key_dir(root, eid)
+    d = entry_path(root, eid)
     other = (d / "rank_tp0_pp0_dp0.json").read_text().replace('"MoERunner"', '"MoERunner" ', 1)
     for name in ("rank_tp0_pp0_dp1.json", "rank_tp1_pp0_dp1.json"):
         (d / name).write_text(other)
@@ -61,23 +70,32 @@ def test_replicas_may_differ_from_each_other(root):
 
 def test_truncated_file_is_corrupt_even_with_manifest(root):
     eid = write_fake_entry(root)
-    p = key_dir(root, eid) / "rank_tp0_pp0_dp0.json"
+    p = entry_path(root, eid) / "rank_tp0_pp0_dp0.json"
     p.write_bytes(p.read_bytes()[:100])  # size and mtime change: the manifest no longer vouches
     e = only(root)
     assert e.status == EntryStatus.CORRUPT
     assert any("invalid JSON" in prob for prob in e.problems)
 
 
-def test_manifest_fast_path_is_revalidated_by_stat(root):
+def test_manifest_fast_path_reads_no_rank_file(root, monkeypatch):
+    """While stat matches the manifest's records, no rank file is opened at all."""
+    write_fake_entry(root)
+    reads = []
+    real = scan_mod.read_regular_file
+    monkeypatch.setattr(scan_mod, "read_regular_file", lambda p, *a, **k: reads.append(Path(p).name) or real(p, *a, **k))
+    e = only(root)
+    assert e.status == EntryStatus.COMPLETE and all(rf.sha256 for rf in e.rank_files)
+    assert reads == ["fi-autotune.manifest.json"]
+
+
+def test_edit_with_mtime_put_back_is_still_seen(root):
+    """Same size, mtime restored: the ctime the manifest recorded gives the edit away."""
     eid = write_fake_entry(root)
-    p = key_dir(root, eid) / "rank_tp0_pp0_dp0.json"
-    data = p.read_bytes()
+    p = entry_path(root, eid) / "rank_tp0_pp0_dp0.json"
     st = p.stat()
-    # Same size, same mtime: the manifest's record is trusted (no read).
-    assert only(root).rank_files[0].sha256 is not None
-    # Same size but a new mtime: re-read and re-hash, so an edit cannot hide.
-    p.write_bytes(data.replace(b'"cold_l2"', b'"cold_L2"', 1))
-    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    p.write_bytes(p.read_bytes().replace(b'"cold_l2"', b'"cold_L2"', 1))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert p.stat().st_size == st.st_size and p.stat().st_mtime_ns == st.st_mtime_ns
     assert only(root).status == EntryStatus.DIVERGED
 
 
@@ -86,32 +104,140 @@ def test_engine_written_entry_without_manifest(root):
     e = only(root)
     assert e.manifest is None and e.model is None
     assert e.status == EntryStatus.COMPLETE and e.topology == Topology(4, 1, 1)
+    assert e.parallel_str == "tp4 ep?"
 
 
-def test_stale_against_this_machines_flashinfer(root):
-    """Uses FlashInfer's own _collect_metadata/_classify_metadata_mismatches (CPU: gpu 'unknown')."""
-    from autotune_cache.envcheck import metadata_checker
+def test_identical_engine_files_are_parsed_once(root, monkeypatch):
+    write_fake_entry(root, with_manifest=False)
+    parsed = []
+    real = scan_mod.RankFile.from_bytes
+    monkeypatch.setattr(scan_mod.RankFile, "from_bytes", classmethod(lambda cls, *a, **k: parsed.append(a[1]) or real(*a, **k)))
+    e = only(root)
+    assert e.status == EntryStatus.COMPLETE and len(e.rank_files) == 8 and len(parsed) == 1
+    assert len({rf.sha256 for rf in e.rank_files}) == 1 and all(rf.num_configs == 63 for rf in e.rank_files)
 
+
+# --- staleness against a fingerprint -----------------------------------------------------------
+
+H200_IMAGE = Fingerprint(dict(DEFAULT_METADATA), "--env-from h200.json")
+
+
+def test_stale_only_on_a_definite_mismatch(root):
     write_fake_entry(root)  # stamped as tuned on an H200 with CUDA 13.0
-    e = only(root, check_env=metadata_checker())
-    assert e.status == EntryStatus.STALE
-    assert any("gpu" in p for p in e.problems)
-    # A file stamped with this machine's own metadata is not stale.
-    check = metadata_checker()
-    assert check(dict(check.current)) is None
-    assert check({**check.current, "gpu": "*"}) is None
-    assert check({**DEFAULT_METADATA}) is not None
+    assert only(root, fingerprint=H200_IMAGE).status == EntryStatus.COMPLETE
+    h100 = Fingerprint({**DEFAULT_METADATA, "gpu": "NVIDIA H100 80GB HBM3"}, "--env-from h100.json")
+    e = only(root, fingerprint=h100)
+    assert e.status == EntryStatus.STALE and any("gpu" in p and "H100" in p for p in e.problems)
+    # A field the fingerprint could not read is never a mismatch: it is reported as unknown.
+    blind = Fingerprint({**DEFAULT_METADATA, "gpu": "unknown", "cudnn_version": "unknown"}, "this host")
+    e = only(root, fingerprint=blind)
+    assert e.status == EntryStatus.COMPLETE
+    assert any("gpu" in n and "cannot be checked" in n for n in e.notes)
 
+
+def test_unreadable_entry_dir(root):
+    """Where permissions apply: an entry dir that cannot be listed is `unreadable`, not 56y old."""
+    eid = write_fake_entry(root)
+    entry_path(root, eid).chmod(0o000)
+    code = ("import json,sys; from autotune_cache.scan import scan_cache; (e,)=scan_cache(sys.argv[1]).entries;"
+            "print(json.dumps([e.status.value, e.last_modified > 0, e.problems]))")
+    proc = subprocess.run(unprivileged([sys.executable, "-c", code, str(root)]), capture_output=True, text=True,
+                          cwd=REPO)
+    entry_path(root, eid).chmod(0o755)
+    assert proc.returncode == 0, proc.stderr
+    status, has_mtime, problems = json.loads(proc.stdout)
+    assert status == "unreadable" and has_mtime and "Permission denied" in problems[0]
+
+
+# --- bounded work on hostile data ------------------------------------------------------------
+
+def _manifest_path(root, eid):
+    return entry_path(root, eid) / "fi-autotune.manifest.json"
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda m: m.__setitem__("rank_files", ["rank_tp0_pp0_dp0.json"]), "rank_files is not an object"),
+    (lambda m: m.__setitem__("rank_files", "rank_tp0_pp0_dp0.json"), "rank_files is not an object"),
+    (lambda m: m["topology"].__setitem__("tp", 10**9), "beyond"),
+    (lambda m: m.__setitem__("key_fields", "x"), "key_fields"),
+    (lambda m: m.__setitem__("flashinfer_metadata", [1]), "flashinfer_metadata"),
+    (lambda m: m["rank_files"]["rank_tp0_pp0_dp0.json"].__setitem__("size", "big"), "wrong type"),
+])
+def test_malformed_manifest_makes_the_entry_corrupt(root, mutate, needle):
+    eid = write_fake_entry(root)
+    p = _manifest_path(root, eid)
+    m = json.loads(p.read_text())
+    mutate(m)
+    p.write_text(json.dumps(m))
+    e = only(root)
+    assert e.status == EntryStatus.CORRUPT and any(needle in prob for prob in e.problems), e.problems
+
+
+def test_deeply_nested_json_is_corrupt_not_a_crash(root):
+    eid = write_fake_entry(root)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    _manifest_path(root, eid).write_bytes(deep)
+    (entry_path(root, eid) / "rank_tp1_pp0_dp1.json").write_bytes(deep)
+    e = only(root)
+    assert e.status == EntryStatus.CORRUPT
+    assert any("nested too deeply" in p for p in e.problems) and any("rank_tp1" in p for p in e.problems)
+
+
+def test_stray_huge_rank_index_is_corrupt_and_quick(root):
+    eid = write_fake_entry(root, with_manifest=False)
+    (entry_path(root, eid) / "rank_tp99999999_pp0_dp0.json").write_bytes(
+        (entry_path(root, eid) / "rank_tp0_pp0_dp0.json").read_bytes())
+    t0 = time.perf_counter()
+    e = only(root)
+    assert time.perf_counter() - t0 < 5
+    assert e.status == EntryStatus.CORRUPT and any("beyond" in p for p in e.problems)
+
+
+def test_newer_manifest_format_is_noted_not_corrupt(root):
+    eid = write_fake_entry(root)
+    p = _manifest_path(root, eid)
+    m = json.loads(p.read_text())
+    m["format"] = 99
+    p.write_text(json.dumps(m))
+    e = only(root)
+    assert e.status == EntryStatus.COMPLETE and e.manifest is None
+    assert any("newer" in n for n in e.notes)
+
+
+# --- the tree ---------------------------------------------------------------------------------
 
 def test_missing_tree_is_empty(tmp_path):
     info = scan_cache(tmp_path / "nope")
     assert info.entries == () and info.findings == ()
 
 
+def test_autotune_dir_that_is_a_file_is_an_error(tmp_path):
+    from autotune_cache.errors import FiAutotuneError
+
+    (tmp_path / "flashinfer").mkdir()
+    (tmp_path / "flashinfer" / "autotune").write_text("oops")
+    with pytest.raises(FiAutotuneError, match="not a directory"):
+        scan_cache(tmp_path)
+
+
+def test_ids_resolve_and_ambiguous_keys_list_the_ids(root):
+    from autotune_cache.errors import FiAutotuneError, UsageError
+
+    a = write_fake_entry(root)
+    b = write_fake_entry(root, flashinfer_version="0.7.1")
+    info = scan_cache(root)
+    assert [e.id for e in info.resolve([str(a)])] == [a]
+    assert [e.id for e in info.resolve([str(entry_path(root, b))])] == [b]
+    with pytest.raises(UsageError, match=f"names 2 entries.*{a.parts[0]}/sm100/{a.name}"):
+        info.resolve([a.name])
+    with pytest.raises(FiAutotuneError, match="no cache entry"):
+        info.resolve(["0000000000000000"])
+    c = write_fake_entry(root, fields=default_fields("other"))
+    assert [e.id for e in scan_cache(root).resolve([c.name])] == [c]  # unique: a bare key is enough
+
+
 def test_forked_map_matches_serial_scan(root, monkeypatch):
     """The parallel path of map_entries (real forked children) returns what a serial scan does, in order."""
-    from autotune_cache import scan as scan_mod
-
     for i in range(7):
         write_fake_entry(root, fields=default_fields(f"m{i}", tp=2, dp=1), arch="sm90" if i % 2 else "sm100")
     serial = [e.to_dict() for e in scan_cache(root).entries]
@@ -121,3 +247,33 @@ def test_forked_map_matches_serial_scan(root, monkeypatch):
     assert [d for _, d in results] == serial
     assert {pid for pid, _ in results} - {parent}, "no entry was scanned in a child process"
     assert findings == []
+
+
+def test_last_used_comes_from_access_times(root):
+    eid = write_fake_entry(root)
+    old = time.time() - 40 * 86400
+    for p in entry_path(root, eid).iterdir():
+        os.utime(p, (old, old))
+    assert abs(only(root).last_used - old) < 2
+    p = entry_path(root, eid) / "rank_tp2_pp0_dp2.json"
+    os.utime(p, (time.time(), old))  # an engine read it (atime now), nobody wrote it
+    e = only(root)
+    assert time.time() - e.last_used < 60 and abs(e.last_modified - old) < 2
+
+
+def test_listing_does_not_count_as_use(root):
+    """ls reads engine-written files (no manifest) with O_NOATIME: it must not bump last use."""
+    eid = write_fake_entry(root, with_manifest=False)
+    old = time.time() - 40 * 86400
+    for p in entry_path(root, eid).iterdir():
+        os.utime(p, (old, old))
+    only(root)
+    e = only(root)
+    assert abs(e.last_used - old) < 2
+
+
+def test_noatime_mount_makes_last_use_unknown(tmpfs):
+    mnt = tmpfs("8m", "noatime")
+    write_fake_entry(mnt)
+    e = only(mnt)
+    assert e.last_used is None and e.last_used_str == "unknown"

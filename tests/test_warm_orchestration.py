@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache import layout
+from dataclasses import replace
+
 from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.plan import make_plan
 from autotune_cache.rankfile import RESERVED_KEYS
+from autotune_cache.request import TuneRequest
 from autotune_cache.scan import scan_cache
 from autotune_cache.sglang import ServerFlags
+from autotune_cache.testing import default_fields, write_fake_entry
 from autotune_cache.warm import GpuInfo, WorkerPool, warm
 
 from .conftest import REPO
@@ -29,9 +31,9 @@ H200 = GpuInfo(2, "sm90", ("NVIDIA H200", "NVIDIA H200"))
 @pytest.fixture
 def plan(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # platformdirs work dir
-    p = make_plan("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass"), "sm90",
-                  cache_root=tmp_path / "root", flashinfer_version="0.7.2.post1").to_dict()
-    return p | {"plan_args": {"model": "Qwen/Qwen3-30B-A3B"}}
+    request = TuneRequest("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass"), arch="sm90",
+                          flashinfer_version="0.7.2.post1")
+    return request.plan(tmp_path / "root")
 
 
 def run(plan, monkeypatch, mode="ok", gpus=2, **kw):
@@ -49,9 +51,11 @@ def test_split_merge_commit(plan, monkeypatch):
     entries = {k for k in json.loads(datas.pop()) if k not in RESERVED_KEYS}
     assert len(entries) == 42  # both workers' disjoint buckets merged
     assert seen[-1] == (42, 42)
-    (entry,) = scan_cache(Path(plan["cache_root"])).entries
-    assert entry.status == "complete" and entry.manifest.extra["plan_args"]["model"] == "Qwen/Qwen3-30B-A3B"
-    assert entry.manifest.stats["gpus"] == 2
+    (entry,) = scan_cache(plan.cache_root).entries
+    assert entry.status == "complete" and entry.manifest.stats["gpus"] == 2
+    # the typed request, resolved, is what verify replays
+    assert TuneRequest.from_dict(entry.manifest.request) == replace(plan.request)
+    assert entry.manifest.request["flags"]["moe_runner_backend"] == "flashinfer_cutlass"
     again = run(plan, monkeypatch)
     assert again.status == "complete"
 
@@ -65,7 +69,7 @@ def test_work_is_dealt_to_whichever_worker_is_free(plan, monkeypatch, tmp_path):
     assert r.status == "written" and r.profiles_tuned == 42
     items = [line.split() for line in log.read_text().splitlines()]
     by_device = {d: [int(b) for dev, _, b in items if dev == d] for d in ("0", "1")}
-    assert sorted(by_device["0"] + by_device["1"]) == sorted(plan["workloads"][0]["ops"][0]["buckets"])  # each once
+    assert sorted(by_device["0"] + by_device["1"]) == sorted(plan.workloads[0].ops[0].buckets)  # each once
     # a static split would give each 10-11 of the 21; the slack (3) is for a slow CI machine
     assert len(by_device["0"]) <= 3 and len(by_device["1"]) >= 18
     assert by_device["0"][0] == max(by_device["0"] + by_device["1"])  # largest bucket dealt first
@@ -77,13 +81,13 @@ def test_failing_worker_names_op_and_bucket_and_writes_nothing(plan, monkeypatch
     with pytest.raises(FiAutotuneError, match=needle) as e:
         run(plan, monkeypatch, mode=mode)
     assert "nothing was written" in str(e.value)
-    assert not layout.autotune_dir(Path(plan["cache_root"])).exists() or not scan_cache(Path(plan["cache_root"])).entries
+    assert not scan_cache(plan.cache_root).entries
 
 
 def test_resume_after_a_killed_worker_tunes_only_what_is_left(plan, monkeypatch):
     with pytest.raises(FiAutotuneError, match="exited with -9"):
         run(plan, monkeypatch, mode="crash-after-3", gpus=1)
-    assert not scan_cache(Path(plan["cache_root"])).entries
+    assert not scan_cache(plan.cache_root).entries
     r = run(plan, monkeypatch, gpus=2)
     assert (r.profiles_total, r.profiles_tuned) == (42, 42 - 3 * 2)  # 3 buckets x (gemm1, gemm2) kept
     entries = {k for k in json.loads(Path(r.rank_files[0]).read_bytes()) if k not in RESERVED_KEYS}
@@ -99,7 +103,7 @@ def test_mixed_metadata_is_refused(plan, monkeypatch):
     argv = [sys.executable, "-c", "import os,sys,runpy; os.environ['FAKE_GPU']='NVIDIA H100 80GB HBM3' if os.environ['CUDA_VISIBLE_DEVICES']=='1' else 'NVIDIA H200'; sys.argv=['w']; runpy.run_path(%r, run_name='__main__')" % str(REPO / "tests" / "_fake_worker.py")]
     with pytest.raises(FiAutotuneError, match="different environments"):
         warm(plan, gpus=2, gpu_info=H200, pool=WorkerPool(2, argv=argv))
-    assert not scan_cache(Path(plan["cache_root"])).entries
+    assert not scan_cache(plan.cache_root).entries
 
 
 def test_usage_errors_before_any_work(plan):
@@ -109,5 +113,17 @@ def test_usage_errors_before_any_work(plan):
         warm(plan, gpu_info=GpuInfo(1, "sm100", ("NVIDIA B200",)))
     with pytest.raises(UsageError, match="--gpus 3"):
         warm(plan, gpus=3, gpu_info=H200)
-    nothing = dict(plan, autotunes=False)
+    nothing = replace(plan, workloads=tuple(replace(w, ops=()) for w in plan.workloads))
     assert warm(nothing, gpu_info=H200).status == "nothing-to-tune"
+
+
+def test_warm_refuses_to_replace_another_gpu_models_entry(plan, monkeypatch):
+    """An H100 cache sits at the sm90 path this H200 machine would write: refused before any
+    tuning unless --force, saying why."""
+    fields = plan.resolution.key_fields
+    write_fake_entry(plan.cache_root, fields=fields, arch="sm90", metadata={"gpu": "NVIDIA H100 80GB HBM3"})
+    with pytest.raises(FiAutotuneError, match="holds a cache tuned on NVIDIA H100 80GB HBM3, not NVIDIA H200.*--force"):
+        run(plan, monkeypatch)
+    assert scan_cache(plan.cache_root).entries[0].gpu == "NVIDIA H100 80GB HBM3"
+    r = run(plan, monkeypatch, force=True)
+    assert r.status == "written" and scan_cache(plan.cache_root).entries[0].gpu == "NVIDIA H200"

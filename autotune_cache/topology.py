@@ -1,85 +1,34 @@
-"""Where engines look for FlashInfer autotune caches, and how the files in that tree are named.
+"""Serving topologies and the per-rank file names engines derive from them.
 
-Every path and file-name rule of the cache tree lives here and nowhere else, so the writer
-(warm, import), the readers (ls, show, verify) and the cleaner (prune) cannot drift apart.
-
-Tree (SGLang 0.5.23, ``sglang/srt/model_executor/runner/flashinfer_autotune.py``)::
-
-    <root>/flashinfer/autotune/<flashinfer version>/sm<XY>/<key>/rank_tp{t}_pp{p}_dp{d}.json
+Every size here can come from data we did not write (a manifest, a rank file name, an archive),
+so each is bounded: a ``tp`` of 10^9 must make an entry corrupt, not make ``ls`` build a
+billion names.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-AUTOTUNE_SUBDIR = ("flashinfer", "autotune")
+#: Largest tp / pp / dp / ep (and rank index) we accept from data. Real deployments reach a few
+#: hundred GPUs per engine instance; a bound keeps hostile numbers from costing time or memory.
+MAX_PARALLEL = 4096
+#: Most rank files one entry may expect (tp x pp x replicas).
+MAX_RANK_FILES = 65536
 
-#: fi-autotune's own record in each key dir; SGLang reads only ``rank_*.json`` so it is ignored there.
-MANIFEST_NAME = "fi-autotune.manifest.json"
-#: Per-key lock files live outside the key dirs so that deleting a key dir never unlinks a lock
-#: a waiting writer already holds open (that would let two writers in at once).
-LOCKS_DIRNAME = ".fi-autotune-locks"
-#: SGLang writes here instead of the rank file when SGLANG_FLASHINFER_AUTOTUNE_CACHE=0.
-ENGINE_RUNS_DIRNAME = "runs"
-
-#: Temp files: ours (``atomic.py``) and FlashInfer's own ``save_configs`` (``.autotuner_*.tmp``).
-OUR_TEMP_PREFIX = ".fi-autotune-"
-TEMP_FILE_RE = re.compile(r"^(?:\.fi-autotune-.*\.tmp|\.autotuner_.*\.tmp)$")
-#: Staging dirs for new entries: written whole, then renamed to the key dir in one step.
-STAGE_DIR_RE = re.compile(r"^\.fi-autotune-stage-[0-9a-f]{16}-.+$")
-
-KEY_RE = re.compile(r"^[0-9a-f]{16}$")
-ARCH_RE = re.compile(r"^sm\d{2,3}[a-z]?$")
-# FlashInfer versions are PEP 440 strings ("0.7.2.post1", "0.8.0rc1+cu130"); "unknown" is what
-# SGLang writes when flashinfer has no __version__.
-VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+!_-]*$")
 RANK_FILE_RE = re.compile(
-    r"^rank_tp(?P<tp>\d+)_pp(?P<pp>\d+)_dp(?P<dp>\d+)(?:_gpu(?P<gpu>[0-9A-Za-z-]+))?\.json$"
+    r"^rank_tp(?P<tp>\d{1,9})_pp(?P<pp>\d{1,9})_dp(?P<dp>\d{1,9})(?:_gpu(?P<gpu>[0-9A-Za-z-]{1,64}))?\.json$"
 )
 
 
-def sglang_cache_root() -> Path:
-    """SGLang's ``envs.SGLANG_CACHE_DIR.get()``, reproduced exactly.
-
-    The default is ``os.path.expanduser("~/.cache/sglang")`` (HOME, not XDG_CACHE_HOME); a value
-    set in the environment is used verbatim, not expanded, so ``SGLANG_CACHE_DIR=~/x`` means a
-    directory literally named ``~`` relative to the working directory, as it does for SGLang.
-    """
-    value = os.environ.get("SGLANG_CACHE_DIR")
-    if value is None:
-        return Path(os.path.expanduser("~/.cache/sglang"))
-    return Path(value)
-
-
-def autotune_dir(root: Path) -> Path:
-    """``<root>/flashinfer/autotune``: the part of the engine cache that fi-autotune manages."""
-    return Path(root).joinpath(*AUTOTUNE_SUBDIR)
-
-
-def key_dir(root: Path, flashinfer_version: str, arch: str, key: str) -> Path:
-    return autotune_dir(root) / flashinfer_version / arch / key
-
-
-def lock_path(root: Path, flashinfer_version: str, arch: str, key: str) -> Path:
-    return autotune_dir(root) / LOCKS_DIRNAME / flashinfer_version / arch / f"{key}.lock"
-
-
-def arch_from_capability(major: int, minor: int) -> str:
-    """SGLang: ``f"sm{major}{minor}"`` from ``torch.cuda.get_device_capability``."""
-    return f"sm{major}{minor}"
-
-
-def is_valid_version(name: str) -> bool:
-    return bool(VERSION_RE.match(name)) and name != LOCKS_DIRNAME
+class TopologyError(ValueError):
+    """A topology that cannot exist, or one too large to be a real deployment."""
 
 
 @dataclass(frozen=True, order=True)
 class RankName:
-    """One parsed ``rank_tp{t}_pp{p}_dp{d}[_gpu<uuid>].json`` name."""
+    """One parsed ``rank_tp{t}_pp{p}_dp{d}[_gpu<uuid>].json`` name (SGLang's rank files)."""
 
     tp: int
     pp: int
@@ -90,6 +39,10 @@ class RankName:
     def filename(self) -> str:
         suffix = f"_gpu{self.gpu}" if self.gpu else ""
         return f"rank_tp{self.tp}_pp{self.pp}_dp{self.dp}{suffix}.json"
+
+    @property
+    def in_bounds(self) -> bool:
+        return max(self.tp, self.pp, self.dp) < MAX_PARALLEL
 
     @classmethod
     def parse(cls, filename: str) -> "RankName | None":
@@ -141,17 +94,28 @@ class Topology:
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TopologyError(f"{name} must be a positive integer, got {value!r}")
+            if value > MAX_PARALLEL:
+                raise TopologyError(f"{name}={value} is beyond {MAX_PARALLEL}, the most fi-autotune accepts")
         if self.dp_attention and self.tp % self.dp:
-            raise ValueError(
-                f"tp ({self.tp}) must be divisible by dp ({self.dp}) with dp-attention"
-            )
+            raise TopologyError(f"tp ({self.tp}) must be divisible by dp ({self.dp}) with dp-attention")
+        files = self.tp * self.pp * (1 if self.dp_attention else self.dp)
+        if files > MAX_RANK_FILES:
+            raise TopologyError(f"{files} rank files is beyond {MAX_RANK_FILES}, the most fi-autotune accepts")
 
     @property
     def attn_dp_size(self) -> int:
         """What SGLang hashes as ``attn_dp_size``: ``--dp`` under dp-attention, else 1."""
         return self.dp if self.dp_attention else 1
+
+    @property
+    def describe(self) -> str:
+        """``tp=8 pp=1 dp=8 (dp-attention)``; the dp mode only where dp > 1 gives it a meaning."""
+        mode = ""
+        if self.dp > 1:
+            mode = " (dp-attention)" if self.dp_attention else " (replicas)"
+        return f"tp={self.tp} pp={self.pp} dp={self.dp}{mode}"
 
     def rank_names(self) -> list[RankName]:
         return list(_rank_names(self.tp, self.pp, self.dp, self.dp_attention))
@@ -169,6 +133,7 @@ class Topology:
 
         Replicas repeat the whole tp range under every dp index; dp-attention spreads the tp
         range over the dp indices. Missing files make this a lower bound, never a crash.
+        Raises TopologyError for indices beyond the bounds (the caller reports the entry corrupt).
         """
         if not ranks:
             return None
@@ -176,6 +141,8 @@ class Topology:
         pp = max(r.pp for r in ranks) + 1
         dps = sorted({r.dp for r in ranks})
         dp = max(dps) + 1
+        if max(tp, pp, dp) > MAX_PARALLEL:
+            raise TopologyError(f"a rank index beyond {MAX_PARALLEL - 1}")
         if dp == 1:
             return cls(tp=tp, pp=pp, dp=1, dp_attention=True)
         tps_per_dp = {d: {r.tp for r in ranks if r.dp == d} for d in dps}
@@ -190,8 +157,17 @@ class Topology:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "dp_attention": self.dp_attention}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Topology":
-        return _topology(int(d["tp"]), int(d["pp"]), int(d["dp"]), bool(d["dp_attention"]))
+    def from_dict(cls, d: object) -> "Topology":
+        """From a manifest; raises TopologyError on anything but four well-typed, bounded fields."""
+        if not isinstance(d, dict):
+            raise TopologyError("topology is not an object")
+        try:
+            tp, pp, dp, attn = d["tp"], d["pp"], d["dp"], d["dp_attention"]
+        except KeyError as e:
+            raise TopologyError(f"topology lacks {e.args[0]!r}") from None
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (tp, pp, dp)) or not isinstance(attn, bool):
+            raise TopologyError("topology fields have the wrong types")
+        return _topology(tp, pp, dp, attn)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -1,0 +1,26 @@
+"""Engine cache layouts: one module per engine, one registry (see ``base.CacheLayout``)."""
+
+from __future__ import annotations
+
+from ..errors import UsageError
+from .base import CacheLayout, EntryId, NameKind, RootChoice
+from .sglang import SGLangLayout
+
+#: The layout a bare id (``<version>/<arch>/<key>``) and ``--cache-dir`` refer to.
+DEFAULT_LAYOUT = "sglang"
+
+LAYOUTS: dict[str, CacheLayout] = {layout.name: layout for layout in (SGLangLayout(),)}
+
+
+def get_layout(name: str) -> CacheLayout:
+    try:
+        return LAYOUTS[name]
+    except KeyError:
+        raise UsageError(f"unknown layout {name!r}; known: {', '.join(sorted(LAYOUTS))}") from None
+
+
+def default_layout() -> CacheLayout:
+    return LAYOUTS[DEFAULT_LAYOUT]
+
+
+__all__ = ["CacheLayout", "DEFAULT_LAYOUT", "EntryId", "LAYOUTS", "NameKind", "RootChoice", "default_layout", "get_layout"]

@@ -1,0 +1,23 @@
+"""The status of a cache entry: what an engine would do with it at startup."""
+
+from __future__ import annotations
+
+import enum
+
+
+class EntryStatus(str, enum.Enum):
+    """In order of precedence (an entry gets the first that applies)."""
+
+    UNREADABLE = "unreadable"  # the entry dir cannot be listed (permissions): nothing is known
+    CORRUPT = "corrupt"  # a data file or our manifest cannot be parsed, or sizes beyond bounds
+    STALE = "stale"  # the engine described by a fingerprint would ignore its files
+    DIVERGED = "diverged"  # files that must be identical differ: SGLang deletes them and re-tunes
+    INCOMPLETE = "incomplete"  # expected files are missing: those ranks tune, then all re-tune
+    COMPLETE = "complete"  # everything present, valid, identical where it must be
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [s.value for s in cls]

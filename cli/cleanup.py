@@ -1,0 +1,133 @@
+"""``prune`` and ``rm``: plan, show the plan, confirm, delete each entry in one step."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from autotune_cache.errors import ExitCode, UsageError
+from autotune_cache.installed import installed_flashinfer_version
+from autotune_cache.prune import DeletePlan, describe_result, check_writable, plan_prune, plan_rm
+from autotune_cache.scan import scan_cache
+from autotune_cache.txn import recover_journals
+
+from .output import Output
+from .params import (
+    cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, quiet_option,
+    resolve_root, staleness_fingerprint,
+)
+
+dry_run_option = click.option("--dry-run", is_flag=True, help="Print the plan and delete nothing.")
+yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+
+
+def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool) -> None:
+    """Print the plan; unless --dry-run, confirm and execute it; print what happened."""
+    def human_plan() -> None:
+        if plan.candidates:
+            out.table(
+                ["ID", "MODEL", "GPU", "SIZE", "STATUS", "WHY"],
+                [[str(c.entry.id), c.entry.model or "-", c.entry.gpu_short, c.entry.size_on_disk_str,
+                  c.entry.status.value, "; ".join(c.reasons)] for c in plan.candidates],
+            )
+        if plan.leftovers:
+            out.line(f"{len(plan.leftovers)} leftover(s) of interrupted writes (staging, trash or temp files)")
+        for entry_id, why in plan.left_alone:
+            out.note(f"left {entry_id}: {why}")
+        if plan.empty:
+            out.line("Nothing to delete.")
+        else:
+            verb = "Would free" if dry_run else "Will free"
+            n = len(plan.candidates)
+            out.line(f"{verb} {plan.expected_freed_size_str} ({n} {'entry' if n == 1 else 'entries'}).")
+
+    if dry_run or plan.empty:
+        out.emit(human=human_plan, data={"dry_run": dry_run, "plan": plan.to_dict(), "result": None},
+                 ids=[str(c.entry.id) for c in plan.candidates])
+        return
+    check_writable(plan.layout, plan.root)
+    out.human(human_plan)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("refusing to delete without confirmation on a non-interactive input; pass -y")
+        if not click.confirm("Delete these?", default=False, err=True):
+            raise click.exceptions.Abort()
+    result = plan.execute()
+
+    def human_result() -> None:
+        out.line(describe_result(result))
+        for note in result.recovered:
+            out.note(note)
+        for entry_id, why in result.skipped:
+            out.note(f"left {entry_id}: {why}")
+
+    out.emit(human=human_result, data={"dry_run": False, "plan": plan.to_dict(), "result": result.to_dict()},
+             ids=[e for e, _ in result.deleted])
+    for path, err in result.errors:
+        out.error(f"{path}: {err}")
+    if result.errors:
+        raise click.exceptions.Exit(int(ExitCode.FAILURE))
+
+
+@click.command("prune")
+@cache_dir_option
+@filter_options
+@click.option("--other-versions", is_flag=True, help="Entries of every FlashInfer version but the installed one.")
+@click.option("--keep-latest", type=click.IntRange(min=0), default=None,
+              help="Per deployment (same arch and key: every serving flag but the FlashInfer version), keep the N "
+                   "best entries: complete before incomplete, then newest.")
+@env_from_option
+@check_env_option
+@dry_run_option
+@yes_option
+@json_option
+@quiet_option
+def prune_cmd(cache_dir, model, versions, arch, status, older_than, unused_for, other_versions, keep_latest,
+              env_from, check_env, dry_run, yes, as_json, quiet):
+    """Delete entries matching every given filter, and leftovers of interrupted writes.
+
+    Each entry is removed in one step, only if it is unchanged since the plan was printed, not
+    locked by a writer, and holds nothing but cache files; the rest is left and reported.
+    """
+    out = Output(as_json, quiet)
+    root = resolve_root(cache_dir, must_exist=True)
+    other = None
+    if other_versions:
+        other = installed_flashinfer_version()
+        if other is None:
+            raise UsageError("--other-versions needs flashinfer-python installed to know the current version")
+    flt = entry_filter(model, versions, arch, status, older_than, unused_for, other)
+    fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
+    if not dry_run:
+        for done in _recover(root.path):
+            out.note(done)
+    info = scan_cache(root.path, fingerprint=fingerprint)
+    plan = plan_prune(info, flt, keep_latest=keep_latest, scan_fingerprint=fingerprint)
+    _run(plan, out, dry_run, yes)
+
+
+@click.command("rm")
+@click.argument("refs", nargs=-1, required=True, metavar="ID...")
+@cache_dir_option
+@dry_run_option
+@yes_option
+@json_option
+@quiet_option
+def rm_cmd(refs, cache_dir, dry_run, yes, as_json, quiet):
+    """Delete the named entries (ids as `ls` prints them, unique keys, or entry dirs).
+
+    An unknown or ambiguous name stops the command before anything is deleted.
+    """
+    out = Output(as_json, quiet)
+    root = resolve_root(cache_dir, must_exist=True)
+    if not dry_run:
+        _recover(root.path)
+    plan = plan_rm(scan_cache(root.path), tuple(refs))
+    _run(plan, out, dry_run, yes)
+
+
+def _recover(root) -> list[str]:
+    from autotune_cache.layouts import default_layout
+
+    return recover_journals(default_layout(), root)

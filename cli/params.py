@@ -1,0 +1,161 @@
+"""Parameter types and shared options: validation happens once, here, through click's types."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+
+from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.humanize import Duration, parse_duration
+from autotune_cache.layouts import RootChoice, default_layout
+from autotune_cache.layouts.sglang import VERSION_RE
+from autotune_cache.prune import EntryFilter
+from autotune_cache.status import EntryStatus
+
+
+class DurationType(click.ParamType):
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx) -> Duration:
+        if isinstance(value, Duration):
+            return value
+        try:
+            return parse_duration(str(value))
+        except UsageError as e:
+            self.fail(str(e), param, ctx)
+
+
+class CommaList(click.ParamType):
+    """Comma-separated values (the option may also repeat); each one normalized and checked."""
+
+    def __init__(self, name: str, normalize=lambda s: s, check=None, choices: list[str] | None = None):
+        self.name = name
+        self.normalize = normalize
+        self.check = check
+        self.choices = choices
+
+    def convert(self, value, param, ctx) -> tuple:
+        if isinstance(value, tuple):
+            return value
+        out = []
+        for raw in str(value).split(","):
+            item = self.normalize(raw.strip())
+            if not item:
+                continue
+            if self.choices is not None and item not in self.choices:
+                self.fail(f"unknown {self.name} {raw.strip()!r}; known: {', '.join(self.choices)}", param, ctx)
+            if self.check is not None and not self.check(item):
+                self.fail(f"invalid {self.name} {raw.strip()!r}", param, ctx)
+            out.append(item)
+        return tuple(out)
+
+
+_ARCH_RE = re.compile(r"^sm\d{2,3}[a-z]?$")
+
+ARCHS = CommaList("arch", normalize=str.lower, check=lambda a: bool(_ARCH_RE.match(a)))
+STATUSES = CommaList("status", normalize=str.lower, choices=EntryStatus.names())
+VERSIONS = CommaList("FlashInfer version", check=lambda v: bool(VERSION_RE.match(v)))
+DURATION = DurationType()
+POSITIVE = click.IntRange(min=1)
+
+
+def flatten(values) -> tuple:
+    """Repeated comma-list options arrive as a tuple of tuples."""
+    out: list = []
+    for v in values or ():
+        for item in (v if isinstance(v, tuple) else (v,)):
+            if item not in out:
+                out.append(item)
+    return tuple(out)
+
+
+def resolve_root(cache_dir: str | None, *, must_exist: bool) -> RootChoice:
+    """``--cache-dir`` or the engine's own root. A path that is a file is a usage error; a root
+    that does not exist is an error for commands that read (exit 1), naming where it came from."""
+    layout = default_layout()
+    choice = RootChoice(Path(cache_dir), "--cache-dir") if cache_dir is not None else layout.default_root()
+    root = choice.path
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"cache root {str(root)!r} (from {choice.source}) exists and is not a directory")
+    if must_exist and not root.exists():
+        raise FiAutotuneError(f"cache root {root} does not exist (from {choice.source})")
+    return choice
+
+
+cache_dir_option = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=True, dir_okay=True),
+    default=None,
+    help="Engine cache root holding flashinfer/autotune (default: $SGLANG_CACHE_DIR, else ~/.cache/sglang).",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
+quiet_option = click.option("-q", "--quiet", is_flag=True, help="Print entry ids only, one per line.")
+env_from_option = click.option(
+    "--env-from", type=click.Path(dir_okay=False), default=None,
+    help="Judge staleness against this fingerprint (`fi-autotune env --json` run in the serving image) "
+         "instead of this host. Needs no GPU and no flashinfer here.",
+)
+check_env_option = click.option(
+    "--check-env", is_flag=True,
+    help="Judge staleness against this host's FlashInfer and GPU (imports flashinfer; a host without a GPU "
+         "cannot stand for a serving environment: use --env-from).",
+)
+
+FILTER_HELP = {
+    "model": "Only entries whose model path contains this (case-insensitive; entries without a manifest have none).",
+    "versions": "Only these FlashInfer versions (comma-separated or repeated).",
+    "arch": "Only these archs, e.g. sm90,sm100 (comma-separated or repeated, any case).",
+    "status": "Only these statuses: " + ", ".join(EntryStatus.names()) + " (comma-separated or repeated).",
+    "older_than": "Only entries not modified for this long (30d, 12h, 90m).",
+    "unused_for": "Only entries no engine has read for this long, from access times (30d). Where the "
+                  "filesystem keeps no access times (noatime mounts) last use is unknown and nothing is selected; "
+                  "relatime (the Linux default) is exact to a day.",
+}
+
+
+def filter_options(fn):
+    """The filters ``ls``, ``prune`` and ``export`` share."""
+    options = [
+        click.option("--model", default=None, help=FILTER_HELP["model"]),
+        click.option("--flashinfer-version", "versions", multiple=True, type=VERSIONS, help=FILTER_HELP["versions"]),
+        click.option("--arch", multiple=True, type=ARCHS, help=FILTER_HELP["arch"]),
+        click.option("--status", multiple=True, type=STATUSES, help=FILTER_HELP["status"]),
+        click.option("--older-than", type=DURATION, default=None, help=FILTER_HELP["older_than"]),
+        click.option("--unused-for", type=DURATION, default=None, help=FILTER_HELP["unused_for"]),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def entry_filter(model, versions, arch, status, older_than, unused_for, other_versions_than=None) -> EntryFilter:
+    return EntryFilter(
+        model=model or None,
+        flashinfer_versions=flatten(versions),
+        archs=flatten(arch),
+        statuses=tuple(EntryStatus(s) for s in flatten(status)),
+        older_than=older_than,
+        unused_for=unused_for,
+        other_versions_than=other_versions_than,
+    )
+
+
+def staleness_fingerprint(env_from: str | None, check_env: bool, flt: EntryFilter, out):
+    """The fingerprint to judge staleness against, or None (with a note saying why).
+
+    ``--env-from`` wins; ``--check-env`` or ``--status stale`` mean this host, which must have a
+    GPU: a host without one is no serving environment, so nothing is called stale there.
+    """
+    from autotune_cache.fingerprint import NO_GPU_STALENESS, fingerprint_for_staleness
+
+    wants_stale = EntryStatus.STALE in flt.statuses
+    if not (env_from or check_env or wants_stale):
+        return None
+    fp = fingerprint_for_staleness(env_from, required=wants_stale)
+    if fp is None:
+        out.warn(NO_GPU_STALENESS)
+    return fp
