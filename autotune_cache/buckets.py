@@ -14,8 +14,15 @@ import functools
 
 @functools.lru_cache(maxsize=1)
 def _fi():
-    from flashinfer.fused_moe import utils
+    try:
+        from flashinfer.fused_moe import utils
+    except Exception as e:  # noqa: BLE001 - ImportError, or a CUDA library failing to load
+        from .errors import UsageError
 
+        raise UsageError(
+            f"flashinfer is not importable here ({type(e).__name__}: {str(e)[:120]}): the planner takes its token "
+            "buckets from flashinfer's own functions; install flashinfer-python (pip install flashinfer-python)"
+        ) from None
     return utils
 
 

@@ -6,10 +6,11 @@ instant, and the serving engine's version must be readable in an image without s
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 
 
 def installed_version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version  # ~40 ms: only when asked
+
     try:
         return version(distribution)
     except PackageNotFoundError:

@@ -75,23 +75,25 @@ class KeyFields:
     @classmethod
     def from_dict(cls, d: object) -> "KeyFields":
         """From a manifest or plan; raises ValueError unless every field has its type."""
-        if not isinstance(d, dict):
+        if type(d) is not dict:
             raise ValueError("key_fields is not an object")
-        values = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        values["skip_ops"] = tuple(values.get("skip_ops") or ())
-        for name in ("model_path", "dtype", "moe_runner_backend", "config_class"):
-            if not isinstance(values.get(name), str):
-                raise ValueError(f"key_fields.{name} is not a string")
-        for name in ("tp", "pp", "attn_dp_size", "ep"):
-            v = values.get(name)
-            if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= _MAX_SIZE:
+        try:
+            model, dtype, backend, config_class = d["model_path"], d["dtype"], d["moe_runner_backend"], d["config_class"]
+            tp, pp, attn_dp, ep = d["tp"], d["pp"], d["attn_dp_size"], d["ep"]
+        except KeyError as e:
+            raise ValueError(f"key_fields lacks {e.args[0]!r}") from None
+        quant, draft = d.get("quantization"), d.get("draft_quantization")
+        skip_ops, is_draft = d.get("skip_ops") or (), d.get("is_draft", False)
+        if not (type(model) is type(dtype) is type(backend) is type(config_class) is str):
+            raise ValueError("key_fields has a name that is not a string")
+        for name, v in (("tp", tp), ("pp", pp), ("attn_dp_size", attn_dp), ("ep", ep)):
+            if type(v) is not int or not 0 < v <= _MAX_SIZE:
                 raise ValueError(f"key_fields.{name} is not an integer in 1..{_MAX_SIZE}")
-        for name in ("quantization", "draft_quantization"):
-            if not isinstance(values.get(name), (str, type(None))):
-                raise ValueError(f"key_fields.{name} is not a string or null")
-        if not all(isinstance(s, str) for s in values["skip_ops"]) or not isinstance(values.get("is_draft", False), bool):
+        if (quant is not None and type(quant) is not str) or (draft is not None and type(draft) is not str):
+            raise ValueError("key_fields.quantization is not a string or null")
+        if type(skip_ops) not in (list, tuple) or not all(type(s) is str for s in skip_ops) or type(is_draft) is not bool:
             raise ValueError("key_fields.skip_ops / is_draft have the wrong types")
-        return cls(**values)
+        return cls(model, dtype, quant, backend, tp, pp, attn_dp, ep, config_class, tuple(skip_ops), draft, is_draft)
 
 
 Renderer = Callable[[KeyFields], "str | None"]

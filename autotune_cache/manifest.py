@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 from datetime import datetime, timezone
 
 from . import __version__
@@ -34,8 +35,9 @@ def utc_now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-@dataclass(frozen=True)
-class RankRecord:
+class RankRecord(NamedTuple):
+    """What the manifest says of one rank file. A tuple: ``ls`` builds 80,000 of them."""
+
     size: int
     mtime_ns: int
     sha256: str
@@ -58,14 +60,16 @@ class RankRecord:
 
     @classmethod
     def from_dict(cls, name: str, r: object) -> "RankRecord":
-        if not isinstance(r, dict):
-            raise ValueError(f"rank_files[{name[:40]!r}] is not an object")
-        ints = [r.get(k) for k in ("size", "mtime_ns", "configs")]
-        ctime = r.get("ctime_ns")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints) \
-                or not isinstance(r.get("sha256"), str) or not isinstance(ctime, (int, type(None))):
+        try:
+            size, mtime, sha, configs = r["size"], r["mtime_ns"], r["sha256"], r["configs"]  # type: ignore[index]
+            ctime = r.get("ctime_ns")  # type: ignore[union-attr]
+        except (KeyError, TypeError, AttributeError):
+            raise ValueError(f"rank_files[{name[:40]!r}] is not a record") from None
+        # type() is, not isinstance: bool is an int subclass and no size is True.
+        if type(size) is not int or type(mtime) is not int or type(configs) is not int or type(sha) is not str \
+                or (ctime is not None and type(ctime) is not int):
             raise ValueError(f"rank_files[{name[:40]!r}] has fields of the wrong type")
-        return cls(ints[0], ints[1], r["sha256"], ints[2], ctime)
+        return cls(size, mtime, sha, configs, ctime)
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,6 @@ class Manifest:
             "flashinfer_version": self.flashinfer_version,
             "arch": self.arch,
             "flashinfer_metadata": self.flashinfer_metadata,
-            "expected_rank_files": self.expected_files,
             "rank_files": {name: rec.to_dict() for name, rec in sorted(self.rank_files.items())},
             "created": self.created,
             "updated": self.updated,
@@ -127,55 +130,48 @@ class Manifest:
         return d
 
     def to_bytes(self) -> bytes:
-        return (json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n").encode()
+        # Compact: ``ls`` parses one per entry (pretty-print it with ``fi-autotune show --json``).
+        return (json.dumps(self.to_dict(), separators=(",", ":")) + "\n").encode()
 
     @classmethod
     def from_dict(cls, d: object) -> "Manifest":
-        if not isinstance(d, dict) or d.get("tool") != "fi-autotune":
+        """Type- and size-checked; ``ls`` parses 10,000 of these, so the checks are plain
+        ``type() is`` tests (bool is an int subclass: no count is True)."""
+        if type(d) is not dict or d.get("tool") != "fi-autotune":
             raise ValueError("not an fi-autotune manifest")
         fmt = d.get("format")
-        if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
+        if type(fmt) is not int or fmt < 1:
             raise ValueError("no valid format number")
         if fmt > MANIFEST_FORMAT:
             raise NewerManifest(f"format {fmt} is newer than this fi-autotune reads ({MANIFEST_FORMAT}); upgrade fi-autotune")
-        strings = {k: d.get(k) for k in ("key", "schema", "key_string", "flashinfer_version", "arch")}
-        bad = [k for k, v in strings.items() if not isinstance(v, str)]
-        if bad:
-            raise ValueError(f"{bad[0]} is not a string")
-        records = d.get("rank_files")
-        if records is None:
-            records = {}
-        if not isinstance(records, dict):
+        key, schema, key_string = d.get("key"), d.get("schema"), d.get("key_string")
+        version, arch = d.get("flashinfer_version"), d.get("arch")
+        for name, v in (("key", key), ("schema", schema), ("key_string", key_string),
+                        ("flashinfer_version", version), ("arch", arch)):
+            if type(v) is not str:
+                raise ValueError(f"{name} is not a string")
+        records = d.get("rank_files") or {}
+        if type(records) is not dict:
             raise ValueError("rank_files is not an object")
         if len(records) > MAX_RANK_FILES:
             raise ValueError(f"more than {MAX_RANK_FILES} rank files")
-        for name in ("flashinfer_metadata", "stats", "extra"):
-            if not isinstance(d.get(name) or {}, dict):
+        metadata, stats, extra = d.get("flashinfer_metadata") or {}, d.get("stats") or {}, d.get("extra") or {}
+        for name, v in (("flashinfer_metadata", metadata), ("stats", stats), ("extra", extra)):
+            if type(v) is not dict:
                 raise ValueError(f"{name} is not an object")
         request = d.get("request")
-        if request is not None and not isinstance(request, dict):
+        if request is not None and type(request) is not dict:
             raise ValueError("request is not an object")
         try:
             topology = Topology.from_dict(d.get("topology"))  # cached: a tree has few distinct topologies
         except TopologyError as e:
             raise ValueError(f"topology: {e}") from None
+        make = RankRecord.from_dict
         return cls(
-            key=strings["key"],
-            schema=strings["schema"],
-            key_string=strings["key_string"],
-            key_fields=KeyFields.from_dict(d.get("key_fields")),
-            topology=topology,
-            flashinfer_version=strings["flashinfer_version"],
-            arch=strings["arch"],
-            flashinfer_metadata=dict(d.get("flashinfer_metadata") or {}),
-            rank_files={str(name): RankRecord.from_dict(str(name), r) for name, r in records.items()},
-            created=str(d.get("created", "")),
-            updated=str(d.get("updated", "")),
-            tool_version=str(d.get("tool_version", "")),
-            stats=dict(d.get("stats") or {}),
-            request=request,
-            extra=dict(d.get("extra") or {}),
-            format=fmt,
+            key, schema, key_string, KeyFields.from_dict(d.get("key_fields")), topology, version, arch,
+            metadata, {name: make(name, r) for name, r in records.items()},
+            str(d.get("created", "")), str(d.get("updated", "")), str(d.get("tool_version", "")),
+            stats, request, extra, fmt,
         )
 
     @classmethod

@@ -13,11 +13,13 @@ import hashlib
 import os
 import pickle
 import stat as stat_mod
+from stat import S_ISDIR, S_ISREG
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from .atime import policy_for
+from .digestindex import DigestIndex
 from .errors import FiAutotuneError, UsageError
 from .fingerprint import Fingerprint
 from .humanize import format_age, format_size
@@ -289,9 +291,16 @@ def _dir_size(path: Path, limit: int = MAX_SIDE_FILES) -> tuple[int, float, list
     return total, newest, files
 
 
-def _read_unvouched(path: Path, name: str, st: os.stat_result, parsed: dict[str, RankFile]) -> RankFile:
-    """Read a data file no manifest vouches for. Files with the same bytes (every rank of a TP
-    group, usually) are parsed once: engine-written trees are mostly identical copies."""
+def _read_unvouched(path: Path, name: str, st: os.stat_result, parsed: dict[str, RankFile],
+                    digests: DigestIndex | None) -> RankFile:
+    """Read a data file no manifest vouches for, unless the digest index already knows its
+    bytes. Files with the same bytes (every rank of a TP group, usually) are parsed once:
+    engine-written trees are mostly identical copies."""
+    if digests is not None:
+        known = digests.get(st)
+        if known is not None:
+            sha, configs, meta = known
+            return RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, sha, configs, meta)
     try:
         data = read_regular_file(os.path.join(path, name))
     except OSError as e:
@@ -300,9 +309,12 @@ def _read_unvouched(path: Path, name: str, st: os.stat_result, parsed: dict[str,
     seen = parsed.get(digest)
     if seen is None:
         seen = parsed[digest] = RankFile.from_bytes(path, name, st, data, digest)
-        return seen
-    return RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, digest, seen.num_configs, seen.metadata,
-                    seen.error, st.st_atime)
+    else:
+        seen = RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, digest, seen.num_configs, seen.metadata,
+                        seen.error)
+    if digests is not None and seen.error is None:
+        digests.learn(st, digest, seen.num_configs, seen.metadata)
+    return seen
 
 
 def scan_entry(
@@ -311,8 +323,10 @@ def scan_entry(
     eid: EntryId,
     fingerprint: Fingerprint | None = None,
     atime_trusted: bool = True,
+    digests: DigestIndex | None = None,
 ) -> CacheEntry:
-    """Read one entry dir. Cheap when a manifest vouches for unchanged data files."""
+    """Read one entry dir. Cheap when a manifest (or the digest index) vouches for unchanged
+    data files."""
     ids = layout.id_fields(eid)
     version, arch = ids.get("flashinfer_version"), ids.get("arch")
     children, err = _scandir(path, sort=False)
@@ -337,6 +351,8 @@ def scan_entry(
     size = 0
     newest = 0.0
     state = []
+    newest_atime = 0.0
+    classify, data_kind = layout.classify, NameKind.DATA
     # Hot loop of ``ls`` on large trees: plain strings, Path objects only for rare findings.
     for child in children:
         name = child.name
@@ -345,16 +361,19 @@ def scan_entry(
         except OSError as e:
             foreign.append(Finding(path / name, "unreadable", f"cannot stat: {e.strerror or e}"))
             continue
-        is_reg = stat_mod.S_ISREG(st.st_mode)
+        mode = st.st_mode
+        is_reg = S_ISREG(mode)
         if is_reg:
             size += st.st_size
             if st.st_mtime > newest:
                 newest = st.st_mtime
         state.append((name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
-        kind = layout.classify(name, stat_mod.S_ISDIR(st.st_mode))
-        if kind is NameKind.DATA and is_reg:
+        kind = classify(name, S_ISDIR(mode))
+        if kind is data_kind and is_reg:
             data_stats.append((name, st))
-        elif kind is NameKind.DATA:
+            if st.st_atime > newest_atime:
+                newest_atime = st.st_atime
+        elif kind is data_kind:
             found = _finding_for(path / name, st)
             foreign.append(found)
             problems.append(f"{name}: named like a data file but {found.message}")
@@ -382,15 +401,14 @@ def scan_entry(
     records = manifest.rank_files if manifest else {}
     rank_files = []
     parsed: dict[str, RankFile] = {}
+    meta = manifest.flashinfer_metadata if manifest else None
     for name, st in data_stats:
         rec = records.get(name)
-        if rec is not None and rec.matches(st):
-            rank_files.append(
-                RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, rec.sha256, rec.configs,
-                         manifest.flashinfer_metadata, None, st.st_atime)
-            )
+        if rec is not None and rec.size == st.st_size and rec.mtime_ns == st.st_mtime_ns \
+                and (rec.ctime_ns is None or rec.ctime_ns == st.st_ctime_ns):
+            rank_files.append(RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, rec.sha256, rec.configs, meta))
         else:
-            rank_files.append(_read_unvouched(path, name, st, parsed))
+            rank_files.append(_read_unvouched(path, name, st, parsed, digests))
 
     topology: Topology | None = None
     if manifest is not None:
@@ -406,9 +424,7 @@ def scan_entry(
             problems.append(f"rank file names beyond the bounds: {e}")
 
     status = _status(layout, rank_files, topology, manifest, manifest_error, problems, notes, fingerprint)
-    last_used = None
-    if atime_trusted:
-        last_used = max((rf.atime for rf in rank_files if rf.atime), default=None)
+    last_used = (newest_atime or None) if atime_trusted else None
     return CacheEntry(
         id=eid,
         path=path,
@@ -576,6 +592,9 @@ def _no_cyclic_gc() -> Iterator[None]:
     try:
         yield
     finally:
+        # What the scan made lives until the command ends: move it out of the collector's sight
+        # rather than have the first collection after this walk all of it.
+        gc.freeze()
         if enabled:
             gc.enable()
 
@@ -589,7 +608,10 @@ def scan_cache(
     trusted = policy_for(root).trusted
     with _no_cyclic_gc():
         entry_dirs, findings = list_entry_dirs(layout, root)
-        entries = tuple(scan_entry(layout, p, eid, fingerprint, trusted) for p, eid in entry_dirs)
+        digests = DigestIndex.for_root(root) if entry_dirs else None
+        entries = tuple(scan_entry(layout, p, eid, fingerprint, trusted, digests) for p, eid in entry_dirs)
+    if digests is not None:
+        digests.save()
     return CacheInfo(Path(root), layout, entries, tuple(findings))
 
 
@@ -614,16 +636,21 @@ def map_entries(
     """
     layout = layout or default_layout()
     trusted = policy_for(root).trusted
+    digests: DigestIndex | None = None
 
     def run(chunk):
-        return [fn(scan_entry(layout, p, eid, fingerprint, trusted)) for p, eid in chunk]
+        return [fn(scan_entry(layout, p, eid, fingerprint, trusted, digests)) for p, eid in chunk]
 
     with _no_cyclic_gc():
         entry_dirs, findings = list_entry_dirs(layout, root)
+        digests = DigestIndex.for_root(root) if entry_dirs else None
         if jobs is None:
             jobs = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
         if jobs <= 1 or len(entry_dirs) < PARALLEL_MIN_ENTRIES or not hasattr(os, "fork"):
-            return run(entry_dirs), findings
+            results = run(entry_dirs)
+            if digests is not None:
+                digests.save()
+            return results, findings
         chunks = [entry_dirs[i::jobs] for i in range(jobs)]
         children = []
         for chunk in chunks[1:]:
@@ -634,7 +661,8 @@ def map_entries(
                 code = 0
                 try:
                     with os.fdopen(w, "wb") as out:
-                        pickle.dump(run(chunk), out, protocol=pickle.HIGHEST_PROTOCOL)
+                        part = run(chunk)
+                        pickle.dump((part, digests.delta() if digests else None), out, protocol=pickle.HIGHEST_PROTOCOL)
                 except BaseException:
                     code = 1
                 os._exit(code)
@@ -648,9 +676,14 @@ def map_entries(
             try:
                 if status != 0:
                     raise ValueError("child failed")
-                results.append(pickle.loads(data))
+                part, delta = pickle.loads(data)
+                if digests is not None and delta is not None:
+                    digests.merge(delta)
+                results.append(part)
             except Exception:
                 results.append(run(chunk))
+    if digests is not None:
+        digests.save()
     # Interleave back to the listing order.
     ordered: list[T] = []
     for i in range(len(entry_dirs)):

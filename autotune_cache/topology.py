@@ -128,7 +128,11 @@ class Topology:
         return (rank.pp, 0 if self.dp_attention else rank.dp)
 
     @classmethod
-    def infer(cls, ranks: list[RankName]) -> "Topology | None":
+    def infer(cls, ranks: "list[RankName] | tuple[RankName, ...]") -> "Topology | None":
+        return _infer(tuple(ranks))
+
+    @classmethod
+    def _infer(cls, ranks: tuple[RankName, ...]) -> "Topology | None":
         """Best guess from rank file names alone (engine-written key dirs have no manifest).
 
         Replicas repeat the whole tp range under every dp index; dp-attention spreads the tp
@@ -141,8 +145,6 @@ class Topology:
         pp = max(r.pp for r in ranks) + 1
         dps = sorted({r.dp for r in ranks})
         dp = max(dps) + 1
-        if max(tp, pp, dp) > MAX_PARALLEL:
-            raise TopologyError(f"a rank index beyond {MAX_PARALLEL - 1}")
         if dp == 1:
             return cls(tp=tp, pp=pp, dp=1, dp_attention=True)
         tps_per_dp = {d: {r.tp for r in ranks if r.dp == d} for d in dps}
@@ -168,6 +170,12 @@ class Topology:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (tp, pp, dp)) or not isinstance(attn, bool):
             raise TopologyError("topology fields have the wrong types")
         return _topology(tp, pp, dp, attn)
+
+
+@functools.lru_cache(maxsize=1024)
+def _infer(ranks: tuple[RankName, ...]) -> Topology | None:
+    # Cached: engine-written trees repeat a few rank sets thousands of times.
+    return Topology._infer(ranks)
 
 
 @functools.lru_cache(maxsize=1024)

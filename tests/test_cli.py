@@ -513,3 +513,20 @@ def test_plan_for_a_model_sglang_would_not_tune_names_no_key_dir(root):
     assert proc.returncode == 0, proc.stderr
     assert "Key dir     none: the server would not autotune" in proc.stdout and "Rank files" not in proc.stdout
     assert "(dp-attention)" not in proc.stdout  # dp=1: the dp mode means nothing
+
+
+def test_flashinfer_not_importable_is_one_line_exit_2(root):
+    """A Python without flashinfer (blocked the way Python itself blocks an import): plan and
+    warm say so in one line, exit 2; env too; the tree commands do not care."""
+    write_fake_entry(root)
+    code = ("import sys; sys.modules['flashinfer'] = None\n"
+            "from fi_autotune_cli.main import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    for args in (["plan", "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass", "--arch", "sm90"],
+                 ["env"], ["ls", "--check-env"]):
+        proc = subprocess.run([sys.executable, "-c", code, *args, *(["--cache-dir", str(root)] if args[0] != "env" else [])],
+                              capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "flashinfer is not importable" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    proc = subprocess.run([sys.executable, "-c", code, "ls", "--cache-dir", str(root)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and GLM_ID in proc.stdout

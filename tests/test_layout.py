@@ -56,8 +56,10 @@ def test_invalid_topologies():
 
 def test_sizes_from_data_are_bounded():
     """A stray rank_tp99999999 name must not make anyone build 10^8 names."""
-    with pytest.raises(TopologyError, match="beyond"):
+    with pytest.raises(TopologyError, match="tp=100000000 is beyond 4096"):
         Topology.infer([RankName(99_999_999, 0, 0)])
+    with pytest.raises(TopologyError, match="dp=5000 is beyond 4096"):
+        Topology(1, 1, 5000, dp_attention=False)
     with pytest.raises(TopologyError, match="rank files"):
         Topology(MAX_PARALLEL, 32, 2, dp_attention=False)  # 262,144 files
     with pytest.raises(TopologyError):

@@ -25,6 +25,7 @@ from autotune_cache.layouts.base import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_R
 from autotune_cache.manifest import Manifest
 from autotune_cache.rankfile import parse_cache_bytes
 from autotune_cache.scan import scan_cache
+from autotune_cache.status import EntryStatus
 from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
 
 from .conftest import REPO, run_cli, run_cli_unprivileged, run_json
@@ -541,3 +542,103 @@ def test_a_plain_tar_of_the_tree_imports_with_notes(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "skipped" in proc.stderr and ".fi-autotune-locks" in proc.stderr and "temporary file" in proc.stderr
     assert listed(tmp_path / "dest") == {str(eid): "complete"}
+
+
+# --- guards that decide what may be removed --------------------------------------------------
+
+STAGER = """
+import sys, time
+from pathlib import Path
+from autotune_cache.layouts import default_layout
+from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, fake_configs
+from autotune_cache.txn import Transaction
+layout = default_layout()
+txn = Transaction(layout, Path(sys.argv[1]))
+eid = layout.make_id(("0.7.2.post1", "sm90", "0123456789abcdef"))
+txn.add_file(eid, "rank_tp0_pp0_dp0.json", cache_file_bytes(DEFAULT_METADATA, fake_configs(buckets=(1,))))
+print("staged", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_live_writers_staging_is_never_removed(tmp_path):
+    """Staging belongs to its owner while the owner runs, however old it looks."""
+    root = tmp_path / "tree"
+    write_fake_entry(root, flashinfer_version="0.7.1")
+    holder = subprocess.Popen([sys.executable, "-c", STAGER, str(root)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "staged"
+        (stage,) = [p for p in leftovers(root) if STAGE_DIR_RE.match(p.name)]
+        old = time.time() - 30 * 86400
+        os.utime(stage, (old, old))
+        out = run_json("prune", "--status", "corrupt", "-y", "--cache-dir", str(root))
+        assert out["result"]["leftovers_removed"] == 0 and stage.exists()
+        assert _import(seeded_archive(tmp_path, 1)[0], root).returncode == 0 and stage.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    out = run_json("prune", "--status", "corrupt", "-y", "--cache-dir", str(root))
+    assert out["result"]["leftovers_removed"] == 1 and not stage.exists()
+
+
+def test_prune_keeps_young_temp_files(root):
+    """An engine's save in flight (FlashInfer's own temp file, no lock) is left until an hour old."""
+    eid = write_fake_entry(root)
+    young = entry_path(root, eid) / ".autotuner_young.tmp"
+    old = entry_path(root, eid) / ".autotuner_old.tmp"
+    young.write_text("{")
+    old.write_text("{")
+    t = time.time() - 7200
+    os.utime(old, (t, t))
+    plan = run_json("prune", "--status", "corrupt", "--dry-run", "--cache-dir", str(root))["plan"]
+    assert [Path(f["path"]).name for f in plan["leftovers"]] == [old.name]
+    out = run_json("prune", "--status", "corrupt", "-y", "--cache-dir", str(root))
+    assert out["result"]["leftovers_removed"] == 1
+    assert young.exists() and not old.exists()
+
+
+def test_a_temp_file_touched_after_the_plan_stays(root):
+    """Planned as old, written again before execution: a writer is alive, the file stays."""
+    from autotune_cache.prune import EntryFilter, plan_prune
+
+    eid = write_fake_entry(root)
+    tmp = entry_path(root, eid) / ".autotuner_busy.tmp"
+    tmp.write_text("{")
+    t = time.time() - 7200
+    os.utime(tmp, (t, t))
+    plan = plan_prune(scan_cache(root), EntryFilter(statuses=(EntryStatus.CORRUPT,)))
+    assert [f.path for f in plan.leftovers] == [tmp]
+    tmp.write_text("{}")  # the engine's save goes on
+    assert plan.execute().leftovers_removed == 0 and tmp.exists()
+
+
+def test_recovery_keeps_an_entry_rewritten_after_the_kill(tmp_path):
+    """A journal says "replace A", but A was rewritten (by an engine) after the importer died:
+    finishing the import must not clobber the newer files."""
+    archive, eids = seeded_archive(tmp_path, 2)
+    root = tmp_path / "dest"
+    a = SG.parse_id(eids[0])
+    write_fake_entry(root, fields=default_fields("org/m0", tp=2, dp=2), arch="sm90", seed=99, buckets=(1, 2))
+    killed = _import(archive, root, "--force", env={"FI_AUTOTUNE_CRASH_AT": "txn.journaled"})
+    assert killed.returncode == -signal.SIGKILL
+    target = entry_path(root, a)
+    os.rename(target, tmp_path / "moved-away")
+    engine = cache_file_bytes({**DEFAULT_METADATA, "gpu": "NVIDIA H200"}, fake_configs(buckets=(1,), seed=5))
+    target.mkdir()
+    for name in ("rank_tp0_pp0_dp0.json", "rank_tp1_pp0_dp1.json"):
+        (target / name).write_bytes(engine)
+    after = listed(root)  # finishes the journal
+    assert sorted(after) == sorted(eids)
+    assert (target / "rank_tp0_pp0_dp0.json").read_bytes() == engine
+    assert leftovers(root) == []
+
+
+def test_unused_for_selects_nothing_where_atime_is_not_kept(tmpfs):
+    mnt = tmpfs("8m", "noatime")
+    eid = write_fake_entry(mnt)
+    t = time.time() - 90 * 86400
+    for p in entry_path(mnt, eid).iterdir():
+        os.utime(p, (t, t))
+    out = run_json("prune", "--unused-for", "30d", "--dry-run", "--cache-dir", str(mnt))
+    assert out["plan"]["entries"] == []
+    assert run_json("prune", "--older-than", "30d", "--dry-run", "--cache-dir", str(mnt))["plan"]["entries"]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from ..errors import UsageError
-from .base import CacheLayout, EntryId, NameKind, RootChoice
+from .base import DEFAULT_LAYOUT_NAME, CacheLayout, EntryId, NameKind, RootChoice
 from .sglang import SGLangLayout
 
 #: The layout a bare id (``<version>/<arch>/<key>``) and ``--cache-dir`` refer to.
-DEFAULT_LAYOUT = "sglang"
+DEFAULT_LAYOUT = DEFAULT_LAYOUT_NAME
 
 LAYOUTS: dict[str, CacheLayout] = {layout.name: layout for layout in (SGLangLayout(),)}
 

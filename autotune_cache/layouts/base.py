@@ -24,6 +24,8 @@ from typing import ClassVar
 
 from ..topology import Topology
 
+#: The layout a bare id (``<version>/<arch>/<key>``) names (``layouts.DEFAULT_LAYOUT``).
+DEFAULT_LAYOUT_NAME = "sglang"
 #: fi-autotune's record in each entry it writes; engines read only their own file names.
 MANIFEST_NAME = "fi-autotune.manifest.json"
 #: Per-entry lock files, outside the entry dirs so that deleting an entry never unlinks a lock
@@ -80,9 +82,7 @@ class EntryId:
         return "/".join(self.parts)
 
     def __str__(self) -> str:
-        from . import DEFAULT_LAYOUT
-
-        return self.path_str if self.layout == DEFAULT_LAYOUT else f"{self.layout}:{self.path_str}"
+        return self.path_str if self.layout == DEFAULT_LAYOUT_NAME else f"{self.layout}:{self.path_str}"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,106 @@
+"""Each safety guard, deleted once: the test that guards it must fail.
+
+    python tests/guard_mutations.py [name-substring ...]
+
+For every guard against deleting, overwriting or escaping the tree, this replaces the guard's
+line(s) with a no-op, runs the one test that should catch it, and restores the file. Every row
+must say "caught". Not collected by pytest (it edits the source while it runs).
+"""
+
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+MUTATIONS = [
+    ("prune changed-since-plan guard", "autotune_cache/txn.py",
+     "            if now.state != entry.state:\n", "            if False:\n",
+     "tests/test_cli.py::test_prune_leaves_an_entry_changed_since_the_plan"),
+    ("delete refuses foreign files", "autotune_cache/txn.py",
+     "            if not now.only_ours:\n", "            if False:\n",
+     "tests/test_reliability.py::test_prune_reports_what_it_could_not_delete"),
+    ("writer refuses to replace foreign files", "autotune_cache/txn.py",
+     "                    why = _replaceable(self.layout, s.target)\n", "                    why = None\n",
+     "tests/test_reliability.py::test_import_over_an_entry_holding_a_foreign_file_is_refused"),
+    ("manifest fast path", "autotune_cache/scan.py",
+     "        if rec is not None and rec.size == st.st_size", "        if False and rec is not None and rec.size == st.st_size",
+     "tests/test_scan.py::test_manifest_fast_path_reads_no_rank_file"),
+    ("ctime in the fast path", "autotune_cache/scan.py",
+     "and (rec.ctime_ns is None or rec.ctime_ns == st.st_ctime_ns)", "and True",
+     "tests/test_scan.py::test_edit_with_mtime_put_back_is_still_seen"),
+    ("young temp files (plan)", "autotune_cache/prune.py",
+     "    out += [t for t in info.stale_temp if now - t.mtime >= STALE_TEMP_AGE_S]", "    out += list(info.stale_temp)",
+     "tests/test_reliability.py::test_prune_keeps_young_temp_files"),
+    ("young temp files (execute)", "autotune_cache/prune.py",
+     "                elif stat_mod.S_ISREG(st.st_mode) and now - st.st_mtime >= STALE_TEMP_AGE_S:", "                elif stat_mod.S_ISREG(st.st_mode):",
+     "tests/test_reliability.py::test_a_temp_file_touched_after_the_plan_stays"),
+    ("symlink refusal", "autotune_cache/atomic.py",
+     "            if stat_mod.S_ISLNK(st.st_mode):\n                raise FiAutotuneError(f\"{path} is a symlink", "            if False:\n                raise FiAutotuneError(f\"{path} is a symlink",
+     "tests/test_reliability.py::test_import_never_writes_through_a_symlinked_dir"),
+    ("not-a-dir refusal", "autotune_cache/atomic.py",
+     "            if not stat_mod.S_ISDIR(st.st_mode):\n                raise FiAutotuneError(f\"{path} exists and is not a directory\")", "            if False:\n                raise FiAutotuneError(f\"{path} exists and is not a directory\")",
+     "tests/test_reliability.py::test_a_file_where_a_directory_belongs"),
+    ("ratio cap", "autotune_cache/archive.py",
+     "                if total > RATIO_GRACE_BYTES and total > MAX_RATIO * counting.count:", "                if False:",
+     "tests/test_reliability.py::test_bomb_is_refused_for_its_ratio"),
+    ("other-GPU refusal", "autotune_cache/writer.py",
+     "        why = other_gpu_refusal(existing.gpu, (staged.metadata or {}).get(\"gpu\"), existing.arch)", "        why = None",
+     "tests/test_cli.py::test_import_refuses_to_replace_another_gpu_models_cache"),
+    ("complete-entry refusal", "autotune_cache/writer.py",
+     "        if existing.status == EntryStatus.COMPLETE:\n            return \"a different complete entry", "        if False:\n            return \"a different complete entry",
+     "tests/test_cli.py::test_import_refuses_different_complete_entry_without_force"),
+    ("dead-owner check", "autotune_cache/txn.py",
+     "    lock = try_lock(path)\n    if lock is None:\n        yield False\n        return\n", "    lock = try_lock(path)\n    if lock is None:\n        yield True\n        return\n",
+     "tests/test_reliability.py::test_a_live_writers_staging_is_never_removed"),
+    ("roll-forward conflict", "autotune_cache/txn.py",
+     "            elif now_stage == row[\"stage_ino\"] and now_target == row[\"old_ino\"]:", "            elif now_stage == row[\"stage_ino\"]:",
+     "tests/test_reliability.py::test_recovery_keeps_an_entry_rewritten_after_the_kill"),
+    ("unreadable never deleted", "autotune_cache/prune.py",
+     "        if e.status == EntryStatus.UNREADABLE:\n            picked_unreadable.append(e)\n            continue\n", "",
+     "tests/test_reliability.py::test_unreadable_entries_are_reported_and_skipped"),
+    ("no-GPU staleness refusal", "autotune_cache/fingerprint.py",
+     "    if fp.has_gpu:\n        return fp\n", "    return fp\n",
+     "tests/test_cli.py::test_no_gpu_host_never_calls_a_cache_stale"),
+    ("unknown target field", "autotune_cache/fingerprint.py",
+     "            (mismatched if is_known(target) else unknown)[name] = (value, target)", "            mismatched[name] = (value, target)",
+     "tests/test_scan.py::test_stale_only_on_a_definite_mismatch"),
+    ("unused-for unknown", "autotune_cache/prune.py",
+     "            if e.last_used is None or now - e.last_used < self.unused_for.seconds:", "            if e.last_used is not None and now - e.last_used < self.unused_for.seconds:",
+     "tests/test_reliability.py::test_unused_for_selects_nothing_where_atime_is_not_kept"),
+    ("keep-latest complete first", "autotune_cache/prune.py",
+     "        group.sort(key=lambda e: (e.status != EntryStatus.COMPLETE, -e.last_modified, str(e.id)))", "        group.sort(key=lambda e: (-e.last_modified, str(e.id)))",
+     "tests/test_cli.py::test_keep_latest_groups_by_deployment_and_prefers_complete"),
+    ("all-or-nothing refusal", "autotune_cache/txn.py",
+     "                if refused:\n                    return CommitResult((), (), tuple(refused))\n", "",
+     "tests/test_reliability.py::test_a_refusal_found_under_the_lock_writes_nothing"),
+    ("bounded sizes", "autotune_cache/topology.py",
+     "            if value > MAX_PARALLEL:", "            if False:",
+     "tests/test_layout.py::test_sizes_from_data_are_bounded"),
+]
+
+
+def main() -> None:
+    only = sys.argv[1:]
+    results = []
+    for name, rel, old, new, test in MUTATIONS:
+        if only and not any(o in name for o in only):
+            continue
+        p = REPO / rel
+        src = p.read_text()
+        if src.count(old) != 1:
+            results.append((name, f"SNIPPET NOT FOUND ({src.count(old)})"))
+            continue
+        p.write_text(src.replace(old, new))
+        try:
+            r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:warnings", test],
+                               cwd=REPO, capture_output=True, text=True, timeout=900)
+            results.append((name, "caught" if r.returncode != 0 else "NOT CAUGHT"))
+        finally:
+            p.write_text(src)
+    for name, verdict in results:
+        print(f"{verdict:<12} {name}")
+    sys.exit(0 if all(v == "caught" for _, v in results) else 1)
+
+
+if __name__ == "__main__":
+    main()

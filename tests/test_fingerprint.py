@@ -1,0 +1,78 @@
+"""Our staleness verdict against FlashInfer's own ``_classify_metadata_mismatches``, case by case.
+
+FlashInfer imports without a GPU, so its function is the oracle here: where the target's value
+is known, we reject exactly what FlashInfer rejects; where it is unknown, we claim nothing and
+say "unknown" instead (FlashInfer would reject, but a field the fingerprint could not read is
+no ground to delete a cache).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from autotune_cache.errors import UsageError
+from autotune_cache.fingerprint import FIELDS, Fingerprint
+from autotune_cache.testing import DEFAULT_METADATA
+
+flashinfer_autotuner = pytest.importorskip("flashinfer.autotuner.autotuner")
+
+VALUES = ["13.0", "12.9", "unknown", None, "None", "*", "missing"]
+
+
+def _saved(value) -> dict:
+    d = dict(DEFAULT_METADATA)
+    if value == "missing":
+        del d["cuda_version"]
+    else:
+        d["cuda_version"] = value
+    return d
+
+
+@pytest.mark.parametrize("saved,target", list(itertools.product(VALUES, ["13.0", "unknown", "None"])))
+def test_verdict_matches_flashinfer(saved, target):
+    current = {**DEFAULT_METADATA, "cuda_version": target}
+    hard, soft = flashinfer_autotuner._classify_metadata_mismatches(_saved(saved), current)
+    theirs = set(hard) | set(soft)
+    verdict = Fingerprint(current, "test").compare(_saved(saved))
+    ours, unknown = set(verdict.mismatched), set(verdict.unknown)
+    assert ours <= theirs  # never stale where FlashInfer would load the file
+    if target == "13.0":
+        assert ours == theirs and not unknown  # a known target: exactly FlashInfer's verdict
+    else:
+        assert ours | unknown == theirs and not ours  # an unknown target: only "cannot tell"
+
+
+def test_no_metadata_is_loaded_unchecked_as_in_flashinfer():
+    fp = Fingerprint(dict(DEFAULT_METADATA), "test")
+    assert not fp.compare({}).stale and not fp.compare(None).stale
+    # a corrupt (non-object) _metadata counts as every field missing, as in FlashInfer
+    hard, soft = flashinfer_autotuner._classify_metadata_mismatches("junk", DEFAULT_METADATA)
+    assert set(fp.compare("junk").mismatched) == set(hard) | set(soft) == set(FIELDS)
+
+
+def test_fields_are_flashinfers():
+    meta = flashinfer_autotuner._collect_metadata()
+    assert tuple(meta) == FIELDS
+
+
+def test_load_accepts_env_output_rank_files_and_plain_objects(tmp_path):
+    env = tmp_path / "env.json"
+    env.write_text(json.dumps({"format": 1, "tool": "fi-autotune env", "fingerprint": DEFAULT_METADATA, "arch": "sm90"}))
+    assert Fingerprint.load(env).fields == DEFAULT_METADATA and Fingerprint.load(env).arch == "sm90"
+    rank = tmp_path / "rank.json"
+    rank.write_text(json.dumps({"_metadata": DEFAULT_METADATA, "k": ["R", 1]}))
+    assert Fingerprint.load(rank).fields == DEFAULT_METADATA
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(DEFAULT_METADATA))
+    assert Fingerprint.load(plain).has_gpu
+    for bad, needle in (("[1]", "not a fingerprint"), ("{", "not JSON"), ('{"gpu": "x"}', "lacks"),
+                        ('{"format": 9, "fingerprint": {}}', "newer")):
+        p = tmp_path / "bad.json"
+        p.write_text(bad)
+        with pytest.raises(UsageError, match=needle):
+            Fingerprint.load(p)
+    with pytest.raises(UsageError, match="No such file"):
+        Fingerprint.load(tmp_path / "absent.json")
