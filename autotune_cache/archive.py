@@ -202,9 +202,10 @@ def _check_name(name: str) -> None:
         raise FiAutotuneError(f"archive member {name!r}: path traversal")
 
 
-def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label: str) -> ImportPlan:
+def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label: str, *, finish: bool = True) -> ImportPlan:
     """Validate the archive member by member into ``txn``'s staging dirs; raise on the first
-    bad member (the caller discards the transaction: nothing reaches the tree)."""
+    bad member (the caller discards the transaction: nothing reaches the tree). Manifests are
+    kept in the transaction until ``finish_staged`` checks and writes them."""
     counting = _Counting(stream)
     buffered = io.BufferedReader(counting, buffer_size=1 << 16)
     plan = ImportPlan()
@@ -275,15 +276,30 @@ def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label
             raise FiAutotuneError(f"{eid}: a manifest but no rank files")
     if not txn.staged:
         raise FiAutotuneError(f"{label}: no cache entries in the archive")
+    for eid, data in manifests.items():
+        if eid in txn.manifest_bytes:
+            raise FiAutotuneError(f"{eid}: in two archives")
+        txn.manifest_bytes[eid] = data
+    if finish:
+        plan.incomplete.extend(finish_staged(layout, txn))
+    return plan
+
+
+def finish_staged(layout: CacheLayout, txn: Transaction) -> list[tuple[str, str]]:
+    """Check each staged entry's manifest against its entry and key, write it; return the
+    entries that are incomplete by their manifest."""
+    incomplete = []
     for eid, s in sorted(txn.staged.items()):
-        manifest = _manifest_for(eid, manifests.get(eid), layout)
+        if s.finished:
+            continue
+        manifest = _manifest_for(eid, txn.manifest_bytes.get(eid), layout)
         txn.finish_entry(eid, manifest)
         expected = manifest.expected_files if manifest else None
         if expected is not None:
             missing = [n for n in expected if n not in s.records]
             if missing:
-                plan.incomplete.append((str(eid), f"{len(expected) - len(missing)} of {len(expected)} rank files"))
-    return plan
+                incomplete.append((str(eid), f"{len(expected) - len(missing)} of {len(expected)} rank files"))
+    return incomplete
 
 
 def _manifest_for(eid: EntryId, data: bytes | None, layout: CacheLayout) -> Manifest | None:
@@ -306,17 +322,28 @@ def _manifest_for(eid: EntryId, data: bytes | None, layout: CacheLayout) -> Mani
 
 def import_archive(layout: CacheLayout, root, stream: BinaryIO, label: str, *, force: bool = False) -> ImportResult:
     """Import every entry of an archive, or none (see the module doc)."""
+    return import_archives(layout, root, [(stream, label)], force=force)
+
+
+def import_archives(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str]], *, force: bool = False) -> ImportResult:
+    """Import every entry of several archives (``pull``'s bundles) in one transaction: all or none."""
     txn = Transaction(layout, root)
+    skipped: list = []
+    incomplete: list = []
     try:
-        plan = stage_archive(layout, txn, stream, label)
+        for stream, label in sources:
+            plan = stage_archive(layout, txn, stream, label, finish=False)
+            skipped += plan.skipped
+        incomplete = finish_staged(layout, txn)
         result = txn.commit(replace_policy(layout, root, force))
     except OSError as e:
-        raise FiAutotuneError(f"cannot import {label}: {os_error_message(e)}; nothing was written") from None
+        raise FiAutotuneError(f"cannot import {sources[0][1] if len(sources) == 1 else 'the bundles'}: "
+                              f"{os_error_message(e)}; nothing was written") from None
     finally:
         txn.discard()
     return ImportResult(
         tuple(map(str, result.committed)), tuple(map(str, result.unchanged)),
-        tuple((str(e), why) for e, why in result.refused), tuple(plan.skipped), tuple(plan.incomplete),
+        tuple((str(e), why) for e, why in result.refused), tuple(skipped), tuple(incomplete),
     )
 
 

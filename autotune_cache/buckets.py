@@ -1,47 +1,79 @@
-"""Token-count buckets, from FlashInfer's own functions (flashinfer/fused_moe/utils.py).
+"""Token-count buckets, as FlashInfer 0.7.x computes them (``flashinfer/fused_moe/utils.py``).
 
 The one rule that matters (docs/plan.md): a profile tuned under ``autotune(tuning_buckets=B)``
 is stored under its own value ``b`` (the override mapper is the identity on B), while the
 engine looks a runtime token count ``m`` up under FlashInfer's *default* mapping of ``m``.
 So a plan holds grid values only - values the default mapping maps to themselves - and checks
 that every key the engine's dummy pass would look up is among them.
+
+These few lines restate FlashInfer's four-phase hybrid spacing rather than import it, because
+importing flashinfer imports torch (seconds, and CUDA libraries), and ``plan``, ``key`` and
+``check`` must run in a docker build with neither. ``tests/test_buckets.py`` compares every
+function here with FlashInfer's own over every token count up to 2^17 and many maxima.
 """
 
 from __future__ import annotations
 
-import functools
-
-
-@functools.lru_cache(maxsize=1)
-def _fi():
-    try:
-        from flashinfer.fused_moe import utils
-    except Exception as e:  # noqa: BLE001 - ImportError, or a CUDA library failing to load
-        from .errors import UsageError
-
-        raise UsageError(
-            f"flashinfer is not importable here ({type(e).__name__}: {str(e)[:120]}): the planner takes its token "
-            "buckets from flashinfer's own functions; install flashinfer-python (pip install flashinfer-python)"
-        ) from None
-    return utils
-
-
-def hybrid_buckets(max_tokens: int) -> tuple[int, ...]:
-    return tuple(_fi().get_hybrid_num_tokens_buckets(max_tokens))
+# flashinfer/fused_moe/utils.py: _PHASE1_END, _PHASE2_STEP, _PHASE2_END, _PHASE3_STEP, _PHASE3_END
+_PHASE1_END = 256  # power-of-2 spacing up to here
+_PHASE2_STEP, _PHASE2_END = 256, 2048  # then steps of 256
+_PHASE3_STEP, _PHASE3_END = 512, 4096  # then steps of 512, then powers of two again
 
 
 def next_pow2(x: int) -> int:
-    return _fi().next_positive_power_of_2(x)
+    """``flashinfer.utils.next_positive_power_of_2``."""
+    return 1 if x < 1 else 1 << (x - 1).bit_length()
+
+
+def _ceil_to_step(x: int, step: int) -> int:
+    return ((x + step - 1) // step) * step
+
+
+def hybrid_buckets(max_tokens: int) -> tuple[int, ...]:
+    """``get_hybrid_num_tokens_buckets(max_tokens)``: the buckets tuned up to ``max_tokens``."""
+    buckets = []
+    m = 1
+    while m <= min(max_tokens, _PHASE1_END):
+        buckets.append(m)
+        m *= 2
+    m = _PHASE1_END + _PHASE2_STEP
+    while m <= min(max_tokens, _PHASE2_END):
+        buckets.append(m)
+        m += _PHASE2_STEP
+    m = _PHASE2_END + _PHASE3_STEP
+    while m <= min(max_tokens, _PHASE3_END):
+        buckets.append(m)
+        m += _PHASE3_STEP
+    m = _PHASE3_END * 2
+    while m <= max_tokens:
+        buckets.append(m)
+        m *= 2
+    if not buckets or buckets[-1] != max_tokens:
+        buckets.append(max_tokens)
+    return tuple(sorted(set(buckets)))
 
 
 def gemm_key(m: int) -> int:
-    """Default lookup key of a GEMM called with m tokens (map_to_hybrid_bucket_uncapped)."""
-    return _fi().map_to_hybrid_bucket_uncapped(m)
+    """Default lookup key of a GEMM called with m tokens (``map_to_hybrid_bucket_uncapped``)."""
+    if m <= 0:
+        return 1
+    if m <= _PHASE1_END:
+        return next_pow2(m)
+    if m <= _PHASE2_END:
+        return _ceil_to_step(m, _PHASE2_STEP)
+    if m <= _PHASE3_END:
+        return _ceil_to_step(m, _PHASE3_STEP)
+    return next_pow2(m)
 
 
 def moe_key(m: int, tune_max: int) -> int:
-    """Default lookup key of a MoE call with m tokens and tune_max_num_tokens (clamped)."""
-    return _fi().map_to_hybrid_bucket(m, tune_max)
+    """Default lookup key of a MoE call with m tokens and tune_max_num_tokens
+    (``map_to_hybrid_bucket``: clamped to ``[1, tune_max]``)."""
+    if m <= 0:
+        return 1
+    if m >= tune_max:
+        return tune_max
+    return min(gemm_key(m), tune_max)
 
 
 def largest_key(rule: str, m: int, cap: int | None = None) -> int:

@@ -128,7 +128,11 @@ def _from_hf(model: str, revision: str | None) -> tuple[ConfigSource | None, str
     return ConfigSource("hf-hub", f"{model}@{revision or 'main'}", _read_json(Path(path)), sidecar), None
 
 
-def load_model_config(model: str, config: str | None = None, revision: str | None = None) -> ConfigSource:
+def load_model_config(model: str, config: str | None = None, revision: str | None = None,
+                      model_path: str | None = None) -> ConfigSource:
+    """Where the config comes from is one question; the path the server is launched with
+    (``model_path``, hashed into the key) is another: an image serving ``/models/GLM-5.1-FP8``
+    plans from ``--config`` or a hub id and ``--model-path /models/GLM-5.1-FP8``."""
     if config is not None:
         p = Path(config)
         if p.is_dir():
@@ -144,6 +148,13 @@ def load_model_config(model: str, config: str | None = None, revision: str | Non
         if not (local / CONFIG_NAME).is_file():
             raise UsageError(f"--model {model} is a directory without {CONFIG_NAME}")
         return _from_dir(local, "local-model", str(local))
+    if model.startswith(("/", "./", "../", "~")):
+        served = model_path or model
+        raise UsageError(
+            f"--model {model} is not a directory on this machine: to plan for a server launched with "
+            f"--model-path {served}, give the config's source as --config PATH/config.json (or --model <hub id or "
+            f"preset>) together with --model-path {served}"
+        )
     why = "not a local directory"
     if _looks_like_repo_id(model):
         source, why = _from_hf(model, revision)

@@ -170,6 +170,24 @@ def _op_plan(recipe: OpRecipe, res: Resolution, max_override: int | None) -> OpP
     return OpPlan(recipe, tuple(sorted(grid | engine)), tuple(sorted(engine)), tuple(added), top)
 
 
+def resolve_target(
+    model: str, flags: ServerFlags, arch: str, *, config: str | None = None, revision: str | None = None,
+    flashinfer_version: str | None = None, model_path: str | None = None,
+) -> tuple[ConfigSource, ModelSpec, Resolution, str]:
+    """Config, spec, SGLang's resolution and the FlashInfer version: everything the key and the
+    entry's path need, and nothing that imports flashinfer (``pull``, ``check`` and ``key``
+    use this in images without a GPU)."""
+    source = load_model_config(model, config=config, revision=revision, model_path=model_path)
+    spec = build_spec(source)
+    res = resolve(spec, arch, flags, model if model_path is None else model_path)
+    version = flashinfer_version or installed_flashinfer_version()
+    if not version:
+        raise UsageError("flashinfer-python is not installed: pass --flashinfer-version")
+    if not VERSION_RE.match(version):
+        raise UsageError(f"invalid --flashinfer-version {version!r}")
+    return source, spec, res, version
+
+
 def make_plan(
     model: str,
     flags: ServerFlags,
@@ -186,15 +204,9 @@ def make_plan(
 ) -> TuningPlan:
     if max_tokens is not None and max_tokens < 1:
         raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
-    source = load_model_config(model, config=config, revision=revision)
-    spec = build_spec(source)
-    res = resolve(spec, arch, flags, model if model_path is None else model_path)
+    source, spec, res, version = resolve_target(model, flags, arch, config=config, revision=revision,
+                                                flashinfer_version=flashinfer_version, model_path=model_path)
     schema_obj = get_schema(schema)
-    version = flashinfer_version or installed_flashinfer_version()
-    if not version:
-        raise UsageError("flashinfer-python is not installed: pass --flashinfer-version")
-    if not VERSION_RE.match(version):
-        raise UsageError(f"invalid --flashinfer-version {version!r}")
 
     if request is not None:
         from dataclasses import replace

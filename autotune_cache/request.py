@@ -35,6 +35,19 @@ class TuneRequest:
     def with_arch(self, arch: str) -> "TuneRequest":
         return replace(self, arch=arch)
 
+    def for_target(self, fingerprint) -> "TuneRequest":
+        """Fill what the user left open from the serving image's fingerprint (``--env-from``):
+        its GPU arch, and its FlashInfer version - the version the engine puts in the path,
+        whatever FlashInfer this machine has, if any."""
+        if fingerprint is None:
+            return self
+        version = fingerprint.fields.get("flashinfer_version")
+        return replace(
+            self,
+            arch=self.arch or fingerprint.arch,
+            flashinfer_version=self.flashinfer_version or (version if isinstance(version, str) and version not in ("unknown", "None") else None),
+        )
+
     def plan(self, cache_root: Path):
         """The tuning plan (imports the planner: CPU only, no GPU)."""
         from .plan import make_plan

@@ -55,6 +55,8 @@ class ServerFlags:
     cuda_graph_max_bs: int | None = None
     chunked_prefill_size: int | None = None
     autotune_extend: bool = False  # SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1
+    #: Why the server will not autotune at all (--disable-flashinfer-autotune, ...), or None.
+    autotune_disabled_by: str | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -210,7 +212,11 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> 
     if fp4_gemm_needs:
         reasons.append(f"{model_quant} checkpoint: NVFP4 linear layers run flashinfer.mm_fp4")
     autotunes = moe_needs or fp8_gemm_needs or fp4_gemm_needs
-    if not autotunes:
+    if flags.autotune_disabled_by and autotunes:
+        autotunes = False
+        reasons.append(f"should_run_flashinfer_autotune() is False: the server runs with {flags.autotune_disabled_by}; "
+                       "nothing to cache")
+    elif not autotunes:
         why = [f"moe_runner_backend resolves to {backend!r}"]
         if spec.moe is None:
             why = ["the model has no MoE layers"]

@@ -90,3 +90,35 @@ def write_fake_entry(
 
 def entry_path(root: Path, eid: EntryId) -> Path:
     return default_layout().entry_dir(root, eid)
+
+
+def write_plan_entry(plan, metadata: dict | None = None, drop_buckets: tuple[int, ...] = (), seed: int = 0) -> EntryId:
+    """Commit the entry ``warm`` would write for ``plan``: every key its recipes predict, with
+    made-up tactics (``drop_buckets`` leaves those buckets out, as an incomplete tune would)."""
+    import re
+
+    from .manifest import Manifest, utc_now_iso
+
+    runner_of = re.compile(r"^\('[^']*', '([^']*)'")
+    rng = random.Random(seed)
+    res = plan.resolution
+    meta = {**DEFAULT_METADATA, "flashinfer_version": plan.flashinfer_version, **(metadata or {})}
+    files = {}
+    for w in plan.workloads:
+        entries = {}
+        for op in w.ops:
+            for b in op.buckets:
+                if b in drop_buckets:
+                    continue
+                for key in op.recipe.file_keys(b):
+                    entries[key] = [runner_of.match(key)[1], rng.randrange(16)]
+        data = cache_file_bytes(meta, entries)
+        for rank in w.ranks:
+            files[rank] = data
+    now = utc_now_iso()
+    manifest = Manifest(plan.key, plan.schema, plan.key_string, res.key_fields, res.topology, plan.flashinfer_version,
+                        res.arch, meta, {}, now, now,
+                        request=plan.request.to_dict() if plan.request is not None else None)
+    layout = default_layout()
+    commit_entry(layout, plan.cache_root, plan.entry_id, files, manifest)
+    return plan.entry_id

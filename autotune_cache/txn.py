@@ -62,14 +62,14 @@ JOURNAL_FORMAT = 1
 
 # --- the owner token --------------------------------------------------------------------------
 
-_OWNER: dict = {"pid": None, "token": None, "locks": {}}
+_OWNER: dict = {"pid": None, "held": {}}
 
 
-def owner_token() -> str:
-    """This process's token (a fork gets its own)."""
+def _held() -> dict:
+    """base -> (token, lock) held by this process (a fork starts with none)."""
     if _OWNER["pid"] != os.getpid():
-        _OWNER.update(pid=os.getpid(), token=secrets.token_hex(6), locks={})
-    return _OWNER["token"]
+        _OWNER.update(pid=os.getpid(), held={})
+    return _OWNER["held"]
 
 
 def _owner_lock_path(base: Path, token: str) -> Path:
@@ -77,39 +77,41 @@ def _owner_lock_path(base: Path, token: str) -> Path:
 
 
 def hold_owner_lock(base: Path) -> str:
-    """Take this process's owner lock in ``base`` (once; kept until the process ends)."""
+    """This process's token in ``base``, its lock taken (a fresh token each time: once
+    released, a token's lock file may be taken by a cleaner that found it dead)."""
     import filelock
 
-    token = owner_token()
-    locks = _OWNER["locks"]
-    if base not in locks:
+    held = _held()
+    if base not in held:
+        token = secrets.token_hex(6)
         path = _owner_lock_path(base, token)
         lock = filelock.FileLock(str(path), timeout=0)
         try:
             ensure_tree_dirs(base, (LOCKS_DIRNAME, "owners"))
             lock.acquire()
         except filelock.Timeout:
-            raise FiAutotuneError(f"the owner lock {path} is taken: two processes with one token?") from None
+            raise FiAutotuneError(f"the owner lock {path} is taken") from None
         except OSError as e:
             raise FiAutotuneError(f"cannot write to the cache tree: {os_error_message(e)}") from None
-        locks[base] = lock
-    return token
+        held[base] = (token, lock)
+    return held[base][0]
 
 
 def release_owner_lock(base: Path) -> None:
     """Drop this process's owner lock in ``base`` once nothing of ours is left there (the file
     goes too: the token is never used again, so nobody can be waiting on it)."""
-    lock = _OWNER["locks"].pop(base, None) if _OWNER["pid"] == os.getpid() else None
+    token, lock = _held().pop(base, (None, None))
     if lock is not None:
         with contextlib.suppress(OSError):
-            os.unlink(_owner_lock_path(base, _OWNER["token"]))
+            os.unlink(_owner_lock_path(base, token))
         lock.release()
 
 
 @contextlib.contextmanager
 def dead_owner(base: Path, token: str) -> Iterator[bool]:
     """Yields True (holding its lock) when the owner of ``token`` is gone, else False."""
-    if token == owner_token() and base in _OWNER["locks"]:
+    mine = _held().get(base)
+    if mine is not None and mine[0] == token:
         yield False
         return
     path = _owner_lock_path(base, token)
@@ -124,8 +126,6 @@ def dead_owner(base: Path, token: str) -> Iterator[bool]:
             os.unlink(path)  # nobody will use this token again
         lock.release()
 
-
-# --- low-level steps --------------------------------------------------------------------------
 
 def _ino(path: Path) -> int | None:
     try:
@@ -235,6 +235,8 @@ class Transaction:
         self.owner = hold_owner_lock(self.base)
         recover_journals(layout, root)
         self.staged: dict[EntryId, StagedEntry] = {}
+        #: Manifests read with an archive, checked and written by ``archive.finish_staged``.
+        self.manifest_bytes: dict[EntryId, bytes] = {}
 
     # staging -------------------------------------------------------------------------------
     def _entry(self, eid: EntryId) -> StagedEntry:

@@ -69,9 +69,9 @@ class Row(dict):
 
     def proc(self, p: subprocess.CompletedProcess | None) -> subprocess.CompletedProcess | None:
         if p is None:
-            self["hangs"] += 1
+            self.fail("hangs", "a command ran past the timeout")
         elif b"Traceback" in (p.stderr or b""):
-            self["tracebacks"] += 1
+            self.fail("tracebacks", p.stderr.decode(errors="replace")[-600:])
         return p
 
 
@@ -139,7 +139,7 @@ def concurrency(tmp: Path, rounds: int) -> Row:
             try:
                 _, err = p.communicate(timeout=TIMEOUT)
                 if b"Traceback" in err:
-                    row["tracebacks"] += 1
+                    row.fail("tracebacks", f"round {r}: {err.decode(errors='replace')[-600:]}")
             except subprocess.TimeoutExpired:
                 p.kill()
                 row["hangs"] += 1

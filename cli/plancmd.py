@@ -15,17 +15,22 @@ from .output import Output
 from .params import POSITIVE, cache_dir_option, json_option, resolve_root
 
 
-def _split(value: str) -> tuple[str, ...]:
+def _split(value) -> tuple[str, ...]:
+    """``--skip-ops a,b`` (ours: comma-separated); a tuple comes from a serving command, where
+    SGLang keeps each token whole."""
+    if isinstance(value, tuple):
+        return tuple(sorted(set(value)))
     return tuple(sorted({s.strip() for s in value.split(",") if s.strip()}))
 
 
-def serving_options(fn=None, *, model_required: bool = True):
+def serving_options(fn=None, *, model_required: bool = True):  # noqa: ARG001 - --model or --model-path, checked in request_from
     """The model and server flags shared by plan, warm and verify (named as sglang names them)."""
     if fn is None:
         return functools.partial(serving_options, model_required=model_required)
     options = [
-        click.option("--model", required=model_required,
-                     help="The model: a hub id, a built-in preset, or a local model directory (where its config.json is read)."),
+        click.option("--model", default=None,
+                     help="Where the config comes from: a hub id, a built-in preset, or a local model directory "
+                          "(default: --model-path)."),
         click.option("--model-path", default=None,
                      help="The server's --model-path exactly as it will be launched (hashed into the key), "
                           "e.g. /models/GLM-5.1-FP8 in an image (default: --model)."),
@@ -57,18 +62,47 @@ def serving_options(fn=None, *, model_required: bool = True):
 
 def request_from(kw: dict) -> TuneRequest:
     """The typed request behind the serving options (``kw``: the click keyword arguments)."""
+    model = kw["model"] or kw["model_path"]
+    if model is None:
+        raise UsageError("give --model (a hub id, preset or local model directory), or --model-path with --config")
     flags = ServerFlags(
         tp=kw["tp"], pp=kw["pp"], dp=kw["dp"], dp_attention=not kw["no_dp_attention"], ep=kw["ep"],
         dtype=kw["dtype"], quantization=None if kw["quantization"] in (None, "None", "") else kw["quantization"],
         moe_runner_backend=kw["moe_runner_backend"], skip_ops=_split(kw["skip_ops"]),
         max_running_requests=kw["max_running_requests"], cuda_graph_max_bs=kw["cuda_graph_max_bs"],
         chunked_prefill_size=kw["chunked_prefill_size"], autotune_extend=kw["autotune_extend"],
+        autotune_disabled_by=kw.get("autotune_disabled_by"),
     )
     return TuneRequest(
-        model=kw["model"], flags=flags, arch=kw["arch"].lower() if kw["arch"] else None, config=kw["config_path"],
+        model=model, flags=flags, arch=kw["arch"].lower() if kw["arch"] else None, config=kw["config_path"],
         revision=kw["revision"], schema=kw["schema"], flashinfer_version=kw["flashinfer_version"],
         max_tokens=kw["max_tokens"], model_path=kw["model_path"],
     )
+
+
+serving_command_argument = click.argument("serving_command", nargs=-1, type=click.UNPROCESSED,
+                                          metavar="[-- SERVING COMMAND]")
+
+
+def apply_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
+    """Fold a pasted serving command (after ``--``) into the serving options. A flag given both
+    ways with two values is a usage error; flags the key and the plan do not use are listed."""
+    argv = kw.pop("serving_command", ())
+    if not argv:
+        return kw
+    from autotune_cache.servecmd import parse_serving_command
+
+    cmd = parse_serving_command(argv)
+    for name, value in cmd.serving_kwargs().items():
+        given = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE if name in kw else False
+        if given and kw[name] != value:
+            raise UsageError(f"--{name.replace('_', '-')} is {kw[name]!r} here but {value!r} in the serving command")
+        kw[name] = value
+    for note in cmd.notes:
+        out.note(f"serving command: {note}")
+    if cmd.ignored:
+        out.note("serving command: ignored (they change neither the key nor the plan): " + ", ".join(cmd.ignored))
+    return kw
 
 
 def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = None):
@@ -164,8 +198,15 @@ def print_plan(plan, out: Output) -> None:
 @click.command("plan")
 @serving_options
 @json_option
-def plan_cmd(as_json, **kw):
-    """Show what SGLang would autotune for a model and server flags, and the tuning plan (no GPU needed)."""
-    plan = build_plan(request_from(kw), kw["cache_dir"])
+@serving_command_argument
+@click.pass_context
+def plan_cmd(ctx, as_json, **kw):
+    """Show what SGLang would autotune for a model and server flags, and the tuning plan (no GPU needed).
+
+    The flags can also come from the serving command itself, after `--`:
+    `fi-autotune plan --arch sm100 -- python -m sglang.launch_server --model-path ... --tp 8`.
+    """
     out = Output(as_json)
+    kw = apply_serving_command(ctx, kw, out)
+    plan = build_plan(request_from(kw), kw["cache_dir"])
     out.emit(human=lambda: print_plan(plan, out), data=plan.to_dict)

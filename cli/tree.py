@@ -62,6 +62,7 @@ def _summary(e: CacheEntry, full: bool) -> dict:
 
 
 @click.command("ls", help=LS_HELP)
+@click.argument("store", required=False, metavar="[STORE_URL]")
 @cache_dir_option
 @filter_options
 @click.option("--sort", type=click.Choice(sorted(SORTS)), default="id", show_default=True)
@@ -69,8 +70,10 @@ def _summary(e: CacheEntry, full: bool) -> dict:
 @check_env_option
 @json_option
 @quiet_option
-def ls_cmd(cache_dir, model, versions, arch, status, older_than, unused_for, sort, env_from, check_env, as_json, quiet):
+def ls_cmd(store, cache_dir, model, versions, arch, status, older_than, unused_for, sort, env_from, check_env, as_json, quiet):
     out = Output(as_json, quiet)
+    if store is not None:
+        return _ls_store(out, store, entry_filter(model, versions, arch, status, older_than, unused_for), env_from)
     root = resolve_root(cache_dir, must_exist=True)
     flt = entry_filter(model, versions, arch, status, older_than, unused_for)
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
@@ -115,6 +118,50 @@ def ls_cmd(cache_dir, model, versions, arch, status, older_than, unused_for, sor
         }
 
     out.emit(human=human, data=data, ids=[e["id"] for e in entries])
+
+
+STORE_HEADERS = ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "SIZE", "PUSHED", "SHA256"]
+
+
+def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
+    """``ls URL``: the entries published in a store (from its index records)."""
+    from autotune_cache.fingerprint import Fingerprint
+    from autotune_cache.store import Store
+
+    store = Store(url)
+    records = store.records()
+    fp = Fingerprint.load(env_from) if env_from else None
+    rows = []
+    for r in records:
+        if flt.model and (r.model is None or flt.model.lower() not in r.model.lower()):
+            continue
+        if flt.flashinfer_versions and r.flashinfer_version not in flt.flashinfer_versions:
+            continue
+        if flt.archs and r.arch not in flt.archs:
+            continue
+        stale = fp.compare(r.metadata) if fp else None
+        if flt.statuses and ("stale" if stale and stale.stale else "complete") not in {s.value for s in flt.statuses}:
+            continue
+        rows.append((r, stale))
+    rows.sort(key=lambda rs: str(rs[0].id))
+
+    def human() -> None:
+        def parallel(r) -> str:
+            t = r.topology or {}
+            if not t:
+                return "-"
+            dp = f" dp{t['dp']}{'a' if t.get('dp_attention') else 'r'}" if t.get("dp", 1) > 1 else ""
+            return f"tp{t['tp']}{dp} ep{r.ep if r.ep is not None else '?'}"
+
+        if rows:
+            out.table(STORE_HEADERS, [[str(r.id), r.model or "-", (r.gpu or "-").removeprefix("NVIDIA ").replace(" ", "-"),
+                                       parallel(r), str(r.rank_files), format_size(r.size), r.pushed or "-",
+                                       r.sha256[:12] + ("  stale" if s is not None and s.stale else "")]
+                                      for r, s in rows])
+        out.line(f"\n{plural(len(rows), 'entry', 'entries')} in {store}")
+
+    out.emit(human=human, ids=[str(r.id) for r, _ in rows],
+             data=lambda: {"store": str(store), "entries": [{**r.to_dict(), "stale": bool(s and s.stale)} for r, s in rows]})
 
 
 def recover_journals_quietly(root) -> list[str]:

@@ -12,7 +12,7 @@ from autotune_cache.request import TuneRequest
 
 from .output import Output
 from .params import json_option, resolve_root
-from .plancmd import build_plan, request_from, serving_options
+from .plancmd import apply_serving_command, build_plan, request_from, serving_command_argument, serving_options
 
 
 def _gpus(value: str | None) -> int | None:
@@ -62,14 +62,20 @@ class _Progress:
 @click.option("--gpus", default="all", show_default=True, help="How many local GPUs to spread the work over.")
 @click.option("--force", is_flag=True, help="Tune again even if a complete entry exists (and replace one tuned on another GPU model).")
 @json_option
-def warm_cmd(gpus, force, as_json, **kw):
-    """Tune the plan on this machine's GPUs and write every rank file where the engine looks."""
+@serving_command_argument
+@click.pass_context
+def warm_cmd(ctx, gpus, force, as_json, **kw):
+    """Tune the plan on this machine's GPUs and write every rank file where the engine looks.
+
+    The serving flags can also come from the serving command itself, after `--`.
+    """
     import time
 
     from autotune_cache.warm import WorkerPool, detect_gpus, warm
 
     t0 = time.perf_counter()
     n = _gpus(gpus)
+    kw = apply_serving_command(ctx, kw, Output(as_json))
     request = request_from(kw)
     # Workers import torch and flashinfer and create their CUDA contexts while this process
     # plans; with --gpus N they start before even the GPU count is checked.

@@ -1,0 +1,158 @@
+"""``check``: will the engine find, and use, its cache - decided without a GPU.
+
+A docker build has no GPU, so it cannot run ``verify``. ``check`` answers the same question
+from the files: for the serving flags (or the pasted serving command) it computes the path the
+engine will compute, and checks that an entry is there (in a tree, or in a store), that it is
+complete and byte-identical where SGLang demands it, that every FlashInfer key the engine's
+startup pass looks up is in the files (predicted by the plan's recipes), and that the files'
+``_metadata`` matches the serving image's fingerprint (``--env-from``). Each miss is one line
+saying why; where the entry is absent, which key field differs from the nearest entry there is.
+
+Nothing here imports torch or flashinfer.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from dataclasses import dataclass, field
+
+from .fingerprint import Fingerprint
+from .keys import KeyFields
+from .layouts import CacheLayout, EntryId
+from .plan import TuningPlan
+from .rankfile import RESERVED_KEYS, parse_cache_bytes
+
+KEY_FIELD_LABELS = {
+    "model_path": "model path (the server's --model-path: a hub id and a local path are different keys)",
+    "dtype": "dtype",
+    "quantization": "quantization",
+    "moe_runner_backend": "MoE runner backend",
+    "tp": "tp", "pp": "pp", "attn_dp_size": "attention-DP size (dp-attention)", "ep": "ep",
+    "config_class": "config class",
+    "skip_ops": "--flashinfer-autotune-skip-ops",
+    "draft_quantization": "draft quantization", "is_draft": "draft worker",
+}
+
+
+@dataclass
+class CheckReport:
+    entry_id: str
+    where: str  # the key dir, or store URL + id
+    autotunes: bool
+    found: bool = False
+    misses: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    keys_checked: int = 0
+    keys_missing: int = 0
+    rank_files: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.misses
+
+    def to_dict(self) -> dict:
+        return {"entry": self.entry_id, "where": self.where, "autotunes": self.autotunes, "found": self.found,
+                "ok": self.ok, "misses": self.misses, "warnings": self.warnings, "keys_checked": self.keys_checked,
+                "keys_missing": self.keys_missing, "rank_files": self.rank_files}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An entry that is there, for "nearest entry" explanations."""
+
+    id: EntryId
+    key_fields: KeyFields | None
+    gpu: str | None
+
+
+def nearest_difference(plan: TuningPlan, layout: CacheLayout, candidates: list[Candidate]) -> str | None:
+    """One line: which key field (or path part) differs from the entry closest to the plan's."""
+    want = layout.id_fields(plan.entry_id)
+    fields = plan.resolution.key_fields.to_dict()
+    best: tuple[int, str] | None = None
+    for c in candidates:
+        have = layout.id_fields(c.id)
+        diffs = []
+        if c.id.name == plan.key:
+            for part in ("flashinfer_version", "arch"):
+                if have.get(part) != want.get(part):
+                    label = "FlashInfer version" if part == "flashinfer_version" else "arch"
+                    diffs.append(f"{label} ({have.get(part)} there, {want.get(part)} for this server)")
+        elif c.key_fields is not None:
+            theirs = c.key_fields.to_dict()
+            for name, ours in fields.items():
+                if theirs.get(name) != ours:
+                    diffs.append(f"{KEY_FIELD_LABELS.get(name, name)}: {theirs.get(name)!r} there, {ours!r} here")
+            for part in ("flashinfer_version", "arch"):
+                if have.get(part) != want.get(part):
+                    diffs.append(f"{part.replace('_', ' ')}: {have.get(part)} there, {want.get(part)} here")
+        else:
+            continue  # an engine-written entry of another key: nothing to compare field by field
+        if diffs and (best is None or len(diffs) < best[0]):
+            best = (len(diffs), f"the nearest entry, {c.id}, differs in " + "; ".join(diffs[:3]))
+    return best[1] if best else None
+
+
+def files_of_bundle(data: bytes, layout: CacheLayout, eid: EntryId) -> dict[str, bytes]:
+    """The entry's files from a (verified) bundle, in memory."""
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for m in tar:
+            parsed = layout.parse_member(m.name)
+            if parsed and parsed[0] == eid and m.isreg():
+                out[parsed[1]] = tar.extractfile(m).read()
+    return out
+
+
+def check_files(plan: TuningPlan, layout: CacheLayout, report: CheckReport, files: dict[str, bytes],
+                fingerprint: Fingerprint | None) -> None:
+    """Completeness, identity, key coverage and environment of one entry's files."""
+    expected = plan.rank_files
+    present = [n for n in expected if n in files]
+    report.rank_files = len(present)
+    missing = [n for n in expected if n not in files]
+    if missing:
+        report.misses.append(f"{len(missing)} of {len(expected)} rank files missing (e.g. {missing[0]}): "
+                             "those ranks tune, then every rank re-tunes")
+    parsed: dict[str, dict] = {}
+    for name in present:
+        try:
+            parsed[name] = parse_cache_bytes(files[name])
+        except ValueError as e:
+            report.misses.append(f"{name} is not a valid FlashInfer cache ({str(e)[:80]})")
+    digests = {n: files[n] for n in present}
+    for label, names in layout.identical_groups(present, plan.resolution.topology):
+        if len({digests[n] for n in names}) > 1:
+            report.misses.append(f"rank files of TP group {label} differ: SGLang deletes them and tunes again")
+    # Key coverage: what the engine's startup pass looks up, per workload.
+    for w in plan.workloads:
+        rank = next((r for r in w.ranks if r in parsed), None)
+        if rank is None:
+            continue
+        keys = {k for k in parsed[rank] if k not in RESERVED_KEYS}
+        for op in w.ops:
+            if not op.recipe.verified:
+                report.warnings.append(f"{op.recipe.id}: its keys cannot be checked (recipe not yet run on a GPU)")
+                continue
+            wanted = [k for b in op.engine_keys for k in op.recipe.file_keys(b)]
+            report.keys_checked += len(wanted)
+            lacking = [k for k in wanted if k not in keys]
+            if lacking:
+                report.keys_missing += len(lacking)
+                report.misses.append(f"{rank}: {len(lacking)} of {len(wanted)} {op.recipe.id} lookups of the startup "
+                                     f"pass are not in the file (e.g. {lacking[0][:120]})")
+    # Environment.
+    metas = {json.dumps(p.get("_metadata"), sort_keys=True): p.get("_metadata") for p in parsed.values()}
+    for meta in metas.values():
+        if fingerprint is None:
+            gpu = (meta or {}).get("gpu", "unknown")
+            report.warnings.append(f"no --env-from: _metadata not compared with the serving image (tuned on {gpu}); "
+                                   "capture one with `fi-autotune env --json` there")
+            break
+        verdict = fingerprint.compare(meta)
+        if verdict.stale:
+            report.misses.append(f"FlashInfer in the serving image would ignore these files ({verdict.describe()})")
+        for k, (saved, _) in verdict.unknown.items():
+            report.warnings.append(f"{k}: {saved!r} cannot be checked ({fingerprint.source} does not know its value)")

@@ -1,0 +1,117 @@
+"""``check``: will the engine launched with these flags find and use its cache? (no GPU)"""
+
+from __future__ import annotations
+
+import click
+
+from autotune_cache.check import Candidate, CheckReport, check_files, files_of_bundle, nearest_difference
+from autotune_cache.errors import ExitCode
+from autotune_cache.fingerprint import Fingerprint
+from autotune_cache.layouts import default_layout
+from autotune_cache.rankfile import read_regular_file
+
+from .output import Output
+from .params import env_from_option, json_option, resolve_root
+from .plancmd import apply_serving_command, build_plan, request_from, serving_command_argument, serving_options
+
+
+@click.command("check")
+@serving_options
+@click.option("--store", "store_url", default=None, help="Check a store (s3://, gs://, file://, https://) instead of a tree.")
+@env_from_option
+@click.option("--strict", is_flag=True, help="Exit 1 on any miss (fail the build before a slow boot does).")
+@json_option
+@serving_command_argument
+@click.pass_context
+def check_cmd(ctx, store_url, env_from, strict, as_json, **kw):
+    """Check, without a GPU, that the engine will find and use its cache.
+
+    For the serving flags (or the serving command after `--`): is an entry at the path the
+    engine computes, complete and identical across each TP group, holding every FlashInfer key
+    the startup pass looks up, tuned in an environment matching the serving image
+    (`--env-from`, from `fi-autotune env --json` run there)? Each miss is one line saying why.
+    Exit 0 unless `--strict` and something would miss.
+    """
+    out = Output(as_json)
+    kw = apply_serving_command(ctx, kw, out)
+    layout = default_layout()
+    fingerprint = Fingerprint.load(env_from) if env_from else None
+    request = request_from(kw).for_target(fingerprint)
+    if store_url is None:
+        root = resolve_root(kw["cache_dir"], must_exist=False).path
+        plan = build_plan(request, str(root))
+    else:
+        plan = build_plan(request, kw["cache_dir"])
+    eid = plan.entry_id
+    report = CheckReport(str(eid), str(plan.key_dir) if store_url is None else f"{store_url} {eid}", plan.autotunes)
+    if plan.autotunes:
+        if store_url is None:
+            _check_tree(plan, layout, report, fingerprint)
+        else:
+            _check_store(plan, layout, report, fingerprint, store_url)
+
+    def human() -> None:
+        if not report.autotunes:
+            out.line(f"OK: the server would not autotune ({'; '.join(plan.resolution.reasons)[:200]}): no cache needed")
+            return
+        for w in report.warnings:
+            out.note(f"warning: {w}")
+        for m in report.misses:
+            out.line(f"MISS: {m}")
+        if report.ok:
+            out.line(f"OK: {report.where}: {report.rank_files} rank files, {report.keys_checked} startup lookups, all present")
+        else:
+            out.line(f"{len(report.misses)} miss(es): the engine would tune at startup")
+
+    out.emit(human=human, data=report.to_dict)
+    if strict and not report.ok:
+        raise click.exceptions.Exit(int(ExitCode.FAILURE))
+
+
+def _check_tree(plan, layout, report: CheckReport, fingerprint) -> None:
+    from autotune_cache.scan import scan_cache
+
+    kdir = plan.key_dir
+    if not kdir.is_dir():
+        root = plan.cache_root
+        info = scan_cache(root) if root.exists() else None
+        candidates = [Candidate(e.id, e.manifest.key_fields if e.manifest else None, e.gpu)
+                      for e in (info.entries if info else ())]
+        why = nearest_difference(plan, layout, candidates)
+        report.misses.append(f"no entry at {kdir}" + (f": {why}" if why else " (and no other entry to compare with)"))
+        return
+    report.found = True
+    files = {}
+    for name in plan.rank_files:
+        try:
+            files[name] = read_regular_file(kdir / name)
+        except OSError:
+            continue
+    check_files(plan, layout, report, files, fingerprint)
+
+
+def _check_store(plan, layout, report: CheckReport, fingerprint, url: str) -> None:
+    from autotune_cache.keys import KeyFields
+    from autotune_cache.store import Store
+
+    store = Store(url)
+    rec = store.record(layout.name, plan.entry_id)
+    if rec is None:
+        candidates = []
+        try:
+            records = store.records(layout.name)
+        except Exception:  # noqa: BLE001 - an HTTP store may not list; the miss stands without a neighbour
+            records = []
+        for r in records:
+            kf = None
+            if r.key_fields:
+                try:
+                    kf = KeyFields.from_dict(r.key_fields)
+                except ValueError:
+                    kf = None
+            candidates.append(Candidate(r.id, kf, r.gpu))
+        why = nearest_difference(plan, layout, candidates)
+        report.misses.append(f"no entry {plan.entry_id} in {store}" + (f": {why}" if why else ""))
+        return
+    report.found = True
+    check_files(plan, layout, report, files_of_bundle(store.fetch(rec), layout, plan.entry_id), fingerprint)

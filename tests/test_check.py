@@ -1,0 +1,145 @@
+"""``check``: the coverage check a docker build can run (no GPU, no torch, no flashinfer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune_cache.request import TuneRequest
+from autotune_cache.sglang import ServerFlags
+from autotune_cache.testing import DEFAULT_METADATA, entry_path, write_plan_entry
+
+from .conftest import run_cli
+
+QWEN = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass", "--arch", "sm90",
+        "--flashinfer-version", "0.7.2.post1"]
+
+
+def qwen_plan(root: Path, **flags):
+    req = TuneRequest("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass", **flags),
+                      arch="sm90", flashinfer_version="0.7.2.post1", model_path=flags.pop("model_path", None))
+    return req.plan(root)
+
+
+def check(root: Path, *args, strict: bool = True):
+    proc = run_cli("check", "--cache-dir", str(root), *(["--strict"] if strict else []), "--json", *args)
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None, proc.stderr
+
+
+@pytest.fixture
+def fingerprint(tmp_path) -> Path:
+    p = tmp_path / "env.json"
+    p.write_text(json.dumps({"format": 1, "fingerprint": DEFAULT_METADATA, "arch": "sm90"}))
+    return p
+
+
+def test_a_complete_cache_passes(root, fingerprint):
+    write_plan_entry(qwen_plan(root))
+    code, report, _ = check(root, *QWEN, "--env-from", str(fingerprint))
+    assert code == 0 and report["ok"] and report["found"]
+    assert report["keys_checked"] == 42 and report["rank_files"] == 2 and report["warnings"] == []
+    human = run_cli("check", *QWEN, "--cache-dir", str(root), "--env-from", str(fingerprint))
+    assert human.returncode == 0 and "OK:" in human.stdout and "42 startup lookups, all present" in human.stdout
+
+
+def test_served_path_versus_hub_id_is_named(root):
+    write_plan_entry(qwen_plan(root))  # tuned for --model-path Qwen/Qwen3-30B-A3B
+    code, report, _ = check(root, *QWEN, "--model-path", "/models/Qwen3-30B-A3B")
+    assert code == 1 and not report["found"]
+    (miss,) = report["misses"]
+    assert "model path" in miss and "'Qwen/Qwen3-30B-A3B' there, '/models/Qwen3-30B-A3B' here" in miss
+    # without --strict a miss is reported, not fatal
+    assert check(root, *QWEN, "--model-path", "/models/Qwen3-30B-A3B", strict=False)[0] == 0
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--ep", "2", "ep: 1 there, 2 here"),
+    ("--skip-ops", "fp8_gemm", "--flashinfer-autotune-skip-ops"),
+])
+def test_other_key_fields_are_named(root, flag, value, needle):
+    write_plan_entry(qwen_plan(root))
+    code, report, _ = check(root, *QWEN, flag, value)
+    assert code == 1 and needle in report["misses"][0], report["misses"]
+
+
+def test_another_flashinfer_version_is_named(root):
+    write_plan_entry(qwen_plan(root))
+    args = [a if a != "0.7.2.post1" else "0.7.3" for a in QWEN]
+    code, report, _ = check(root, *args)
+    assert code == 1 and "FlashInfer version (0.7.2.post1 there, 0.7.3 for this server)" in report["misses"][0]
+
+
+def test_missing_lookups_are_counted(root):
+    write_plan_entry(qwen_plan(root), drop_buckets=(256,))
+    code, report, _ = check(root, *QWEN)
+    assert code == 1 and report["keys_missing"] == 2  # gemm1 and gemm2 at 256 tokens
+    assert "2 of 42 moe.experts lookups" in report["misses"][0]
+
+
+def test_incomplete_and_diverged_entries(root):
+    eid = write_plan_entry(qwen_plan(root))
+    d = entry_path(root, eid)
+    obj = json.loads((d / "rank_tp1_pp0_dp0.json").read_text())
+    key = next(k for k in obj if not k.startswith("_"))
+    obj[key][1] += 1  # another tactic on one rank
+    (d / "rank_tp1_pp0_dp0.json").write_text(json.dumps(obj))
+    code, report, _ = check(root, *QWEN)
+    assert code == 1 and any("differ" in m for m in report["misses"])
+    (d / "rank_tp1_pp0_dp0.json").unlink()
+    code, report, _ = check(root, *QWEN)
+    assert code == 1 and any("1 of 2 rank files missing" in m for m in report["misses"])
+
+
+def test_environment_of_the_serving_image(root, tmp_path):
+    write_plan_entry(qwen_plan(root))
+    h100 = tmp_path / "h100.json"
+    h100.write_text(json.dumps({"fingerprint": {**DEFAULT_METADATA, "gpu": "NVIDIA H100 80GB HBM3"}}))
+    code, report, _ = check(root, *QWEN, "--env-from", str(h100))
+    assert code == 1 and "would ignore these files (gpu: 'NVIDIA H200' vs 'NVIDIA H100 80GB HBM3')" in report["misses"][0]
+    blind = tmp_path / "blind.json"
+    blind.write_text(json.dumps({"fingerprint": {**DEFAULT_METADATA, "cudnn_version": "unknown"}}))
+    code, report, _ = check(root, *QWEN, "--env-from", str(blind))
+    assert code == 0 and any("cudnn_version" in w and "cannot be checked" in w for w in report["warnings"])
+    code, report, _ = check(root, *QWEN)
+    assert code == 0 and any("no --env-from" in w for w in report["warnings"])
+
+
+def test_the_fingerprint_gives_arch_and_version(root, tmp_path):
+    """In a docker build: the serving image's fingerprint says which FlashInfer and GPU arch."""
+    write_plan_entry(qwen_plan(root))
+    env = tmp_path / "env.json"
+    env.write_text(json.dumps({"fingerprint": {**DEFAULT_METADATA, "flashinfer_version": "0.7.2.post1"}, "arch": "sm90"}))
+    code, report, _ = check(root, "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend",
+                            "flashinfer_cutlass", "--env-from", str(env))
+    assert code == 0 and report["entry"].startswith("0.7.2.post1/sm90/")
+
+
+def test_the_serving_command_itself(root):
+    write_plan_entry(qwen_plan(root))
+    proc = run_cli("check", "--arch", "sm90", "--flashinfer-version", "0.7.2.post1", "--cache-dir", str(root), "--strict",
+                   "--", "python", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-30B-A3B", "--tp", "2",
+                   "--moe-runner-backend", "flashinfer_cutlass", "--host", "0.0.0.0", "--port", "30000")
+    assert proc.returncode == 0, proc.stderr
+    assert "ignored" in proc.stderr and "--host 0.0.0.0" in proc.stderr and "--port 30000" in proc.stderr
+    proc = run_cli("check", "--tp", "4", "--arch", "sm90", "--cache-dir", str(root),
+                   "--", "python", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-30B-A3B", "--tp-size", "2")
+    assert proc.returncode == 2 and "--tp is 4 here but 2 in the serving command" in proc.stderr
+
+
+def test_nothing_to_tune_needs_no_cache(root):
+    code, report, _ = check(root, "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--arch", "sm90")
+    assert code == 0 and not report["autotunes"]
+    code, report, _ = check(root, *QWEN[:-2], "--", "--model-path", "Qwen/Qwen3-30B-A3B", "--tp-size", "2",
+                            "--moe-runner-backend", "flashinfer_cutlass", "--disable-flashinfer-autotune")
+    assert code == 0 and not report["autotunes"]
+
+
+def test_check_imports_neither_torch_nor_flashinfer(root, fingerprint):
+    write_plan_entry(qwen_plan(root))
+    proc = run_cli("check", *QWEN, "--cache-dir", str(root), "--env-from", str(fingerprint),
+                   env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "click" in imported and not imported & {"torch", "flashinfer", "numpy"}

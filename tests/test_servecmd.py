@@ -1,0 +1,98 @@
+"""Reading a pasted SGLang serving command, and the served model path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune_cache.errors import UsageError
+from autotune_cache.servecmd import parse_serving_command
+
+from .conftest import run_cli, run_json
+
+
+def kw(*argv):
+    return parse_serving_command(list(argv)).serving_kwargs()
+
+
+def test_spellings_aliases_and_abbreviations():
+    assert kw("python", "-m", "sglang.launch_server", "--model-path", "m", "--tp", "8", "--dp", "8",
+              "--enable-dp-attention", "--ep", "2") == {"model_path": "m", "tp": 8, "ep": 2, "dp": 8, "no_dp_attention": False}
+    assert kw("sglang", "serve", "--model", "m", "--tensor-parallel-size=4", "--data-parallel-size", "2") == {
+        "model_path": "m", "tp": 4, "dp": 2, "no_dp_attention": True}  # --dp-size alone: replicas
+    assert kw("--model-path", "m", "--tp-size", "8", "--attn-dp-size", "4")["dp"] == 4
+    assert kw("--model-path", "m", "--expert-parallel-size", "4", "--pp-size", "2") == {"model_path": "m", "pp": 2, "ep": 4}
+
+
+def test_values_that_shape_the_plan():
+    got = kw("SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1", "SGLANG_CACHE_DIR=/cache", "python3", "-m", "sglang.launch_server",
+             "--model-path", "m", "--quantization", "fp8", "--moe-runner-backend", "flashinfer_trtllm",
+             "--cuda-graph-max-bs-decode", "256", "--max-running-requests", "512", "--chunked-prefill-size", "4096",
+             "--flashinfer-autotune-skip-ops", "b", "a,c", "--dtype", "bfloat16")
+    assert got == {"model_path": "m", "quantization": "fp8", "moe_runner_backend": "flashinfer_trtllm",
+                   "cuda_graph_max_bs": 256, "max_running_requests": 512, "chunked_prefill_size": 4096,
+                   "skip_ops": ("b", "a,c"), "dtype": "bfloat16", "autotune_extend": True, "cache_dir": "/cache"}
+
+
+def test_ignored_flags_are_reported_with_their_values():
+    cmd = parse_serving_command(["python", "-m", "sglang.launch_server", "--model-path", "m", "--host", "0.0.0.0",
+                                 "--trust-remote-code", "--port=30000", "--mem-fraction-static", "0.9", "CUDA_X=1"])
+    assert cmd.ignored == ["--host 0.0.0.0", "--trust-remote-code", "--port=30000", "--mem-fraction-static 0.9", "CUDA_X=1"]
+
+
+def test_one_quoted_string_works_too():
+    assert kw("python -m sglang.launch_server --model-path 'my model' --tp 2") == {"model_path": "my model", "tp": 2}
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--model-path", "m", "--pp", "2"], "write --pp-size"),
+    (["--model-path", "m", "--quant", "fp8"], "write --quantization"),
+    (["--model-path", "m", "--cuda-graph-max-bs", "8"], "--cuda-graph-max-bs-decode"),
+    (["--tp-size", "8"], "no --model-path"),
+    (["--model-path", "m", "--tp-size", "eight"], "takes an integer"),
+    (["--model-path"], "needs a value"),
+])
+def test_what_sglang_would_reject(argv, needle):
+    with pytest.raises(UsageError, match=needle):
+        parse_serving_command(argv)
+
+
+def test_disabled_autotune_is_carried():
+    cmd = parse_serving_command(["--model-path", "m", "--disable-flashinfer-autotune"])
+    assert cmd.serving_kwargs()["autotune_disabled_by"] == "--disable-flashinfer-autotune"
+    cmd = parse_serving_command(["SGLANG_FLASHINFER_AUTOTUNE_CACHE=0", "--model-path", "m"])
+    assert "SGLANG_FLASHINFER_AUTOTUNE_CACHE=0" in cmd.autotune_disabled
+
+
+def test_plan_from_the_serving_command_matches_the_flags(tmp_path):
+    by_flags = run_json("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100",
+                        "--cache-dir", str(tmp_path))
+    proc = run_cli("plan", "--arch", "sm100", "--cache-dir", str(tmp_path), "--json", "--", "python", "-m",
+                   "sglang.launch_server", "--model-path", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8",
+                   "--enable-dp-attention", "--host", "0.0.0.0")
+    assert proc.returncode == 0, proc.stderr
+    by_cmd = json.loads(proc.stdout)
+    assert by_cmd["key"] == by_flags["key"] == "d99390dfa961185d"
+    assert "--host 0.0.0.0" in proc.stderr
+
+
+def test_served_path_is_not_where_the_config_comes_from(tmp_path):
+    """An image serves /models/GLM-5.1-FP8: the key hashes that path; the config comes from elsewhere."""
+    proc = run_cli("plan", "--model", "/models/GLM-5.1-FP8", "--arch", "sm100", "--cache-dir", str(tmp_path))
+    assert proc.returncode == 2 and "--model-path /models/GLM-5.1-FP8" in proc.stderr and "--config" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    served = run_json("plan", "--model", "zai-org/GLM-5.1-FP8", "--model-path", "/models/GLM-5.1-FP8", "--tp", "8",
+                      "--dp", "8", "--arch", "sm100", "--cache-dir", str(tmp_path))
+    assert served["key_string"].startswith("/models/GLM-5.1-FP8|") and served["source"]["kind"] == "preset"
+    config = tmp_path / "cfg"
+    config.mkdir()
+    preset = run_json("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100",
+                      "--cache-dir", str(tmp_path))
+    assert preset["key"] == "d99390dfa961185d"
+    from autotune_cache.config_source import PRESETS_DIR
+
+    (config / "config.json").write_bytes((PRESETS_DIR / "zai-org--GLM-5.1-FP8.json").read_bytes())
+    from_config = run_json("plan", "--model-path", "/models/GLM-5.1-FP8", "--config", str(config), "--tp", "8",
+                           "--dp", "8", "--arch", "sm100", "--cache-dir", str(tmp_path))
+    assert from_config["key"] == served["key"] and from_config["source"]["kind"] == "config-file"

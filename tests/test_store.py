@@ -1,0 +1,264 @@
+"""Remote stores against a real S3 server on loopback (moto's server mode, as s3fs's own tests
+run it), a file:// store and a read-only HTTP store served by ``python -m http.server``.
+Nothing leaves 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune_cache.testing import DEFAULT_METADATA, default_fields, write_fake_entry
+
+from .conftest import REPO, run_cli
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+boto3 = pytest.importorskip("boto3")
+
+SECRET = "fi-autotune-test-secret-do-not-print"
+GLM_ID = "0.7.2.post1/sm100/d99390dfa961185d"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("server did not start")
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(port, proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, request):
+    """A fresh bucket and the environment every S3 client (ours and boto3) reads."""
+    env = {
+        "AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    bucket = f"b{abs(hash(request.node.name)) % 10**10}"
+    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key=SECRET)
+    client.create_bucket(Bucket=bucket)
+    return {"url": f"s3://{bucket}/caches", "bucket": bucket, "client": client, "env": env}
+
+
+def cli(*args, **kw) -> subprocess.CompletedProcess:
+    proc = run_cli(*args, **kw)
+    assert SECRET not in proc.stdout + proc.stderr, "a credential was printed"
+    return proc
+
+
+def ok_json(*args, **kw):
+    proc = cli(*args, "--json", **kw)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def seeded(root: Path, n: int = 2) -> list[str]:
+    ids = [str(write_fake_entry(root))]
+    for i in range(1, n):
+        ids.append(str(write_fake_entry(root, fields=default_fields(f"org/m{i}", tp=2, dp=1), arch="sm90", seed=i)))
+    return sorted(ids)
+
+
+def test_push_ls_pull_roundtrip_on_s3(s3, tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    ids = seeded(src, 3)
+    pushed = ok_json("push", s3["url"], "--cache-dir", str(src))
+    assert sorted(pushed["pushed"]) == ids and pushed["uploaded_bytes"] > 0
+    listed = ok_json("ls", s3["url"])
+    assert sorted(e["id"] for e in listed["entries"]) == ids
+    assert cli("ls", "-q", s3["url"], "--arch", "sm90").stdout.split() == [i for i in ids if "/sm90/" in i]
+    again = ok_json("push", s3["url"], "--cache-dir", str(src))
+    assert again["pushed"] == [] and sorted(again["unchanged"]) == ids and again["uploaded_bytes"] == 0
+    pulled = ok_json("pull", s3["url"], "--cache-dir", str(dest), "--any-env")
+    assert sorted(pulled["imported"]) == ids
+    for i in ids:
+        rel = Path("flashinfer/autotune") / i
+        for p in (src / rel).glob("rank_*.json"):
+            assert (dest / rel / p.name).read_bytes() == p.read_bytes()
+    one = ok_json("pull", s3["url"], ids[0], "--cache-dir", str(tmp_path / "one"), "--any-env")
+    assert one["imported"] == [ids[0]]
+
+
+def test_layout_in_the_bucket_is_content_addressed(s3, tmp_path):
+    seeded(tmp_path / "src", 1)
+    assert cli("push", s3["url"], "--cache-dir", str(tmp_path / "src")).returncode == 0
+    keys = sorted(o["Key"] for o in s3["client"].list_objects_v2(Bucket=s3["bucket"])["Contents"])
+    bundle = next(k for k in keys if k.startswith("caches/bundles/"))
+    assert bundle.startswith(f"caches/bundles/sglang/{GLM_ID}/") and bundle.endswith(".tar.gz")
+    sha = Path(bundle).name.removesuffix(".tar.gz")
+    body = s3["client"].get_object(Bucket=s3["bucket"], Key=bundle)["Body"].read()
+    import hashlib
+
+    assert hashlib.sha256(body).hexdigest() == sha
+    record = json.loads(s3["client"].get_object(Bucket=s3["bucket"], Key=f"caches/index/sglang/{GLM_ID}.json")["Body"].read())
+    assert record["sha256"] == sha and record["metadata"]["gpu"] == "NVIDIA H200" and record["key_fields"]["tp"] == 8
+
+
+def _push_proc(url: str, root: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fi_autotune_cli", "push", url, "--cache-dir", str(root), "--json"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def test_concurrent_pushes_of_the_same_and_of_different_entries(s3, tmp_path):
+    same = tmp_path / "same"
+    seeded(same, 1)
+    different = []
+    for i in range(3):
+        root = tmp_path / f"diff{i}"
+        write_fake_entry(root, fields=default_fields(f"org/c{i}", tp=2, dp=1), arch="sm90", seed=i)
+        different.append(root)
+    procs = [_push_proc(s3["url"], same) for _ in range(3)] + [_push_proc(s3["url"], r) for r in different]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert SECRET not in out + err
+    keys = [o["Key"] for o in s3["client"].list_objects_v2(Bucket=s3["bucket"])["Contents"]]
+    glm_bundles = [k for k in keys if k.startswith(f"caches/bundles/sglang/{GLM_ID}/")]
+    assert len(glm_bundles) == 1  # three pushers of one entry: one bundle (same bytes, same name)
+    listed = ok_json("ls", s3["url"])
+    assert len(listed["entries"]) == 4
+    pulled = ok_json("pull", s3["url"], "--cache-dir", str(tmp_path / "dest"), "--any-env")
+    assert len(pulled["imported"]) == 4
+
+
+def test_a_push_killed_mid_upload_shows_nothing_and_a_retry_completes(s3, tmp_path):
+    src = tmp_path / "src"
+    seeded(src, 1)
+    killed = cli("push", s3["url"], "--cache-dir", str(src), env={"FI_AUTOTUNE_CRASH_AT": "store.bundle_uploaded"})
+    assert killed.returncode == -signal.SIGKILL
+    assert ok_json("ls", s3["url"])["entries"] == []  # the bundle is there, unreferenced: invisible
+    assert cli("pull", s3["url"], GLM_ID, "--cache-dir", str(tmp_path / "d")).returncode == 1
+    retry = ok_json("push", s3["url"], "--cache-dir", str(src))
+    assert retry["pushed"] == [GLM_ID] and retry["uploaded_bytes"] == 0  # the bundle was already whole
+    assert [e["id"] for e in ok_json("ls", s3["url"])["entries"]] == [GLM_ID]
+
+
+def test_a_corrupted_bundle_is_refused(s3, tmp_path):
+    seeded(tmp_path / "src", 1)
+    assert cli("push", s3["url"], "--cache-dir", str(tmp_path / "src")).returncode == 0
+    bundle = next(o["Key"] for o in s3["client"].list_objects_v2(Bucket=s3["bucket"])["Contents"]
+                  if o["Key"].startswith("caches/bundles/"))
+    body = bytearray(s3["client"].get_object(Bucket=s3["bucket"], Key=bundle)["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    s3["client"].put_object(Bucket=s3["bucket"], Key=bundle, Body=bytes(body))
+    dest = tmp_path / "dest"
+    proc = cli("pull", s3["url"], GLM_ID, "--cache-dir", str(dest), "--any-env")
+    assert proc.returncode == 1 and "corrupted or tampered with" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not dest.exists() or not any(dest.rglob("rank_*"))
+
+
+def test_an_unreachable_endpoint_is_one_line(s3, tmp_path):
+    seeded(tmp_path / "src", 1)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{_free_port()}", "AWS_MAX_ATTEMPTS": "2"}
+    t0 = time.time()
+    for args in (["ls", s3["url"]], ["pull", s3["url"], "--cache-dir", str(tmp_path / "d")],
+                 ["push", s3["url"], "--cache-dir", str(tmp_path / "src")]):
+        proc = cli(*args, env=env, timeout=180)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert "s3://" in proc.stderr
+    assert time.time() - t0 < 150
+
+
+def test_a_sealed_store_refuses_pushes(s3, tmp_path):
+    src = tmp_path / "src"
+    seeded(src, 2)
+    first = ok_json("push", s3["url"], GLM_ID, "--read-only", "--cache-dir", str(src))
+    assert first["sealed"] and first["pushed"] == [GLM_ID]
+    proc = cli("push", s3["url"], "--cache-dir", str(src))
+    assert proc.returncode == 1 and "marked read-only" in proc.stderr
+    assert [e["id"] for e in ok_json("ls", s3["url"])["entries"]] == [GLM_ID]
+
+
+def test_pull_refuses_another_gpu_unless_asked_and_checks_the_store(s3, tmp_path):
+    seeded(tmp_path / "src", 1)  # tuned on an H200
+    assert cli("push", s3["url"], "--cache-dir", str(tmp_path / "src")).returncode == 0
+    h100 = tmp_path / "h100.json"
+    h100.write_text(json.dumps({"fingerprint": {**DEFAULT_METADATA, "gpu": "NVIDIA H100 80GB HBM3"}, "arch": "sm100"}))
+    dest = tmp_path / "dest"
+    proc = cli("pull", s3["url"], "--env-from", str(h100), "--cache-dir", str(dest))
+    assert proc.returncode == 1 and "another GPU or environment" in proc.stderr and "H100" in proc.stderr
+    assert not dest.exists() or not any(dest.rglob("rank_*"))
+    h200 = tmp_path / "h200.json"
+    h200.write_text(json.dumps({"fingerprint": DEFAULT_METADATA, "arch": "sm100"}))
+    # by the serving flags: the entry they map to
+    pulled = ok_json("pull", s3["url"], "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8",
+                     "--env-from", str(h200), "--cache-dir", str(dest))
+    assert pulled["imported"] == [GLM_ID]
+    checked = ok_json("check", "--store", s3["url"], "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8",
+                      "--env-from", str(h200))
+    assert checked["found"]
+
+
+def test_a_file_store_and_a_read_only_http_store(tmp_path):
+    src = tmp_path / "src"
+    ids = seeded(src, 2)
+    store = tmp_path / "store"
+    assert cli("push", f"file://{store}", "--cache-dir", str(src)).returncode == 0
+    assert not list(store.rglob(".tmp-*"))
+    port = _free_port()
+    http = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(store)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(port, http)
+        url = f"http://user:{SECRET}@127.0.0.1:{port}"
+        listed = ok_json("ls", url)
+        assert sorted(e["id"] for e in listed["entries"]) == ids
+        pulled = ok_json("pull", url, ids[0], "--cache-dir", str(tmp_path / "dest"), "--any-env")
+        assert pulled["imported"] == [ids[0]]
+        proc = cli("push", url, "--cache-dir", str(src))
+        assert proc.returncode == 2 and "read-only" in proc.stderr
+    finally:
+        http.terminate()
+        http.wait(timeout=10)
+
+
+def test_a_missing_backend_names_the_extra(tmp_path):
+    code = "import sys; sys.modules['s3fs'] = None\nfrom fi_autotune_cli.main import main\nsys.exit(main(sys.argv[1:]))\n"
+    proc = subprocess.run([sys.executable, "-c", code, "ls", "s3://bucket/x"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and 'pip install "fi-autotune[s3]"' in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_no_store_at_a_url_is_an_error_not_an_empty_list(tmp_path):
+    for url in (f"file://{tmp_path / 'typo'}", f"http://127.0.0.1:{_free_port()}/x"):
+        proc = cli("ls", url)
+        assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "no fi-autotune store" in proc.stderr or "cannot reach" in proc.stderr
