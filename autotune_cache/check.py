@@ -109,6 +109,8 @@ def files_of_bundle(data: bytes, layout: CacheLayout, eid: EntryId) -> dict[str,
 def check_files(plan: TuningPlan, layout: CacheLayout, report: CheckReport, files: dict[str, bytes],
                 fingerprint: Fingerprint | None) -> None:
     """Completeness, identity, key coverage and environment of one entry's files."""
+    for note in plan.resolution.notes:
+        report.warnings.append(note)
     expected = plan.rank_files
     present = [n for n in expected if n in files]
     report.rank_files = len(present)
@@ -156,3 +158,41 @@ def check_files(plan: TuningPlan, layout: CacheLayout, report: CheckReport, file
             report.misses.append(f"FlashInfer in the serving image would ignore these files ({verdict.describe()})")
         for k, (saved, _) in verdict.unknown.items():
             report.warnings.append(f"{k}: {saved!r} cannot be checked ({fingerprint.source} does not know its value)")
+
+
+def check_v2_store(plan: TuningPlan, report: CheckReport, fingerprint: Fingerprint, root) -> None:
+    """FlashInfer's managed store: the directory the serving environment hashes to must hold an
+    entry for every lookup of the startup pass (each entry stands alone: no rank files)."""
+    from pathlib import Path
+
+    from .v2store import ENTRIES, entry_name, env_hash, store_manifest
+
+    if any(not isinstance(v, str) or v in ("unknown", "None") for v in fingerprint.fields.values()):
+        report.warnings.append("the fingerprint has unknown fields: FlashInfer there hashes exactly those values, "
+                               "so the directory below is only right if the serving image reads them the same way")
+    env_dir = Path(root) / "v2" / env_hash(store_manifest(fingerprint.fields))
+    report.where = str(env_dir)
+    if not env_dir.is_dir():
+        report.misses.append(f"no store for the serving environment at {env_dir}")
+        return
+    report.found = True
+    for w in plan.workloads:
+        for op in w.ops:
+            if not op.recipe.verified:
+                report.warnings.append(f"{op.recipe.id}: its keys cannot be checked (recipe not yet run on a GPU)")
+                continue
+            wanted = sorted({k for b in op.engine_keys for k in op.recipe.file_keys(b)})
+            report.keys_checked += len(wanted)
+            lacking = []
+            for key in wanted:
+                path = env_dir / ENTRIES / entry_name(key)
+                try:
+                    ok = json.loads(path.read_bytes()).get("key") == key
+                except (OSError, ValueError):
+                    ok = False
+                if not ok:
+                    lacking.append(key)
+            if lacking:
+                report.keys_missing += len(lacking)
+                report.misses.append(f"{len(lacking)} of {len(wanted)} {op.recipe.id} lookups have no entry "
+                                     f"(e.g. {lacking[0][:120]})")

@@ -133,28 +133,76 @@ _COMMON_PARTS: tuple[tuple[str, Renderer], ...] = (
     ("config_class", lambda f: str(f.config_class)),
 )
 
+_DRAFT: tuple[str, Renderer] = (
+    "draft_quant", lambda f: f"draft_quant={render_optional(f.draft_quantization)}" if f.is_draft else None,
+)
+
+
+def _skip_ops(always: frozenset[str] = frozenset()) -> tuple[str, Renderer]:
+    # SGLang: "skip_ops=" + ",".join(sorted(set(--flashinfer-autotune-skip-ops) | WORKAROUND_SKIPS))
+    return ("skip_ops", lambda f: "skip_ops=" + ",".join(sorted(set(f.skip_ops) | always)))
+
+
 SCHEMAS: dict[str, KeySchema] = {
-    # sglang 0.5.23: flashinfer_autotune_cache_path()
+    # 0.5.23: flashinfer_autotune.py flashinfer_autotune_cache_path(), lines 164-214
     "sglang": KeySchema(
         name="sglang",
-        description="SGLang 0.5.23 (flashinfer_autotune_cache_path)",
-        parts=_COMMON_PARTS
-        + (
-            ("candidate_selection", lambda f: "candidate_selection=v2_default"),
-            ("skip_ops", lambda f: "skip_ops=" + ",".join(sorted(set(f.skip_ops)))),
-            (
-                "draft_quant",
-                lambda f: f"draft_quant={render_optional(f.draft_quantization)}" if f.is_draft else None,
-            ),
-        ),
+        description="SGLang 0.5.23: fields 1-9, candidate_selection=v2_default, skip_ops=, [draft_quant=]",
+        parts=_COMMON_PARTS + (("candidate_selection", lambda f: "candidate_selection=v2_default"), _skip_ops(), _DRAFT),
     ),
-    # sglang PR #24156 (May 2026): the first nine fields only.
+    # 0.5.18-0.5.22: the workaround skip set became empty (0.5.18); no candidate_selection yet
+    "sglang-0.5.18": KeySchema(
+        name="sglang-0.5.18",
+        description="SGLang 0.5.18-0.5.22: fields 1-9, skip_ops=, [draft_quant=]",
+        parts=_COMMON_PARTS + (_skip_ops(), _DRAFT),
+    ),
+    # 0.5.17 only (PR #31389): FLASHINFER_AUTOTUNE_WORKAROUND_SKIPS = {"mxfp8_gemm"} always joins the list
+    "sglang-0.5.17": KeySchema(
+        name="sglang-0.5.17",
+        description="SGLang 0.5.17: fields 1-9, skip_ops= (always with mxfp8_gemm), [draft_quant=]",
+        parts=_COMMON_PARTS + (_skip_ops(frozenset({"mxfp8_gemm"})), _DRAFT),
+    ),
+    # 0.5.12-0.5.16 (PR #24156, May 2026): fields 1-9; draft workers (0.5.15+) append draft_quant=
     "sglang-2605": KeySchema(
         name="sglang-2605",
-        description="SGLang PR #24156 layout (May 2026): fields 1-9",
-        parts=_COMMON_PARTS,
+        description="SGLang 0.5.12-0.5.16 (PR #24156): fields 1-9, [draft_quant=]",
+        parts=_COMMON_PARTS + (_DRAFT,),
     ),
 }
+
+#: SGLang releases (from PyPI wheels 0.5.10.post1-0.5.23, diffed) -> the key schema they hash.
+#: Releases before 0.5.12 never cached autotune results; after 0.5.23 is not known yet.
+SGLANG_RELEASES: tuple[tuple[tuple[int, int, int], tuple[int, int, int], str], ...] = (
+    ((0, 5, 12), (0, 5, 16), "sglang-2605"),
+    ((0, 5, 17), (0, 5, 17), "sglang-0.5.17"),
+    ((0, 5, 18), (0, 5, 22), "sglang-0.5.18"),
+    ((0, 5, 23), (0, 5, 23), "sglang"),
+)
+
+
+def _release(version: str) -> tuple[int, int, int] | None:
+    import re
+
+    m = re.match(r"^\s*(\d+)\.(\d+)\.(\d+)", version)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+def schema_for_sglang(version: str) -> str:
+    """The key schema an SGLang release hashes (``0.5.20`` -> ``sglang-0.5.18``); a usage error
+    for a release whose schema fi-autotune does not know, naming the ones it does."""
+    release = _release(version)
+    known = ", ".join(f"{'.'.join(map(str, lo))}-{'.'.join(map(str, hi))}" if lo != hi else ".".join(map(str, lo))
+                      for lo, hi, _ in SGLANG_RELEASES)
+    if release is None:
+        raise UsageError(f"cannot read an SGLang version from {version!r}")
+    for lo, hi, name in SGLANG_RELEASES:
+        if lo <= release <= hi:
+            return name
+    if release < SGLANG_RELEASES[0][0]:
+        raise UsageError(f"SGLang {version} does not cache FlashInfer autotune results (0.5.12 was the first)")
+    raise UsageError(f"SGLang {version}: fi-autotune does not know its cache key (known: {known}); "
+                     "pass --schema if you know it is unchanged")
+
 
 DEFAULT_SCHEMA = "sglang"
 

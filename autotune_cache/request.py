@@ -7,7 +7,7 @@ else: the plan derives everything from it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .keys import DEFAULT_SCHEMA
@@ -27,6 +27,8 @@ class TuneRequest:
     flashinfer_version: str | None = None  # None: the installed flashinfer-python
     max_tokens: int | None = None
     model_path: str | None = None  # the server's --model-path, hashed into the key; None: ``model``
+    #: Where ``schema`` came from (``--engine sglang==0.5.20``, the installed sglang...), for messages.
+    schema_source: str = field(default="", compare=False)
 
     @property
     def served_path(self) -> str:

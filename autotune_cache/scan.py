@@ -326,7 +326,10 @@ def scan_entry(
     digests: DigestIndex | None = None,
 ) -> CacheEntry:
     """Read one entry dir. Cheap when a manifest (or the digest index) vouches for unchanged
-    data files."""
+    data files. A layout whose entries are not rank files scans them itself."""
+    own = getattr(layout, "scan_entry", None)
+    if own is not None:
+        return own(path, eid, fingerprint, atime_trusted)
     ids = layout.id_fields(eid)
     version, arch = ids.get("flashinfer_version"), ids.get("arch")
     children, err = _scandir(path, sort=False)

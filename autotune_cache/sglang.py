@@ -57,10 +57,14 @@ class ServerFlags:
     autotune_extend: bool = False  # SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1
     #: Why the server will not autotune at all (--disable-flashinfer-autotune, ...), or None.
     autotune_disabled_by: str | None = None
+    #: The GPUs the tp ranks run on, in tp-rank order: flashinfer_megamoe (0.5.22+) names each
+    #: rank file after its GPU's UUID.
+    gpu_uuids: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["skip_ops"] = list(self.skip_ops)
+        d["gpu_uuids"] = list(self.gpu_uuids)
         return d
 
     @classmethod
@@ -73,12 +77,13 @@ class ServerFlags:
         if unknown:
             raise ValueError(f"unknown server flags {sorted(unknown)}")
         values = dict(d)
-        if "skip_ops" in values:
-            if not isinstance(values["skip_ops"], (list, tuple)) or not all(isinstance(s, str) for s in values["skip_ops"]):
-                raise ValueError("skip_ops is not a list of strings")
-            values["skip_ops"] = tuple(values["skip_ops"])
+        for name in ("skip_ops", "gpu_uuids"):
+            if name in values:
+                if not isinstance(values[name], (list, tuple)) or not all(isinstance(s, str) for s in values[name]):
+                    raise ValueError(f"{name} is not a list of strings")
+                values[name] = tuple(values[name])
         for name, f in cls.__dataclass_fields__.items():
-            if name not in values or name == "skip_ops":
+            if name not in values or name in ("skip_ops", "gpu_uuids"):
                 continue
             v = values[name]
             kind = {"int": int, "int | None": (int, type(None)), "bool": bool, "str": str,
@@ -138,8 +143,10 @@ def _memory_defaults(arch: str, tp: int) -> tuple[int, int]:
 def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> Resolution:
     if arch not in SUPPORTED_ARCHS:
         raise UsageError(f"--arch {arch}: supported targets are {', '.join(SUPPORTED_ARCHS)}")
+    megamoe = flags.moe_runner_backend == "flashinfer_megamoe"
     try:
-        topo = Topology(tp=flags.tp, pp=flags.pp, dp=flags.dp, dp_attention=flags.dp_attention)
+        topo = Topology(tp=flags.tp, pp=flags.pp, dp=flags.dp, dp_attention=flags.dp_attention,
+                        gpu_uuids=flags.gpu_uuids if megamoe else ())
     except TopologyError as e:
         raise UsageError(str(e)) from None
     if flags.ep < 1 or flags.tp % flags.ep:
@@ -156,6 +163,14 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> 
     sm100 = arch_major(arch) == 10
     notes: list[str] = []
     reasons: list[str] = []
+    if megamoe:
+        notes.append("flashinfer_megamoe's own autotune (FlashInfer namespaced records, SGLang "
+                     "flashinfer_megamoe_autotune.py) is not modelled: SGLang still tunes it at startup")
+        if not flags.gpu_uuids:
+            notes.append("flashinfer_megamoe names each rank file after its GPU (rank_tp{t}_..._gpu<UUID>.json): "
+                         "pass --gpu-uuids (the serving machine's, in tp-rank order) or --gpu-uuids auto there")
+    elif flags.gpu_uuids:
+        notes.append("--gpu-uuids ignored: only flashinfer_megamoe names rank files by GPU")
 
     # dtype: ModelRunner.dtype from --dtype (auto: the config's), forced bfloat16 for gpt-oss mxfp4
     # (model_overrides/gpt_oss.py).

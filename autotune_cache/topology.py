@@ -59,20 +59,32 @@ def _parse_rank_name(filename: str) -> RankName | None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _rank_names(tp: int, pp: int, dp: int, dp_attention: bool) -> tuple[RankName, ...]:
+def _rank_names(tp: int, pp: int, dp: int, dp_attention: bool, gpu_uuids: tuple[str, ...] = ()) -> tuple[RankName, ...]:
     names = []
     replicas = 1 if dp_attention else dp
     attn_tp = tp // dp if dp_attention else tp
     for replica in range(replicas):
         for p in range(pp):
             for t in range(tp):
-                names.append(RankName(t, p, t // attn_tp if dp_attention else replica))
+                names.append(RankName(t, p, t // attn_tp if dp_attention else replica, gpu_uuids[t] if gpu_uuids else None))
     return tuple(sorted(names))
 
 
 @functools.lru_cache(maxsize=1024)
-def _rank_files(tp: int, pp: int, dp: int, dp_attention: bool) -> tuple[str, ...]:
-    return tuple(r.filename for r in _rank_names(tp, pp, dp, dp_attention))
+def _rank_files(tp: int, pp: int, dp: int, dp_attention: bool, gpu_uuids: tuple[str, ...] = ()) -> tuple[str, ...]:
+    return tuple(r.filename for r in _rank_names(tp, pp, dp, dp_attention, gpu_uuids))
+
+
+#: ``str(torch.cuda.get_device_properties(i).uuid)``: nvidia-smi's UUID, lowercase, without "GPU-".
+GPU_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def normalize_gpu_uuid(text: str) -> str:
+    """``GPU-DF3C1114-...`` (nvidia-smi) or ``df3c1114-...`` (torch) -> what SGLang puts in a name."""
+    uuid = text.strip().lower().removeprefix("gpu-")
+    if not GPU_UUID_RE.match(uuid):
+        raise TopologyError(f"{text!r} is not a GPU UUID (nvidia-smi -L prints them: GPU-xxxxxxxx-xxxx-...)")
+    return uuid
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,9 @@ class Topology:
     pp: int = 1
     dp: int = 1
     dp_attention: bool = True
+    #: flashinfer_megamoe (SGLang 0.5.22+) names each rank file after its GPU: ``..._gpu<uuid>.json``,
+    #: the UUID of the GPU of tp rank t (single pipeline stage, one TP group).
+    gpu_uuids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp"):
@@ -103,6 +118,11 @@ class Topology:
         files = self.tp * self.pp * (1 if self.dp_attention else self.dp)
         if files > MAX_RANK_FILES:
             raise TopologyError(f"{files} rank files is beyond {MAX_RANK_FILES}, the most fi-autotune accepts")
+        if self.gpu_uuids:
+            if self.pp != 1 or not (self.dp_attention or self.dp == 1):
+                raise TopologyError("GPU-named rank files (flashinfer_megamoe) need one TP group and one pipeline stage")
+            if len(self.gpu_uuids) != self.tp or not all(GPU_UUID_RE.match(u) for u in self.gpu_uuids):
+                raise TopologyError(f"give one GPU UUID per tp rank ({self.tp}), lowercase, without 'GPU-'")
 
     @property
     def attn_dp_size(self) -> int:
@@ -118,10 +138,10 @@ class Topology:
         return f"tp={self.tp} pp={self.pp} dp={self.dp}{mode}"
 
     def rank_names(self) -> list[RankName]:
-        return list(_rank_names(self.tp, self.pp, self.dp, self.dp_attention))
+        return list(_rank_names(self.tp, self.pp, self.dp, self.dp_attention, self.gpu_uuids))
 
     def rank_files(self) -> list[str]:
-        return list(_rank_files(self.tp, self.pp, self.dp, self.dp_attention))
+        return list(_rank_files(self.tp, self.pp, self.dp, self.dp_attention, self.gpu_uuids))
 
     def tp_group_of(self, rank: RankName) -> tuple[int, int]:
         """(pp stage, replica): ranks sharing it must have byte-identical files."""
@@ -145,6 +165,11 @@ class Topology:
         pp = max(r.pp for r in ranks) + 1
         dps = sorted({r.dp for r in ranks})
         dp = max(dps) + 1
+        by_tp = {r.tp: r.gpu for r in ranks if r.gpu}
+        if by_tp:
+            uuids = tuple(by_tp.get(t, "") for t in range(tp))
+            if pp == 1 and all(GPU_UUID_RE.match(u) for u in uuids) and len(set(uuids)) == tp:
+                return cls(tp=tp, pp=1, dp=dp, dp_attention=True, gpu_uuids=uuids) if tp % dp == 0 else None
         if dp == 1:
             return cls(tp=tp, pp=pp, dp=1, dp_attention=True)
         tps_per_dp = {d: {r.tp for r in ranks if r.dp == d} for d in dps}
@@ -156,7 +181,10 @@ class Topology:
         return cls(tp=tp, pp=pp, dp=dp, dp_attention=False)
 
     def to_dict(self) -> dict:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "dp_attention": self.dp_attention}
+        d = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "dp_attention": self.dp_attention}
+        if self.gpu_uuids:
+            d["gpu_uuids"] = list(self.gpu_uuids)
+        return d
 
     @classmethod
     def from_dict(cls, d: object) -> "Topology":
@@ -169,7 +197,10 @@ class Topology:
             raise TopologyError(f"topology lacks {e.args[0]!r}") from None
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (tp, pp, dp)) or not isinstance(attn, bool):
             raise TopologyError("topology fields have the wrong types")
-        return _topology(tp, pp, dp, attn)
+        uuids = d.get("gpu_uuids") or ()
+        if not isinstance(uuids, (list, tuple)) or not all(isinstance(u, str) for u in uuids):
+            raise TopologyError("topology.gpu_uuids is not a list of strings")
+        return _topology(tp, pp, dp, attn, tuple(uuids))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -179,5 +210,5 @@ def _infer(ranks: tuple[RankName, ...]) -> Topology | None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _topology(tp: int, pp: int, dp: int, dp_attention: bool) -> Topology:
-    return Topology(tp=tp, pp=pp, dp=dp, dp_attention=dp_attention)
+def _topology(tp: int, pp: int, dp: int, dp_attention: bool, gpu_uuids: tuple[str, ...] = ()) -> Topology:
+    return Topology(tp=tp, pp=pp, dp=dp, dp_attention=dp_attention, gpu_uuids=gpu_uuids)

@@ -78,6 +78,20 @@ def detect_gpus() -> GpuInfo:
         pynvml.nvmlShutdown()
 
 
+def detect_gpu_uuids() -> list[str]:
+    """This machine's GPU UUIDs in index order, as SGLang writes them (no "GPU-", lowercase)."""
+    from .topology import normalize_gpu_uuid
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    return [normalize_gpu_uuid(line) for line in out.stdout.split() if line.strip()]
+
+
 def work_dir(plan: TuningPlan) -> Path:
     from platformdirs import user_cache_dir
 
@@ -216,6 +230,9 @@ def warm(
     if not plan.autotunes:
         return WarmResult("nothing-to-tune", str(kdir), message="SGLang would not autotune this configuration: nothing to write")
 
+    if plan.resolution.moe_runner_backend == "flashinfer_megamoe" and not plan.resolution.topology.gpu_uuids:
+        raise UsageError("flashinfer_megamoe names each rank file after its GPU: pass --gpu-uuids (the serving "
+                         "machine's UUIDs in tp-rank order, or auto when it is this machine)")
     info = gpu_info or detect_gpus()
     if info.count == 0:
         raise UsageError("no CUDA GPU found: warm needs one (run `fi-autotune plan` to see the plan without a GPU)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autotune_cache.check import Candidate, CheckReport, check_files, files_of_bundle, nearest_difference
-from autotune_cache.errors import ExitCode
+from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.fingerprint import Fingerprint
 from autotune_cache.layouts import default_layout
 from autotune_cache.rankfile import read_regular_file
@@ -18,12 +18,15 @@ from .plancmd import apply_serving_command, build_plan, request_from, serving_co
 @click.command("check")
 @serving_options
 @click.option("--store", "store_url", default=None, help="Check a store (s3://, gs://, file://, https://) instead of a tree.")
+@click.option("--layout", "layout_name", type=click.Choice(["sglang", "flashinfer-v2"]), default="sglang", show_default=True,
+              help="The reader to check for: SGLang's rank files, or FlashInfer's managed store (needs --env-from: "
+                   "its directory is named by the serving environment).")
 @env_from_option
 @click.option("--strict", is_flag=True, help="Exit 1 on any miss (fail the build before a slow boot does).")
 @json_option
 @serving_command_argument
 @click.pass_context
-def check_cmd(ctx, store_url, env_from, strict, as_json, **kw):
+def check_cmd(ctx, store_url, layout_name, env_from, strict, as_json, **kw):
     """Check, without a GPU, that the engine will find and use its cache.
 
     For the serving flags (or the serving command after `--`): is an entry at the path the
@@ -44,7 +47,16 @@ def check_cmd(ctx, store_url, env_from, strict, as_json, **kw):
         plan = build_plan(request, kw["cache_dir"])
     eid = plan.entry_id
     report = CheckReport(str(eid), str(plan.key_dir) if store_url is None else f"{store_url} {eid}", plan.autotunes)
-    if plan.autotunes:
+    if plan.autotunes and layout_name == "flashinfer-v2":
+        if fingerprint is None or store_url is not None:
+            raise UsageError("--layout flashinfer-v2 checks a local store against --env-from (the serving image's "
+                             "fingerprint names its directory)")
+        from autotune_cache.check import check_v2_store
+        from autotune_cache.layouts import get_layout
+
+        v2root = kw["cache_dir"] or get_layout("flashinfer-v2").default_root().path
+        check_v2_store(plan, report, fingerprint, v2root)
+    elif plan.autotunes:
         if store_url is None:
             _check_tree(plan, layout, report, fingerprint)
         else:

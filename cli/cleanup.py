@@ -14,9 +14,10 @@ from autotune_cache.txn import recover_journals
 
 from .output import Output
 from .params import (
-    cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, quiet_option,
-    resolve_root, staleness_fingerprint,
+    cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
+    quiet_option, staleness_fingerprint, trees,
 )
+from .tree import scan_trees
 
 dry_run_option = click.option("--dry-run", is_flag=True, help="Print the plan and delete nothing.")
 yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
@@ -72,6 +73,7 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool) -> None:
 
 @click.command("prune")
 @cache_dir_option
+@layout_option
 @filter_options
 @click.option("--other-versions", is_flag=True, help="Entries of every FlashInfer version but the installed one.")
 @click.option("--keep-latest", type=click.IntRange(min=0), default=None,
@@ -83,7 +85,7 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool) -> None:
 @yes_option
 @json_option
 @quiet_option
-def prune_cmd(cache_dir, model, versions, arch, status, older_than, unused_for, other_versions, keep_latest,
+def prune_cmd(cache_dir, layouts, model, versions, arch, status, older_than, unused_for, other_versions, keep_latest,
               env_from, check_env, dry_run, yes, as_json, quiet):
     """Delete entries matching every given filter, and leftovers of interrupted writes.
 
@@ -91,7 +93,9 @@ def prune_cmd(cache_dir, model, versions, arch, status, older_than, unused_for, 
     locked by a writer, and holds nothing but cache files; the rest is left and reported.
     """
     out = Output(as_json, quiet)
-    root = resolve_root(cache_dir, must_exist=True)
+    if len(layouts) > 1 or any(len(v) > 1 for v in layouts):
+        raise UsageError("prune works on one layout at a time: give one --layout")
+    ((layout, root),) = trees(cache_dir, layouts)
     other = None
     if other_versions:
         other = installed_flashinfer_version()
@@ -100,9 +104,9 @@ def prune_cmd(cache_dir, model, versions, arch, status, older_than, unused_for, 
     flt = entry_filter(model, versions, arch, status, older_than, unused_for, other)
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
     if not dry_run:
-        for done in _recover(root.path):
+        for done in recover_journals(layout, root.path):
             out.note(done)
-    info = scan_cache(root.path, fingerprint=fingerprint)
+    info = scan_cache(root.path, layout, fingerprint=fingerprint)
     plan = plan_prune(info, flt, keep_latest=keep_latest, scan_fingerprint=fingerprint)
     _run(plan, out, dry_run, yes)
 
@@ -110,24 +114,22 @@ def prune_cmd(cache_dir, model, versions, arch, status, older_than, unused_for, 
 @click.command("rm")
 @click.argument("refs", nargs=-1, required=True, metavar="ID...")
 @cache_dir_option
+@layout_option
 @dry_run_option
 @yes_option
 @json_option
 @quiet_option
-def rm_cmd(refs, cache_dir, dry_run, yes, as_json, quiet):
+def rm_cmd(refs, cache_dir, layouts, dry_run, yes, as_json, quiet):
     """Delete the named entries (ids as `ls` prints them, unique keys, or entry dirs).
 
     An unknown or ambiguous name stops the command before anything is deleted.
     """
     out = Output(as_json, quiet)
-    root = resolve_root(cache_dir, must_exist=True)
-    if not dry_run:
-        _recover(root.path)
-    plan = plan_rm(scan_cache(root.path), tuple(refs))
+    found = scan_trees(cache_dir, layouts, refs)
+    infos = {id(info): info for _, info in found}
+    if len(infos) > 1:
+        raise UsageError("rm works on one layout at a time: these ids are in " + ", ".join(
+            sorted({e.layout for e, _ in found})))
+    (info,) = infos.values()
+    plan = plan_rm(info, tuple(str(e.id) for e, _ in found))
     _run(plan, out, dry_run, yes)
-
-
-def _recover(root) -> list[str]:
-    from autotune_cache.layouts import default_layout
-
-    return recover_journals(default_layout(), root)

@@ -9,7 +9,7 @@ import click
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import Duration, parse_duration
-from autotune_cache.layouts import RootChoice, default_layout
+from autotune_cache.layouts import LAYOUTS, CacheLayout, RootChoice, default_layout, get_layout
 from autotune_cache.layouts.sglang import VERSION_RE
 from autotune_cache.prune import EntryFilter
 from autotune_cache.status import EntryStatus
@@ -73,10 +73,10 @@ def flatten(values) -> tuple:
     return tuple(out)
 
 
-def resolve_root(cache_dir: str | None, *, must_exist: bool) -> RootChoice:
+def resolve_root(cache_dir: str | None, *, must_exist: bool, layout: CacheLayout | None = None) -> RootChoice:
     """``--cache-dir`` or the engine's own root. A path that is a file is a usage error; a root
     that does not exist is an error for commands that read (exit 1), naming where it came from."""
-    layout = default_layout()
+    layout = layout or default_layout()
     choice = RootChoice(Path(cache_dir), "--cache-dir") if cache_dir is not None else layout.default_root()
     root = choice.path
     if root.exists() and not root.is_dir():
@@ -84,6 +84,42 @@ def resolve_root(cache_dir: str | None, *, must_exist: bool) -> RootChoice:
     if must_exist and not root.exists():
         raise FiAutotuneError(f"cache root {root} does not exist (from {choice.source})")
     return choice
+
+
+LAYOUT_NAMES = CommaList("layout", choices=list(LAYOUTS))
+layout_option = click.option(
+    "--layout", "layouts", multiple=True, type=LAYOUT_NAMES,
+    help="Which engine's tree: " + ", ".join(f"{n} ({l.default_root().source.removeprefix('the default ')})"
+                                            for n, l in LAYOUTS.items()) + ". Default: sglang; `ls` lists every one that exists.",
+)
+
+
+def trees(cache_dir: str | None, layouts, *, every_existing: bool = False) -> list[tuple[CacheLayout, RootChoice]]:
+    """The (layout, root) pairs a command works on. ``--cache-dir`` is one layout's root (sglang
+    unless ``--layout`` says which); otherwise each layout's own root. With ``every_existing``
+    (``ls`` without ``--layout``), every layout whose root exists - an error if none does."""
+    names = flatten(layouts)
+    if cache_dir is not None:
+        if len(names) > 1:
+            raise UsageError("--cache-dir is one layout's root: give one --layout with it")
+        layout = get_layout(names[0]) if names else default_layout()
+        return [(layout, resolve_root(cache_dir, must_exist=True, layout=layout))]
+    if names:
+        return [(get_layout(n), resolve_root(None, must_exist=True, layout=get_layout(n))) for n in names]
+    if not every_existing:
+        return [(default_layout(), resolve_root(None, must_exist=True))]
+    found, missing = [], []
+    for layout in LAYOUTS.values():
+        choice = layout.default_root()
+        if choice.path.is_dir():
+            found.append((layout, choice))
+        else:
+            missing.append(choice)
+    if not found:
+        first, *rest = missing
+        raise FiAutotuneError(f"cache root {first.path} does not exist (from {first.source})"
+                              + "".join(f"; nor does {c.path} (from {c.source})" for c in rest))
+    return found
 
 
 cache_dir_option = click.option(

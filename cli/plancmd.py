@@ -7,7 +7,7 @@ import functools
 import click
 
 from autotune_cache.errors import UsageError
-from autotune_cache.keys import DEFAULT_SCHEMA
+from autotune_cache.keys import DEFAULT_SCHEMA, SCHEMAS, get_schema, schema_for_sglang
 from autotune_cache.request import TuneRequest
 from autotune_cache.sglang import ServerFlags
 
@@ -51,13 +51,57 @@ def serving_options(fn=None, *, model_required: bool = True):  # noqa: ARG001 - 
         click.option("--chunked-prefill-size", type=POSITIVE),
         click.option("--autotune-extend", is_flag=True, help="The server runs with SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1."),
         click.option("--max-tokens", type=POSITIVE, help="Tune buckets up to this many tokens instead of the engine's maximum."),
-        click.option("--schema", default=DEFAULT_SCHEMA, show_default=True),
+        click.option("--gpu-uuids", default=None,
+                     help="flashinfer_megamoe only: the serving GPUs' UUIDs in tp-rank order (comma-separated, as "
+                          "nvidia-smi -L prints them), or 'auto' for this machine's (rank t on GPU t)."),
+        click.option("--engine", default=None, metavar="sglang==X.Y.Z",
+                     help="The SGLang release that will serve: picks its cache-key schema (default: the sglang "
+                          "installed here, read without importing it; else 0.5.23)."),
+        click.option("--schema", default=None, help=f"Key schema by name, overriding --engine ({', '.join(SCHEMAS)})."),
         click.option("--flashinfer-version", help="Default: the installed flashinfer-python."),
         cache_dir_option,
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def _gpu_uuids(value: str | None) -> tuple[str, ...]:
+    """``--gpu-uuids``: a list, or ``auto``: this machine's GPUs in index order (NVML/nvidia-smi)."""
+    from autotune_cache.topology import TopologyError, normalize_gpu_uuid
+
+    if not value:
+        return ()
+    if value == "auto":
+        from autotune_cache.warm import detect_gpu_uuids
+
+        uuids = detect_gpu_uuids()
+        if not uuids:
+            raise UsageError("--gpu-uuids auto: no GPU found here (give the serving machine's UUIDs)")
+        return tuple(uuids)
+    try:
+        return tuple(normalize_gpu_uuid(u) for u in value.split(",") if u.strip())
+    except TopologyError as e:
+        raise UsageError(f"--gpu-uuids: {e}") from None
+
+
+def pick_schema(kw: dict) -> tuple[str, str]:
+    """(key schema, where it came from): --schema, else --engine sglang==X.Y.Z, else the sglang
+    installed in this Python (importlib.metadata: no import), else SGLang 0.5.23's."""
+    from autotune_cache.installed import installed_version
+
+    if kw.get("schema"):
+        return get_schema(kw["schema"]).name, "--schema"
+    engine = kw.get("engine")
+    if engine:
+        name, sep, version = engine.partition("==")
+        if name.strip().lower() != "sglang" or not sep:
+            raise UsageError(f"--engine {engine!r}: expected sglang==X.Y.Z")
+        return schema_for_sglang(version), f"--engine {engine}"
+    here = installed_version("sglang")
+    if here:
+        return schema_for_sglang(here), f"sglang {here} installed here"
+    return DEFAULT_SCHEMA, "SGLang 0.5.23 (no sglang installed here; --engine sglang==X.Y.Z picks another)"
 
 
 def request_from(kw: dict) -> TuneRequest:
@@ -71,11 +115,12 @@ def request_from(kw: dict) -> TuneRequest:
         moe_runner_backend=kw["moe_runner_backend"], skip_ops=_split(kw["skip_ops"]),
         max_running_requests=kw["max_running_requests"], cuda_graph_max_bs=kw["cuda_graph_max_bs"],
         chunked_prefill_size=kw["chunked_prefill_size"], autotune_extend=kw["autotune_extend"],
-        autotune_disabled_by=kw.get("autotune_disabled_by"),
+        autotune_disabled_by=kw.get("autotune_disabled_by"), gpu_uuids=_gpu_uuids(kw.get("gpu_uuids")),
     )
+    schema, schema_source = pick_schema(kw)
     return TuneRequest(
-        model=model, flags=flags, arch=kw["arch"].lower() if kw["arch"] else None, config=kw["config_path"],
-        revision=kw["revision"], schema=kw["schema"], flashinfer_version=kw["flashinfer_version"],
+        model=model, flags=flags, schema_source=schema_source, arch=kw["arch"].lower() if kw["arch"] else None, config=kw["config_path"],
+        revision=kw["revision"], schema=schema, flashinfer_version=kw["flashinfer_version"],
         max_tokens=kw["max_tokens"], model_path=kw["model_path"],
     )
 
@@ -162,7 +207,8 @@ def print_plan(plan, out: Output) -> None:
     out.line(f"Dummy pass  decode batch {r.decode_batch} per rank"
              + (f", {r.moe_tokens} tokens at each MoE layer (x{r.attn_dp_size} dp gather)" if plan.spec.moe and r.attn_dp_size > 1 else "")
              + f"; chunked prefill {r.chunked_prefill_size}")
-    out.line(f"Key         {plan.key}  ({plan.schema})")
+    source = f", from {plan.request.schema_source}" if plan.request is not None and plan.request.schema_source else ""
+    out.line(f"Key         {plan.key}  (schema {plan.schema}: {get_schema(plan.schema).description}{source})")
     out.line(f"Key string  {plan.key_string}")
     if plan.autotunes:
         out.line(f"Key dir     {plan.key_dir}")

@@ -6,6 +6,7 @@ import time
 
 import click
 
+from autotune_cache.errors import FiAutotuneError
 from autotune_cache.humanize import format_size, plural
 from autotune_cache.scan import CacheEntry, map_entries, scan_cache
 from autotune_cache.status import EntryStatus
@@ -13,8 +14,8 @@ from autotune_cache.txn import recover_journals
 
 from .output import Output
 from .params import (
-    cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, quiet_option,
-    resolve_root, staleness_fingerprint,
+    cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, flatten, json_option,
+    layout_option, quiet_option, staleness_fingerprint, trees,
 )
 
 SORTS = {
@@ -27,13 +28,15 @@ SORTS = {
     "status": lambda e: (e["status"], e["id"]),
 }
 
-HEADERS = ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "USED", "STATUS"]
+HEADERS = ["ID", "LAYOUT", "MODEL", "GPU", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "USED", "STATUS"]
 
 LS_HELP = """List cache entries (one per key dir) with their status.
 
 \b
 Columns:
-  ID        <flashinfer version>/<arch>/<key>: what show, rm, export and verify take
+  ID        <flashinfer version>/<arch>/<key> (SGLang); <layout>:<...> for the other layouts: what show,
+            rm, export and verify take
+  LAYOUT    whose tree: sglang, flashinfer-v2 (FlashInfer's managed store; CONFIGS: its entries)
   MODEL     the served model path (from fi-autotune's manifest; '-' for engine-written entries)
   GPU       the GPU the files were tuned on (H100 and H200 are both sm90 and share one path)
   PARALLEL  tp8 dp8a ep1 = tensor parallel 8, data parallel 8 with dp-attention (dp2r: 2 replicas),
@@ -54,7 +57,7 @@ def _summary(e: CacheEntry, full: bool) -> dict:
         "size_on_disk": e.size_on_disk, "last_modified": e.last_modified, "last_used": e.last_used,
         "rank_files": len(e.rank_files),
     }
-    d["row"] = [str(e.id), e.model or "-", e.gpu_short, e.parallel_str, e.ranks_str, str(e.num_configs),
+    d["row"] = [str(e.id), e.layout, e.model or "-", e.gpu_short, e.parallel_str, e.ranks_str, str(e.num_configs),
                 e.size_on_disk_str, e.last_modified_str, e.last_used_str, e.status.value]
     d["notes"] = ([f"{e.id}: {p}" for p in e.problems] + [f"{e.id}: {n}" for n in e.notes]
                   + [f"{e.id}: {f.kind}: {f.path.name}: {f.message}" for f in e.foreign])
@@ -64,28 +67,35 @@ def _summary(e: CacheEntry, full: bool) -> dict:
 @click.command("ls", help=LS_HELP)
 @click.argument("store", required=False, metavar="[STORE_URL]")
 @cache_dir_option
+@layout_option
 @filter_options
 @click.option("--sort", type=click.Choice(sorted(SORTS)), default="id", show_default=True)
 @env_from_option
 @check_env_option
 @json_option
 @quiet_option
-def ls_cmd(store, cache_dir, model, versions, arch, status, older_than, unused_for, sort, env_from, check_env, as_json, quiet):
+def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, sort, env_from, check_env,
+           as_json, quiet):
     out = Output(as_json, quiet)
     if store is not None:
         return _ls_store(out, store, entry_filter(model, versions, arch, status, older_than, unused_for), env_from)
-    root = resolve_root(cache_dir, must_exist=True)
+    targets = trees(cache_dir, layouts, every_existing=True)
     flt = entry_filter(model, versions, arch, status, older_than, unused_for)
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
-    for done in recover_journals_quietly(root.path):
-        out.note(done)
     now = time.time()
 
     def pick(e: CacheEntry):
         return _summary(e, as_json) if flt.reasons(e, now) is not None else None
 
-    summaries, findings = map_entries(root.path, pick, fingerprint=fingerprint)
+    summaries, findings = [], []
+    for layout, root in targets:
+        for done in recover_journals_quietly(root.path, layout):
+            out.note(done)
+        found, seen = map_entries(root.path, pick, layout=layout, fingerprint=fingerprint)
+        summaries += found
+        findings += seen
     entries = sorted((s for s in summaries if s is not None), key=SORTS[sort])
+    where = ", ".join(str(root.path) for _, root in targets)
     counts = {s: sum(1 for e in entries if e["status"] == s) for s in EntryStatus.names()}
     totals = {
         "entries": len(entries),
@@ -99,7 +109,7 @@ def ls_cmd(store, cache_dir, model, versions, arch, status, older_than, unused_f
             out.table(HEADERS, [e["row"] for e in entries])
         by_status = ", ".join(f"{n} {s}" for s, n in totals["by_status"].items()) or "nothing cached"
         out.line(f"\n{plural(len(entries), 'entry', 'entries')}, {plural(totals['rank_files'], 'rank file')}, "
-                 f"{format_size(totals['size_on_disk'])} in {root.path} ({by_status})")
+                 f"{format_size(totals['size_on_disk'])} in {where} ({by_status})")
         for e in entries:
             for note in e["notes"]:
                 out.note(note)
@@ -110,7 +120,8 @@ def ls_cmd(store, cache_dir, model, versions, arch, status, older_than, unused_f
         for e in entries:
             del e["row"], e["notes"]
         return {
-            "root": str(root.path),
+            "root": str(targets[0][1].path) if len(targets) == 1 else None,
+            "roots": {layout.name: str(root.path) for layout, root in targets},
             "fingerprint": fingerprint.to_dict() if fingerprint else None,
             "entries": entries,
             "findings": [f.to_dict() for f in findings] + [f for e in entries for f in e["foreign"]],
@@ -164,18 +175,45 @@ def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
              data=lambda: {"store": str(store), "entries": [{**r.to_dict(), "stale": bool(s and s.stale)} for r, s in rows]})
 
 
-def recover_journals_quietly(root) -> list[str]:
+def recover_journals_quietly(root, layout=None) -> list[str]:
     """Finish interrupted multi-entry writes when this tree is writable (a no-op otherwise)."""
+    from autotune_cache.layouts import default_layout
+
     try:
-        return recover_journals(_layout(), root)
+        return recover_journals(layout or default_layout(), root)
     except Exception:  # noqa: BLE001 - a reader never fails because it could not finish a write
         return []
 
 
-def _layout():
-    from autotune_cache.layouts import default_layout
+def scan_trees(cache_dir, layouts, refs, fingerprint=None):
+    """Scan the trees the ids name (a ``<layout>:`` prefix names its layout; ``--layout`` or
+    ``--cache-dir`` otherwise) and resolve the ids there: [(entry, CacheInfo)]."""
+    from autotune_cache.layouts import LAYOUTS
 
-    return default_layout()
+    names = list(flatten(layouts))
+    for ref in refs:
+        prefix, sep, _ = ref.partition(":")
+        if sep and prefix in LAYOUTS and prefix not in names and cache_dir is None:
+            names.append(prefix)
+    targets = trees(cache_dir, tuple(names))
+    infos = []
+    for layout, root in targets:
+        recover_journals_quietly(root.path, layout)
+        infos.append(scan_cache(root.path, layout, fingerprint))
+    found = []
+    for ref in refs:
+        matches, last_error = [], None
+        for info in infos:
+            try:
+                matches += [(e, info) for e in info.find(ref)]
+            except FiAutotuneError as e:
+                last_error = e
+        if not matches:
+            raise last_error
+        for m in matches:
+            if m[0] not in [f[0] for f in found]:
+                found.append(m)
+    return found
 
 
 def entry_view(e: CacheEntry, ops) -> dict:
@@ -190,6 +228,8 @@ def entry_view(e: CacheEntry, ops) -> dict:
 def _ops_of(e: CacheEntry):
     from autotune_cache.rankfile import summarize_ops
 
+    if e.layout == "flashinfer-v2":
+        return []  # one key per file: listed by show --json
     for rf in e.rank_files:
         if rf.ok:
             try:
@@ -202,21 +242,19 @@ def _ops_of(e: CacheEntry):
 @click.command("show")
 @click.argument("refs", nargs=-1, required=True, metavar="ID...")
 @cache_dir_option
+@layout_option
 @env_from_option
 @check_env_option
 @json_option
-def show_cmd(refs, cache_dir, env_from, check_env, as_json):
+def show_cmd(refs, cache_dir, layouts, env_from, check_env, as_json):
     """Show entries: manifest, rank files, tuned ops and their bucket counts, metadata.
 
     ID is <flashinfer version>/<arch>/<key> as `ls` prints it, a key that names one entry,
     or the entry's directory.
     """
     out = Output(as_json)
-    root = resolve_root(cache_dir, must_exist=True)
     fingerprint = staleness_fingerprint(env_from, check_env, entry_filter(None, (), (), (), None, None), out)
-    recover_journals_quietly(root.path)
-    info = scan_cache(root.path, fingerprint=fingerprint)
-    docs = [(e, _ops_of(e)) for e in info.resolve(refs)]
+    docs = [(e, _ops_of(e)) for e, _ in scan_trees(cache_dir, layouts, refs, fingerprint)]
 
     def human() -> None:
         for i, (e, ops) in enumerate(docs):

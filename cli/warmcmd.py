@@ -61,10 +61,13 @@ class _Progress:
 @serving_options
 @click.option("--gpus", default="all", show_default=True, help="How many local GPUs to spread the work over.")
 @click.option("--force", is_flag=True, help="Tune again even if a complete entry exists (and replace one tuned on another GPU model).")
+@click.option("--layout", "layouts", default="sglang", show_default=True,
+              help="Every reader to write the tuning for, comma-separated: sglang (rank files), flashinfer-v2 "
+                   "(FlashInfer's managed store, under $FLASHINFER_AUTOTUNE_CACHE_DIR or ~/.cache/flashinfer/autotune).")
 @json_option
 @serving_command_argument
 @click.pass_context
-def warm_cmd(ctx, gpus, force, as_json, **kw):
+def warm_cmd(ctx, gpus, force, layouts, as_json, **kw):
     """Tune the plan on this machine's GPUs and write every rank file where the engine looks.
 
     The serving flags can also come from the serving command itself, after `--`.
@@ -75,6 +78,11 @@ def warm_cmd(ctx, gpus, force, as_json, **kw):
 
     t0 = time.perf_counter()
     n = _gpus(gpus)
+    wanted = [x.strip() for x in layouts.split(",") if x.strip()]
+    unknown = [x for x in wanted if x not in ("sglang", "flashinfer-v2")]
+    if unknown or "sglang" not in wanted:
+        raise UsageError(f"--layout {layouts!r}: warm writes sglang, plus flashinfer-v2 if asked (vLLM's files are "
+                         "not supported yet)")
     kw = apply_serving_command(ctx, kw, Output(as_json))
     request = request_from(kw)
     # Workers import torch and flashinfer and create their CUDA contexts while this process
@@ -101,9 +109,14 @@ def warm_cmd(ctx, gpus, force, as_json, **kw):
     finally:
         if pool is not None:
             pool.close()
+    extra = {}
+    if "flashinfer-v2" in wanted and result.status in ("written", "complete"):
+        extra["flashinfer-v2"] = _also_v2(plan, out)
     result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
 
     def human() -> None:
+        for name, r in extra.items():
+            out.line(f"{name}: {r.written} entries written, {r.unchanged} unchanged in {r.env_dir}")
         if result.status != "written":
             out.line(f"{result.message}: {result.key_dir}")
             return
@@ -113,7 +126,19 @@ def warm_cmd(ctx, gpus, force, as_json, **kw):
                  f"tuning {t['tuning_s']:.1f} s, writing {t['write_s']:.2f} s)")
         out.line(f"Wrote {len(result.rank_files)} rank files + manifest to {result.key_dir}")
 
-    out.emit(human=human, data=result.to_dict)
+    out.emit(human=human, data=lambda: {**result.to_dict(), "layouts": {k: v.to_dict() for k, v in extra.items()}})
+
+
+def _also_v2(plan, out: Output):
+    """The tuning just committed (or already there), written into FlashInfer's own store too."""
+    from autotune_cache.layouts import get_layout
+    from autotune_cache.scan import scan_entry
+
+    from .convertcmd import convert_entry
+
+    entry = scan_entry(get_layout("sglang"), plan.key_dir, plan.entry_id)
+    result, _ = convert_entry(entry, "flashinfer-v2", get_layout("flashinfer-v2").default_root().path)
+    return result
 
 
 def _request_of(entry) -> TuneRequest:

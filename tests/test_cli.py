@@ -127,7 +127,7 @@ def test_ls_table_filters_and_quiet(root):
     proc = run_cli("ls", "--cache-dir", str(root))
     assert proc.returncode == 0
     header = proc.stdout.splitlines()[0].split()
-    assert header == ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "USED", "STATUS"]
+    assert header == ["ID", "LAYOUT", "MODEL", "GPU", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "USED", "STATUS"]
     row = next(line for line in proc.stdout.splitlines() if line.startswith(str(a)))
     assert "H200" in row and "tp8 dp8a ep1" in row
     assert "3 entries, 18 rank files" in proc.stdout and "(3 complete)" in proc.stdout

@@ -97,9 +97,14 @@ def test_hf_cache_is_used_before_presets_and_offline_is_honoured(tmp_path, monke
 
 def test_unknown_model_error_names_the_ways_out():
     with pytest.raises(UsageError) as e:
-        load_model_config("./no/such/dir")
+        load_model_config("nobody-knows-this-model")
     msg = str(e.value)
     assert "--config" in msg and "local model directory" in msg and "Hugging Face" in msg
+    # a path that is not here: the served path is --model-path, the config comes from elsewhere
+    with pytest.raises(UsageError) as e:
+        load_model_config("./no/such/dir")
+    msg = str(e.value)
+    assert "--config" in msg and "--model-path ./no/such/dir" in msg
 
 
 @pytest.mark.parametrize("name,family,cls,dtype", [

@@ -140,6 +140,6 @@ def test_identical_groups_follow_tp_groups():
 
 def test_layout_registry():
     assert get_layout(DEFAULT_LAYOUT) is SG
-    with pytest.raises(UsageError, match="known: sglang"):
+    with pytest.raises(UsageError, match="known: flashinfer-v2, sglang"):
         get_layout("nope")
     assert EntryId("vllm", ("a", "b", "c")).__str__() == "vllm:a/b/c"

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from .base import DEFAULT_LAYOUT_NAME, CacheLayout, EntryId, NameKind, RootChoice
+from .flashinfer_v2 import FlashInferV2Layout
 from .sglang import SGLangLayout
 
 #: The layout a bare id (``<version>/<arch>/<key>``) and ``--cache-dir`` refer to.
 DEFAULT_LAYOUT = DEFAULT_LAYOUT_NAME
 
-LAYOUTS: dict[str, CacheLayout] = {layout.name: layout for layout in (SGLangLayout(),)}
+LAYOUTS: dict[str, CacheLayout] = {layout.name: layout for layout in (SGLangLayout(), FlashInferV2Layout())}
 
 
 def get_layout(name: str) -> CacheLayout:

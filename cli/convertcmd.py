@@ -1,0 +1,75 @@
+"""``convert``: the tactics of an entry, written for another reader (no GPU, no tuning)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.layouts import default_layout, get_layout
+from autotune_cache.rankfile import read_regular_file
+from autotune_cache.scan import scan_cache
+from autotune_cache.status import EntryStatus
+
+from .output import Output
+from .params import cache_dir_option, json_option, resolve_root
+
+TARGETS = ("flashinfer-v2",)
+
+
+def convert_entry(entry, target: str, to_root: Path):
+    """Write one complete SGLang entry into ``target`` under ``to_root``."""
+    from autotune_cache.v2store import merge_rank_files, write_store
+
+    if target != "flashinfer-v2":
+        raise UsageError(f"cannot convert to {target!r}; converts to: {', '.join(TARGETS)}")
+    files = {rf.name: read_regular_file(rf.path) for rf in entry.rank_files if rf.ok}
+    metadata, values = merge_rank_files(files)
+    return write_store(to_root, metadata, values), values
+
+
+@click.command("convert")
+@click.argument("refs", nargs=-1, required=True, metavar="ID...")
+@click.option("--layout", "target", required=True, type=click.Choice(TARGETS + ("vllm",)),
+              help="The layout to write the same tactics into.")
+@click.option("--to", "to_root", default=None,
+              help="Root of the target layout (default: its engine's own: $FLASHINFER_AUTOTUNE_CACHE_DIR, else "
+                   "~/.cache/flashinfer/autotune).")
+@cache_dir_option
+@json_option
+def convert_cmd(refs, target, to_root, cache_dir, as_json):
+    """Write the tactics of tuned entries into another layout, without tuning again.
+
+    `--layout flashinfer-v2`: FlashInfer's managed store (autotune_v2), keyed by the tuned
+    files' environment: every key of the entry becomes one store entry, exactly as FlashInfer
+    publishes it. (vLLM's per-rank files are not a conversion: vLLM calls FlashInfer with other
+    arguments - use_fused_finalize, flattened tp - so its keys differ, and a vLLM that finds
+    files skips tuning altogether; tune them with `warm --layout vllm`.)
+    """
+    out = Output(as_json)
+    if target == "vllm":
+        raise UsageError("vLLM's files are not a conversion of SGLang's: vLLM calls FlashInfer with other arguments "
+                         "(its keys differ) and skips tuning when its files exist; tune them with `warm --layout vllm`")
+    root = resolve_root(cache_dir, must_exist=True)
+    info = scan_cache(root.path)
+    entries = info.resolve(refs)
+    dest = Path(to_root) if to_root else get_layout(target).default_root().path
+    results = []
+    for e in entries:
+        if e.status != EntryStatus.COMPLETE or e.layout != default_layout().name:
+            raise FiAutotuneError(f"{e.id} is {e.status}: only complete SGLang entries convert")
+        result, values = convert_entry(e, target, dest)
+        no_policy = sum(1 for v in values.values() if len(v) < 3)
+        if no_policy:
+            out.warn(f"{e.id}: {no_policy} tactics carry no measurement policy: FlashInfer replays them but re-tunes "
+                     "them in tune mode")
+        results.append((e, result))
+
+    def human() -> None:
+        for e, r in results:
+            out.line(f"{e.id} -> {r.env_dir}: {r.written} entries written, {r.unchanged} unchanged"
+                     + (f", {r.without_key_fields} without key_fields (served lazily)" if r.without_key_fields else ""))
+
+    out.emit(human=human, data=[{"entry": str(e.id), **r.to_dict()} for e, r in results],
+             ids=[f"flashinfer-v2:{r.env_hash}" for _, r in results])
