@@ -12,6 +12,7 @@ Parsing never imports flashinfer: ``ls`` must run on machines without CUDA.
 from __future__ import annotations
 
 import ast
+import re
 import hashlib
 import json
 import os
@@ -123,17 +124,57 @@ class ParsedKey:
     extras: tuple
 
 
+_KEY_HEAD = re.compile(r"""^\('((?:[^'\\]|\\.)*)', '((?:[^'\\]|\\.)*)', """)
+
+
 def parse_file_key(file_key: str) -> ParsedKey | None:
-    """Split a FlashInfer ``file_key`` string; None for keys of a shape we do not know."""
+    """Split a FlashInfer ``file_key`` string; None for keys of a shape we do not know.
+
+    Real keys are not always Python literals: a runner's extras may hold dtypes, printed bare
+    (``(torch.float8_e4m3fn, torch.bfloat16)``). The op, runner and shapes are parsed; extras
+    that are not literals are kept as their text."""
     if len(file_key) > MAX_KEY_CHARS:
         return None
     try:
         value = ast.literal_eval(file_key)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = None
+    if value is not None:
+        if not (isinstance(value, tuple) and len(value) == 4 and isinstance(value[0], str)):
+            return None
+        return ParsedKey(value[0], str(value[1]), value[2], value[3])
+    m = _KEY_HEAD.match(file_key)
+    if not m or not file_key.endswith(")"):
         return None
-    if not (isinstance(value, tuple) and len(value) == 4 and isinstance(value[0], str)):
+    start = m.end()
+    end = _closing(file_key, start)
+    if end is None or file_key[end + 1:end + 3] != ", ":
         return None
-    return ParsedKey(value[0], str(value[1]), value[2], value[3])
+    try:
+        profile = ast.literal_eval(file_key[start:end + 1])
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(profile, tuple):
+        return None
+    return ParsedKey(m[1], m[2], profile, (file_key[end + 3:-1],))
+
+
+def _closing(text: str, start: int) -> int | None:
+    """Index of the parenthesis closing the one at ``start`` (shapes hold no strings)."""
+    if start >= len(text) or text[start] != "(":
+        return None
+    depth = 0
+    for i in range(start, len(text)):
+        c = text[i]
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        elif c in "'\"":
+            return None
+    return None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ that; an interrupted run keeps its finished buckets in the work dir and resumes 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,6 +32,8 @@ from .layouts import default_layout
 from .layouts.sglang import arch_from_capability
 from .manifest import Manifest, utc_now_iso
 from .plan import TuningPlan
+from .quality import (QualitySettings, Selection, SlotRecord, apply_selection, candidates, choose,
+                      selection_summary)
 from .rankfile import METADATA_KEY, RESERVED_KEYS, cache_file_bytes
 from .scan import scan_entry
 from .status import EntryStatus
@@ -92,11 +95,13 @@ def detect_gpu_uuids() -> list[str]:
     return [normalize_gpu_uuid(line) for line in out.stdout.split() if line.strip()]
 
 
-def work_dir(plan: TuningPlan) -> Path:
+def work_dir(plan: TuningPlan, quality: QualitySettings | None = None) -> Path:
     from platformdirs import user_cache_dir
 
-    workloads = [w.to_dict() for w in plan.workloads]
-    digest = hashlib.sha256(json.dumps(workloads, sort_keys=True).encode()).hexdigest()[:12]
+    what: object = {"workloads": [w.to_dict() for w in plan.workloads], "root": str(plan.cache_root)}
+    if quality is not None and quality.careful:  # careful tunes never mix with quick ones
+        what = {**what, "quality": quality.to_dict()}
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
     return Path(user_cache_dir("fi-autotune")) / "work" / f"{plan.flashinfer_version}-{plan.resolution.arch}-{plan.key}-{digest}"
 
 
@@ -125,12 +130,51 @@ def work_queue(ops: list[dict], done: list[set[int]]) -> list[tuple[int, int]]:
     return [(i, b) for i, op in enumerate(ops) for b in sorted((b for b in op["buckets"] if b not in done[i]), reverse=True)]
 
 
-def read_done(wd: Path, uid: int) -> set[int]:
-    out: set[int] = set()
-    for p in wd.glob(f"op{uid}.w*.done"):
-        for line in p.read_text().split():
-            if line.isdigit():
-                out.add(int(line))
+def _lock_work_dir(wd: Path) -> int:
+    """Hold the work dir for this run: two warms of one target at once would take each other's
+    finished buckets for their own (and delete the dir under each other). The lock file sits
+    beside the dir, which is removed once the entry is written."""
+    import fcntl
+
+    from .errors import EntryLocked
+
+    wd.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(wd.parent / f"{wd.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise EntryLocked(f"another warm is tuning this target into the same cache root right now (work dir {wd}); "
+                          "wait for it, or give this one another --cache-dir") from None
+    return fd
+
+
+def tune_prefix(op: int, tune: int | None) -> str:
+    """Work-dir file prefix of one tune of an op (quick mode: the op's only tune)."""
+    return f"op{op}" if tune is None else f"op{op}.r{tune}"
+
+
+def _done_lines(wd: Path, prefix: str):
+    for p in sorted(wd.glob(f"{prefix}.w*.done")):
+        for line in p.read_text().splitlines():
+            bucket, _, rest = line.strip().partition(" ")
+            if bucket.isdigit():
+                yield int(bucket), rest
+
+
+def read_done(wd: Path, prefix: "str | int") -> set[int]:
+    """Buckets a tune has saved (a done line is written only after the op's file holds them)."""
+    return {b for b, _ in _done_lines(wd, prefix if isinstance(prefix, str) else tune_prefix(prefix, None))}
+
+
+def read_slot_records(wd: Path, prefix: str) -> dict[int, list[SlotRecord]]:
+    """What a careful tune stored for each bucket (``quality.SlotRecord``), from its done lines."""
+    out: dict[int, list[SlotRecord]] = {}
+    for b, rest in _done_lines(wd, prefix):
+        try:
+            out[b] = [SlotRecord.from_dict(d) for d in json.loads(rest)] if rest else []
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn line: that bucket offers no candidate
     return out
 
 
@@ -152,6 +196,92 @@ def merge_cache_files(paths: list[Path]) -> tuple[dict, dict]:
     return meta or {}, entries
 
 
+def _one_metadata(metas: list[dict]) -> dict:
+    """The one ``_metadata`` every file of a workload carries (one GPU model, one image)."""
+    first = metas[0]
+    for m in metas[1:]:
+        if m != first:
+            diff = {k: (first.get(k), m.get(k)) for k in set(first) | set(m) if first.get(k) != m.get(k)}
+            raise FiAutotuneError(f"refusing to merge tuning results from different environments: {diff}")
+    return first
+
+
+@dataclass(frozen=True)
+class RacePlan:
+    """One (op, bucket) of a careful run: what its tunes stored and the candidates to race.
+    ``spec`` is None when there is nothing to race (one candidate, or no tune recorded it)."""
+
+    op: int
+    bucket: int
+    records: tuple  # per tune: list[SlotRecord] | None
+    candidates: tuple
+    spec: Path | None
+    result: Path
+
+
+def _tune_entries(wd: Path, op: int, tune: int) -> tuple[dict, dict]:
+    files = sorted(wd.glob(f"{tune_prefix(op, tune)}.w*.json"))
+    return merge_cache_files(files) if files else ({}, {})
+
+
+def plan_races(wd: Path, ops: list[dict], quality: QualitySettings) -> list[RacePlan]:
+    """Every (op, bucket)'s candidates from its tunes' saved results, and a race spec file for
+    each that has more than one (a race already run - its result file exists - is kept)."""
+    out = []
+    for i, op in enumerate(ops):
+        per_tune = [_tune_entries(wd, i, r) for r in range(quality.tunes)]
+        metas = [m for m, e in per_tune if e]
+        records = [read_slot_records(wd, tune_prefix(i, r)) for r in range(quality.tunes)]
+        for b in sorted(op["buckets"]):
+            recs = tuple(rec.get(b) for rec in records)
+            cands = tuple(candidates(list(recs), [e for _, e in per_tune]))
+            spec, result = wd / f"race.op{i}.b{b}.json", wd / f"race.op{i}.b{b}.result.json"
+            if len(cands) < 2 or not metas:
+                out.append(RacePlan(i, b, recs, cands, None, result))
+                continue
+            if not result.exists():
+                spec.write_text(json.dumps({
+                    "layer": i, "op": op, "bucket": b, "assignments": [c.entries() for c in cands],
+                    "metadata": metas[0], "settings": quality.race_settings(b), "result": str(result),
+                    "seed": 1000 * i + b}))
+            out.append(RacePlan(i, b, recs, cands, spec, result))
+    return out
+
+
+def select_op(wd: Path, i: int, op: dict, quality: QualitySettings, races: list[RacePlan]) -> tuple[dict, dict, dict]:
+    """The entries written for one op in careful mode: the first tune's, with each bucket's
+    slots replaced by its race winner (the default unless a tuned tactic beat it by the
+    threshold); and what was chosen and why, per bucket, for the manifest."""
+    per_tune = [_tune_entries(wd, i, r) for r in range(quality.tunes)]
+    metas = [m for m, e in per_tune if e]
+    meta = _one_metadata(metas) if metas else {}
+    entries: dict = {}
+    for _, e in reversed(per_tune):  # the first tune's entries win where no race decides
+        entries.update(e)
+    chosen: dict = {}
+    for rp in races:
+        cands = list(rp.candidates)
+        if not cands:
+            continue
+        if rp.spec is None:  # one candidate (every tune chose the default): nothing to race
+            sel = Selection(0, (), None, None, False, "every tune chose it; nothing to race", len(cands[0].sources))
+            record = sel.to_dict(cands, quality.tunes) | {"raced": False}
+        else:
+            try:
+                result = json.loads(rp.result.read_text())
+                medians = [float("inf") if m is None else float(m) for m in result["medians_ms"]]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise FiAutotuneError(f"race result of {op['id']} at {rp.bucket} tokens unreadable ({e}); rerun warm") from None
+            sel = choose(cands, medians, quality.threshold)
+            record = sel.to_dict(cands, quality.tunes) | {
+                "raced": True, "graph": result.get("graph"), "runs": max(result.get("runs") or [0]),
+                "relative_iqr": [None if x is None else round(x, 4) for x in result.get("relative_iqr") or []],
+                **({"errors": result["errors"]} if any(result.get("errors") or []) else {})}
+        entries = apply_selection(entries, list(rp.records), cands[sel.winner])
+        chosen[str(rp.bucket)] = record
+    return meta, entries, chosen
+
+
 @dataclass
 class WarmResult:
     status: str  # written | complete | nothing-to-tune
@@ -162,6 +292,7 @@ class WarmResult:
     gpus: int = 0
     timings: dict = field(default_factory=dict)
     message: str = ""
+    selection: dict = field(default_factory=dict)  # careful mode: warm.selection_summary
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -223,6 +354,7 @@ def warm(
     progress: Callable[[int, int, str], None] | None = None,
     gpu_info: GpuInfo | None = None,
     pool: "WorkerPool | None" = None,
+    quality: QualitySettings | None = None,
 ) -> WarmResult:
     t_start, epoch_start = time.perf_counter(), time.time()
     layout = default_layout()
@@ -246,7 +378,11 @@ def warm(
         if why:
             raise FiAutotuneError(f"{eid} {why}")
         if existing.status == EntryStatus.COMPLETE:
-            return WarmResult("complete", str(kdir), message="already complete (use --force to tune again)")
+            was = existing.manifest.stats.get("quality") if existing.manifest else None
+            how = f"in {was} mode" if was else "by the engine or an older warm"
+            again = "carefully " if quality is not None and quality.careful and was != "careful" else ""
+            return WarmResult("complete", str(kdir), message=f"already complete, tuned {how} (use --force to tune "
+                              f"it again {again}and replace it)")
     n = info.count if gpus is None else gpus
     if n < 1 or n > info.count:
         raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
@@ -258,72 +394,106 @@ def warm(
         raise UsageError("flashinfer is not importable in this Python: install flashinfer-python")
 
     ops, per_workload = distinct_ops(plan)
-    wd = work_dir(plan)
-    wd.mkdir(parents=True, exist_ok=True)
-    if force:
-        for p in wd.iterdir():
-            p.unlink()
-    done = [read_done(wd, i) for i in range(len(ops))]
-    total = sum(len(op["buckets"]) * len(op["custom_ops"]) for op in ops)
-    already = sum(len(d & set(op["buckets"])) * len(op["custom_ops"]) for op, d in zip(ops, done))
-    queue = work_queue(ops, done)
     res = plan.resolution
-    skeleton = {"hidden": plan.spec.hidden_size, "vocab": plan.spec.vocab_size, "tp": res.flags.tp,
-                "dp": res.attn_dp_size, "dtype": res.dtype}
-
-    own_pool = pool is None
-    if pool is None:
-        pool = WorkerPool(n)
+    quality = quality or QualitySettings()
+    if quality.careful and not quality.graph_max_tokens:
+        # The engine replays CUDA graphs up to its decode batch (every attention-DP rank's, at a MoE)
+        quality = dataclasses.replace(quality, graph_max_tokens=res.decode_batch * res.attn_dp_size)
+    wd = work_dir(plan, quality)
+    lock = _lock_work_dir(wd)
     try:
-        active = min(len(pool.procs), len(queue))
-        for w in range(len(pool.procs)):
-            if w >= active:
-                pool.send(w, "")  # nothing for this one
-                continue
-            task = {"skeleton": skeleton, "ops": [
-                {"op": op, "out": str(wd / f"op{i}.w{w}.json"), "done": str(wd / f"op{i}.w{w}.done")}
-                for i, op in enumerate(ops)]}
-            tpath = wd / f"task.w{w}.json"
-            tpath.write_text(json.dumps(task))
-            pool.send(w, str(tpath))
-        workers = [(w, pool.procs[w]) for w in range(active)]
-        events = _supervise(workers, queue, already, total, progress, pool)
-    finally:
-        if own_pool:
-            pool.close()
-    t_tuned = time.perf_counter()
+        wd.mkdir(parents=True, exist_ok=True)
+        if force:
+            for p in wd.iterdir():
+                p.unlink()
+        # One task op per tune of each distinct op: quick mode has one tune, careful mode ``repeats``.
+        tunes = [(i, r if quality.careful else None) for i in range(len(ops)) for r in range(quality.tunes)]
+        done = [read_done(wd, tune_prefix(i, r)) for i, r in tunes]
+        tune_ops = [ops[i] for i, _ in tunes]
+        total = sum(len(op["buckets"]) * len(op["custom_ops"]) for op in tune_ops)
+        already = sum(len(d & set(op["buckets"])) * len(op["custom_ops"]) for op, d in zip(tune_ops, done))
+        queue = work_queue(tune_ops, done)
+        skeleton = {"hidden": plan.spec.hidden_size, "vocab": plan.spec.vocab_size, "tp": res.flags.tp,
+                    "dp": res.attn_dp_size, "dtype": res.dtype}
+        races: list[RacePlan] = []
 
-    # Merge per workload and commit the whole entry at once.
-    rank_bytes: dict[str, bytes] = {}
-    metadata: dict = {}
-    for w_idx, w in enumerate(plan.workloads):
-        files = sorted(p for i in per_workload[w_idx] for p in wd.glob(f"op{i}.w*.json"))
-        if not files:
-            raise FiAutotuneError("tuning produced no results (no tunable profile ran)")
-        metadata, entries = merge_cache_files(files)
-        data = cache_file_bytes(metadata, entries)
-        for rank in w.ranks:
-            rank_bytes[rank] = data
-    timings = _timings(events, t_start, t_tuned)
-    now = utc_now_iso()
-    manifest = Manifest(
-        key=plan.key, schema=plan.schema, key_string=plan.key_string, key_fields=res.key_fields,
-        topology=res.topology, flashinfer_version=plan.flashinfer_version, arch=arch, flashinfer_metadata=metadata,
-        rank_files={}, created=now, updated=now,
-        stats={"profiles": total, "profiles_tuned_this_run": total - already, "gpus": n,
-               **{k: v for k, v in timings.items() if k != "timeline"},
-               "model_source": plan.source.describe()},
-        request=plan.request.to_dict() if plan.request is not None else None,
-    )
-    result = commit_entry(layout, root, eid, rank_bytes, manifest,
-                          check=replace_policy(layout, root, force))
-    if result.refused:
-        raise FiAutotuneError(f"{eid}: {result.refused[0][1]}; nothing was written (the tuned buckets are kept in {wd})")
-    timings["write_s"] = round(time.perf_counter() - t_tuned, 3)
-    timings["wall_s"] = round(time.perf_counter() - t_start, 3)
-    timings["timeline"].update(planned=epoch_start, written=time.time())
-    shutil.rmtree(wd, ignore_errors=True)
-    return WarmResult("written", str(kdir), [str(kdir / r) for r in sorted(rank_bytes)], total - already, total, n, timings)
+        def race_phase() -> list[str]:
+            races.extend(plan_races(wd, ops, quality))
+            return [f"race {r.spec}" for r in races if not r.result.exists() and r.spec is not None]
+
+        phases = [Phase("tuning", lambda: [f"{v} {b}" for v, b in queue], total, already)]
+        if quality.careful:
+            phases.append(Phase("racing", race_phase))
+
+        own_pool = pool is None
+        if pool is None:
+            pool = WorkerPool(n)
+        try:
+            active = len(pool.procs) if quality.careful else min(len(pool.procs), len(queue))
+            for w in range(len(pool.procs)):
+                if w >= active:
+                    pool.send(w, "")  # nothing for this one
+                    continue
+                task = {"skeleton": skeleton, "record_slots": quality.careful, "ops": [
+                    {"op": ops[i], "layer": i, "out": str(wd / f"{tune_prefix(i, r)}.w{w}.json"),
+                     "done": str(wd / f"{tune_prefix(i, r)}.w{w}.done")} for i, r in tunes]}
+                tpath = wd / f"task.w{w}.json"
+                tpath.write_text(json.dumps(task))
+                pool.send(w, str(tpath))
+            workers = [(w, pool.procs[w]) for w in range(active)]
+            events = _supervise(workers, phases, progress, pool)
+        finally:
+            if own_pool:
+                pool.close()
+        t_tuned = time.perf_counter()
+
+        # The entries of every op (careful: the raced winners), merged per workload, committed at once.
+        selection: dict = {}
+        op_results = []
+        for i, op in enumerate(ops):
+            if quality.careful:
+                meta, entries, chosen = select_op(wd, i, op, quality, [r for r in races if r.op == i])
+                selection[op["id"]] = chosen
+            else:
+                files = sorted(wd.glob(f"{tune_prefix(i, None)}.w*.json"))
+                meta, entries = merge_cache_files(files) if files else ({}, {})
+            op_results.append((meta, entries))
+        rank_bytes: dict[str, bytes] = {}
+        metadata: dict = {}
+        for w_idx, w in enumerate(plan.workloads):
+            metas = [op_results[i][0] for i in per_workload[w_idx] if op_results[i][1] or op_results[i][0]]
+            if not metas:
+                raise FiAutotuneError("tuning produced no results (no tunable profile ran)")
+            metadata = _one_metadata(metas)
+            entries = {k: v for i in per_workload[w_idx] for k, v in op_results[i][1].items()}
+            data = cache_file_bytes(metadata, entries)
+            for rank in w.ranks:
+                rank_bytes[rank] = data
+        timings = _timings(events, t_start, t_tuned)
+        now = utc_now_iso()
+        manifest = Manifest(
+            key=plan.key, schema=plan.schema, key_string=plan.key_string, key_fields=res.key_fields,
+            topology=res.topology, flashinfer_version=plan.flashinfer_version, arch=arch, flashinfer_metadata=metadata,
+            rank_files={}, created=now, updated=now,
+            stats={"profiles": total, "profiles_tuned_this_run": total - already, "gpus": n,
+                   **{k: v for k, v in timings.items() if k != "timeline"},
+                   "model_source": plan.source.describe(), "quality": quality.mode,
+                   **({"selection": selection_summary(selection)} if quality.careful else {})},
+            request=plan.request.to_dict() if plan.request is not None else None,
+            extra={"selection": {"settings": quality.to_dict(), **({"ops": selection} if quality.careful else {})}},
+        )
+        result = commit_entry(layout, root, eid, rank_bytes, manifest,
+                              check=replace_policy(layout, root, force))
+        if result.refused:
+            raise FiAutotuneError(f"{eid}: {result.refused[0][1]}; nothing was written (the tuned buckets are kept in {wd})")
+        timings["write_s"] = round(time.perf_counter() - t_tuned, 3)
+        timings["wall_s"] = round(time.perf_counter() - t_start, 3)
+        timings["timeline"].update(planned=epoch_start, written=time.time())
+        shutil.rmtree(wd, ignore_errors=True)
+        return WarmResult("written", str(kdir), [str(kdir / r) for r in sorted(rank_bytes)], total - already, total, n, timings,
+                          selection=selection_summary(selection) if quality.careful else {})
+    finally:
+        os.close(lock)
 
 
 def _timings(events: list[dict], t_start: float, t_tuned: float) -> dict:
@@ -339,6 +509,9 @@ def _timings(events: list[dict], t_start: float, t_tuned: float) -> dict:
         "jit_s": round(max((e.get("jit_s", 0.0) for e in fin), default=0.0), 3),
         "tuning_s": round(max((e["tune_s"] for e in fin), default=0.0), 3),
         "tuning_gpu_s": round(sum(e["tune_s"] for e in fin), 3),
+        **({"racing_s": round(max(e.get("race_s") or 0.0 for e in fin), 3),
+            "racing_gpu_s": round(sum(e.get("race_s") or 0.0 for e in fin), 3)}
+           if any(e.get("race_s") for e in fin) else {}),
         "workers_wall_s": round(t_tuned - t_start, 3),
         "peak_gpu_mem_bytes": max((e["peak_mem"] for e in fin), default=0),
         **({"floor_gpu_s": round(sum(e["floor_s"] for e in fin), 3)} if fin and all(e.get("floor_s") is not None for e in fin) else {}),
@@ -354,8 +527,19 @@ def _timings(events: list[dict], t_start: float, t_tuned: float) -> dict:
     }
 
 
-def _supervise(workers, queue: list[tuple[int, int]], already: int, total: int, progress, pool: "WorkerPool") -> list[dict]:
-    """Deal the queue to the workers one item at a time (the next goes to whichever finishes
+@dataclass
+class Phase:
+    """One round of work items dealt to the pool; the next phase starts once every item of this
+    one is done and every worker has saved (``flush``): racing needs all tunes' results."""
+
+    name: str  # tuning | racing
+    items: Callable[[], list[str]]  # built when the phase starts
+    total: int = 0  # progress units (tuning: profiles; racing: races)
+    already: int = 0
+
+
+def _supervise(workers, phases: list[Phase], progress, pool: "WorkerPool") -> list[dict]:
+    """Deal each phase's items to the workers one at a time (the next goes to whichever finishes
     first) and read their events; on any failure or signal stop them all and raise."""
     sel = selectors.DefaultSelector()
     # Raw reads split into lines here: a buffered readline() could keep a second event in its
@@ -364,31 +548,72 @@ def _supervise(workers, queue: list[tuple[int, int]], already: int, total: int, 
     for w, proc in workers:
         sel.register(proc.stdout.fileno(), selectors.EVENT_READ, (w, proc))
         buffers[w] = b""
+    live = [w for w, _ in workers]
     events: list[dict] = []
     current: dict[int, tuple] = {}
-    done = already
+    state = {"phase": 0, "done": phases[0].already, "total": phases[0].total}
+    busy: set[int] = set()
+    closed: set[int] = set()
+    flushing: set[int] = set()
     failure: str | None = None
     stop = {"sig": None}
 
     def _on_signal(signum, frame):  # noqa: ARG001
         stop["sig"] = signum
 
-    pending = list(reversed(queue))  # pop() deals from the front
+    pending = list(reversed(phases[0].items()))  # pop() deals from the front
+
+    def last_phase() -> bool:
+        return state["phase"] == len(phases) - 1
 
     def deal(w: int) -> None:
-        pool.send(w, " ".join(map(str, pending.pop())) if pending else None)
+        if pending:
+            pool.send(w, pending.pop())
+            busy.add(w)
+        elif last_phase() and w not in closed:
+            pool.send(w, None)
+            closed.add(w)
+
+    def advance() -> None:
+        # Between phases: every worker saves what it holds, then the next phase's items are built.
+        while not pending and not busy and not flushing and not last_phase():
+            if state.get("flushed") != state["phase"]:
+                state["flushed"] = state["phase"]
+                for w in live:
+                    pool.send(w, "flush")
+                    flushing.add(w)
+                if flushing:
+                    return
+            state["phase"] += 1
+            phase = phases[state["phase"]]
+            pending.extend(reversed(phase.items()))
+            state["done"], state["total"] = phase.already, phase.total or len(pending)
+            if progress:
+                progress(state["done"], state["total"], f"{phase.name} {len(pending)} items", phase.name)
+            for w in live:
+                deal(w)
+        if not pending and not busy and not flushing and last_phase():
+            for w in live:
+                deal(w)
 
     def _on_event(ev: dict, w: int) -> str | None:
-        nonlocal done
         ev["worker"] = w
         events.append(ev)
+        name = phases[state["phase"]].name
         if ev["event"] == "start":
             current[w] = (ev["op"], ev["bucket"])
-        elif ev["event"] == "done":
-            deal(w)
-            done += ev["profiles"]
+        elif ev["event"] in ("done", "raced"):
+            busy.discard(w)
+            state["done"] += ev.get("profiles", 1)
             if progress:
-                progress(done, total, f"{ev['op']} @ {ev['bucket']} tokens (GPU {w})")
+                what = (f"{ev['op']} @ {ev['bucket']} tokens" if ev["event"] == "done"
+                        else Path(ev["spec"]).stem.replace("race.", ""))
+                progress(state["done"], state["total"], f"{what} (GPU {w})", name)
+            deal(w)
+            advance()
+        elif ev["event"] == "flushed":
+            flushing.discard(w)
+            advance()
         elif ev["event"] == "error":
             op, bucket = ev.get("op"), ev.get("bucket")
             where = (f" while tuning {op} at {bucket} tokens" if bucket is not None else f" while loading {op}") if op else ""
@@ -398,9 +623,10 @@ def _supervise(workers, queue: list[tuple[int, int]], already: int, total: int, 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if progress:
-            progress(done, total, "starting workers")
+            progress(state["done"], state["total"], "starting workers", phases[0].name)
         for w, _ in workers:
             deal(w)
+        advance()
         open_streams = len(workers)
         while open_streams and failure is None and stop["sig"] is None:
             for key, _ in sel.select(timeout=0.5):
@@ -409,6 +635,8 @@ def _supervise(workers, queue: list[tuple[int, int]], already: int, total: int, 
                 if not chunk:
                     sel.unregister(key.fd)
                     open_streams -= 1
+                    if w not in closed and failure is None:
+                        failure = _exit_failure(pool, w, proc, current)
                     continue
                 *lines, buffers[w] = (buffers[w] + chunk).split(b"\n")
                 for line in lines:
@@ -422,10 +650,7 @@ def _supervise(workers, queue: list[tuple[int, int]], already: int, total: int, 
                 _kill(proc)
             rc = proc.wait()
             if rc != 0 and failure is None and stop["sig"] is None:
-                err = [ln for ln in pool.log_text(w).splitlines() if ln.strip()]
-                op, bucket = current.get(w, (None, None))
-                where = f" while tuning {op} at {bucket} tokens" if op else ""
-                failure = f"worker on GPU {w} exited with {rc}{where}: {err[-1] if err else 'no message'}"
+                failure = _exit_failure(pool, w, proc, current)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -435,6 +660,18 @@ def _supervise(workers, queue: list[tuple[int, int]], already: int, total: int, 
     if failure:
         raise FiAutotuneError(failure + "; nothing was written")
     return events
+
+
+def _exit_failure(pool: "WorkerPool", w: int, proc: subprocess.Popen, current: dict) -> str:
+    """Why worker ``w`` stopped before it was told to: its exit status and last log line."""
+    try:
+        rc = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        rc = "no exit status (its output closed)"
+    err = [ln for ln in pool.log_text(w).splitlines() if ln.strip()]
+    op, bucket = current.get(w, (None, None))
+    where = f" while tuning {op} at {bucket} tokens" if op else ""
+    return f"worker on GPU {w} exited with {rc}{where}: {err[-1] if err else 'no message'}"
 
 
 def _kill(proc: subprocess.Popen) -> None:

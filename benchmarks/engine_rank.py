@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--port", type=int, default=29533)
     ap.add_argument("--cache", help="rank file to load (warmstart)")
+    ap.add_argument("--save", help="write what this rank tuned to this FlashInfer cache file (tactic_quality.py)")
     args = ap.parse_args()
 
     import torch
@@ -82,6 +83,8 @@ def main() -> None:
             model(lambda op: engine_tokens(plan, op), lm_tokens=res["decode_batch"])
     torch.cuda.synchronize()
     t_pass = time.perf_counter() - t1
+    if args.save:
+        tuner.save_configs(args.save)
     # The engine goes on serving from here: the baseline's time ends when its ranks have tuned,
     # not when these processes have torn down.
     t_done = time.time()

@@ -15,7 +15,7 @@ import click
 from autotune_cache import __version__
 from autotune_cache.errors import ExitCode, FiAutotuneError, os_error_message
 
-from . import checkcmd, cleanup, convertcmd, envcmd, keycmd, plancmd, storecmd, transfer, tree, warmcmd
+from . import checkcmd, cleanup, convertcmd, diffcmd, envcmd, keycmd, plancmd, storecmd, transfer, tree, warmcmd
 from .output import PROG
 
 EPILOG = "Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted (Ctrl-C). --debug shows tracebacks."
@@ -39,7 +39,7 @@ for command in (
     plancmd.plan_cmd, warmcmd.warm_cmd, warmcmd.verify_cmd, checkcmd.check_cmd,
     tree.ls_cmd, tree.show_cmd, cleanup.prune_cmd, cleanup.rm_cmd,
     transfer.export_cmd, transfer.import_cmd, storecmd.push_cmd, storecmd.pull_cmd, convertcmd.convert_cmd,
-    envcmd.env_cmd, keycmd.key_cmd,
+    diffcmd.diff_cmd, envcmd.env_cmd, keycmd.key_cmd,
 ):
     cli.add_command(command)
 

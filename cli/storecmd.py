@@ -21,17 +21,18 @@ from .plancmd import build_plan, request_from, serving_options
 from .tree import recover_journals_quietly
 
 
-def exportable(out: Output, entries, include_incomplete: bool) -> list:
-    """Complete entries; incomplete ones only when asked (warned); never corrupt or diverged."""
+def exportable(out: Output, entries, include_incomplete: bool, verb: str = "pushing") -> list:
+    """Complete entries; incomplete ones only when asked (warned); never corrupt or diverged
+    (``push`` and ``export``)."""
     chosen = []
     for e in entries:
         if e.status == EntryStatus.COMPLETE:
             chosen.append(e)
         elif e.status == EntryStatus.INCOMPLETE and include_incomplete:
-            out.warn(f"{e.id} is incomplete ({e.ranks_str} rank files): engines re-tune every rank of it")
+            out.warn(f"{verb} {e.id} incomplete ({e.ranks_str} rank files): engines re-tune every rank of it")
             chosen.append(e)
         elif e.status == EntryStatus.INCOMPLETE:
-            out.note(f"skipping {e.id}: incomplete ({e.ranks_str} rank files; --include-incomplete takes it)")
+            out.note(f"skipping {e.id}: incomplete ({e.ranks_str} rank files; --include-incomplete takes it too)")
         else:
             out.note(f"skipping {e.id}: {e.status} ({'; '.join(e.problems)})")
     return chosen

@@ -14,7 +14,6 @@ from autotune_cache.archive import export_entries, import_archive
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.layouts import default_layout
 from autotune_cache.scan import scan_cache
-from autotune_cache.status import EntryStatus
 
 from .output import Output
 from .params import cache_dir_option, entry_filter, filter_options, json_option, resolve_root
@@ -46,17 +45,9 @@ def export_cmd(refs, output, cache_dir, model, versions, arch, status, older_tha
     flt = entry_filter(model, versions, arch, status, older_than, unused_for)
     now = time.time()
     entries = [e for e in entries if flt.reasons(e, now) is not None]
-    exportable = []
-    for e in entries:
-        if e.status == EntryStatus.COMPLETE:
-            exportable.append(e)
-        elif e.status == EntryStatus.INCOMPLETE and include_incomplete:
-            out.warn(f"exporting {e.id} incomplete ({e.ranks_str} rank files): engines re-tune every rank of it")
-            exportable.append(e)
-        elif e.status == EntryStatus.INCOMPLETE:
-            out.note(f"skipping {e.id}: incomplete ({e.ranks_str} rank files; --include-incomplete exports it)")
-        else:
-            out.note(f"skipping {e.id}: {e.status} ({'; '.join(e.problems)})")
+    from .storecmd import exportable as complete_or_asked
+
+    exportable = complete_or_asked(out, entries, include_incomplete, verb="exporting")
     if not exportable:
         raise FiAutotuneError("nothing to export")
     layout = default_layout()

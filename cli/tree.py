@@ -8,6 +8,7 @@ import click
 
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.humanize import format_size, plural
+from autotune_cache.quality import selection_summary
 from autotune_cache.scan import CacheEntry, map_entries, scan_cache
 from autotune_cache.status import EntryStatus
 from autotune_cache.txn import recover_journals
@@ -245,9 +246,11 @@ def _ops_of(e: CacheEntry):
 @layout_option
 @env_from_option
 @check_env_option
+@click.option("--buckets", is_flag=True, help="Also show how each (op, bucket)'s tactic was chosen.")
 @json_option
-def show_cmd(refs, cache_dir, layouts, env_from, check_env, as_json):
-    """Show entries: manifest, rank files, tuned ops and their bucket counts, metadata.
+def show_cmd(refs, cache_dir, layouts, env_from, check_env, buckets, as_json):
+    """Show entries: manifest, rank files, tuned ops and their bucket counts, how tactics were
+    chosen (quick or careful, margins over the runner-up and the default), metadata.
 
     ID is <flashinfer version>/<arch>/<key> as `ls` prints it, a key that names one entry,
     or the entry's directory.
@@ -260,12 +263,58 @@ def show_cmd(refs, cache_dir, layouts, env_from, check_env, as_json):
         for i, (e, ops) in enumerate(docs):
             if i:
                 out.line()
-            _show_one(out, e, ops)
+            _show_one(out, e, ops, buckets)
 
     out.emit(human=human, data=lambda: [entry_view(e, ops) for e, ops in docs], ids=[str(e.id) for e, _ in docs])
 
 
-def _show_one(out: Output, e: CacheEntry, ops) -> None:
+def _pct(x) -> str:
+    return "-" if not isinstance(x, (int, float)) else f"{x:+.1%}"
+
+
+def _show_selection(out: Output, m, buckets: bool) -> None:
+    """How each tactic was chosen, from what warm recorded (``extra.selection``)."""
+    if m is None:
+        out.line("Selection unknown (no fi-autotune manifest: tuned by an engine, or converted)")
+        return
+    sel = m.extra.get("selection") if isinstance(m.extra.get("selection"), dict) else {}
+    settings = sel.get("settings") if isinstance(sel.get("settings"), dict) else {}
+    mode = settings.get("mode") or m.stats.get("quality")
+    if mode != "careful":
+        out.line("Selection " + ("quick: one FlashInfer tune per (op, bucket), as the engine does at startup; no margins"
+                                 " measured" if mode == "quick" else "not recorded (written before fi-autotune recorded it)")
+                 + ("; nothing per bucket to show (warm --quality careful records it)" if buckets else ""))
+        return
+    graph = settings.get("graph_max_tokens")
+    out.line(f"Selection careful: {settings.get('tunes')} tunes per (op, bucket), winners raced against the default "
+             f"({settings.get('race_rounds')} runs each, median; CUDA graphs up to {graph} tokens; "
+             f"{'cold' if settings.get('cold_l2') else 'hot'} L2); default kept unless "
+             f"{_pct(settings.get('threshold'))[1:]} faster")
+    ops = sel.get("ops") if isinstance(sel.get("ops"), dict) else {}
+    rows = []
+    for op, per_bucket in sorted(ops.items()):
+        s = selection_summary({op: per_bucket})
+        rows.append([op, str(s["buckets"]), str(s["tuned_written"]), str(s["default_kept_by_floor"]),
+                     str(s["default_fastest"]), str(s["tunes_unanimous"]), _pct(s["median_margin_over_default"]),
+                     _pct(s["median_margin_over_runner_up"])])
+    out.table(["OP", "BUCKETS", "TUNED", "DEFAULT<FLOOR", "DEFAULT_FASTEST", "UNANIMOUS", "VS_DEFAULT", "VS_RUNNER_UP"], rows)
+    out.line("  TUNED: a tuned tactic written; DEFAULT<FLOOR: the default kept, no tactic beat it by the threshold; "
+             "UNANIMOUS: every tune chose the same; VS_*: median margin of what was written")
+    if not buckets:
+        return
+    out.line("Per bucket (TUNES: how many of the tunes chose what was written)")
+    rows = []
+    for op, per_bucket in sorted(ops.items()):
+        for b, r in sorted(per_bucket.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
+            if not isinstance(r, dict):
+                continue
+            rows.append([op, str(b), str(r.get("winner")), f"{r.get('tunes_agreeing')}/{r.get('tunes')}",
+                         str(len(r.get("candidates") or [])), _pct(r.get("margin_default")),
+                         _pct(r.get("margin_runner_up")), r.get("reason", "")])
+    out.table(["OP", "BUCKET", "WRITTEN", "TUNES", "CANDIDATES", "VS_DEFAULT", "VS_RUNNER_UP", "NOTE"], rows)
+
+
+def _show_one(out: Output, e: CacheEntry, ops, buckets: bool = False) -> None:
     out.line(f"Entry     {e.id}")
     out.line(f"Path      {e.path}")
     out.line(f"Status    {e.status}" + (f" ({'; '.join(e.problems)})" if e.problems else ""))
@@ -282,7 +331,7 @@ def _show_one(out: Output, e: CacheEntry, ops) -> None:
         out.line(f"Topology  {m.topology.describe}")
         out.line(f"Tool      fi-autotune {m.tool_version}, created {m.created}, updated {m.updated}")
         if m.stats:
-            out.line("Stats     " + ", ".join(f"{k}={v}" for k, v in m.stats.items()))
+            out.line("Stats     " + ", ".join(f"{k}={v}" for k, v in m.stats.items() if k != "selection"))
     else:
         out.line("Manifest  none (written by an engine, not by fi-autotune)")
         if e.topology:
@@ -300,6 +349,7 @@ def _show_one(out: Output, e: CacheEntry, ops) -> None:
                   [[o.custom_op, str(o.configs), str(o.buckets), ",".join(o.runners)] for o in ops])
     else:
         out.line("  (none readable)")
+    _show_selection(out, m, buckets)
     out.line("FlashInfer metadata")
     for k, v in sorted(e.metadata.items()):
         out.line(f"  {k:<24}{v}")

@@ -30,31 +30,39 @@ def _gpus(value: str | None) -> int | None:
 class _Progress:
     """One overall bar on a TTY; a line per 10% otherwise."""
 
+    UNITS = {"tuning": "profile", "racing": "race"}
+
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
         self.bar = None
+        self.phase = None
         self.last_decile = -1
 
-    def __call__(self, done: int, total: int, what: str) -> None:
+    def __call__(self, done: int, total: int, what: str, phase: str = "tuning") -> None:
         if not self.enabled:
             return
+        unit = self.UNITS.get(phase, "item")
+        if phase != self.phase:  # careful mode races after tuning: a bar (or decile count) each
+            self.close()
+            self.phase, self.last_decile = phase, -1
         if self.tty:
             if self.bar is None:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=total, initial=done, unit="profile", desc="tuning", file=sys.stderr)
+                self.bar = tqdm(total=total, initial=done, unit=unit, desc=phase, file=sys.stderr)
             self.bar.n = done
             self.bar.set_postfix_str(what[:40], refresh=True)
             return
         decile = 10 * done // max(total, 1)
         if decile != self.last_decile:
             self.last_decile = decile
-            click.echo(f"fi-autotune: {done}/{total} profiles ({what})", err=True)
+            click.echo(f"fi-autotune: {phase} {done}/{total} {unit}s ({what})", err=True)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
 
 
 @click.command("warm")
@@ -64,20 +72,40 @@ class _Progress:
 @click.option("--layout", "layouts", default="sglang", show_default=True,
               help="Every reader to write the tuning for, comma-separated: sglang (rank files), flashinfer-v2 "
                    "(FlashInfer's managed store, under $FLASHINFER_AUTOTUNE_CACHE_DIR or ~/.cache/flashinfer/autotune).")
+@click.option("--quality", type=click.Choice(["quick", "careful"]), default="quick", show_default=True,
+              help="quick: one FlashInfer tune per (op, bucket), as the engine does at startup. careful: --repeats "
+                   "tunes, then their winners race FlashInfer's default head to head (interleaved, many runs, "
+                   "median; CUDA graphs at decode sizes, cold L2); the default stays unless beaten by --threshold.")
+@click.option("--repeats", type=click.IntRange(2, 20), default=3, show_default=True,
+              help="careful: independent tunes per (op, bucket), spread over the GPUs.")
+@click.option("--threshold", type=click.FloatRange(0, 1), default=None, metavar="FRACTION",
+              help="careful: keep FlashInfer's default unless a tuned tactic is at least this much faster "
+                   "[default: 0.03, i.e. 3%; docs/quality.md].")
+@click.option("--race-runs", type=click.IntRange(5, 10000), default=50, show_default=True,
+              help="careful: timed runs per candidate in a race.")
 @json_option
 @serving_command_argument
 @click.pass_context
-def warm_cmd(ctx, gpus, force, layouts, as_json, **kw):
+def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, as_json, **kw):
     """Tune the plan on this machine's GPUs and write every rank file where the engine looks.
 
     The serving flags can also come from the serving command itself, after `--`.
     """
+    from autotune_cache.quality import DEFAULT_THRESHOLD, QualitySettings
+
     import time
 
     from autotune_cache.warm import WorkerPool, detect_gpus, warm
 
     t0 = time.perf_counter()
     n = _gpus(gpus)
+    for name in ("repeats", "threshold", "race_runs"):
+        if quality == "quick" and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise UsageError(f"--{name.replace('_', '-')} applies to --quality careful only")
+    if threshold is not None and threshold != threshold:
+        raise UsageError("--threshold nan: give a fraction between 0 and 1, e.g. 0.03")
+    settings = QualitySettings(quality, repeats=repeats, race_rounds=race_runs,
+                               threshold=DEFAULT_THRESHOLD if threshold is None else threshold)
     wanted = [x.strip() for x in layouts.split(",") if x.strip()]
     unknown = [x for x in wanted if x not in ("sglang", "flashinfer-v2")]
     if unknown or "sglang" not in wanted:
@@ -99,7 +127,7 @@ def warm_cmd(ctx, gpus, force, layouts, as_json, **kw):
         progress = _Progress(not as_json)
         try:
             plan = build_plan(request, kw["cache_dir"], arch=info.arch)
-            result = warm(plan, gpus=n, force=force, progress=progress, gpu_info=info, pool=pool)
+            result = warm(plan, gpus=n, force=force, progress=progress, gpu_info=info, pool=pool, quality=settings)
         except Interrupted as e:
             progress.close()
             click.echo(f"fi-autotune: {e}", err=True)
@@ -121,12 +149,24 @@ def warm_cmd(ctx, gpus, force, layouts, as_json, **kw):
             out.line(f"{result.message}: {result.key_dir}")
             return
         t = result.timings
+        racing = f", racing {t['racing_s']:.1f} s" if "racing_s" in t else ""
         out.line(f"Tuned {result.profiles_tuned} of {result.profiles_total} profiles on {result.gpus} GPU(s) in "
                  f"{t['command_wall_s']:.1f} s (startup/import {t['startup_import_s']:.1f} s, JIT {t['jit_s']:.1f} s, "
-                 f"tuning {t['tuning_s']:.1f} s, writing {t['write_s']:.2f} s)")
+                 f"tuning {t['tuning_s']:.1f} s{racing}, writing {t['write_s']:.2f} s)")
+        if result.selection:
+            out.line("Careful: " + describe_summary(result.selection))
         out.line(f"Wrote {len(result.rank_files)} rank files + manifest to {result.key_dir}")
 
     out.emit(human=human, data=lambda: {**result.to_dict(), "layouts": {k: v.to_dict() for k, v in extra.items()}})
+
+
+def describe_summary(s: dict) -> str:
+    """One line over a careful run's per-bucket choices (``warm.selection_summary``)."""
+    margin = s.get("median_margin_over_default")
+    return (f"{s['buckets']} (op, bucket): {s['tuned_written']} tuned tactics written"
+            + (f" (median {margin:.1%} faster than the default)" if margin is not None else "")
+            + f", {s['default_kept_by_floor']} kept the default (under the threshold), {s['default_fastest']} default "
+              f"fastest; tunes unanimous on {s['tunes_unanimous']}")
 
 
 def _also_v2(plan, out: Output):

@@ -5,10 +5,18 @@ files and done files), behaviour chosen by FAKE_WORKER_MODE:
 ok | oom (error event on the first item) | crash (SIGKILL on the first item) |
 crash-after-N (SIGKILL after N items) | slow-on-0 (the worker on device 0 takes 1 s an item).
 FAKE_LOG, when set, gets a "<device> <op> <bucket>" line per item tuned.
+
+Careful mode (the task's ``record_slots``): each tune of an op picks tactic ``(bucket + tune) % 3``
+when FAKE_TUNES=disagree (else ``bucket % 7`` for every tune); with FAKE_TUNES=two-runners the
+second tune stores its winner under another runner's key (same slot), as FlashInfer does when
+another runner wins. ``race <spec>`` times FlashInfer's default at 1.0 ms and the i-th candidate
+at 1 / (1 + FAKE_RACE_GAIN) * (1 + 0.01 i) ms; FAKE_RACE_LOG gets one line per race;
+FAKE_RACE_CRASH_AFTER=N kills the worker at its (N+1)-th race.
 """
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -20,6 +28,30 @@ META = {"flashinfer_version": "0.7.2.post1", "gpu": os.environ.get("FAKE_GPU", "
 
 def emit(event, **kw):
     print(json.dumps({"event": event, "t": time.time(), **kw}), flush=True)
+
+
+RACES = [0]
+
+
+def race(spec_path):
+    crash_after = os.environ.get("FAKE_RACE_CRASH_AFTER")
+    if crash_after is not None and RACES[0] == int(crash_after):
+        os.kill(os.getpid(), signal.SIGKILL)
+    RACES[0] += 1
+    spec = json.load(open(spec_path))
+    gain = float(os.environ.get("FAKE_RACE_GAIN", "0.10"))
+    medians = []
+    for i, values in enumerate(spec["assignments"]):
+        default = all(v[1] == -1 for v in values.values())
+        medians.append(1.0 if default else 1.0 / (1 + gain) * (1 + 0.01 * i))
+    with open(spec["result"], "w") as f:
+        json.dump({"bucket": spec["bucket"], "medians_ms": medians, "relative_iqr": [0.01] * len(medians),
+                   "runs": [spec["settings"]["rounds"]] * len(medians), "errors": [None] * len(medians),
+                   "graph": spec["settings"]["graph"], "cold_l2": spec["settings"]["cold_l2"]}, f)
+    if os.environ.get("FAKE_RACE_LOG"):
+        with open(os.environ["FAKE_RACE_LOG"], "a") as f:
+            f.write(json.dumps({"bucket": spec["bucket"], "n": len(medians), "graph": spec["settings"]["graph"]}) + "\n")
+    emit("raced", spec=spec_path, seconds=0.0, errors=0)
 
 
 def main():
@@ -34,6 +66,13 @@ def main():
     emit("ready", import_s=0.01, setup_s=0.01)
     done_here = 0
     for line in sys.stdin:
+        line = line.strip()
+        if line == "flush":
+            emit("flushed")
+            continue
+        if line.startswith("race "):
+            race(line.split(None, 1)[1])
+            continue
         i, b = map(int, line.split())
         t = task["ops"][i]
         emit("start", op=t["op"]["id"], bucket=b)
@@ -47,17 +86,27 @@ def main():
         done_here += 1
         entries = json.load(open(t["out"])) if os.path.exists(t["out"]) else {}
         entries = {k: v for k, v in entries.items() if not k.startswith("_")}
+        m = re.search(r"\.r(\d+)\.w", t["out"])
+        tune = int(m[1]) if m else 0
+        tunes = os.environ.get("FAKE_TUNES", "agree")
+        slots = []
         for op in t["op"]["custom_ops"]:
-            entries[str((op, "FakeRunner", ((b, 64),), ()))] = ["FakeRunner", b % 7]
+            slot = str((op, "FakeRunner", ((b, 64),), ()))
+            key, runner = slot, "FakeRunner"
+            if tunes == "two-runners" and tune == 1:
+                key, runner = str((op, "OtherRunner", ((b, 64),), ("x",))), "OtherRunner"
+            tactic = (b + tune) % 3 if tunes in ("disagree", "two-runners") else b % 7
+            entries[key] = [runner, tactic, ["l2_cache_policy", "hot"]]
+            slots.append({"slot": slot, "key": key, "default_runner": "FakeRunner"})
         with open(t["out"], "wb") as f:
             f.write(cache_file_bytes(META, entries))
         with open(t["done"], "a") as f:
-            f.write(f"{b}\n")
+            f.write(f"{b} {json.dumps(slots)}\n" if task.get("record_slots") else f"{b}\n")
         if os.environ.get("FAKE_LOG"):
             with open(os.environ["FAKE_LOG"], "a") as f:
                 f.write(f"{device} {i} {b}\n")
         emit("done", op=t["op"]["id"], bucket=b, profiles=len(t["op"]["custom_ops"]), seconds=0.0)
-    emit("finished", tune_s=0.01, jit_s=0.0, peak_mem=0, floor_s=None)
+    emit("finished", tune_s=0.01, jit_s=0.0, race_s=0.01 if task.get("record_slots") else 0.0, peak_mem=0, floor_s=None)
     return 0
 
 

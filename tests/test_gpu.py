@@ -45,10 +45,24 @@ def gpu_count() -> int:
     return len([ln for ln in out.stdout.splitlines() if ln.startswith("GPU ")])
 
 
-def warm(args, root: Path, *extra, timeout=900) -> dict:
-    proc = run_cli("warm", *args, "--cache-dir", str(root), "--json", *extra, timeout=timeout)
+def warm(args, root: Path, *extra, timeout=900, env: dict | None = None) -> dict:
+    proc = run_cli("warm", *args, "--cache-dir", str(root), "--json", *extra, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
+
+
+def v2_replay(args, root: Path, result: dict, v2: Path) -> dict:
+    """FlashInfer's own v2 store, as warm wrote it, in an engine's startup pass (tests/_v2_replay.py)."""
+    plan = root.parent / "plan.json"
+    plan.write_text(run_cli("plan", *args, "--cache-dir", str(root), "--json").stdout)
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "_v2_replay.py"), str(plan), result["rank_files"][0], str(v2)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = json.loads(proc.stdout.strip().splitlines()[-1])
+    record("v2_replay", args=args, **rep)
+    assert rep["v1_hits"] == rep["v1_lookups"] > 0, json.dumps(rep)
+    assert rep["v2_profiled"] == 0 and rep["v2_hits"] == rep["lookups"] > 0 and rep["same_tactics"], json.dumps(rep)
+    return rep
 
 
 def rank_entries(result: dict) -> dict[str, dict]:
@@ -79,11 +93,11 @@ def assert_plan_keys_present(args, root: Path, data: bytes) -> int:
 
 def test_llama_fp8_tp4_warm_verify_noop(tmp_path):
     """modelopt FP8 dense (bmm_fp8, cuBLAS) at TP4 on one GPU: four byte-identical rank files."""
-    root = tmp_path / "cache"
+    root, v2 = tmp_path / "cache", tmp_path / "v2"
     t0 = time.perf_counter()
-    r = warm(LLAMA, root, "--gpus", "1")
+    r = warm(LLAMA, root, "--gpus", "1", "--layout", "sglang,flashinfer-v2", env={"FLASHINFER_AUTOTUNE_CACHE_DIR": str(v2)})
     wall = time.perf_counter() - t0
-    assert r["status"] == "written" and len(r["rank_files"]) == 4
+    assert r["status"] == "written" and len(r["rank_files"]) == 4 and r["layouts"]["flashinfer-v2"]["written"] > 0
     data = assert_byte_identical(r)
     n_keys = assert_plan_keys_present(LLAMA, root, data)
     kdir = Path(r["key_dir"])
@@ -97,15 +111,17 @@ def test_llama_fp8_tp4_warm_verify_noop(tmp_path):
     t1 = time.perf_counter()
     again = warm(LLAMA, root, "--gpus", "1")
     assert again["status"] == "complete"
+    noop = round(time.perf_counter() - t1, 2)
+    replay = v2_replay(LLAMA, root, r, v2)
     record("llama_fp8_tp4_1gpu", warm_wall_s=round(wall, 2), timings=r["timings"], profiles=r["profiles_total"],
-           keys=n_keys, verify=rep, noop_wall_s=round(time.perf_counter() - t1, 2))
+           keys=n_keys, verify=rep, noop_wall_s=noop, v2_replay=replay)
 
 
 def test_qwen3_cutlass_tp2_warm_verify(tmp_path):
     """bf16 MoE through cutlass_fused_moe (prebuilt fused_moe_90) at TP2."""
-    root = tmp_path / "cache"
+    root, v2 = tmp_path / "cache", tmp_path / "v2"
     t0 = time.perf_counter()
-    r = warm(QWEN, root, "--gpus", "1")
+    r = warm(QWEN, root, "--gpus", "1", "--layout", "sglang,flashinfer-v2", env={"FLASHINFER_AUTOTUNE_CACHE_DIR": str(v2)})
     wall = time.perf_counter() - t0
     data = assert_byte_identical(r)
     n_keys = assert_plan_keys_present(QWEN, root, data)
@@ -113,7 +129,44 @@ def test_qwen3_cutlass_tp2_warm_verify(tmp_path):
     assert v.returncode == 0, v.stdout + v.stderr[-2000:]
     rep = json.loads(v.stdout)
     assert rep["ok"] and rep["hits"] == rep["lookups"] == 42
-    record("qwen3_cutlass_tp2_1gpu", warm_wall_s=round(wall, 2), timings=r["timings"], profiles=r["profiles_total"], keys=n_keys, verify=rep)
+    replay = v2_replay(QWEN, root, r, v2)
+    record("qwen3_cutlass_tp2_1gpu", warm_wall_s=round(wall, 2), timings=r["timings"], profiles=r["profiles_total"], keys=n_keys,
+           verify=rep, v2_replay=replay)
+
+
+@pytest.mark.parametrize("args,name", [(QWEN, "qwen3_cutlass_tp2"), (LLAMA, "llama_fp8_tp4")])
+def test_careful_cache_loads_with_zero_retuning(tmp_path, args, name):
+    """Careful mode: 3 tunes, raced winners, the floor; what it writes (explicit default entries
+    included) must load in the engine's pass exactly as a quick cache does: zero re-tuning, in
+    SGLang's rank files and in FlashInfer's v2 store. Then diff --measure against a quick cache."""
+    root, v2, quick_root = tmp_path / "cache", tmp_path / "v2", tmp_path / "quick"
+    gpus = str(min(gpu_count(), 2))
+    r = warm(args, root, "--gpus", gpus, "--quality", "careful", "--layout", "sglang,flashinfer-v2",
+             env={"FLASHINFER_AUTOTUNE_CACHE_DIR": str(v2)})
+    assert r["status"] == "written" and r["selection"]["buckets"] > 0 and r["selection"]["raced"] > 0
+    data = assert_byte_identical(r)
+    assert_plan_keys_present(args, root, data)
+    eid = "/".join(Path(r["key_dir"]).parts[-3:])
+    v = run_cli("verify", eid, "--cache-dir", str(root), "--json")
+    rep = json.loads(v.stdout)
+    assert v.returncode == 0 and rep["ok"] and rep["hits"] == rep["lookups"], v.stdout + v.stderr[-2000:]
+    shown = run_cli("show", eid, "--cache-dir", str(root), "--buckets")
+    assert shown.returncode == 0 and "Selection careful: 3 tunes" in shown.stdout
+    manifest = json.loads((Path(r["key_dir"]) / MANIFEST_NAME).read_text())
+    quick = warm(args, quick_root, "--gpus", "1")
+    d = run_cli("diff", r["rank_files"][0], quick["rank_files"][0], "--json")
+    assert d.returncode == 0, d.stderr[-2000:]
+    diff = json.loads(d.stdout)
+    measured = None
+    if not diff["identical"]:
+        m = run_cli("diff", eid, str(Path(quick["key_dir"])), "--cache-dir", str(root), "--measure", "--json", timeout=900)
+        assert m.returncode == 0, m.stderr[-3000:]
+        measured = json.loads(m.stdout)["measured"]
+        assert measured and all(x.get("a_ms") and x.get("b_ms") for x in measured), measured[:3]
+    replay = v2_replay(args, root, r, v2)
+    record(f"{name}_careful", timings=r["timings"], selection=r["selection"], verify=rep, v2_replay=replay,
+           quick_timings=quick["timings"], diff={k: diff[k] for k in ("same", "changed", "added", "dropped")},
+           measured=measured, per_bucket=manifest["extra"]["selection"]["ops"])
 
 
 @pytest.mark.skipif(gpu_count() < 2, reason="needs 2+ GPUs")

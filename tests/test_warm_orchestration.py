@@ -44,7 +44,7 @@ def run(plan, monkeypatch, mode="ok", gpus=2, **kw):
 
 def test_split_merge_commit(plan, monkeypatch):
     seen = []
-    r = run(plan, monkeypatch, progress=lambda done, total, what: seen.append((done, total)))
+    r = run(plan, monkeypatch, progress=lambda done, total, what, phase: seen.append((done, total)))
     assert r.status == "written" and r.profiles_tuned == r.profiles_total == 42 and r.gpus == 2
     datas = {Path(p).read_bytes() for p in r.rank_files}
     assert len(datas) == 1 and len(r.rank_files) == 2  # byte-identical across the TP group
@@ -127,3 +127,31 @@ def test_warm_refuses_to_replace_another_gpu_models_entry(plan, monkeypatch):
     assert scan_cache(plan.cache_root).entries[0].gpu == "NVIDIA H100 80GB HBM3"
     r = run(plan, monkeypatch, force=True)
     assert r.status == "written" and scan_cache(plan.cache_root).entries[0].gpu == "NVIDIA H200"
+
+
+def test_a_second_warm_of_the_same_target_is_refused_while_one_runs(plan, monkeypatch):
+    """Two warms of one target into one root would take each other's finished buckets (and delete
+    the work dir under each other): the second is refused, nothing is written by it. Another
+    root is another work dir."""
+    import subprocess
+
+    from autotune_cache.errors import EntryLocked
+    from autotune_cache.warm import work_dir
+
+    wd = work_dir(plan)
+    wd.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"), str(wd.parent / f"{wd.name}.lock")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(EntryLocked, match="another warm is tuning this target"):
+            run(plan, monkeypatch)
+        assert not scan_cache(plan.cache_root).entries
+        other = replace(plan, cache_root=plan.cache_root.parent / "other-root")
+        assert work_dir(other) != wd
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run(plan, monkeypatch).status == "written"

@@ -1,0 +1,97 @@
+"""GPU helper for test_gpu.py: does FlashInfer's own v2 store, as warm wrote it, serve the engine's
+startup pass with no profiling and the same tactics as the rank file?
+
+``python tests/_v2_replay.py PLAN_JSON RANK_FILE V2_ROOT`` prints one JSON line. Two passes over
+the skeleton at the engine's token counts, in this order (the v2 store, once attached, stays):
+
+1. rank file: ``load_configs`` + ``autotune(False)``: the tactics SGLang's rank file serves;
+2. v2 store: ``autotune_v2(mode="tune", cache_root=V2_ROOT)`` - the mode an engine starts in -
+   with FlashInfer's profiling counted: a store that covers the pass profiles nothing.
+
+Every lookup is recorded through ``AutoTuner.search_cache`` (hit or miss, runner, tactic).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    plan_path, rank_file, v2_root = sys.argv[1:4]
+    import torch
+    from flashinfer.autotune_cache import autotune_v2
+    from flashinfer.autotuner import AutoTuner, autotune
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from autotune_cache.lm_head import lm_head_stub
+    from autotune_cache.skeleton import SkeletonModel
+
+    plan = json.loads(Path(plan_path).read_text())
+    spec, res = plan["spec"], plan["resolution"]
+    ops = plan["workloads"][0]["ops"]
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    model = SkeletonModel(ops, hidden=spec["hidden_size"], vocab=spec["vocab_size"], tp=res["flags"]["tp"],
+                          dp=res["attn_dp_size"], dtype=res["dtype"], device=dev)
+
+    def tokens(op: dict) -> int:
+        return res["decode_batch"] * (res["attn_dp_size"] if op["tokens"] == "moe" else 1)
+
+    lookups: list[tuple] = []
+    original_search = AutoTuner.search_cache
+
+    def search_cache(self, custom_op, runners, input_shapes, *args, **kwargs):
+        hit, r_id, tactic, profile = original_search(self, custom_op, runners, input_shapes, *args, **kwargs)
+        shapes = tuple(tuple(int(d) for d in shape) for shape in input_shapes)
+        lookups.append((custom_op, shapes, bool(hit), runners[r_id].__class__.__name__ if hit else None, repr(tactic)))
+        return hit, r_id, tactic, profile
+
+    AutoTuner.search_cache = search_cache
+    profiled = [0]
+    original_profile = AutoTuner._profile_single_kernel
+
+    def profile(self, *args, **kwargs):
+        profiled[0] += 1
+        return original_profile(self, *args, **kwargs)
+
+    AutoTuner._profile_single_kernel = profile
+    tuner = AutoTuner.get()
+    for layer in model.layers:  # kernel modules loaded before any pass
+        with autotune(False):
+            layer(1)
+
+    def run_pass() -> list[tuple]:
+        lookups.clear()
+        with lm_head_stub():
+            model(tokens, lm_tokens=res["decode_batch"])
+        torch.cuda.synchronize()
+        return list(lookups)
+
+    tuner.clear_cache()
+    assert tuner.load_configs(rank_file), "FlashInfer rejected the rank file's metadata"
+    with autotune(False):
+        v1 = run_pass()
+    tuner.clear_cache()
+    profiled[0] = 0
+    with autotune_v2(mode="tune", cache_root=v2_root):
+        v2 = run_pass()
+    v2_profiled = profiled[0]
+    v1_served = {(op, shapes): (runner, tactic) for op, shapes, hit, runner, tactic in v1 if hit}
+    v2_served = {(op, shapes): (runner, tactic) for op, shapes, hit, runner, tactic in v2 if hit}
+    # The engine's calls (v1) must be served by v2 with the same tactic; v2's tune mode also looks
+    # up every other bucket of each op (to see what is left to tune): those must hit too.
+    calls = sorted({(op, shapes) for op, shapes, *_ in v1})
+    mismatches = [f"{op} {shapes}: rank file {v1_served.get((op, shapes))} vs v2 {v2_served.get((op, shapes))}"
+                  for op, shapes in calls if v1_served.get((op, shapes)) != v2_served.get((op, shapes))]
+    print(json.dumps({
+        "calls": len(calls), "v1_lookups": len(v1), "v1_hits": sum(h for _, _, h, _, _ in v1),
+        "lookups": len(v2), "v2_hits": sum(h for _, _, h, _, _ in v2), "v2_profiled": v2_profiled,
+        "same_tactics": not mismatches, "mismatches": mismatches[:10],
+        "served": [f"{op} {shapes}: {v2_served.get((op, shapes))}" for op, shapes in calls][:10],
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
