@@ -60,8 +60,19 @@ def _gpus_from_smi() -> GpuInfo:
     return GpuInfo(len(rows), arch_from_capability(int(major), int(minor or 0)), tuple(r[0].strip() for r in rows))
 
 
+#: Test hooks (like FI_AUTOTUNE_CRASH_AT): a GPU-less CI runs the real commands end to end with
+#: ``FI_AUTOTUNE_TEST_GPUS="2xNVIDIA H200@sm90"`` and a stand-in worker script in
+#: ``FI_AUTOTUNE_TEST_WORKER`` (tests/_fake_worker.py) - nothing else differs.
+TEST_GPUS_ENV, TEST_WORKER_ENV = "FI_AUTOTUNE_TEST_GPUS", "FI_AUTOTUNE_TEST_WORKER"
+
+
 def detect_gpus() -> GpuInfo:
     """Through NVML (or nvidia-smi): no CUDA context in the parent, so workers own their devices."""
+    fake = os.environ.get(TEST_GPUS_ENV)
+    if fake:
+        count, _, rest = fake.partition("x")
+        name, _, arch = rest.partition("@")
+        return GpuInfo(int(count), arch, (name,) * int(count))
     try:
         import pynvml
 
@@ -304,7 +315,8 @@ class WorkerPool:
     file and its work items on stdin."""
 
     def __init__(self, n: int, argv: list[str] | None = None):
-        argv = argv or [sys.executable, "-m", "autotune_cache.worker"]
+        test_worker = os.environ.get(TEST_WORKER_ENV)
+        argv = argv or ([sys.executable, test_worker] if test_worker else [sys.executable, "-m", "autotune_cache.worker"])
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(n)]
         self.procs: list[subprocess.Popen] = []
@@ -346,6 +358,64 @@ class WorkerPool:
             log.close()
 
 
+def preflight(plan: TuningPlan, info: GpuInfo, gpus: int | None, pool: "WorkerPool | None") -> int:
+    """Usage errors before any work: the plan's GPUs are these, FlashInfer imports. The worker count."""
+    arch = plan.resolution.arch
+    if plan.resolution.moe_runner_backend == "flashinfer_megamoe" and not plan.resolution.topology.gpu_uuids:
+        raise UsageError("flashinfer_megamoe names each rank file after its GPU: pass --gpu-uuids (the serving "
+                         "machine's UUIDs in tp-rank order, or auto when it is this machine)")
+    if info.count == 0:
+        raise UsageError("no CUDA GPU found: warm needs one (run `fi-autotune plan` to see the plan without a GPU)")
+    if info.arch != arch:
+        raise UsageError(f"the plan targets {arch} but this machine's GPUs are {info.arch} ({info.names[0]})")
+    if len(set(info.names)) > 1 and gpus != 1:
+        raise UsageError(f"mixed GPU models ({', '.join(sorted(set(info.names)))}): tuned tactics would differ; use --gpus 1")
+    n = info.count if gpus is None else gpus
+    if n < 1 or n > info.count:
+        raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
+    if pool is not None and len(pool.procs) != n:
+        raise ValueError(f"worker pool has {len(pool.procs)} workers, not {n}")
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer") is None:
+        raise UsageError("flashinfer is not importable in this Python: install flashinfer-python")
+    return n
+
+
+def existing_verdict(layout, plan: TuningPlan, info: GpuInfo, quality: QualitySettings | None) -> "WarmResult | None":
+    """What is already at the plan's path, without --force: another GPU model's entry is refused,
+    a complete one is kept (None: tune)."""
+    existing = scan_entry(layout, plan.key_dir, plan.entry_id)
+    why = other_gpu_refusal(existing.gpu, info.names[0], plan.resolution.arch)
+    if why:
+        raise FiAutotuneError(f"{plan.entry_id} {why}")
+    if existing.status == EntryStatus.COMPLETE:
+        was = existing.manifest.stats.get("quality") if existing.manifest else None
+        how = f"in {was} mode" if was else "by the engine or an older warm"
+        again = "carefully " if quality is not None and quality.careful and was != "careful" else ""
+        return WarmResult("complete", str(plan.key_dir), message=f"already complete, tuned {how} (use --force to tune "
+                          f"it again {again}and replace it)")
+    return None
+
+
+def commit_plan(plan: TuningPlan, rank_bytes: dict[str, bytes], metadata: dict, stats: dict, extra: dict,
+                force: bool) -> None:
+    """The manifest for ``plan`` and its rank files, committed in one step (refusals raise)."""
+    layout = default_layout()
+    now = utc_now_iso()
+    res = plan.resolution
+    manifest = Manifest(
+        key=plan.key, schema=plan.schema, key_string=plan.key_string, key_fields=res.key_fields,
+        topology=res.topology, flashinfer_version=plan.flashinfer_version, arch=res.arch, flashinfer_metadata=metadata,
+        rank_files={}, created=now, updated=now, stats={**stats, "model_source": plan.source.describe()},
+        request=plan.request.to_dict() if plan.request is not None else None, extra=extra,
+    )
+    result = commit_entry(layout, plan.cache_root, plan.entry_id, rank_bytes, manifest,
+                          check=replace_policy(layout, plan.cache_root, force))
+    if result.refused:
+        raise FiAutotuneError(f"{plan.entry_id}: {result.refused[0][1]}; nothing was written")
+
+
 def warm(
     plan: TuningPlan,
     *,
@@ -358,40 +428,16 @@ def warm(
 ) -> WarmResult:
     t_start, epoch_start = time.perf_counter(), time.time()
     layout = default_layout()
-    root, eid, kdir, arch = plan.cache_root, plan.entry_id, plan.key_dir, plan.resolution.arch
+    kdir = plan.key_dir
     if not plan.autotunes:
         return WarmResult("nothing-to-tune", str(kdir), message="SGLang would not autotune this configuration: nothing to write")
 
-    if plan.resolution.moe_runner_backend == "flashinfer_megamoe" and not plan.resolution.topology.gpu_uuids:
-        raise UsageError("flashinfer_megamoe names each rank file after its GPU: pass --gpu-uuids (the serving "
-                         "machine's UUIDs in tp-rank order, or auto when it is this machine)")
     info = gpu_info or detect_gpus()
-    if info.count == 0:
-        raise UsageError("no CUDA GPU found: warm needs one (run `fi-autotune plan` to see the plan without a GPU)")
-    if info.arch != arch:
-        raise UsageError(f"the plan targets {arch} but this machine's GPUs are {info.arch} ({info.names[0]})")
-    if len(set(info.names)) > 1 and gpus != 1:
-        raise UsageError(f"mixed GPU models ({', '.join(sorted(set(info.names)))}): tuned tactics would differ; use --gpus 1")
+    n = preflight(plan, info, gpus, pool)
     if kdir.is_dir() and not force:
-        existing = scan_entry(layout, kdir, eid)
-        why = other_gpu_refusal(existing.gpu, info.names[0], arch)
-        if why:
-            raise FiAutotuneError(f"{eid} {why}")
-        if existing.status == EntryStatus.COMPLETE:
-            was = existing.manifest.stats.get("quality") if existing.manifest else None
-            how = f"in {was} mode" if was else "by the engine or an older warm"
-            again = "carefully " if quality is not None and quality.careful and was != "careful" else ""
-            return WarmResult("complete", str(kdir), message=f"already complete, tuned {how} (use --force to tune "
-                              f"it again {again}and replace it)")
-    n = info.count if gpus is None else gpus
-    if n < 1 or n > info.count:
-        raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
-    if pool is not None and len(pool.procs) != n:
-        raise ValueError(f"worker pool has {len(pool.procs)} workers, not {n}")
-    import importlib.util
-
-    if importlib.util.find_spec("flashinfer") is None:
-        raise UsageError("flashinfer is not importable in this Python: install flashinfer-python")
+        done = existing_verdict(layout, plan, info, quality)
+        if done is not None:
+            return done
 
     ops, per_workload = distinct_ops(plan)
     res = plan.resolution
@@ -470,22 +516,14 @@ def warm(
             for rank in w.ranks:
                 rank_bytes[rank] = data
         timings = _timings(events, t_start, t_tuned)
-        now = utc_now_iso()
-        manifest = Manifest(
-            key=plan.key, schema=plan.schema, key_string=plan.key_string, key_fields=res.key_fields,
-            topology=res.topology, flashinfer_version=plan.flashinfer_version, arch=arch, flashinfer_metadata=metadata,
-            rank_files={}, created=now, updated=now,
-            stats={"profiles": total, "profiles_tuned_this_run": total - already, "gpus": n,
-                   **{k: v for k, v in timings.items() if k != "timeline"},
-                   "model_source": plan.source.describe(), "quality": quality.mode,
-                   **({"selection": selection_summary(selection)} if quality.careful else {})},
-            request=plan.request.to_dict() if plan.request is not None else None,
-            extra={"selection": {"settings": quality.to_dict(), **({"ops": selection} if quality.careful else {})}},
-        )
-        result = commit_entry(layout, root, eid, rank_bytes, manifest,
-                              check=replace_policy(layout, root, force))
-        if result.refused:
-            raise FiAutotuneError(f"{eid}: {result.refused[0][1]}; nothing was written (the tuned buckets are kept in {wd})")
+        stats = {"profiles": total, "profiles_tuned_this_run": total - already, "gpus": n,
+                 **{k: v for k, v in timings.items() if k != "timeline"}, "quality": quality.mode,
+                 **({"selection": selection_summary(selection)} if quality.careful else {})}
+        extra = {"selection": {"settings": quality.to_dict(), **({"ops": selection} if quality.careful else {})}}
+        try:
+            commit_plan(plan, rank_bytes, metadata, stats, extra, force)
+        except FiAutotuneError as e:
+            raise FiAutotuneError(f"{e} (the tuned buckets are kept in {wd})") from None
         timings["write_s"] = round(time.perf_counter() - t_tuned, 3)
         timings["wall_s"] = round(time.perf_counter() - t_start, 3)
         timings["timeline"].update(planned=epoch_start, written=time.time())
@@ -538,9 +576,15 @@ class Phase:
     already: int = 0
 
 
-def _supervise(workers, phases: list[Phase], progress, pool: "WorkerPool") -> list[dict]:
+def _supervise(workers, phases: list[Phase], progress, pool: "WorkerPool",
+               on_done: Callable[[dict], list[Callable[[], None]]] | None = None) -> list[dict]:
     """Deal each phase's items to the workers one at a time (the next goes to whichever finishes
-    first) and read their events; on any failure or signal stop them all and raise."""
+    first) and read their events; on any failure or signal stop them all and raise.
+
+    ``on_done(event)`` may return callbacks to run once every worker has saved what it holds
+    (a *flush round*: ``fleet`` commits a target as soon as its last item is done). Workers
+    answer ``flush`` in order, so each ``flushed`` belongs to the oldest round still waiting on
+    that worker."""
     sel = selectors.DefaultSelector()
     # Raw reads split into lines here: a buffered readline() could keep a second event in its
     # buffer while select() waits on an fd with nothing left to read (and the worker waits on us).
@@ -551,10 +595,10 @@ def _supervise(workers, phases: list[Phase], progress, pool: "WorkerPool") -> li
     live = [w for w, _ in workers]
     events: list[dict] = []
     current: dict[int, tuple] = {}
-    state = {"phase": 0, "done": phases[0].already, "total": phases[0].total}
+    state = {"phase": 0, "done": phases[0].already, "total": phases[0].total, "barrier": -1}
     busy: set[int] = set()
     closed: set[int] = set()
-    flushing: set[int] = set()
+    rounds: list[dict] = []  # flush rounds: {"waiting": set of workers, "then": [callbacks]}
     failure: str | None = None
     stop = {"sig": None}
 
@@ -570,29 +614,44 @@ def _supervise(workers, phases: list[Phase], progress, pool: "WorkerPool") -> li
         if pending:
             pool.send(w, pending.pop())
             busy.add(w)
-        elif last_phase() and w not in closed:
+        elif last_phase() and not rounds and w not in closed:
             pool.send(w, None)
             closed.add(w)
 
+    def flush_then(callbacks: list[Callable[[], None]]) -> None:
+        waiting = {w for w in live if w not in closed}
+        for w in waiting:
+            pool.send(w, "flush")
+        rounds.append({"waiting": waiting, "then": list(callbacks)})
+        settle()
+
+    def settle() -> None:
+        while rounds and not rounds[0]["waiting"]:
+            for cb in rounds.pop(0)["then"]:
+                cb()
+
+    def next_phase() -> None:
+        state["phase"] += 1
+        phase = phases[state["phase"]]
+        pending.extend(reversed(phase.items()))
+        state["done"], state["total"] = phase.already, phase.total or len(pending)
+        if progress:
+            progress(state["done"], state["total"], f"{phase.name} {len(pending)} items", phase.name)
+        for w in live:
+            deal(w)
+        advance()
+
     def advance() -> None:
-        # Between phases: every worker saves what it holds, then the next phase's items are built.
-        while not pending and not busy and not flushing and not last_phase():
-            if state.get("flushed") != state["phase"]:
-                state["flushed"] = state["phase"]
-                for w in live:
-                    pool.send(w, "flush")
-                    flushing.add(w)
-                if flushing:
-                    return
-            state["phase"] += 1
-            phase = phases[state["phase"]]
-            pending.extend(reversed(phase.items()))
-            state["done"], state["total"] = phase.already, phase.total or len(pending)
-            if progress:
-                progress(state["done"], state["total"], f"{phase.name} {len(pending)} items", phase.name)
-            for w in live:
-                deal(w)
-        if not pending and not busy and not flushing and last_phase():
+        # Between phases every worker saves what it holds first: the next phase's items are
+        # built from the files (racing needs every tune's results).
+        if pending or busy:
+            return
+        if not last_phase():
+            if state["barrier"] != state["phase"]:
+                state["barrier"] = state["phase"]
+                flush_then([next_phase])
+            return
+        if not rounds:
             for w in live:
                 deal(w)
 
@@ -609,10 +668,17 @@ def _supervise(workers, phases: list[Phase], progress, pool: "WorkerPool") -> li
                 what = (f"{ev['op']} @ {ev['bucket']} tokens" if ev["event"] == "done"
                         else Path(ev["spec"]).stem.replace("race.", ""))
                 progress(state["done"], state["total"], f"{what} (GPU {w})", name)
+            callbacks = on_done(ev) if on_done and ev["event"] == "done" else []
+            if callbacks:
+                flush_then(callbacks)
             deal(w)
             advance()
         elif ev["event"] == "flushed":
-            flushing.discard(w)
+            for r in rounds:
+                if w in r["waiting"]:
+                    r["waiting"].discard(w)
+                    break
+            settle()
             advance()
         elif ev["event"] == "error":
             op, bucket = ev.get("op"), ev.get("bucket")

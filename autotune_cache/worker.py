@@ -252,7 +252,7 @@ def main(task_path: str | None = None) -> int:
         if time.perf_counter() - last_save >= CHECKPOINT_S:
             checkpoint(i)
             last_save = time.perf_counter()
-        emit("done", op=op["id"], bucket=bucket, profiles=len(op["custom_ops"]), seconds=dt)
+        emit("done", op=op["id"], bucket=bucket, profiles=len(op["custom_ops"]), seconds=dt, item=f"{i} {bucket}")
     if current is not None and pending:
         checkpoint(current)
     emit("finished", tune_s=timing["tune"], jit_s=timing["jit"], race_s=timing["race"],

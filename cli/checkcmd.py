@@ -11,7 +11,7 @@ from autotune_cache.layouts import default_layout
 from autotune_cache.rankfile import read_regular_file
 
 from .output import Output
-from .params import env_from_option, json_option, resolve_root
+from .params import env_from_option, json_option, resolve_root, targets_option
 from .plancmd import apply_serving_command, build_plan, request_from, serving_command_argument, serving_options
 
 
@@ -23,44 +23,36 @@ from .plancmd import apply_serving_command, build_plan, request_from, serving_co
                    "its directory is named by the serving environment).")
 @env_from_option
 @click.option("--strict", is_flag=True, help="Exit 1 on any miss (fail the build before a slow boot does).")
+@targets_option
 @json_option
 @serving_command_argument
 @click.pass_context
-def check_cmd(ctx, store_url, layout_name, env_from, strict, as_json, **kw):
+def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_json, **kw):
     """Check, without a GPU, that the engine will find and use its cache.
 
     For the serving flags (or the serving command after `--`): is an entry at the path the
     engine computes, complete and identical across each TP group, holding every FlashInfer key
     the startup pass looks up, tuned in an environment matching the serving image
     (`--env-from`, from `fi-autotune env --json` run there)? Each miss is one line saying why.
-    Exit 0 unless `--strict` and something would miss.
+    Exit 0 unless `--strict` and something would miss. With --targets, every target of a
+    targets file (the gate an image build runs).
     """
     out = Output(as_json)
-    kw = apply_serving_command(ctx, kw, out)
     layout = default_layout()
     fingerprint = Fingerprint.load(env_from) if env_from else None
+    if targets_file:
+        from .targetscmd import check_targets
+
+        check_targets(ctx, out, targets_file, kw, store_url, layout_name, fingerprint, strict)
+        return
+    kw = apply_serving_command(ctx, kw, out)
     request = request_from(kw).for_target(fingerprint)
     if store_url is None:
         root = resolve_root(kw["cache_dir"], must_exist=False).path
         plan = build_plan(request, str(root))
     else:
         plan = build_plan(request, kw["cache_dir"])
-    eid = plan.entry_id
-    report = CheckReport(str(eid), str(plan.key_dir) if store_url is None else f"{store_url} {eid}", plan.autotunes)
-    if plan.autotunes and layout_name == "flashinfer-v2":
-        if fingerprint is None or store_url is not None:
-            raise UsageError("--layout flashinfer-v2 checks a local store against --env-from (the serving image's "
-                             "fingerprint names its directory)")
-        from autotune_cache.check import check_v2_store
-        from autotune_cache.layouts import get_layout
-
-        v2root = kw["cache_dir"] or get_layout("flashinfer-v2").default_root().path
-        check_v2_store(plan, report, fingerprint, v2root)
-    elif plan.autotunes:
-        if store_url is None:
-            _check_tree(plan, layout, report, fingerprint)
-        else:
-            _check_store(plan, layout, report, fingerprint, store_url)
+    report = run_check(plan, layout, layout_name, store_url, fingerprint, kw["cache_dir"])
 
     def human() -> None:
         if not report.autotunes:
@@ -78,6 +70,27 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, as_json, **kw):
     out.emit(human=human, data=report.to_dict)
     if strict and not report.ok:
         raise click.exceptions.Exit(int(ExitCode.FAILURE))
+
+
+def run_check(plan, layout, layout_name: str, store_url: str | None, fingerprint, cache_dir: str | None) -> CheckReport:
+    """One target's check: the tree, a store, or FlashInfer's v2 store."""
+    eid = plan.entry_id
+    report = CheckReport(str(eid), str(plan.key_dir) if store_url is None else f"{store_url} {eid}", plan.autotunes)
+    if plan.autotunes and layout_name == "flashinfer-v2":
+        if fingerprint is None or store_url is not None:
+            raise UsageError("--layout flashinfer-v2 checks a local store against --env-from (the serving image's "
+                             "fingerprint names its directory)")
+        from autotune_cache.check import check_v2_store
+        from autotune_cache.layouts import get_layout
+
+        v2root = cache_dir or get_layout("flashinfer-v2").default_root().path
+        check_v2_store(plan, report, fingerprint, v2root)
+    elif plan.autotunes:
+        if store_url is None:
+            _check_tree(plan, layout, report, fingerprint)
+        else:
+            _check_store(plan, layout, report, fingerprint, store_url)
+    return report
 
 
 def _check_tree(plan, layout, report: CheckReport, fingerprint) -> None:

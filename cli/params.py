@@ -195,3 +195,13 @@ def staleness_fingerprint(env_from: str | None, check_env: bool, flt: EntryFilte
     if fp is None:
         out.warn(NO_GPU_STALENESS)
     return fp
+
+
+targets_option = click.option(
+    "--targets", "targets_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+    help="A YAML or JSON list of targets (warm's flags as fields; a list value expands into one target per "
+         "value) instead of one target's flags: docs/fleet.md.")
+shard_option = click.option(
+    "--shard", default=None, metavar="i/N",
+    help="With --targets: this process's part of the list (0-based i of N), split the same way everywhere "
+         "(warm's default: the index a Kubernetes Indexed Job, a Slurm array or torchrun gives).")

@@ -12,7 +12,7 @@ from autotune_cache.request import TuneRequest
 from autotune_cache.sglang import ServerFlags
 
 from .output import Output
-from .params import POSITIVE, cache_dir_option, json_option, resolve_root
+from .params import POSITIVE, cache_dir_option, json_option, resolve_root, shard_option, targets_option
 
 
 def _split(value) -> tuple[str, ...]:
@@ -243,16 +243,30 @@ def print_plan(plan, out: Output) -> None:
 
 @click.command("plan")
 @serving_options
+@targets_option
+@shard_option
+@click.option("--store", "store_url", default=None, help="With --targets: coverage in this store instead of the tree.")
 @json_option
 @serving_command_argument
 @click.pass_context
-def plan_cmd(ctx, as_json, **kw):
+def plan_cmd(ctx, targets_file, shard, store_url, as_json, **kw):
     """Show what SGLang would autotune for a model and server flags, and the tuning plan (no GPU needed).
 
     The flags can also come from the serving command itself, after `--`:
     `fi-autotune plan --arch sm100 -- python -m sglang.launch_server --model-path ... --tp 8`.
+    With --targets, a whole fleet: each target's id, work and coverage, and the work once
+    identical calls are merged.
     """
     out = Output(as_json)
+    if targets_file:
+        from .targetscmd import load_fleet, plan_targets, reject_serving_flags
+
+        reject_serving_flags(ctx)
+        loaded, chosen, total = load_fleet(targets_file, kw["cache_dir"], kw["arch"], shard)
+        plan_targets(out, loaded, chosen, total, store_url)
+        return
+    if shard or store_url:
+        raise UsageError("--shard and --store go with --targets")
     kw = apply_serving_command(ctx, kw, out)
     plan = build_plan(request_from(kw), kw["cache_dir"])
     out.emit(human=lambda: print_plan(plan, out), data=plan.to_dict)

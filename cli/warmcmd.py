@@ -11,7 +11,7 @@ from autotune_cache.errors import ExitCode, FiAutotuneError, Interrupted, UsageE
 from autotune_cache.request import TuneRequest
 
 from .output import Output
-from .params import json_option, resolve_root
+from .params import json_option, resolve_root, shard_option, targets_option
 from .plancmd import apply_serving_command, build_plan, request_from, serving_command_argument, serving_options
 
 
@@ -83,13 +83,20 @@ class _Progress:
                    "[default: 0.03, i.e. 3%; docs/quality.md].")
 @click.option("--race-runs", type=click.IntRange(5, 10000), default=50, show_default=True,
               help="careful: timed runs per candidate in a race.")
+@targets_option
+@shard_option
+@click.option("--push", "push_url", default=None, metavar="URL",
+              help="Publish each entry to this store (s3://, gs://, file://) as soon as it is written.")
 @json_option
 @serving_command_argument
 @click.pass_context
-def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, as_json, **kw):
+def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, targets_file, shard, push_url,
+             as_json, **kw):
     """Tune the plan on this machine's GPUs and write every rank file where the engine looks.
 
-    The serving flags can also come from the serving command itself, after `--`.
+    The serving flags can also come from the serving command itself, after `--`. With
+    --targets, a whole list of targets on one pool of workers: identical calls tuned once, each
+    target written (and pushed) as soon as its last bucket is done (docs/fleet.md).
     """
     from autotune_cache.quality import DEFAULT_THRESHOLD, QualitySettings
 
@@ -111,6 +118,17 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     if unknown or "sglang" not in wanted:
         raise UsageError(f"--layout {layouts!r}: warm writes sglang, plus flashinfer-v2 if asked (vLLM's files are "
                          "not supported yet)")
+    if targets_file:
+        from .targetscmd import reject_serving_flags, warm_targets
+
+        reject_serving_flags(ctx)
+        if quality != "quick" or ctx.get_parameter_source("layouts") == click.core.ParameterSource.COMMANDLINE:
+            raise UsageError("with --targets: quick mode, and each target's layouts in the file")
+        warm_targets(kw, n, force, targets_file, shard, push_url, Output(as_json), t0)
+        return
+    if shard:
+        raise UsageError("--shard goes with --targets")
+    store = _writable_store(push_url)
     kw = apply_serving_command(ctx, kw, Output(as_json))
     request = request_from(kw)
     # Workers import torch and flashinfer and create their CUDA contexts while this process
@@ -140,11 +158,14 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     extra = {}
     if "flashinfer-v2" in wanted and result.status in ("written", "complete"):
         extra["flashinfer-v2"] = _also_v2(plan, out)
+    pushed = push_entry(store, plan) if store is not None and result.status in ("written", "complete") else None
     result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
 
     def human() -> None:
         for name, r in extra.items():
             out.line(f"{name}: {r.written} entries written, {r.unchanged} unchanged in {r.env_dir}")
+        if pushed is not None:
+            out.line(f"{'pushed' if pushed.pushed else 'unchanged in'} {store}: {plan.entry_id}")
         if result.status != "written":
             out.line(f"{result.message}: {result.key_dir}")
             return
@@ -157,7 +178,32 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
             out.line("Careful: " + describe_summary(result.selection))
         out.line(f"Wrote {len(result.rank_files)} rank files + manifest to {result.key_dir}")
 
-    out.emit(human=human, data=lambda: {**result.to_dict(), "layouts": {k: v.to_dict() for k, v in extra.items()}})
+    out.emit(human=human, data=lambda: {**result.to_dict(), "layouts": {k: v.to_dict() for k, v in extra.items()},
+                                        **({"push": pushed.to_dict()} if pushed is not None else {})})
+
+
+def _writable_store(url: str | None):
+    """The --push store, checked before any tuning (a typo costs nothing then)."""
+    if url is None:
+        return None
+    from autotune_cache.store import Store, is_store_url
+
+    if not is_store_url(url):
+        raise UsageError(f"--push {url!r}: give a store URL (s3://, gs://, file://)")
+    store = Store(url)
+    store.check_writable()
+    return store
+
+
+def push_entry(store, plan):
+    """One written entry to the store (bundle first, then its record)."""
+    from autotune_cache.layouts import default_layout
+    from autotune_cache.scan import scan_entry
+    from autotune_cache.store import bundle_of
+
+    layout = default_layout()
+    entry = scan_entry(layout, plan.key_dir, plan.entry_id)
+    return store.push(layout, [(entry, bundle_of(layout, entry))])
 
 
 def describe_summary(s: dict) -> str:

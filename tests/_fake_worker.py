@@ -4,7 +4,9 @@ files and done files), behaviour chosen by FAKE_WORKER_MODE:
 
 ok | oom (error event on the first item) | crash (SIGKILL on the first item) |
 crash-after-N (SIGKILL after N items) | slow-on-0 (the worker on device 0 takes 1 s an item).
-FAKE_LOG, when set, gets a "<device> <op> <bucket>" line per item tuned.
+FAKE_LOG, when set, gets a "<device> <op> <bucket>" line per item tuned. The keys written are
+the ones the op's recipe predicts (what ``check`` and ``verify`` look for); FAKE_ITEM_SLEEP
+(seconds) slows every item down.
 
 Careful mode (the task's ``record_slots``): each tune of an op picks tactic ``(bucket + tune) % 3``
 when FAKE_TUNES=disagree (else ``bucket % 7`` for every tune); with FAKE_TUNES=two-runners the
@@ -21,9 +23,18 @@ import signal
 import sys
 import time
 
-from autotune_cache.rankfile import cache_file_bytes
+from autotune_cache.rankfile import cache_file_bytes, parse_file_key
+from autotune_cache.testing import DEFAULT_METADATA
 
-META = {"flashinfer_version": "0.7.2.post1", "gpu": os.environ.get("FAKE_GPU", "NVIDIA H200")}
+META = {**DEFAULT_METADATA, "gpu": os.environ.get("FAKE_GPU", "NVIDIA H200")}
+
+
+def keys_of(op, bucket):
+    """The keys FlashInfer would store for this op at this bucket: what the plan's recipe
+    predicts (``check`` and ``verify`` look for exactly these)."""
+    from autotune_cache.recipes import OpRecipe
+
+    return OpRecipe.from_dict(op).file_keys(bucket)
 
 
 def emit(event, **kw):
@@ -83,6 +94,7 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "slow-on-0" and device == "0":
             time.sleep(1.0)
+        time.sleep(float(os.environ.get("FAKE_ITEM_SLEEP", "0")))
         done_here += 1
         entries = json.load(open(t["out"])) if os.path.exists(t["out"]) else {}
         entries = {k: v for k, v in entries.items() if not k.startswith("_")}
@@ -90,14 +102,15 @@ def main():
         tune = int(m[1]) if m else 0
         tunes = os.environ.get("FAKE_TUNES", "agree")
         slots = []
-        for op in t["op"]["custom_ops"]:
-            slot = str((op, "FakeRunner", ((b, 64),), ()))
-            key, runner = slot, "FakeRunner"
+        slots = []
+        for slot in keys_of(t["op"], b):
+            parsed = parse_file_key(slot)
+            key, runner = slot, parsed.runner
             if tunes == "two-runners" and tune == 1:
-                key, runner = str((op, "OtherRunner", ((b, 64),), ("x",))), "OtherRunner"
+                key, runner = slot.replace(repr(parsed.runner), "'OtherRunner'", 1), "OtherRunner"
             tactic = (b + tune) % 3 if tunes in ("disagree", "two-runners") else b % 7
             entries[key] = [runner, tactic, ["l2_cache_policy", "hot"]]
-            slots.append({"slot": slot, "key": key, "default_runner": "FakeRunner"})
+            slots.append({"slot": slot, "key": key, "default_runner": parsed.runner})
         with open(t["out"], "wb") as f:
             f.write(cache_file_bytes(META, entries))
         with open(t["done"], "a") as f:
@@ -105,7 +118,7 @@ def main():
         if os.environ.get("FAKE_LOG"):
             with open(os.environ["FAKE_LOG"], "a") as f:
                 f.write(f"{device} {i} {b}\n")
-        emit("done", op=t["op"]["id"], bucket=b, profiles=len(t["op"]["custom_ops"]), seconds=0.0)
+        emit("done", op=t["op"]["id"], bucket=b, profiles=len(t["op"]["custom_ops"]), seconds=0.0, item=f"{i} {b}")
     emit("finished", tune_s=0.01, jit_s=0.0, race_s=0.01 if task.get("record_slots") else 0.0, peak_mem=0, floor_s=None)
     return 0
 

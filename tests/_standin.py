@@ -4,7 +4,9 @@
   prints there), so later steps have a target to check against;
 * ``warm ARGS``: parses ARGS with the real ``warm`` command's options and writes the entry
   ``warm`` would write for them (every key the plan's recipes predict, that fingerprint as
-  ``_metadata``), through the real writer.
+  ``_metadata``), through the real writer;
+* ``warm --targets ...``: the real command, with two H200s and tests/_fake_worker.py standing
+  in for the GPUs and the GPU worker (it writes the same keys and fingerprint).
 
 Only what cannot exist in CI (a GPU) is faked; every other step of a recipe runs for real.
 """
@@ -27,6 +29,15 @@ def main() -> int:
         return 0
     if cmd != "warm":
         raise SystemExit(f"no stand-in for {cmd}")
+    if "--targets" in args:
+        import os
+        from pathlib import Path
+
+        from autotune_cache.warm import TEST_GPUS_ENV, TEST_WORKER_ENV
+
+        os.environ[TEST_GPUS_ENV] = "2xNVIDIA H200@sm90"
+        os.environ[TEST_WORKER_ENV] = str(Path(__file__).resolve().parent / "_fake_worker.py")
+        os.execv(sys.executable, [sys.executable, "-m", "fi_autotune_cli", "warm", *args])
     from fi_autotune_cli.plancmd import build_plan, request_from
     from fi_autotune_cli.warmcmd import warm_cmd
 

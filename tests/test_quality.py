@@ -147,7 +147,7 @@ def test_careful_races_every_bucket_and_writes_the_winners(plan, monkeypatch, tm
     for key, value in entries.items():
         b = parse_file_key(key).profile[0][0]
         # tunes 0,1,2 picked (b+r)%3: three candidates + the default; the fake times candidate 0 fastest
-        assert value[:2] == ["FakeRunner", b % 3] and value[2] == ["l2_cache_policy", "hot"]
+        assert value[:2] == ["MoERunner", b % 3] and value[2] == ["l2_cache_policy", "hot"]
     (entry,) = scan_cache(plan.cache_root).entries
     m = entry.manifest
     assert m.stats["quality"] == "careful" and m.stats["selection"]["buckets"] == 21
@@ -162,7 +162,7 @@ def test_careful_races_every_bucket_and_writes_the_winners(plan, monkeypatch, tm
 def test_careful_keeps_the_default_under_the_threshold(plan, monkeypatch):
     r = careful(plan, monkeypatch, gain="0.01")
     entries = entries_of(r)
-    assert len(entries) == 42 and all(v[:2] == ["FakeRunner", -1] for v in entries.values())
+    assert len(entries) == 42 and all(v[:2] == ["MoERunner", -1] for v in entries.values())
     assert all(v[2] == ["l2_cache_policy", "hot"] for v in entries.values())  # the engine's lookup checks it
     assert r.selection["default_kept_by_floor"] == 21 and r.selection["tuned_written"] == 0
 
@@ -177,7 +177,7 @@ def test_careful_with_two_runners_writes_one_key_per_slot(plan, monkeypatch):
     entries = entries_of(r)
     assert len(entries) == 42
     slots = {(p.custom_op, p.profile) for p in map(parse_file_key, entries)}
-    assert len(slots) == 42  # never a FakeRunner and an OtherRunner key for one lookup
+    assert len(slots) == 42  # never a MoERunner and an OtherRunner key for one lookup
 
 
 def test_careful_resume_keeps_finished_races(plan, monkeypatch, tmp_path):

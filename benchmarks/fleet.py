@@ -1,0 +1,112 @@
+"""A fleet as one ``warm --targets`` against the same targets as separate ``warm`` runs.
+
+Same GPUs, same run, interleaved, ``--repeat`` times each, fresh trees and work dirs every time
+(nothing resumes). Per mode and GPU count: total wall time, tuning GPU-seconds, the floor (the
+time FlashInfer spends inside its per-tactic measurements, FI_AUTOTUNE_FLOOR=1), the overhead
+(wall x GPUs over the floor, minus one) and the scaling efficiency floor / (wall x GPUs). The
+targets share work on purpose (the MoE of one model under two served paths), so the merged
+saving shows too.
+
+    python benchmarks/fleet.py --gpus 1,4 --repeat 3 --out benchmarks/results/fleet.json
+
+Not part of fi-autotune; needs GPUs (sm90) and FlashInfer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TARGETS = """\
+defaults: {arch: sm90}
+targets:
+  - {name: dense-fp8, model: nvidia/Llama-3.1-70B-Instruct-FP8, tp: [4, 8]}
+  - {name: moe-bf16, model: Qwen/Qwen3-30B-A3B, moe_runner_backend: flashinfer_cutlass, tp: [2, 4]}
+  - {name: moe-bf16-image, model: Qwen/Qwen3-30B-A3B, model_path: /models/Qwen3-30B-A3B,
+     moe_runner_backend: flashinfer_cutlass, tp: 2}
+  - {name: moe-bf16-dp, model: Qwen/Qwen3-30B-A3B, moe_runner_backend: flashinfer_cutlass, tp: 4, dp: 4}
+"""
+
+
+def flags(fields: dict) -> list[str]:
+    out = []
+    for k, v in fields.items():
+        if k in ("name", "arch"):
+            continue
+        out += [f"--{k.replace('_', '-')}", str(v)]
+    return out
+
+
+def run(cmd: list[str], env: dict) -> tuple[dict, float]:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:6])}... failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout), wall
+
+
+def once(mode: str, gpus: int, targets_file: Path, targets, tmp: Path) -> dict:
+    env = {**os.environ, "FI_AUTOTUNE_FLOOR": "1", "XDG_CACHE_HOME": str(tmp / "xdg")}
+    cli = [sys.executable, "-m", "fi_autotune_cli", "warm", "--gpus", str(gpus), "--cache-dir", str(tmp / "root"), "--json"]
+    if mode == "fleet":
+        data, wall = run([*cli, "--targets", str(targets_file)], env)
+        t = data["timings"]
+        return {"wall_s": wall, "tuning_gpu_s": t.get("tuning_gpu_s", 0.0), "floor_gpu_s": t.get("floor_gpu_s", 0.0),
+                "profiles": data["profiles_tuned"], "profiles_one_by_one": data["profiles_total"]}
+    tot = {"wall_s": 0.0, "tuning_gpu_s": 0.0, "floor_gpu_s": 0.0, "profiles": 0}
+    for t in targets:
+        data, wall = run([*cli, *flags(t.fields)], env)
+        tot["wall_s"] += wall
+        tot["tuning_gpu_s"] += data["timings"].get("tuning_gpu_s", 0.0)
+        tot["floor_gpu_s"] += data["timings"].get("floor_gpu_s", 0.0)
+        tot["profiles"] += data["profiles_tuned"]
+    return tot
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpus", default="1", help="comma-separated GPU counts, e.g. 1,4")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fleet.json")
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO))
+    from autotune_cache.targets import parse_targets
+
+    import yaml
+
+    targets = parse_targets(yaml.safe_load(TARGETS), "fleet")
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        targets_file = Path(d) / "targets.yaml"
+        targets_file.write_text(TARGETS)
+        for gpus in [int(x) for x in args.gpus.split(",")]:
+            for r in range(args.repeat):
+                for mode in (("separate", "fleet") if r % 2 == 0 else ("fleet", "separate")):
+                    with tempfile.TemporaryDirectory(dir=d) as tmp:
+                        res = once(mode, gpus, targets_file, targets, Path(tmp))
+                    rows.append({"mode": mode, "gpus": gpus, "repeat": r, **res})
+                    print(json.dumps(rows[-1]), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"targets": [t.to_dict() for t in targets], "rows": rows}, indent=1))
+    print("\n| mode | GPUs | wall s (median) | tuning GPU-s | floor GPU-s | overhead | scaling eff. | profiles |")
+    print("|---|---|---|---|---|---|---|---|")
+    for gpus in sorted({r["gpus"] for r in rows}):
+        for mode in ("separate", "fleet"):
+            sel = [r for r in rows if r["gpus"] == gpus and r["mode"] == mode]
+            wall = statistics.median(r["wall_s"] for r in sel)
+            floor = statistics.median(r["floor_gpu_s"] for r in sel)
+            print(f"| {mode} | {gpus} | {wall:.1f} | {statistics.median(r['tuning_gpu_s'] for r in sel):.1f} | {floor:.1f} | "
+                  f"{wall * gpus / floor - 1:+.0%} | {floor / (wall * gpus):.2f} | {sel[0]['profiles']} |")
+
+
+if __name__ == "__main__":
+    main()
