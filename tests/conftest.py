@@ -15,6 +15,19 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _own_home_caches(tmp_path_factory, monkeypatch):
+    """Keep every test off this machine's home, both ways. `ls` without --cache-dir lists each
+    layout whose default root exists, so a FlashInfer store left under ~/.cache/flashinfer/autotune
+    (by an engine, or by anything run on a shared CI host) would show up in tests that expect none;
+    and our own digest index and work dirs (platformdirs' user cache) must not pile up in the
+    user's ~/.cache/fi-autotune. Each test gets its own not-yet-existing store root and its own
+    user cache; tests of those name their own."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("FLASHINFER_AUTOTUNE_CACHE_DIR", str(home / "no-flashinfer-v2"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "xdg-cache"))
+
+
 def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """The real command in a real process, as a user runs it."""
     full_env = {**os.environ, **(env or {})}

@@ -282,3 +282,17 @@ def test_a_target_gets_only_its_own_buckets_of_a_shared_call(tmp_path):
                  "  - {model: nvidia/Llama-3.1-70B-Instruct-FP8, tp: 4, arch: sm90, max_tokens: 64}\n")
     proc = run_cli("plan", "--targets", str(f))
     assert proc.returncode == 2 and "are one entry" in proc.stderr
+
+
+def test_warm_push_for_one_target(tmp_path):
+    args = ["warm", "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass",
+            "--cache-dir", str(tmp_path / "root")]
+    bad = run_cli(*args, "--push", str(tmp_path / "not-a-url"), env=gpu_env(tmp_path))
+    assert bad.returncode == 2 and "give a store URL" in bad.stderr
+    store = f"file://{tmp_path / 'store'}"
+    proc = run_cli(*args, "--push", store, "--json", env=gpu_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert data["status"] == "written" and data["push"]["pushed"]
+    listed = json.loads(run_cli("ls", store, "--json").stdout)
+    assert [e["id"] for e in listed["entries"]] == ["/".join(Path(data["key_dir"]).parts[-3:])]
