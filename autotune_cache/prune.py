@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import FiAutotuneError, UsageError, os_error_message
 from .humanize import Duration, format_size, plural
-from .layouts import CacheLayout
+from .layouts import CacheLayout, get_layout
 from .scan import CacheEntry, CacheInfo, Finding, scan_entry
 from .status import EntryStatus
 from .txn import delete_entry, recover_journals, release_owner_lock, remove_leftover
@@ -60,7 +60,7 @@ class EntryFilter:
                 return None
             why.append(f"flashinfer {e.flashinfer_version}, not the installed {self.other_versions_than}")
         if self.archs:
-            if e.arch not in self.archs:
+            if not get_layout(e.layout).sm_archs(e.arch) & set(self.archs):
                 return None
             why.append(f"arch {e.arch}")
         if self.statuses:

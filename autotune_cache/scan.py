@@ -23,7 +23,7 @@ from .digestindex import DigestIndex
 from .errors import FiAutotuneError, UsageError
 from .fingerprint import Fingerprint
 from .humanize import format_age, format_size
-from .layouts import CacheLayout, EntryId, NameKind, default_layout
+from .layouts import CacheLayout, EntryId, NameKind, default_layout, get_layout
 from .layouts.base import JOURNAL_DIRNAME, LOCKS_DIRNAME, MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from .manifest import Manifest, NewerManifest
 from .rankfile import RankFile, read_regular_file
@@ -88,7 +88,7 @@ class CacheEntry:
     def expected_files(self) -> tuple[str, ...]:
         if self.manifest:
             return tuple(self.manifest.expected_files)
-        return tuple(self.topology.rank_files()) if self.topology else ()
+        return tuple(get_layout(self.id.layout).expected_files(self.topology)) if self.topology else ()
 
     @property
     def present_expected(self) -> int:
@@ -109,18 +109,7 @@ class CacheEntry:
 
     @property
     def parallel_str(self) -> str:
-        """``tp8 dp8a ep1``: dp with ``a`` under dp-attention, ``r`` for replicas; ep is ``ep?``
-        when not recorded (an engine-written entry has no manifest to say)."""
-        t = self.topology
-        if t is None:
-            return "-"
-        parts = [f"tp{t.tp}"]
-        if t.pp > 1:
-            parts.append(f"pp{t.pp}")
-        if t.dp > 1:
-            parts.append(f"dp{t.dp}{'a' if t.dp_attention else 'r'}")
-        parts.append(f"ep{self.ep}" if self.ep is not None else "ep?")
-        return " ".join(parts)
+        return get_layout(self.id.layout).parallel_str(self.topology, self.ep)
 
     @property
     def metadata(self) -> dict:
@@ -556,7 +545,7 @@ def list_entry_dirs(layout: CacheLayout, root: Path) -> tuple[list[tuple[Path, E
             findings.append(Finding(path, "unreadable", err))
         for child in children:
             name = child.name
-            if depth == 0 and name == LOCKS_DIRNAME:
+            if depth == 0 and (name == LOCKS_DIRNAME or name in layout.skip_names):
                 continue
             if depth == 0 and name == JOURNAL_DIRNAME:
                 jchildren, _ = _scandir(path / name)

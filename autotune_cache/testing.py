@@ -122,3 +122,23 @@ def write_plan_entry(plan, metadata: dict | None = None, drop_buckets: tuple[int
     layout = default_layout()
     commit_entry(layout, plan.cache_root, plan.entry_id, files, manifest)
     return plan.entry_id
+
+
+def write_vllm_entry(
+    root: Path, config_hash: str, world: int = 2, dp: int = 1, flashinfer_version: str = "0.7.2.post1",
+    arch_dir: str = "90a", seed: int = 0, metadata: dict | None = None, override_dir: bool = False,
+) -> Path:
+    """Write an entry the way vLLM 0.33 leaves one: every rank saves its own file (plain writes,
+    no manifest), named ``autotune_configs_dp{d}_rank{d*world+r}.json``. ``override_dir``: the
+    ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` form (``root/<hash>``). Returns the entry dir."""
+    from .layouts.vllm import VllmRankName
+
+    meta = {**DEFAULT_METADATA, "flashinfer_version": flashinfer_version, **(metadata or {})}
+    data = cache_file_bytes(meta, fake_configs(seed=seed))
+    path = Path(root) / config_hash if override_dir else \
+        Path(root) / "flashinfer_autotune_cache" / flashinfer_version / arch_dir / config_hash
+    path.mkdir(parents=True, exist_ok=True)
+    for d in range(dp):
+        for r in range(world):
+            (path / VllmRankName(d, d * world + r).filename).write_bytes(data)
+    return path

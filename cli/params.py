@@ -10,6 +10,7 @@ import click
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import Duration, parse_duration
 from autotune_cache.layouts import LAYOUTS, CacheLayout, RootChoice, default_layout, get_layout
+from autotune_cache.layouts.base import DEFAULT_LAYOUT_NAME
 from autotune_cache.layouts.sglang import VERSION_RE
 from autotune_cache.prune import EntryFilter
 from autotune_cache.status import EntryStatus
@@ -77,6 +78,9 @@ def resolve_root(cache_dir: str | None, *, must_exist: bool, layout: CacheLayout
     """``--cache-dir`` or the engine's own root. A path that is a file is a usage error; a root
     that does not exist is an error for commands that read (exit 1), naming where it came from."""
     layout = layout or default_layout()
+    if cache_dir is None and not layout.configured():
+        raise UsageError(f"the {layout.name} layout's root is {layout.default_root().source}, which is not set "
+                         "here: set it or give --cache-dir")
     choice = RootChoice(Path(cache_dir), "--cache-dir") if cache_dir is not None else layout.default_root()
     root = choice.path
     if root.exists() and not root.is_dir():
@@ -91,6 +95,21 @@ layout_option = click.option(
     "--layout", "layouts", multiple=True, type=LAYOUT_NAMES,
     help="Which engine's tree: " + ", ".join(f"{n} ({l.default_root().source.removeprefix('the default ')})"
                                             for n, l in LAYOUTS.items()) + ". Default: sglang; `ls` lists every one that exists.",
+)
+
+
+def _archivable_layout(ctx, param, value):
+    layout = get_layout(value)
+    if not layout.archivable:
+        raise click.BadParameter(f"{value} entries are not bundled: convert them from an sglang entry "
+                                 "(`fi-autotune convert ID --layout flashinfer-v2`) where they are needed")
+    return layout
+
+
+archive_layout_option = click.option(
+    "--layout", "layout", default=DEFAULT_LAYOUT_NAME, show_default=True, callback=_archivable_layout,
+    type=click.Choice(list(LAYOUTS)),
+    help="Which engine's tree the entries belong to (its root: --cache-dir, else the engine's own).",
 )
 
 
@@ -110,6 +129,8 @@ def trees(cache_dir: str | None, layouts, *, every_existing: bool = False) -> li
         return [(default_layout(), resolve_root(None, must_exist=True))]
     found, missing = [], []
     for layout in LAYOUTS.values():
+        if not layout.configured():
+            continue
         choice = layout.default_root()
         if choice.path.is_dir():
             found.append((layout, choice))

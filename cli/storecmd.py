@@ -10,13 +10,13 @@ import click
 from autotune_cache.archive import import_archives
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.fingerprint import Fingerprint
-from autotune_cache.layouts import default_layout
+from autotune_cache.layouts.base import DEFAULT_LAYOUT_NAME
 from autotune_cache.scan import scan_cache
 from autotune_cache.status import EntryStatus
 from autotune_cache.store import Store, bundle_of, is_store_url
 
 from .output import Output
-from .params import cache_dir_option, entry_filter, env_from_option, filter_options, json_option, resolve_root
+from .params import archive_layout_option, cache_dir_option, entry_filter, env_from_option, filter_options, json_option, resolve_root
 from .plancmd import build_plan, request_from, serving_options
 from .tree import recover_journals_quietly
 
@@ -41,12 +41,13 @@ def exportable(out: Output, entries, include_incomplete: bool, verb: str = "push
 @click.command("push")
 @click.argument("args", nargs=-1, required=True, metavar="[ID]... URL")
 @cache_dir_option
+@archive_layout_option
 @filter_options
 @click.option("--include-incomplete", is_flag=True, help="Also push incomplete entries (warned).")
 @click.option("--read-only", "seal", is_flag=True,
               help="Seal the store after this push: it is marked read-only and later pushes are refused.")
 @json_option
-def push_cmd(args, cache_dir, model, versions, arch, status, older_than, unused_for, include_incomplete, seal, as_json):
+def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than, unused_for, include_incomplete, seal, as_json):
     """Publish complete entries (all, the named ones, or those the filters select) to a store.
 
     Each entry becomes one reproducible bundle named by its sha256, uploaded before its index
@@ -59,18 +60,17 @@ def push_cmd(args, cache_dir, model, versions, arch, status, older_than, unused_
     if len(urls) != 1:
         raise UsageError("give exactly one store URL (s3://, gs://, file://) besides the entry ids")
     url, refs = urls[0], tuple(a for a in args if a != urls[0])
-    root = resolve_root(cache_dir, must_exist=True)
+    root = resolve_root(cache_dir, must_exist=True, layout=layout)
     store = Store(url)
     store.check_writable()
-    recover_journals_quietly(root.path)
-    info = scan_cache(root.path)
+    recover_journals_quietly(root.path, layout)
+    info = scan_cache(root.path, layout)
     entries = info.resolve(refs) if refs else list(info.entries)
     flt = entry_filter(model, versions, arch, status, older_than, unused_for)
     now = time.time()
     chosen = exportable(out, [e for e in entries if flt.reasons(e, now) is not None], include_incomplete)
     if not chosen:
         raise FiAutotuneError("nothing to push")
-    layout = default_layout()
     result = store.push(layout, [(e, bundle_of(layout, e)) for e in chosen], seal=seal)
 
     def human() -> None:
@@ -96,11 +96,12 @@ def _local_gpu_name() -> str | None:
 @click.argument("url")
 @click.argument("refs", nargs=-1, metavar="[ID]...")
 @serving_options
+@archive_layout_option
 @env_from_option
 @click.option("--force", is_flag=True, help="Replace a different complete entry, or one tuned on another GPU model.")
 @click.option("--any-env", is_flag=True, help="Pull bundles tuned on another GPU model or software stack too.")
 @json_option
-def pull_cmd(url, refs, env_from, force, any_env, as_json, **kw):
+def pull_cmd(url, refs, layout, env_from, force, any_env, as_json, **kw):
     """Fetch entries from a store, verify each bundle's sha256, and import them all or none.
 
     Name them by ID, or by the serving flags (--model/--model-path and the server's flags:
@@ -109,11 +110,13 @@ def pull_cmd(url, refs, env_from, force, any_env, as_json, **kw):
     machine's GPU) is refused unless --any-env.
     """
     out = Output(as_json)
-    layout = default_layout()
     store = Store(url)
     fingerprint = Fingerprint.load(env_from) if env_from else None
-    root = resolve_root(kw["cache_dir"], must_exist=False)
+    root = resolve_root(kw["cache_dir"], must_exist=False, layout=layout)
     if kw["model"] or kw["model_path"]:
+        if layout.name != DEFAULT_LAYOUT_NAME:
+            raise UsageError(f"serving flags name sglang entries only ({layout.name}'s key comes from the engine "
+                             "itself): pull by id")
         if refs:
             raise UsageError("name entries by ID or by serving flags, not both")
         request = request_from(kw).for_target(fingerprint)

@@ -12,11 +12,10 @@ import click
 
 from autotune_cache.archive import export_entries, import_archive
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
-from autotune_cache.layouts import default_layout
 from autotune_cache.scan import scan_cache
 
 from .output import Output
-from .params import cache_dir_option, entry_filter, filter_options, json_option, resolve_root
+from .params import archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root
 from .tree import recover_journals_quietly
 
 
@@ -24,23 +23,24 @@ from .tree import recover_journals_quietly
 @click.argument("refs", nargs=-1, metavar="[ID]...")
 @click.option("-o", "--output", "output", required=True, help="Archive to write (.tar.gz), or - for stdout.")
 @cache_dir_option
+@archive_layout_option
 @filter_options
 @click.option("--include-incomplete", is_flag=True,
               help="Also export incomplete entries (an engine re-tunes every rank of one: it is warned about).")
 @json_option
-def export_cmd(refs, output, cache_dir, model, versions, arch, status, older_than, unused_for, include_incomplete, as_json):
+def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, older_than, unused_for, include_incomplete, as_json):
     """Pack complete entries (all, or the named ones, or those the filters select) into a
     reproducible .tar.gz: the same entries always give the same bytes (Docker layer caching)."""
     to_stdout = output == "-"
     out = Output(as_json, results_to_stderr=to_stdout)  # stdout carries the archive itself
-    root = resolve_root(cache_dir, must_exist=True)
+    root = resolve_root(cache_dir, must_exist=True, layout=layout)
     if to_stdout and sys.stdout.isatty():
         raise UsageError("refusing to write a binary archive to a terminal: redirect stdout or give -o FILE")
     out_path = None if to_stdout else Path(output)
     if out_path is not None and not out_path.parent.is_dir():
         raise UsageError(f"output directory {str(out_path.parent)!r} does not exist")
-    recover_journals_quietly(root.path)
-    info = scan_cache(root.path)
+    recover_journals_quietly(root.path, layout)
+    info = scan_cache(root.path, layout)
     entries = info.resolve(refs) if refs else list(info.entries)
     flt = entry_filter(model, versions, arch, status, older_than, unused_for)
     now = time.time()
@@ -50,7 +50,6 @@ def export_cmd(refs, output, cache_dir, model, versions, arch, status, older_tha
     exportable = complete_or_asked(out, entries, include_incomplete, verb="exporting")
     if not exportable:
         raise FiAutotuneError("nothing to export")
-    layout = default_layout()
     if to_stdout:
         result = export_entries(layout, exportable, sys.stdout.buffer)
         sys.stdout.buffer.flush()
@@ -78,14 +77,15 @@ def export_cmd(refs, output, cache_dir, model, versions, arch, status, older_tha
 @click.command("import")
 @click.argument("archive", metavar="ARCHIVE|-")
 @cache_dir_option
+@archive_layout_option
 @click.option("--force", is_flag=True, help="Replace a different complete entry, or one tuned on another GPU model.")
 @json_option
-def import_cmd(archive, cache_dir, force, as_json):
+def import_cmd(archive, cache_dir, layout, force, as_json):
     """Validate an archive (from `export`, or `tar czf x.tgz -C ROOT flashinfer`) and install
     all of its entries or none: a refusal, a bad member, a full disk or a kill leaves the tree as
     it was (a kill mid-install is finished by the next fi-autotune command)."""
     out = Output(as_json)
-    root = resolve_root(cache_dir, must_exist=False)
+    root = resolve_root(cache_dir, must_exist=False, layout=layout)
     if archive == "-":
         stream, label = sys.stdin.buffer, "stdin"
     else:
@@ -98,7 +98,7 @@ def import_cmd(archive, cache_dir, force, as_json):
             raise FiAutotuneError(f"cannot read {archive}: {e.strerror or e}") from None
         label = archive
     try:
-        result = import_archive(default_layout(), root.path, stream, label, force=force)
+        result = import_archive(layout, root.path, stream, label, force=force)
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()

@@ -8,6 +8,7 @@ import click
 
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.humanize import format_size, plural
+from autotune_cache.layouts import get_layout
 from autotune_cache.quality import selection_summary
 from autotune_cache.scan import CacheEntry, map_entries, scan_cache
 from autotune_cache.status import EntryStatus
@@ -149,7 +150,7 @@ def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
             continue
         if flt.flashinfer_versions and r.flashinfer_version not in flt.flashinfer_versions:
             continue
-        if flt.archs and r.arch not in flt.archs:
+        if flt.archs and not get_layout(r.layout).sm_archs(r.arch) & set(flt.archs):
             continue
         stale = fp.compare(r.metadata) if fp else None
         if flt.statuses and ("stale" if stale and stale.stale else "complete") not in {s.value for s in flt.statuses}:
@@ -335,7 +336,7 @@ def _show_one(out: Output, e: CacheEntry, ops, buckets: bool = False) -> None:
     else:
         out.line("Manifest  none (written by an engine, not by fi-autotune)")
         if e.topology:
-            out.line(f"Topology  {e.topology.describe} (inferred from the rank file names)")
+            out.line(f"Topology  {get_layout(e.layout).describe_topology(e.topology)} (inferred from the rank file names)")
     out.line(f"Size      {e.size_on_disk_str}, modified {e.last_modified_str}, last used {e.last_used_str}")
     out.line("Rank files")
     expected = set(e.expected_files)

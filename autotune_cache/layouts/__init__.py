@@ -6,11 +6,14 @@ from ..errors import UsageError
 from .base import DEFAULT_LAYOUT_NAME, CacheLayout, EntryId, NameKind, RootChoice
 from .flashinfer_v2 import FlashInferV2Layout
 from .sglang import SGLangLayout
+from .vllm import VllmDirLayout, VllmLayout
 
 #: The layout a bare id (``<version>/<arch>/<key>``) and ``--cache-dir`` refer to.
 DEFAULT_LAYOUT = DEFAULT_LAYOUT_NAME
 
-LAYOUTS: dict[str, CacheLayout] = {layout.name: layout for layout in (SGLangLayout(), FlashInferV2Layout())}
+LAYOUTS: dict[str, CacheLayout] = {
+    layout.name: layout for layout in (SGLangLayout(), FlashInferV2Layout(), VllmLayout(), VllmDirLayout())
+}
 
 
 def get_layout(name: str) -> CacheLayout:

@@ -117,11 +117,19 @@ class CacheLayout(ABC):
     description: ClassVar[str]
     #: Directory levels from ``base(root)`` down to an entry dir.
     levels: ClassVar[tuple[Level, ...]]
+    #: Entries are flat directories of files (export, import, push, pull move them as bundles).
+    archivable: ClassVar[bool] = True
+    #: Names directly in ``base(root)`` that belong to another layout sharing the directory.
+    skip_names: ClassVar[frozenset[str]] = frozenset()
 
     # --- where -------------------------------------------------------------------------------
     @abstractmethod
     def default_root(self) -> RootChoice:
         """The engine's own root, exactly as the engine computes it."""
+
+    def configured(self) -> bool:
+        """False where the engine has no root at all until the user names one (an unset variable)."""
+        return True
 
     @abstractmethod
     def base_parts(self) -> tuple[str, ...]:
@@ -182,6 +190,26 @@ class CacheLayout(ABC):
     @abstractmethod
     def identical_groups(self, names: list[str], topology: Topology | None) -> list[tuple[str, list[str]]]:
         """Groups of data files that must hold the same bytes, each with a label for messages."""
+
+    def sm_archs(self, arch: str | None) -> set[str]:
+        """The ``sm<XY>`` archs an entry's arch field stands for (what ``--arch`` filters match)."""
+        return {arch} if arch else set()
+
+    def describe_topology(self, topology: Topology) -> str:
+        return topology.describe
+
+    def parallel_str(self, topology: Topology | None, ep: int | None) -> str:
+        """``tp8 dp8a ep1`` for ``ls``: dp with ``a`` under dp-attention, ``r`` for replicas; ep is
+        ``ep?`` when not recorded (an engine-written entry has no manifest to say)."""
+        if topology is None:
+            return "-"
+        parts = [f"tp{topology.tp}"]
+        if topology.pp > 1:
+            parts.append(f"pp{topology.pp}")
+        if topology.dp > 1:
+            parts.append(f"dp{topology.dp}{'a' if topology.dp_attention else 'r'}")
+        parts.append(f"ep{ep}" if ep is not None else "ep?")
+        return " ".join(parts)
 
     # --- archives ----------------------------------------------------------------------------
     def member_name(self, eid: EntryId, name: str) -> str:

@@ -27,6 +27,7 @@ class FlashInferV2Layout(CacheLayout):
     name = "flashinfer-v2"
     description = "FlashInfer's managed store (autotune_v2; vLLM single-rank): <root>/v2/<env hash>/entries/*.json"
     levels = (Level("env_hash", "environment hash", ENV_RE),)
+    archivable = False  # entries/ holds the data: made by `convert` (or warm) where it is read
 
     def default_root(self) -> RootChoice:
         from ..v2store import default_root

@@ -1,0 +1,192 @@
+"""vLLM's per-rank tree (layouts/vllm.py): paths checked against vLLM's own functions where an
+interpreter with vLLM is at hand, the tree commands on entries written the way vLLM writes them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from autotune_cache.layouts import get_layout
+from autotune_cache.layouts.vllm import VllmRankName, arch_dir
+from autotune_cache.testing import write_vllm_entry
+
+from .conftest import REPO, run_cli, run_json
+
+H1 = "a" * 64
+H2 = "0123456789abcdef" * 4
+VLLM_PYTHON = os.environ.get("FI_AUTOTUNE_VLLM_PYTHON")
+
+
+def vllm_env(root: Path) -> dict:
+    return {"VLLM_CACHE_ROOT": str(root)}
+
+
+# --- paths, checked against vLLM -------------------------------------------------------------
+
+def test_golden_names_of_vllm_0_33():
+    """What vLLM 0.33's flashinfer_autotune_filename / flashinfer_autotune_root printed (see the
+    next test, which asks vLLM itself when it is installed)."""
+    layout = get_layout("vllm")
+    assert VllmRankName(1, 5).filename == "autotune_configs_dp1_rank5.json"
+    assert [arch_dir(a) for a in ("sm90", "sm100", "sm103", "sm120", "sm80")] == ["90a", "100a", "103a", "120f", "80"]
+    root = Path("/r")
+    eid = layout.make_id(("0.7.2.post1", "90a", H1))
+    assert layout.entry_dir(root, eid) == Path(f"/r/flashinfer_autotune_cache/0.7.2.post1/90a/{H1}")
+    assert str(eid) == f"vllm:0.7.2.post1/90a/{H1}"
+    assert layout.parse_id(f"0.7.2.post1/90a_100a/{H1}") is not None  # a mixed-arch host
+    assert layout.parse_id(f"0.7.2.post1/sm90/{H1}") is None  # SGLang's arch form is not vLLM's
+    # DP rank d of world size W holds world ranks d*W .. d*W+W-1.
+    from autotune_cache.topology import Topology
+
+    assert layout.expected_files(Topology(tp=2, pp=1, dp=2, dp_attention=False)) == [
+        "autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json",
+        "autotune_configs_dp1_rank2.json", "autotune_configs_dp1_rank3.json"]
+
+
+@pytest.mark.skipif(not VLLM_PYTHON, reason="set FI_AUTOTUNE_VLLM_PYTHON to an interpreter with vLLM to check against it")
+@pytest.mark.parametrize("archs,expect_dir", [("9.0", "90a"), ("10.0", "100a"), ("9.0 10.0", "90a_100a")])
+def test_paths_are_vllms_own(tmp_path, archs, expect_dir):
+    layout = get_layout("vllm")
+    pairs = [(0, 0), (0, 1), (1, 2), (3, 31)]
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vroot"), "FLASHINFER_CUDA_ARCH_LIST": archs,
+           "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", None)
+    out = subprocess.run([VLLM_PYTHON, str(REPO / "tests" / "_vllm_paths.py"), json.dumps(pairs)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    theirs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert theirs["vllm"].startswith("0.33")
+    version = Path(theirs["root"]).parent.name
+    assert Path(theirs["root"]) == layout.base(tmp_path / "vroot") / version / expect_dir
+    assert layout.parse_id(f"{version}/{Path(theirs['root']).name}/{H1}") is not None
+    assert theirs["files"] == [VllmRankName(d, r).filename for d, r in pairs]
+    assert theirs["v2_root"] is None
+    # With the override, the hash dirs sit directly in it (our vllm-dir layout), and so does v2.
+    env["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] = str(tmp_path / "shared")
+    out = subprocess.run([VLLM_PYTHON, str(REPO / "tests" / "_vllm_paths.py"), "[]"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    theirs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert theirs["root"] == str(tmp_path / "shared") == theirs["v2_root"]
+    assert get_layout("vllm-dir").base(tmp_path / "shared") == tmp_path / "shared"
+
+
+# --- the tree commands on vLLM-written entries -----------------------------------------------
+
+def test_ls_lists_a_vllm_tree_with_its_ranks(tmp_path):
+    root = tmp_path / "vllm"
+    write_vllm_entry(root, H1, world=2, dp=2)
+    write_vllm_entry(root, H2, world=4, dp=1, arch_dir="100a")
+    data = run_json("ls", "--layout", "vllm", env=vllm_env(root))
+    by_id = {e["id"]: e for e in data["entries"]}
+    a, b = by_id[f"vllm:0.7.2.post1/90a/{H1}"], by_id[f"vllm:0.7.2.post1/100a/{H2}"]
+    assert (a["status"], a["ranks_present"], a["ranks_expected"]) == ("complete", 4, 4)
+    assert (b["status"], b["ranks_present"], b["ranks_expected"]) == ("complete", 4, 4)
+    table = run_cli("ls", "--layout", "vllm", env=vllm_env(root)).stdout
+    assert "ranks2 dp2" in table and "ranks4" in table
+    # --arch takes sm<XY>, as for SGLang's tree: 90a is FlashInfer's name for sm90.
+    assert run_cli("ls", "--layout", "vllm", "--arch", "sm90", "-q", env=vllm_env(root)).stdout.split() == [a["id"]]
+
+
+def test_ls_without_layout_lists_vllm_beside_sglang(tmp_path, root):
+    from autotune_cache.testing import write_fake_entry
+
+    write_fake_entry(root)
+    vroot = tmp_path / "vllm"
+    write_vllm_entry(vroot, H1)
+    ids = run_cli("ls", "-q", env={"SGLANG_CACHE_DIR": str(root), **vllm_env(vroot)}).stdout.split()
+    assert f"vllm:0.7.2.post1/90a/{H1}" in ids and len(ids) == 2
+
+
+def test_missing_rank_is_incomplete_and_a_bad_one_corrupt(tmp_path):
+    root = tmp_path / "vllm"
+    path = write_vllm_entry(root, H1, world=2, dp=2)
+    (path / "autotune_configs_dp0_rank1.json").unlink()
+    e = run_json("ls", "--layout", "vllm", env=vllm_env(root))["entries"][0]
+    assert (e["status"], e["ranks_present"], e["ranks_expected"]) == ("incomplete", 3, 4)
+    (path / "autotune_configs_dp0_rank0.json").write_text("{not json")
+    assert run_json("ls", "--layout", "vllm", env=vllm_env(root))["entries"][0]["status"] == "corrupt"
+
+
+def test_vllm_temp_files_are_temp_not_data(tmp_path):
+    root = tmp_path / "vllm"
+    path = write_vllm_entry(root, H1, world=1)
+    (path / ".autotune_configs_dp0_rank0.json.k3j2.tmp").write_text("{")
+    from autotune_cache.scan import scan_entry
+
+    layout = get_layout("vllm")
+    e = scan_entry(layout, path, layout.make_id(("0.7.2.post1", "90a", H1)))
+    assert e.status.value == "complete" and [f.path.name for f in e.temp_files] == [
+        ".autotune_configs_dp0_rank0.json.k3j2.tmp"]
+    shown = run_cli("show", f"vllm:0.7.2.post1/90a/{H1}", env=vllm_env(root)).stdout
+    assert "1 rank per DP rank (tp x pp x pcp), dp=1" in shown
+
+
+def test_rm_and_prune_delete_vllm_entries_whole(tmp_path):
+    root = tmp_path / "vllm"
+    keep = write_vllm_entry(root, H1, world=2)
+    gone = write_vllm_entry(root, H2, world=2, dp=2)
+    (gone / "autotune_configs_dp0_rank1.json").unlink()
+    proc = run_cli("prune", "--layout", "vllm", "--status", "incomplete", "-y", env=vllm_env(root))
+    assert proc.returncode == 0, proc.stderr
+    assert keep.is_dir() and not gone.exists()
+    proc = run_cli("rm", H1, "--layout", "vllm", "-y", env=vllm_env(root))
+    assert proc.returncode == 0, proc.stderr
+    assert not keep.exists()
+
+
+def test_export_import_round_trip(tmp_path):
+    root = tmp_path / "vllm"
+    path = write_vllm_entry(root, H1, world=2, dp=2)
+    archive = tmp_path / "v.tgz"
+    proc = run_cli("export", "--layout", "vllm", "-o", str(archive), env=vllm_env(root))
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(archive) as tar:
+        names = sorted(m.name for m in tar.getmembers() if m.isfile())
+    assert f"flashinfer_autotune_cache/0.7.2.post1/90a/{H1}/autotune_configs_dp1_rank3.json" in names
+    dest = tmp_path / "image-vllm"
+    proc = run_cli("import", str(archive), "--layout", "vllm", "--cache-dir", str(dest))
+    assert proc.returncode == 0, proc.stderr
+    copied = dest / "flashinfer_autotune_cache" / "0.7.2.post1" / "90a" / H1
+    assert sorted(p.name for p in copied.iterdir()) == sorted(p.name for p in path.iterdir())
+    assert all((copied / p.name).read_bytes() == p.read_bytes() for p in path.iterdir())
+
+
+def test_vllm_dir_layout_follows_the_override_and_leaves_v2_alone(tmp_path):
+    shared = tmp_path / "shared"
+    write_vllm_entry(shared, H1, world=2, override_dir=True)
+    (shared / "v2" / "0123456789abcdef" / "entries").mkdir(parents=True)
+    env = {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(shared)}
+    data = run_json("ls", "--layout", "vllm-dir", env=env)
+    assert [e["id"] for e in data["entries"]] == [f"vllm-dir:{H1}"]
+    assert data["entries"][0]["status"] == "complete"
+    assert not data.get("findings"), data.get("findings")
+    proc = run_cli("ls", "--layout", "vllm-dir")
+    assert proc.returncode == 2 and "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR, which is not set" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # A bare hash names it wherever it is unique.
+    shown = run_json("show", H1, "--layout", "vllm-dir", env=env)[0]
+    assert shown["id"] == f"vllm-dir:{H1}"
+
+
+def test_push_and_pull_by_id_through_a_store(tmp_path):
+    root = tmp_path / "vllm"
+    path = write_vllm_entry(root, H1, world=2)
+    store = f"file://{tmp_path / 'store'}"
+    proc = run_cli("push", store, "--layout", "vllm", env=vllm_env(root))
+    assert proc.returncode == 0, proc.stderr
+    listed = run_json("ls", store)
+    assert [e["id"] for e in listed["entries"]] == [f"vllm:0.7.2.post1/90a/{H1}"]
+    pod = tmp_path / "pod-vllm"
+    proc = run_cli("pull", store, H1, "--layout", "vllm", "--any-env", env=vllm_env(pod))
+    assert proc.returncode == 0, proc.stderr
+    got = pod / "flashinfer_autotune_cache" / "0.7.2.post1" / "90a" / H1
+    assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in path.iterdir())
+    bad = run_cli("pull", store, "--layout", "vllm", "--model", "Qwen/Qwen3-30B-A3B", env=vllm_env(pod))
+    assert bad.returncode == 2 and "pull by id" in bad.stderr
+    v2 = run_cli("export", "--layout", "flashinfer-v2", "-o", str(tmp_path / "x.tgz"))
+    assert v2.returncode == 2 and "not bundled" in v2.stderr
