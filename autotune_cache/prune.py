@@ -56,8 +56,8 @@ class EntryFilter:
                 return None
             why.append(f"flashinfer {e.flashinfer_version}")
         if self.other_versions_than is not None:
-            if e.flashinfer_version == self.other_versions_than:
-                return None
+            if e.flashinfer_version is None or e.flashinfer_version == self.other_versions_than:
+                return None  # a version we cannot read is never "another" one: no deleting on a guess
             why.append(f"flashinfer {e.flashinfer_version}, not the installed {self.other_versions_than}")
         if self.archs:
             if not get_layout(e.layout).sm_archs(e.arch) & set(self.archs):

@@ -24,6 +24,7 @@ from .errors import FiAutotuneError, UsageError
 from .fingerprint import Fingerprint
 from .humanize import format_age, format_size
 from .layouts import CacheLayout, EntryId, NameKind, default_layout, get_layout
+from .layouts.sglang import VERSION_RE
 from .layouts.base import JOURNAL_DIRNAME, LOCKS_DIRNAME, MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from .manifest import Manifest, NewerManifest
 from .rankfile import RankFile, read_regular_file
@@ -415,6 +416,12 @@ def scan_entry(
         except TopologyError as e:
             problems.append(f"rank file names beyond the bounds: {e}")
 
+    if version is None:
+        # Trees that drop the version level (vllm-dir): the files' own _metadata says it, when they agree.
+        seen_versions = {v if isinstance(v := (rf.metadata or {}).get("flashinfer_version"), str) else None
+                         for rf in rank_files if rf.ok}
+        if len(seen_versions) == 1 and (v := seen_versions.pop()) is not None and VERSION_RE.match(v):
+            version = v
     status = _status(layout, rank_files, topology, manifest, manifest_error, problems, notes, fingerprint)
     last_used = (newest_atime or None) if atime_trusted else None
     return CacheEntry(
@@ -479,6 +486,10 @@ def _status(
                 f"rank files differ within TP group(s) {', '.join(diverged)}: SGLang would delete them and tune again"
             )
             return EntryStatus.DIVERGED
+    disagreement = layout.disagreement(rank_files, notes)
+    if disagreement:
+        problems.append(disagreement)
+        return EntryStatus.DIVERGED
     present = {rf.name for rf in rank_files}
     expected = manifest.expected_files if manifest else (layout.expected_files(topology) if topology else [])
     missing = [n for n in expected if n not in present]

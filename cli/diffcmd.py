@@ -11,7 +11,7 @@ import click
 from autotune_cache.diff import CacheUnit, DiffReport, describe_value, diff_units
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.fingerprint import FIELDS
-from autotune_cache.layouts import default_layout
+from autotune_cache.layouts import LAYOUTS, default_layout
 from autotune_cache.layouts.base import MANIFEST_NAME, NameKind
 from autotune_cache.rankfile import parse_cache_bytes, read_regular_file
 from autotune_cache.store import is_store_url
@@ -40,14 +40,22 @@ def _read_file(p: Path, text: str) -> dict:
         raise FiAutotuneError(f"{text}: not a readable FlashInfer cache file ({err})") from None
 
 
+#: Layouts whose entries are flat dirs of rank files (FlashInfer's v2 store is compared by
+#: converting an entry to it, not here).
+FLAT_LAYOUTS = tuple(layout for layout in LAYOUTS.values() if layout.archivable)
+
+
 def _unit_of_dir(path: Path) -> CacheUnit | None:
-    """An entry directory read as it is (not under a tree we scan): its rank files, its manifest."""
+    """An entry directory read as it is (not under a tree we scan): its rank files, its manifest.
+    Whose it is (SGLang's ``rank_*.json``, vLLM's ``autotune_configs_*.json``) the names say."""
     from autotune_cache.manifest import Manifest
 
-    layout = default_layout()
+    names = [(p, p.is_dir()) for p in sorted(path.iterdir())]
+    layout = next((lo for lo in FLAT_LAYOUTS if any(lo.classify(p.name, d) is NameKind.DATA for p, d in names)),
+                  default_layout())
     files, manifest = {}, None
-    for p in sorted(path.iterdir()):
-        kind = layout.classify(p.name, p.is_dir())
+    for p, is_dir in names:
+        kind = layout.classify(p.name, is_dir)
         if kind is NameKind.DATA:
             files[p.name] = _read_file(p, str(p))
         elif kind is NameKind.MANIFEST and p.name == MANIFEST_NAME:
@@ -59,9 +67,10 @@ def _unit_of_dir(path: Path) -> CacheUnit | None:
 
 
 def _tree_units(root: Path) -> list[CacheUnit]:
+    """Every entry of every flat layout under ``root`` (an SGLang root, a vLLM root, ...)."""
     from autotune_cache.scan import scan_cache
 
-    return [_unit_of_entry(e) for e in scan_cache(root, default_layout()).entries]
+    return [_unit_of_entry(e) for layout in FLAT_LAYOUTS for e in scan_cache(root, layout).entries]
 
 
 def load_side(text: str, cache_dir: str | None, scratch: Path) -> tuple[str, list[CacheUnit], bool]:
@@ -97,13 +106,13 @@ def _store_side(url: str, scratch: Path) -> tuple[str, list[CacheUnit], bool]:
     from autotune_cache.archive import import_archives
     from autotune_cache.store import Store
 
-    layout = default_layout()
     store = Store(url)
-    records = store.records(layout.name)
     root = scratch / f"store{len(list(scratch.iterdir()))}"
     root.mkdir()
-    if records:
-        import_archives(layout, root, [(io.BytesIO(store.fetch(r)), f"{store} {r.id}") for r in records])
+    for layout in FLAT_LAYOUTS:
+        records = store.records(layout.name)
+        if records:
+            import_archives(layout, root, [(io.BytesIO(store.fetch(r)), f"{store} {r.id}") for r in records])
     return str(store), _tree_units(root), True
 
 

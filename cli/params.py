@@ -147,7 +147,8 @@ cache_dir_option = click.option(
     "--cache-dir",
     type=click.Path(file_okay=True, dir_okay=True),
     default=None,
-    help="Engine cache root holding flashinfer/autotune (default: $SGLANG_CACHE_DIR, else ~/.cache/sglang).",
+    help="The layout's cache root (sglang: the dir holding flashinfer/autotune; default: the engine's own, "
+         "$SGLANG_CACHE_DIR else ~/.cache/sglang; vllm: $VLLM_CACHE_ROOT; see --layout).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="Print entry ids only, one per line.")

@@ -195,7 +195,7 @@ def scan_trees(cache_dir, layouts, refs, fingerprint=None):
     names = list(flatten(layouts))
     for ref in refs:
         prefix, sep, _ = ref.partition(":")
-        if sep and prefix in LAYOUTS and prefix not in names and cache_dir is None:
+        if sep and prefix in LAYOUTS and prefix not in names and (cache_dir is None or not flatten(layouts)):
             names.append(prefix)
     targets = trees(cache_dir, tuple(names))
     infos = []

@@ -13,6 +13,13 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("an unreadable version is never another version", "autotune_cache/prune.py",
+     "            if e.flashinfer_version is None or e.flashinfer_version == self.other_versions_than:\n",
+     "            if e.flashinfer_version == self.other_versions_than:\n",
+     "tests/test_vllm_layout.py::test_other_versions_never_takes_an_entry_whose_version_it_cannot_read"),
+    ("vllm-dir skips the v2 store beside it", "autotune_cache/scan.py",
+     " or name in layout.skip_names)", ")",
+     "tests/test_vllm_layout.py::test_vllm_dir_layout_follows_the_override_and_leaves_v2_alone"),
     ("prune changed-since-plan guard", "autotune_cache/txn.py",
      "            if now.state != entry.state:\n", "            if False:\n",
      "tests/test_cli.py::test_prune_leaves_an_entry_changed_since_the_plan"),

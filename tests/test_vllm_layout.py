@@ -190,3 +190,71 @@ def test_push_and_pull_by_id_through_a_store(tmp_path):
     assert bad.returncode == 2 and "pull by id" in bad.stderr
     v2 = run_cli("export", "--layout", "flashinfer-v2", "-o", str(tmp_path / "x.tgz"))
     assert v2.returncode == 2 and "not bundled" in v2.stderr
+
+
+def test_other_versions_never_takes_an_entry_whose_version_it_cannot_read(tmp_path):
+    shared = tmp_path / "shared"
+    path = write_vllm_entry(shared, H1, world=1, override_dir=True)
+    env = {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(shared)}
+    e = run_json("ls", "--layout", "vllm-dir", env=env)["entries"][0]
+    assert e["flashinfer_version"] == "0.7.2.post1"  # from the files' _metadata
+    assert run_cli("ls", "--layout", "vllm-dir", "--flashinfer-version", "0.7.2.post1", "-q", env=env).stdout.split() \
+        == [f"vllm-dir:{H1}"]
+    # Files without a readable version: never "another version" than the installed one.
+    from autotune_cache.rankfile import cache_file_bytes
+    from autotune_cache.testing import DEFAULT_METADATA, fake_configs
+
+    meta = {k: v for k, v in DEFAULT_METADATA.items() if k != "flashinfer_version"}
+    (path / "autotune_configs_dp0_rank0.json").write_bytes(cache_file_bytes(meta, fake_configs()))
+    proc = run_cli("prune", "--layout", "vllm-dir", "--other-versions", "-y", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert path.is_dir() and (path / "autotune_configs_dp0_rank0.json").is_file()
+
+
+def test_metadata_that_differs_across_ranks_is_diverged(tmp_path):
+    root = tmp_path / "vllm"
+    path = write_vllm_entry(root, H1, world=2)
+    from autotune_cache.rankfile import cache_file_bytes
+    from autotune_cache.testing import DEFAULT_METADATA, fake_configs
+
+    (path / "autotune_configs_dp0_rank1.json").write_bytes(
+        cache_file_bytes({**DEFAULT_METADATA, "cudnn_version": "91600"}, fake_configs()))
+    e = run_json("ls", "--layout", "vllm", env=vllm_env(root))["entries"][0]
+    assert e["status"] == "diverged"
+    # Counts alone: a note, since pp > 1 would make them legitimately differ.
+    (path / "autotune_configs_dp0_rank1.json").write_bytes(
+        cache_file_bytes(DEFAULT_METADATA, dict(list(fake_configs().items())[:-1])))
+    shown = run_json("show", f"vllm:0.7.2.post1/90a/{H1}", env=vllm_env(root))[0]
+    assert shown["status"] == "complete" and any("vLLM tunes again unless pp > 1" in n for n in shown["notes"])
+
+
+def test_rank_names_vllm_cannot_write_are_corrupt(tmp_path):
+    root = tmp_path / "vllm"
+    path = write_vllm_entry(root, H1, world=2)  # dp0_rank0, dp0_rank1
+    (path / "autotune_configs_dp1_rank1.json").write_bytes((path / "autotune_configs_dp0_rank0.json").read_bytes())
+    assert run_json("ls", "--layout", "vllm", env=vllm_env(root))["entries"][0]["status"] == "corrupt"
+
+
+def test_diff_reads_vllm_dirs_trees_and_stores(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    pa = write_vllm_entry(a, H1, world=2, seed=1)
+    pb = write_vllm_entry(b, H1, world=2, seed=2)
+    for x, y in ((pa, pb), (a, b)):
+        proc = run_cli("diff", "--exit-code", str(x), str(y))
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert run_cli("diff", "--exit-code", str(pa), str(pa)).returncode == 0
+    sa, sb = f"file://{tmp_path / 'sa'}", f"file://{tmp_path / 'sb'}"
+    for root, store in ((a, sa), (b, sb)):
+        assert run_cli("push", store, "--layout", "vllm", env=vllm_env(root)).returncode == 0
+    proc = run_cli("diff", "--exit-code", sa, sb)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # An id with --cache-dir looks in that root as the id's own layout.
+    proc = run_cli("diff", "--exit-code", "--cache-dir", str(a), f"vllm:0.7.2.post1/90a/{H1}", str(pb))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+
+
+def test_arch_filter_takes_flashinfers_suffixed_names_too(tmp_path):
+    root = tmp_path / "vllm"
+    write_vllm_entry(root, H1)
+    assert run_cli("ls", "--layout", "vllm", "--arch", "sm90a", "-q", env=vllm_env(root)).stdout.split() == [
+        f"vllm:0.7.2.post1/90a/{H1}"]

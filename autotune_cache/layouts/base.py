@@ -211,6 +211,11 @@ class CacheLayout(ABC):
         parts.append(f"ep{ep}" if ep is not None else "ep?")
         return " ".join(parts)
 
+    def disagreement(self, rank_files: list, notes: list[str]) -> str | None:
+        """Why the engine would not use these files together although each is fine (beyond the
+        byte-identical groups above), or None. May add notes for what cannot be decided."""
+        return None
+
     # --- archives ----------------------------------------------------------------------------
     def member_name(self, eid: EntryId, name: str) -> str:
         """Path of an entry's file inside an archive or bundle, relative to the root."""

@@ -118,27 +118,49 @@ class VllmLayout(CacheLayout):
         return [VllmRankName(d, d * w + r).filename for d in range(topology.dp) for r in range(w)]
 
     def infer_topology(self, names: list[str]) -> Topology | None:
+        """The smallest world size ``W`` per DP rank that puts every file's rank in its DP rank's
+        range ``[d*W, (d+1)*W)``. Names no ``W`` fits were not written by vLLM: the entry is
+        corrupt. (Files missing at the end of every range cannot be seen without a manifest.)"""
         ranks = [r for r in map(VllmRankName.parse, names) if r is not None]
         if not ranks:
             return None
         if max(max(r.dp, r.rank) for r in ranks) >= MAX_RANK_FILES or max(r.dp for r in ranks) >= MAX_PARALLEL:
             raise TopologyError(f"a dp or rank index beyond {MAX_RANK_FILES}")
         dp = max(r.dp for r in ranks) + 1
-        world = -(-(max(r.rank for r in ranks) + 1) // dp)
-        if world > MAX_PARALLEL:
-            raise TopologyError(f"{world} ranks per DP rank is beyond {MAX_PARALLEL}")
-        return Topology(tp=world, pp=1, dp=dp, dp_attention=False)
+        lowest = max(r.rank // (r.dp + 1) + 1 for r in ranks)  # r < (d+1)*W
+        highest = min((r.rank // r.dp for r in ranks if r.dp), default=None)  # d*W <= r
+        if highest is not None and lowest > highest:
+            raise TopologyError("rank file names that vLLM cannot produce (a rank outside its DP rank's range)")
+        if lowest > MAX_PARALLEL:
+            raise TopologyError(f"{lowest} ranks per DP rank is beyond {MAX_PARALLEL}")
+        return Topology(tp=lowest, pp=1, dp=dp, dp_attention=False)
 
     def identical_groups(self, names: list[str], topology: Topology | None) -> list[tuple[str, list[str]]]:
         return []  # vLLM compares (_metadata, field count) across ranks, never bytes
 
     def sm_archs(self, arch: str | None) -> set[str]:
-        """``90a_100a`` -> {sm90, sm100}: a mixed host's dir serves each of its archs."""
-        return {f"sm{re.sub('[a-z]$', '', a)}" for a in arch.split("_")} if arch else set()
+        """``90a_100a`` -> {sm90, sm90a, sm100, sm100a}: a mixed host's dir serves each of its
+        archs, named with or without FlashInfer's suffix."""
+        return {f"sm{n}" for a in arch.split("_") for n in (a, re.sub("[a-z]$", "", a))} if arch else set()
 
     def describe_topology(self, topology: Topology) -> str:
         w = topology.tp * topology.pp
         return f"{w} rank{'s' if w > 1 else ''} per DP rank (tp x pp x pcp), dp={topology.dp}"
+
+    def disagreement(self, rank_files: list, notes: list[str]) -> str | None:
+        """vLLM's ``_all_ranks_have_matching_cache``: every rank's ``_metadata`` and field count must
+        match, or vLLM tunes again (and overwrites the files). Metadata must match across every
+        rank; counts only within a pipeline stage, which the names do not show: a note."""
+        import json
+
+        metas = {json.dumps(rf.metadata, sort_keys=True, default=str) for rf in rank_files if rf.ok}
+        if len(metas) > 1:
+            return "rank files carry different _metadata: vLLM would tune again and overwrite them"
+        counts = {rf.num_configs for rf in rank_files if rf.ok}
+        if len(counts) > 1:
+            notes.append(f"rank files hold {min(counts)}-{max(counts)} entries: vLLM tunes again unless pp > 1 "
+                         "puts the differing ranks in different stages")
+        return None
 
     def parallel_str(self, topology: Topology | None, ep: int | None) -> str:
         """``ranks4 dp2``: per-DP-rank world size, as the file names give it."""
