@@ -23,8 +23,9 @@ dry_run_option = click.option("--dry-run", is_flag=True, help="Print the plan an
 yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 
 
-def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool) -> None:
-    """Print the plan; unless --dry-run, confirm and execute it; print what happened."""
+def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = False) -> None:
+    """Print the plan; unless --dry-run, confirm and execute it; print what happened. ``named``
+    (``rm``): the user asked for exactly these entries, so one left in place is a failure."""
     def human_plan() -> None:
         if plan.candidates:
             out.table(
@@ -46,6 +47,8 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool) -> None:
     if dry_run or plan.empty:
         out.emit(human=human_plan, data={"dry_run": dry_run, "plan": plan.to_dict(), "result": None},
                  ids=[str(c.entry.id) for c in plan.candidates])
+        if named and plan.left_alone and not dry_run:
+            raise click.exceptions.Exit(int(ExitCode.FAILURE))
         return
     check_writable(plan.layout, plan.root)
     out.human(human_plan)
@@ -67,7 +70,7 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool) -> None:
              ids=[e for e, _ in result.deleted])
     for path, err in result.errors:
         out.error(f"{path}: {err}")
-    if result.errors:
+    if result.errors or (named and result.skipped):
         raise click.exceptions.Exit(int(ExitCode.FAILURE))
 
 
@@ -132,4 +135,4 @@ def rm_cmd(refs, cache_dir, layouts, dry_run, yes, as_json, quiet):
             sorted({e.layout for e, _ in found})))
     (info,) = infos.values()
     plan = plan_rm(info, tuple(str(e.id) for e, _ in found))
-    _run(plan, out, dry_run, yes)
+    _run(plan, out, dry_run, yes, named=True)

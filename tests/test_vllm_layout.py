@@ -258,3 +258,12 @@ def test_arch_filter_takes_flashinfers_suffixed_names_too(tmp_path):
     write_vllm_entry(root, H1)
     assert run_cli("ls", "--layout", "vllm", "--arch", "sm90a", "-q", env=vllm_env(root)).stdout.split() == [
         f"vllm:0.7.2.post1/90a/{H1}"]
+
+
+def test_rm_of_an_entry_it_must_leave_fails(tmp_path):
+    root = tmp_path / "vllm"
+    path = write_vllm_entry(root, H1, world=1)
+    (path / "notes.txt").write_text("mine")
+    proc = run_cli("rm", H1, "--layout", "vllm", "-y", env=vllm_env(root))
+    assert proc.returncode == 1 and "notes.txt" in proc.stderr + proc.stdout
+    assert (path / "autotune_configs_dp0_rank0.json").is_file() and (path / "notes.txt").is_file()
