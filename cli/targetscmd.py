@@ -176,9 +176,9 @@ def warm_targets(kw: dict, n: int | None, force: bool, targets_file: str, shard:
 
     from autotune_cache.errors import ExitCode, FiAutotuneError, Interrupted
     from autotune_cache.fleet import warm_fleet
-    from autotune_cache.warm import WorkerPool, detect_gpus
+    from autotune_cache.warm import WorkerPool
 
-    from .warmcmd import _Progress, _also_v2, _writable_store, push_entry
+    from .warmcmd import _Progress, _also_v2, _writable_store, gpus_for_warm, push_entry
 
     store = _writable_store(push_url)
     pool = WorkerPool(n) if n is not None else None  # start-up overlaps the planning
@@ -187,11 +187,7 @@ def warm_targets(kw: dict, n: int | None, force: bool, targets_file: str, shard:
     pushed, failed_pushes, converted = [], [], {}
     written = [0]
     try:
-        info = detect_gpus()
-        if info.count == 0:
-            raise UsageError("no CUDA GPU found: warm needs one (`fi-autotune plan --targets` shows the plan without a GPU)")
-        if n is not None and n > info.count:
-            raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
+        info = gpus_for_warm(n, "`fi-autotune plan --targets`")
         loaded, chosen, total = load_fleet(targets_file, kw["cache_dir"], info.arch, shard, use_env_shard=True)
         if chosen is not None:
             out.note(f"{chosen.describe()}: {len(loaded)} of {total} targets")

@@ -102,7 +102,7 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
 
     import time
 
-    from autotune_cache.warm import WorkerPool, detect_gpus, warm
+    from autotune_cache.warm import WorkerPool, warm
 
     t0 = time.perf_counter()
     n = _gpus(gpus)
@@ -136,11 +136,7 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     pool = WorkerPool(n) if n is not None else None
     out = Output(as_json)
     try:
-        info = detect_gpus()
-        if info.count == 0:
-            raise UsageError("no CUDA GPU found: warm needs one (`fi-autotune plan` shows the plan without a GPU)")
-        if n is not None and n > info.count:
-            raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
+        info = gpus_for_warm(n, "`fi-autotune plan`")
         pool = pool or WorkerPool(info.count)
         progress = _Progress(not as_json)
         try:
@@ -180,6 +176,18 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
 
     out.emit(human=human, data=lambda: {**result.to_dict(), "layouts": {k: v.to_dict() for k, v in extra.items()},
                                         **({"push": pushed.to_dict()} if pushed is not None else {})})
+
+
+def gpus_for_warm(n: int | None, plan_hint: str):
+    """This machine's GPUs, or a usage error: none at all, or fewer than ``--gpus`` asks for."""
+    from autotune_cache.warm import detect_gpus
+
+    info = detect_gpus()
+    if info.count == 0:
+        raise UsageError(f"no CUDA GPU found: warm needs one ({plan_hint} shows the plan without a GPU)")
+    if n is not None and n > info.count:
+        raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
+    return info
 
 
 def _writable_store(url: str | None):
