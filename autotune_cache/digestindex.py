@@ -21,6 +21,8 @@ import os
 import struct
 from pathlib import Path
 
+from .layouts.base import DEFAULT_LAYOUT_NAME
+
 FORMAT = 2
 #: Beyond this many records (about 32 MB of index) nothing more is learned.
 MAX_RECORDS = 400_000
@@ -94,14 +96,17 @@ class DigestIndex:
 
     # persistence -------------------------------------------------------------------------------
     @classmethod
-    def for_root(cls, root: Path) -> "DigestIndex":
-        """The index of the tree at ``root`` (empty when disabled, absent or unreadable)."""
+    def for_root(cls, root: Path, layout: str = DEFAULT_LAYOUT_NAME) -> "DigestIndex":
+        """The index of one layout's tree at ``root`` (empty when disabled, absent or unreadable).
+        One file per (layout, root): two engines may share a root, and each scan keeps only the
+        records it used, so a shared file would drop the other layout's records every time."""
         if os.environ.get("FI_AUTOTUNE_NO_INDEX") == "1":
             return cls(None)
         from platformdirs import user_cache_dir
 
         real = os.path.realpath(root)
-        name = hashlib.sha256(real.encode()).hexdigest()[:16] + ".marshal"
+        ident = real if layout == DEFAULT_LAYOUT_NAME else f"{layout}:{real}"  # sglang: the name it always had
+        name = hashlib.sha256(ident.encode()).hexdigest()[:16] + ".marshal"
         path = Path(user_cache_dir("fi-autotune")) / "digests" / name
         try:
             with open(path, "rb") as f:

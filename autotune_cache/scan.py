@@ -29,7 +29,7 @@ from .layouts.base import JOURNAL_DIRNAME, LOCKS_DIRNAME, MANIFEST_NAME, STAGE_D
 from .manifest import Manifest, NewerManifest
 from .rankfile import RankFile, read_regular_file
 from .status import EntryStatus
-from .topology import MAX_RANK_FILES, RankName, Topology, TopologyError
+from .topology import MAX_RANK_FILES, Topology, TopologyError
 
 #: An entry dir holding more names than this is not a cache entry (its files are not read).
 MAX_ENTRY_CHILDREN = MAX_RANK_FILES + 64
@@ -611,7 +611,7 @@ def scan_cache(
     trusted = policy_for(root).trusted
     with _no_cyclic_gc():
         entry_dirs, findings = list_entry_dirs(layout, root)
-        digests = DigestIndex.for_root(root) if entry_dirs else None
+        digests = DigestIndex.for_root(root, layout.name) if entry_dirs else None
         entries = tuple(scan_entry(layout, p, eid, fingerprint, trusted, digests) for p, eid in entry_dirs)
     if digests is not None:
         digests.save()
@@ -646,7 +646,7 @@ def map_entries(
 
     with _no_cyclic_gc():
         entry_dirs, findings = list_entry_dirs(layout, root)
-        digests = DigestIndex.for_root(root) if entry_dirs else None
+        digests = DigestIndex.for_root(root, layout.name) if entry_dirs else None
         if jobs is None:
             jobs = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
         if jobs <= 1 or len(entry_dirs) < PARALLEL_MIN_ENTRIES or not hasattr(os, "fork"):

@@ -267,3 +267,23 @@ def test_rm_of_an_entry_it_must_leave_fails(tmp_path):
     proc = run_cli("rm", H1, "--layout", "vllm", "-y", env=vllm_env(root))
     assert proc.returncode == 1 and "notes.txt" in proc.stderr + proc.stdout
     assert (path / "autotune_configs_dp0_rank0.json").is_file() and (path / "notes.txt").is_file()
+
+
+def test_two_layouts_in_one_root_keep_their_own_digest_index(tmp_path):
+    """VLLM_CACHE_ROOT and SGLANG_CACHE_DIR may be one directory: each layout's scan keeps only
+    the records it used, so a shared index file would lose the other layout's every time."""
+    import os as _os
+
+    from autotune_cache.digestindex import DigestIndex, stat_key
+    from autotune_cache.scan import scan_cache
+    from autotune_cache.testing import entry_path, write_fake_entry
+
+    root = tmp_path / "shared-root"
+    eid = write_fake_entry(root, with_manifest=False)
+    write_vllm_entry(root, H1, world=2)
+    scan_cache(root, get_layout("sglang"))
+    scan_cache(root, get_layout("vllm"))
+    sglang_files = [p for p in entry_path(root, eid).iterdir() if p.name.startswith("rank_")]
+    index = DigestIndex.for_root(root, "sglang")
+    assert sglang_files and all(stat_key(_os.stat(p)) in index.files for p in sglang_files)
+    assert len(DigestIndex.for_root(root, "vllm").files) == 2
