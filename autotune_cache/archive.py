@@ -28,7 +28,7 @@ from typing import BinaryIO
 from .errors import FiAutotuneError, os_error_message
 from .keys import SCHEMAS
 from .layouts import CacheLayout, EntryId
-from .layouts.base import JOURNAL_DIRNAME, LOCKS_DIRNAME, MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE, NameKind
+from .layouts.base import JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE, NameKind
 from .manifest import Manifest, NewerManifest
 from .rankfile import MAX_RANK_FILE_BYTES, parse_cache_bytes, read_regular_file
 from .scan import CacheEntry
@@ -235,7 +235,8 @@ def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label
                     raise FiAutotuneError(f"archive member {name!r}: {kind}, only regular files are allowed")
                 parsed = layout.parse_member(name)
                 if parsed is None:
-                    raise FiAutotuneError(f"archive member {name!r}: not in the {layout.name} cache layout")
+                    raise FiAutotuneError(f"archive member {name!r}: not in the {layout.name} cache layout"
+                                          + _other_layout_hint(layout, name))
                 eid, fname = parsed
                 kind = layout.classify(fname, False)
                 if kind not in (NameKind.DATA, NameKind.MANIFEST):
@@ -345,6 +346,15 @@ def import_archives(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str
         tuple(map(str, result.committed)), tuple(map(str, result.unchanged)),
         tuple((str(e), why) for e, why in result.refused), tuple(skipped), tuple(incomplete),
     )
+
+
+def _other_layout_hint(layout: CacheLayout, name: str) -> str:
+    """'; it is in the sglang layout: --layout sglang' when another layout's archives hold it."""
+    from .layouts import LAYOUTS
+
+    fits = [other.name for other in LAYOUTS.values()
+            if other.name != layout.name and other.archivable and other.parse_member(name) is not None]
+    return f" (it is a member of a {fits[0]} archive: --layout {fits[0]})" if fits else ""
 
 
 def digest_bytes(data: bytes) -> str:

@@ -191,8 +191,7 @@ def file_lock(top: Path, path: Path, what: str, timeout: float = -1) -> Iterator
     ``timeout=0`` fails at once with EntryLocked; a tree we cannot write to is one clear error.
     """
     try:
-        make_lock_dirs(top, path)
-        lock = _lock_file(path, timeout)
+        lock = retry_vanished_dir(lambda: (make_lock_dirs(top, path), _lock_file(path, timeout))[1])
     except filelock.Timeout:
         raise EntryLocked(f"{what} is locked by another writer") from None
     except OSError as e:
@@ -201,6 +200,19 @@ def file_lock(top: Path, path: Path, what: str, timeout: float = -1) -> Iterator
         yield
     finally:
         lock.release()
+
+
+def retry_vanished_dir(make):
+    """``make()`` again when its directory vanished between creating it and opening a file in
+    it: another process removed it as empty (a prune, or a refused import taking away the
+    dirs it made)."""
+    for attempt in range(20):
+        try:
+            return make()
+        except FileNotFoundError:
+            if attempt == 19:
+                raise
+    raise AssertionError("unreachable")
 
 
 def try_lock(path: Path) -> filelock.BaseFileLock | None:

@@ -48,6 +48,7 @@ from .atomic import (
     exchange_paths,
     file_lock,
     fsync_dir,
+    retry_vanished_dir,
     try_lock,
     write_new_file,
 )
@@ -87,8 +88,7 @@ def hold_owner_lock(base: Path) -> str:
         path = _owner_lock_path(base, token)
         lock = filelock.FileLock(str(path), timeout=0)
         try:
-            ensure_tree_dirs(base, (LOCKS_DIRNAME, "owners"))
-            lock.acquire()
+            retry_vanished_dir(lambda: (ensure_tree_dirs(base, (LOCKS_DIRNAME, "owners")), lock.acquire()))
         except filelock.Timeout:
             raise FiAutotuneError(f"the owner lock {path} is taken") from None
         except OSError as e:
@@ -146,6 +146,30 @@ def remove_tree(path: Path) -> str | None:
 
     shutil.rmtree(path, onerror=onerror)
     return errors[0] if errors else None
+
+
+def first_missing(deepest: Path) -> Path | None:
+    """The highest directory on the way to ``deepest`` that does not exist yet (None: all do)."""
+    deepest = Path(deepest).absolute()
+    for p in [*reversed(deepest.parents), deepest]:
+        if not os.path.lexists(p):
+            return p
+    return None
+
+
+def remove_dir_chain(top: Path, deepest: Path) -> None:
+    """rmdir ``deepest`` and its parents up to and including ``top``, while they are empty: only
+    the directories a transaction made on its way down, never a file, never a directory another
+    process has put anything in (the first non-empty one stops it)."""
+    p = Path(deepest)
+    while True:
+        try:
+            os.rmdir(p)
+        except OSError:
+            return
+        if p == top or top not in p.parents:
+            return
+        p = p.parent
 
 
 def remove_empty_parents(path: Path, stop: Path) -> None:
@@ -227,6 +251,10 @@ class Transaction:
         self.layout = layout
         self.root = Path(root)
         self.base = layout.base(root)
+        #: The highest directory this transaction made. What it made and left empty (a refused
+        #: or unreadable archive) goes again, so a failed import into a root that did not exist
+        #: leaves no empty tree behind; a directory holding anything stays. None: all existed.
+        self.created = first_missing(self.base / LOCKS_DIRNAME / "owners")
         try:
             self.root.mkdir(parents=True, exist_ok=True)  # the root itself may be a symlink: the user's choice
             ensure_tree_dirs(self.root, layout.base_parts())
@@ -288,6 +316,8 @@ class Transaction:
             remove_empty_parents(s.stage, self.base)
         self.staged.clear()
         release_owner_lock(self.base)
+        if self.created is not None:
+            remove_dir_chain(self.created, (self.base / LOCKS_DIRNAME / "owners").absolute())
 
     # committing ----------------------------------------------------------------------------
     def commit(self, check: Check | None = None, lock_timeout: float = 120) -> CommitResult:

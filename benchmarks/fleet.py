@@ -25,15 +25,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TARGETS = """\
-defaults: {arch: sm90}
-targets:
-  - {name: dense-fp8, model: nvidia/Llama-3.1-70B-Instruct-FP8, tp: [4, 8]}
-  - {name: moe-bf16, model: Qwen/Qwen3-30B-A3B, moe_runner_backend: flashinfer_cutlass, tp: [2, 4]}
-  - {name: moe-bf16-image, model: Qwen/Qwen3-30B-A3B, model_path: /models/Qwen3-30B-A3B,
-     moe_runner_backend: flashinfer_cutlass, tp: 2}
-  - {name: moe-bf16-dp, model: Qwen/Qwen3-30B-A3B, moe_runner_backend: flashinfer_cutlass, tp: 4, dp: 4}
-"""
+# JSON (a targets file may be either): the GPU image carries no PyYAML.
+TARGETS = {
+    "defaults": {"arch": "sm90"},
+    "targets": [
+        {"name": "dense-fp8", "model": "nvidia/Llama-3.1-70B-Instruct-FP8", "tp": [4, 8]},
+        {"name": "moe-bf16", "model": "Qwen/Qwen3-30B-A3B", "moe_runner_backend": "flashinfer_cutlass", "tp": [2, 4]},
+        {"name": "moe-bf16-image", "model": "Qwen/Qwen3-30B-A3B", "model_path": "/models/Qwen3-30B-A3B",
+         "moe_runner_backend": "flashinfer_cutlass", "tp": 2},
+        {"name": "moe-bf16-dp", "model": "Qwen/Qwen3-30B-A3B", "moe_runner_backend": "flashinfer_cutlass", "tp": 4, "dp": 4},
+    ],
+}
 
 
 def flags(fields: dict) -> list[str]:
@@ -72,40 +74,68 @@ def once(mode: str, gpus: int, targets_file: Path, targets, tmp: Path) -> dict:
     return tot
 
 
+def table(rows: list[dict]) -> str:
+    """Median of the repeats per (mode, GPUs); overhead = wall x GPUs over the floor, minus one;
+    scaling efficiency = floor / (wall x GPUs), the issue's definition."""
+    lines = ["| mode | GPUs | wall s (median) [min-max] | tuning GPU-s | floor GPU-s | overhead | scaling eff. | profiles tuned |",
+             "|---|---|---|---|---|---|---|---|"]
+    for gpus in sorted({r["gpus"] for r in rows}):
+        for mode in ("separate", "fleet"):
+            sel = [r for r in rows if r["gpus"] == gpus and r["mode"] == mode]
+            if not sel:
+                continue
+            walls = [r["wall_s"] for r in sel]
+            wall = statistics.median(walls)
+            floor = statistics.median(r["floor_gpu_s"] for r in sel)
+            over = f"{wall * gpus / floor - 1:+.0%}" if floor else "-"
+            eff = f"{floor / (wall * gpus):.2f}" if floor else "-"
+            lines.append(f"| {mode} | {gpus} | {wall:.1f} [{min(walls):.1f}-{max(walls):.1f}] | "
+                         f"{statistics.median(r['tuning_gpu_s'] for r in sel):.1f} | {floor:.1f} | {over} | {eff} | "
+                         f"{sel[0]['profiles']} |")
+        sep = [r["wall_s"] for r in rows if r["gpus"] == gpus and r["mode"] == "separate"]
+        fl = [r["wall_s"] for r in rows if r["gpus"] == gpus and r["mode"] == "fleet"]
+        if sep and fl:
+            lines.append(f"| fleet vs separate | {gpus} | {statistics.median(sep) / statistics.median(fl):.2f}x faster | | | | | |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpus", default="1", help="comma-separated GPU counts, e.g. 1,4")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fleet.json")
+    ap.add_argument("--report", type=Path, nargs="*", help="result files to re-print together (no GPU)")
+    ap.add_argument("--no-prerun", action="store_true", help="skip the untimed run that builds or loads the kernel modules")
     args = ap.parse_args()
+    if args.report:
+        print(table([row for p in args.report for row in json.loads(p.read_text())["rows"]]))
+        return
     sys.path.insert(0, str(REPO))
     from autotune_cache.targets import parse_targets
 
-    import yaml
-
-    targets = parse_targets(yaml.safe_load(TARGETS), "fleet")
-    rows = []
+    targets = parse_targets(TARGETS, "fleet")
+    counts = [int(x) for x in args.gpus.split(",")]
+    rows: list[dict] = []
+    result = {"targets": [t.to_dict() for t in targets], "rows": rows, "date": time.strftime("%Y-%m-%d")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
-        targets_file = Path(d) / "targets.yaml"
-        targets_file.write_text(TARGETS)
-        for gpus in [int(x) for x in args.gpus.split(",")]:
+        targets_file = Path(d) / "targets.json"
+        targets_file.write_text(json.dumps(TARGETS))
+        if not args.no_prerun:  # first-time JIT builds and module loads stay out of every timed run
+            with tempfile.TemporaryDirectory(dir=d) as tmp:
+                res = once("fleet", max(counts), targets_file, targets, Path(tmp))
+            result["prerun"] = res
+            print(json.dumps({"prerun": res}), flush=True)
+        for gpus in counts:
             for r in range(args.repeat):
                 for mode in (("separate", "fleet") if r % 2 == 0 else ("fleet", "separate")):
                     with tempfile.TemporaryDirectory(dir=d) as tmp:
                         res = once(mode, gpus, targets_file, targets, Path(tmp))
                     rows.append({"mode": mode, "gpus": gpus, "repeat": r, **res})
                     print(json.dumps(rows[-1]), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"targets": [t.to_dict() for t in targets], "rows": rows}, indent=1))
-    print("\n| mode | GPUs | wall s (median) | tuning GPU-s | floor GPU-s | overhead | scaling eff. | profiles |")
-    print("|---|---|---|---|---|---|---|---|")
-    for gpus in sorted({r["gpus"] for r in rows}):
-        for mode in ("separate", "fleet"):
-            sel = [r for r in rows if r["gpus"] == gpus and r["mode"] == mode]
-            wall = statistics.median(r["wall_s"] for r in sel)
-            floor = statistics.median(r["floor_gpu_s"] for r in sel)
-            print(f"| {mode} | {gpus} | {wall:.1f} | {statistics.median(r['tuning_gpu_s'] for r in sel):.1f} | {floor:.1f} | "
-                  f"{wall * gpus / floor - 1:+.0%} | {floor / (wall * gpus):.2f} | {sel[0]['profiles']} |")
+                    args.out.write_text(json.dumps(result, indent=1))  # a run cut short keeps what it measured
+    print()
+    print(table(rows))
 
 
 if __name__ == "__main__":

@@ -219,6 +219,8 @@ def remeasure(w, workload, plan_path, ops, caches, labels, costs, failed, k, rep
         "date": time.strftime("%Y-%m-%d"),
     }
     result["summary"] = summarize(result)
+    if any(c.startswith("careful") for c in labels):
+        result["floor_sweep"] = floor_sweep(result, work)
     path = out / f"tactic_quality_{workload}.json"
     path.write_text(json.dumps(result, indent=1))
     log(f"wrote {path}")
@@ -226,6 +228,92 @@ def remeasure(w, workload, plan_path, ops, caches, labels, costs, failed, k, rep
 
 
 # --- analysis (no GPU) ------------------------------------------------------------------------
+
+SWEEP_THRESHOLDS = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05)
+
+
+def floor_sweep(r: dict, work: Path, thresholds=SWEEP_THRESHOLDS) -> dict:
+    """What careful mode would have written under other floor thresholds, judged by the
+    re-measurement. Each careful cache's manifest keeps its race (every candidate's median), so
+    the choice under threshold t is replayed exactly as ``quality.choose`` makes it; the choice's
+    time is the re-measured time of the cache that holds that same assignment. A choice that no
+    cache holds was not re-measured: it is counted as unknown, never guessed."""
+    sys.path.insert(0, str(REPO))
+    from autotune_cache.diff import op_slots, slot_of
+    from autotune_cache.quality import DEFAULT_TACTIC, _short_op
+    from autotune_cache.rankfile import RESERVED_KEYS
+
+    ops = json.loads((work / "plan.json").read_text())["workloads"][0]["ops"]
+    paths, labels, _ = existing_caches(work, r["k"])
+    if labels != r["caches"]:
+        raise SystemExit(f"{work} holds other caches than the result file ({labels} vs {r['caches']})")
+    files = [{k: v for k, v in json.loads(Path(p).read_text()).items() if k not in RESERVED_KEYS} for p in paths]
+    file_slots = [{k: (lambda s: (s.custom_op, s.profile))(slot_of(k)) for k in f} for f in files]  # parse each key once
+
+    def describe(entries: dict) -> str:  # as quality.Candidate.describe, from a cache's entries
+        if entries and all(v[1] == DEFAULT_TACTIC for v in entries.values()):
+            return f"default (tactic {DEFAULT_TACTIC})"
+        return " ".join(f"{_short_op(k)}={v[0]}:{v[1]}" for k, v in sorted(entries.items()))
+
+    careful = [i for i, lab in enumerate(labels) if lab.startswith("careful")]
+    races = [json.loads((Path(paths[i]).parent / "fi-autotune.manifest.json").read_text())["extra"]["selection"]["ops"]
+             for i in careful]
+    measured = []  # (item, fastest time, assignment description -> re-measured time), once per item
+    for x in r["items"]:
+        ms = x["per_cache_ms"]
+        if any(m is None for m in ms):
+            continue
+        slots = op_slots(ops[x["op_index"]], x["bucket"])
+        picked = [{k: v for k, v in f.items() if slot[k] in slots} for f, slot in zip(files, file_slots)]
+        measured.append((x, min(ms), {describe(p): ms[j] for j, p in enumerate(picked)}))
+    rows = []
+    for t in thresholds:
+        ratios, unknown, kept = [], 0, 0
+        per_cache: list[list[float | None]] = [[] for _ in careful]
+        for x, best, held in measured:
+            for c, race in enumerate(races):
+                rec = race[x["op"]][str(x["bucket"])]
+                med = [m if m is not None else math.inf for m in rec["medians_ms"]]
+                finite = sorted((i for i, m in enumerate(med) if math.isfinite(m)), key=lambda i: (med[i], i))
+                d = next((i for i, lab in enumerate(rec["candidates"]) if lab.startswith("default")), None)
+                pick = finite[0] if finite else 0
+                if d is not None and pick != d and d in finite and med[d] / med[pick] - 1 < t:
+                    pick, kept = d, kept + 1
+                ms_pick = held.get(rec["candidates"][pick])
+                per_cache[c].append(ms_pick)
+                if ms_pick is None:
+                    unknown += 1
+                else:
+                    ratios.append(ms_pick / best)
+        agree = []
+        for a, b in itertools.combinations(range(len(careful)), 2):
+            pairs = [(u, v) for u, v in zip(per_cache[a], per_cache[b]) if u is not None and v is not None]
+            agree.append(sum(abs(u / v - 1) <= 0.01 for u, v in pairs) / len(pairs) if pairs else float("nan"))
+        rows.append({"threshold": t, "choices": len(ratios) + unknown, "unknown": unknown, "default_kept": kept,
+                     "within_2pct_of_best": sum(q <= 1.02 for q in ratios) / len(ratios) if ratios else None,
+                     "agreement_within_1pct": statistics.mean(agree) if agree else None,
+                     "geomean_slowdown": _geomean(ratios) - 1 if ratios else None,
+                     "over_5pct_slower": sum(q > 1.05 for q in ratios), "worst_ratio": max(ratios) if ratios else None})
+    return {"rows": rows}
+
+
+def sweep_table(r: dict) -> str:
+    rows = r.get("floor_sweep", {}).get("rows")
+    if not rows:
+        return ""
+    lines = [f"\nFloor threshold sweep, {r['workload']} (careful caches' own races replayed at each threshold; "
+             "times from the re-measurement)",
+             "| threshold | default kept | within 2% of best | agreement (within 1%) | geomean slowdown | >5% slower | worst | not re-measured |",
+             "|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+        lines.append(f"| {x['threshold']:.0%} | {x['default_kept']} of {x['choices']} | {pct(x['within_2pct_of_best'])} | "
+                     f"{pct(x['agreement_within_1pct'])} | "
+                     f"{'-' if x['geomean_slowdown'] is None else format(x['geomean_slowdown'], '+.2%')} | "
+                     f"{x['over_5pct_slower']} | {'-' if x['worst_ratio'] is None else format(x['worst_ratio'], '.3f') + 'x'} | "
+                     f"{x['unknown']} |")
+    return "\n".join(lines)
+
 
 def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
@@ -337,7 +425,7 @@ def plot(results: list[dict], path: Path) -> None:
             vals = [r["summary"]["kinds"].get(kind, {}).get(metric) or 0 for r in results]
             ax.bar([i + j * width for i in range(len(results))], [100 * v for v in vals], width, label=kind, color=colors[kind])
         ax.set_xticks([i + width for i in range(len(results))], [r["workload"] for r in results])
-        ax.set_ylim(0, 105)
+        ax.set_ylim(70, 101)  # the differences live in the top 30 points
         ax.set_ylabel("%")
         ax.set_title(title)
         ax.axhline(95 if metric == "within_2pct_of_best" else 90, color="grey", ls=":", lw=1)
@@ -371,6 +459,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--report", type=Path, nargs="*", help="result files to re-print (no GPU)")
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--sweep-work", type=Path, help="with --report: recompute the floor sweep from this --out dir's work dirs")
     ap.add_argument("--measure-only", action="store_true", help="re-measure the caches an earlier run left in --out")
     args = ap.parse_args()
     if args.report:
@@ -378,6 +467,10 @@ def main() -> None:
         for r in results:
             r["summary"] = summarize(r)
         print(table(results))
+        for r in results:
+            if args.sweep_work:
+                r["floor_sweep"] = floor_sweep(r, args.sweep_work / f"work-{r['workload']}")
+            print(sweep_table(r))
         if args.plot:
             plot(results, args.plot)
         return
@@ -385,6 +478,7 @@ def main() -> None:
         ap.error("--workload or --report")
     r = measure(args.workload, args.k, args.repeats, args.rounds, args.out, args.gpus or gpu_count(), args.measure_only)
     print(table([r]))
+    print(sweep_table(r))
     if args.plot:
         plot([r], args.plot)
 

@@ -80,7 +80,7 @@ class _Progress:
               help="careful: independent tunes per (op, bucket), spread over the GPUs.")
 @click.option("--threshold", type=click.FloatRange(0, 1), default=None, metavar="FRACTION",
               help="careful: keep FlashInfer's default unless a tuned tactic is at least this much faster "
-                   "[default: 0.03, i.e. 3%; docs/quality.md].")
+                   "[default: 0.01, i.e. 1%; docs/quality.md measures why].")
 @click.option("--race-runs", type=click.IntRange(5, 10000), default=50, show_default=True,
               help="careful: timed runs per candidate in a race.")
 @targets_option
@@ -110,7 +110,7 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
         if quality == "quick" and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             raise UsageError(f"--{name.replace('_', '-')} applies to --quality careful only")
     if threshold is not None and threshold != threshold:
-        raise UsageError("--threshold nan: give a fraction between 0 and 1, e.g. 0.03")
+        raise UsageError("--threshold nan: give a fraction between 0 and 1, e.g. 0.01")
     settings = QualitySettings(quality, repeats=repeats, race_rounds=race_runs,
                                threshold=DEFAULT_THRESHOLD if threshold is None else threshold)
     wanted = [x.strip() for x in layouts.split(",") if x.strip()]

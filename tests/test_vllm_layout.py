@@ -156,6 +156,24 @@ def test_export_import_round_trip(tmp_path):
     assert all((copied / p.name).read_bytes() == p.read_bytes() for p in path.iterdir())
 
 
+def test_an_archive_of_the_other_layout_is_refused_with_the_right_flag_and_leaves_no_tree(tmp_path):
+    root = tmp_path / "vllm"
+    write_vllm_entry(root, H1, world=2)
+    archive = tmp_path / "v.tgz"
+    assert run_cli("export", "--layout", "vllm", "-o", str(archive), env=vllm_env(root)).returncode == 0
+    dest = tmp_path / "new" / "sglang-root"  # neither it nor its parent exists yet
+    proc = run_cli("import", str(archive), "--cache-dir", str(dest))  # the default layout: sglang
+    assert proc.returncode == 1 and "not in the sglang cache layout" in proc.stderr
+    assert "--layout vllm" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "new").exists()  # a refused import leaves no empty tree behind
+    (tmp_path / "kept").mkdir()  # a root that existed stays, and so does what was in it
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    assert run_cli("import", str(archive), "--cache-dir", str(tmp_path / "kept")).returncode == 1
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]
+    good = run_cli("import", str(archive), "--layout", "vllm", "--cache-dir", str(dest))
+    assert good.returncode == 0 and (dest / "flashinfer_autotune_cache" / "0.7.2.post1" / "90a" / H1).is_dir()
+
+
 def test_vllm_dir_layout_follows_the_override_and_leaves_v2_alone(tmp_path):
     shared = tmp_path / "shared"
     write_vllm_entry(shared, H1, world=2, override_dir=True)
