@@ -77,9 +77,11 @@ def _owner_lock_path(base: Path, token: str) -> Path:
     return base / LOCKS_DIRNAME / "owners" / f"{token}.lock"
 
 
-def hold_owner_lock(base: Path) -> str:
+def hold_owner_lock(base: Path, make_base: Callable[[], object] | None = None) -> str:
     """This process's token in ``base``, its lock taken (a fresh token each time: once
-    released, a token's lock file may be taken by a cleaner that found it dead)."""
+    released, a token's lock file may be taken by a cleaner that found it dead). ``make_base``
+    (a writer's) makes ``base`` again if it vanished before the lock was held: a refused import
+    removes the empty tree it made, and may do so just after this writer made it too."""
     import filelock
 
     held = _held()
@@ -88,7 +90,8 @@ def hold_owner_lock(base: Path) -> str:
         path = _owner_lock_path(base, token)
         lock = filelock.FileLock(str(path), timeout=0)
         try:
-            retry_vanished_dir(lambda: (ensure_tree_dirs(base, (LOCKS_DIRNAME, "owners")), lock.acquire()))
+            retry_vanished_dir(lambda: (make_base and make_base(), ensure_tree_dirs(base, (LOCKS_DIRNAME, "owners")),
+                                        lock.acquire()))
         except filelock.Timeout:
             raise FiAutotuneError(f"the owner lock {path} is taken") from None
         except OSError as e:
@@ -148,9 +151,10 @@ def remove_tree(path: Path) -> str | None:
     return errors[0] if errors else None
 
 
-def first_missing(deepest: Path) -> Path | None:
-    """The highest directory on the way to ``deepest`` that does not exist yet (None: all do)."""
-    deepest = Path(deepest).absolute()
+def first_missing(deepest: str | Path) -> Path | None:
+    """The highest directory on the way to ``deepest`` (an absolute path, ``..`` and symlinks
+    resolved: ``os.path.realpath``) that does not exist yet (None: all do)."""
+    deepest = Path(deepest)
     for p in [*reversed(deepest.parents), deepest]:
         if not os.path.lexists(p):
             return p
@@ -254,13 +258,18 @@ class Transaction:
         #: The highest directory this transaction made. What it made and left empty (a refused
         #: or unreadable archive) goes again, so a failed import into a root that did not exist
         #: leaves no empty tree behind; a directory holding anything stays. None: all existed.
-        self.created = first_missing(self.base / LOCKS_DIRNAME / "owners")
-        try:
+        self._deepest = os.path.realpath(self.base / LOCKS_DIRNAME / "owners")  # as the kernel will resolve it
+        self.created = first_missing(self._deepest)
+
+        def make_base() -> None:
             self.root.mkdir(parents=True, exist_ok=True)  # the root itself may be a symlink: the user's choice
             ensure_tree_dirs(self.root, layout.base_parts())
+
+        try:
+            make_base()
         except OSError as e:
             raise FiAutotuneError(f"cannot write to the cache tree: {os_error_message(e)}") from None
-        self.owner = hold_owner_lock(self.base)
+        self.owner = hold_owner_lock(self.base, make_base)
         recover_journals(layout, root)
         self.staged: dict[EntryId, StagedEntry] = {}
         #: Manifests read with an archive, checked and written by ``archive.finish_staged``.
@@ -317,7 +326,7 @@ class Transaction:
         self.staged.clear()
         release_owner_lock(self.base)
         if self.created is not None:
-            remove_dir_chain(self.created, (self.base / LOCKS_DIRNAME / "owners").absolute())
+            remove_dir_chain(self.created, Path(self._deepest))
 
     # committing ----------------------------------------------------------------------------
     def commit(self, check: Check | None = None, lock_timeout: float = 120) -> CommitResult:

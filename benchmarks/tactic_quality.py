@@ -240,13 +240,14 @@ def floor_sweep(r: dict, work: Path, thresholds=SWEEP_THRESHOLDS) -> dict:
     cache holds was not re-measured: it is counted as unknown, never guessed."""
     sys.path.insert(0, str(REPO))
     from autotune_cache.diff import op_slots, slot_of
-    from autotune_cache.quality import DEFAULT_TACTIC, _short_op
+    from autotune_cache.quality import DEFAULT_TACTIC, Candidate, _short_op, choose
     from autotune_cache.rankfile import RESERVED_KEYS
 
     ops = json.loads((work / "plan.json").read_text())["workloads"][0]["ops"]
-    paths, labels, _ = existing_caches(work, r["k"])
-    if labels != r["caches"]:
-        raise SystemExit(f"{work} holds other caches than the result file ({labels} vs {r['caches']})")
+    paths, labels, costs = existing_caches(work, r["k"])
+    tunes = {c["cache"]: c.get("tune_s") for c in costs}
+    if labels != r["caches"] or any(c.get("tune_s") is not None and tunes.get(c["cache"]) != c["tune_s"] for c in r.get("costs", [])):
+        raise SystemExit(f"{work} holds other caches than the result file (another run's work dir?)")
     files = [{k: v for k, v in json.loads(Path(p).read_text()).items() if k not in RESERVED_KEYS} for p in paths]
     file_slots = [{k: (lambda s: (s.custom_op, s.profile))(slot_of(k)) for k in f} for f in files]  # parse each key once
 
@@ -259,27 +260,31 @@ def floor_sweep(r: dict, work: Path, thresholds=SWEEP_THRESHOLDS) -> dict:
     races = [json.loads((Path(paths[i]).parent / "fi-autotune.manifest.json").read_text())["extra"]["selection"]["ops"]
              for i in careful]
     measured = []  # (item, fastest time, assignment description -> re-measured time), once per item
+    unmeasured = 0
     for x in r["items"]:
         ms = x["per_cache_ms"]
         if any(m is None for m in ms):
+            unmeasured += 1  # an assignment that failed to run: every careful choice here is unknown
             continue
         slots = op_slots(ops[x["op_index"]], x["bucket"])
         picked = [{k: v for k, v in f.items() if slot[k] in slots} for f, slot in zip(files, file_slots)]
         measured.append((x, min(ms), {describe(p): ms[j] for j, p in enumerate(picked)}))
     rows = []
     for t in thresholds:
-        ratios, unknown, kept = [], 0, 0
+        ratios, unknown, kept = [], unmeasured * len(careful), 0
         per_cache: list[list[float | None]] = [[] for _ in careful]
         for x, best, held in measured:
             for c, race in enumerate(races):
-                rec = race[x["op"]][str(x["bucket"])]
-                med = [m if m is not None else math.inf for m in rec["medians_ms"]]
-                finite = sorted((i for i, m in enumerate(med) if math.isfinite(m)), key=lambda i: (med[i], i))
-                d = next((i for i, lab in enumerate(rec["candidates"]) if lab.startswith("default")), None)
-                pick = finite[0] if finite else 0
-                if d is not None and pick != d and d in finite and med[d] / med[pick] - 1 < t:
-                    pick, kept = d, kept + 1
-                ms_pick = held.get(rec["candidates"][pick])
+                rec = race.get(x["op"], {}).get(str(x["bucket"]))
+                if not rec or not rec.get("candidates"):  # not raced (no tune stored anything): unknown
+                    per_cache[c].append(None)
+                    unknown += 1
+                    continue
+                # warm's own rule, on the medians its manifest kept (rounded to 10 ns)
+                cands = [Candidate({}, default=lab.startswith("default")) for lab in rec["candidates"]]
+                sel = choose(cands, [math.inf if m is None else m for m in rec["medians_ms"]], t)
+                kept += sel.kept_default
+                ms_pick = held.get(rec["candidates"][sel.winner])
                 per_cache[c].append(ms_pick)
                 if ms_pick is None:
                     unknown += 1

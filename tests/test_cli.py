@@ -382,6 +382,34 @@ def _imported(archive: Path, dest: Path) -> Path:
     return dest
 
 
+def test_a_refused_import_taking_its_empty_tree_away_does_not_break_a_concurrent_one(root, tmp_path, monkeypatch):
+    """Two imports into one new root: the refused one made the tree and takes it away again just
+    as the other has made it too (between its mkdirs and its owner lock). The other must make it
+    again and import, not fail with 'cannot write to the cache tree'."""
+    from autotune_cache import txn
+    from autotune_cache.archive import import_archive
+
+    eid = write_fake_entry(root)
+    archive = tmp_path / "a.tgz"
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(root)).returncode == 0
+    dest = tmp_path / "new" / "root"
+    refused = txn.Transaction(default_layout(), dest)  # made new/root/flashinfer/autotune/...
+    assert refused.created == tmp_path / "new"
+    real = txn.hold_owner_lock
+
+    def late(base, *args):
+        if refused.staged is not None and (tmp_path / "new").exists():
+            refused.discard()  # as the refused import ends: its (still empty) tree goes
+            assert not (tmp_path / "new").exists()
+        return real(base, *args)
+
+    monkeypatch.setattr(txn, "hold_owner_lock", late)
+    with open(archive, "rb") as f:
+        result = import_archive(default_layout(), dest, f, "a.tgz")
+    assert [str(e) for e in result.imported] == [str(eid)]
+    assert (entry_path(dest, eid) / "rank_tp0_pp0_dp0.json").is_file()
+
+
 def test_import_refuses_different_complete_entry_without_force(root, tmp_path):
     write_fake_entry(root, seed=1)
     archive = tmp_path / "a.tar.gz"

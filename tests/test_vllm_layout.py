@@ -170,6 +170,9 @@ def test_an_archive_of_the_other_layout_is_refused_with_the_right_flag_and_leave
     (tmp_path / "kept" / "notes.txt").write_text("mine")
     assert run_cli("import", str(archive), "--cache-dir", str(tmp_path / "kept")).returncode == 1
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]
+    (tmp_path / "empty").mkdir()  # an empty dir that existed stays, however the path reaches it
+    assert run_cli("import", str(archive), "--cache-dir", str(tmp_path / "gone" / ".." / "empty")).returncode == 1
+    assert (tmp_path / "empty").is_dir()
     good = run_cli("import", str(archive), "--layout", "vllm", "--cache-dir", str(dest))
     assert good.returncode == 0 and (dest / "flashinfer_autotune_cache" / "0.7.2.post1" / "90a" / H1).is_dir()
 
