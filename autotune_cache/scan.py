@@ -234,7 +234,30 @@ class CacheInfo:
             matches = [e for e in self.entries if e.path.resolve() == real]
             if matches:
                 return matches
-        raise FiAutotuneError(f"no cache entry {ref!r} under {self.root}", hint="`fi-autotune ls -q` lists the ids")
+        raise FiAutotuneError(f"no cache entry {ref!r} under {self.root}",
+                              hint=tree_of_entry_dir(p) or "`fi-autotune ls -q` lists the ids")
+
+
+def tree_of_entry_dir(path: Path) -> str | None:
+    """For a directory that is an entry of some layout's tree (a vLLM entry handed to a command
+    looking in the SGLang tree): which flags name it, or None. The most specific layout wins
+    (a vLLM entry dir also looks like a bare ``vllm-dir`` hash dir one level up)."""
+    from .layouts import LAYOUTS
+
+    try:
+        if not path.is_dir():
+            return None
+        real = path.resolve()
+    except OSError:
+        return None
+    for other in sorted(LAYOUTS.values(), key=lambda lay: -(len(lay.base_parts()) + len(lay.levels))):
+        depth = len(other.base_parts()) + len(other.levels)
+        if len(real.parts) <= depth:
+            continue
+        root = Path(*real.parts[:-depth])
+        if other.parse_member("/".join((*real.parts[-depth:], "x"))) is not None:
+            return f"it is an entry of the {other.name} tree at {root}: --layout {other.name} --cache-dir {root}"
+    return None
 
 
 def _finding_for(path: Path, st: os.stat_result, msg: str = "") -> Finding:

@@ -134,7 +134,11 @@ def test_rm_and_prune_delete_vllm_entries_whole(tmp_path):
     proc = run_cli("prune", "--layout", "vllm", "--status", "incomplete", "-y", env=vllm_env(root))
     assert proc.returncode == 0, proc.stderr
     assert keep.is_dir() and not gone.exists()
-    proc = run_cli("rm", H1, "--layout", "vllm", "-y", env=vllm_env(root))
+    # a vLLM entry's path given where the SGLang tree is searched: the error names the flags
+    proc = run_cli("rm", str(keep), "-y", "--cache-dir", str(tmp_path))
+    assert proc.returncode == 1 and keep.is_dir()
+    assert f"it is an entry of the vllm tree at {root}: --layout vllm --cache-dir {root}" in proc.stderr
+    proc = run_cli("rm", str(keep), "-y", "--layout", "vllm", "--cache-dir", str(root))
     assert proc.returncode == 0, proc.stderr
     assert not keep.exists()
 
