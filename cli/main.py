@@ -13,7 +13,7 @@ import traceback
 import click
 
 from autotune_cache import __version__
-from autotune_cache.errors import ExitCode, FiAutotuneError, os_error_message
+from autotune_cache.errors import ExitCode, FiAutotuneError, Interrupted, os_error_message
 
 from . import checkcmd, cleanup, convertcmd, diffcmd, envcmd, keycmd, plancmd, storecmd, transfer, tree, warmcmd
 from .output import PROG
@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         # Click's own usage errors print several lines; ours promise one.
         code = ExitCode.USAGE if isinstance(e, click.UsageError) else e.exit_code
         return _fail(e.format_message(), code, debug)
+    except Interrupted as e:  # not an error: everything complete was kept (exit 130)
+        click.echo(f"{PROG}: {e}", err=True)
+        return int(e.exit_code)
     except FiAutotuneError as e:
         message = str(e) + (f" ({e.hint})" if e.hint else "")
         return _fail(message, e.exit_code, debug)

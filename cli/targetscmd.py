@@ -174,7 +174,7 @@ def warm_targets(kw: dict, n: int | None, force: bool, targets_file: str, shard:
     import threading
     import time
 
-    from autotune_cache.errors import ExitCode, FiAutotuneError, Interrupted
+    from autotune_cache.errors import ExitCode, FiAutotuneError
     from autotune_cache.fleet import warm_fleet
     from autotune_cache.warm import WorkerPool
 
@@ -232,12 +232,8 @@ def warm_targets(kw: dict, n: int | None, force: bool, targets_file: str, shard:
         try:
             result = warm_fleet(items, gpus=n, info=info, pool=pool, force=force, progress=progress,
                                 on_committed=on_committed)
-        except Interrupted as e:
-            progress.close()
-            out.error(str(e))
-            raise click.exceptions.Exit(int(ExitCode.INTERRUPTED))
         finally:
-            progress.close()
+            progress.close()  # before main() prints an interruption (exit 130)
     finally:
         if pool is not None:
             pool.close()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from autotune_cache.errors import ExitCode, FiAutotuneError, Interrupted, UsageError
+from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.request import TuneRequest
 
 from .output import Output
@@ -142,12 +142,8 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
         try:
             plan = build_plan(request, kw["cache_dir"], arch=info.arch)
             result = warm(plan, gpus=n, force=force, progress=progress, gpu_info=info, pool=pool, quality=settings)
-        except Interrupted as e:
-            progress.close()
-            click.echo(f"fi-autotune: {e}", err=True)
-            raise click.exceptions.Exit(int(ExitCode.INTERRUPTED))
         finally:
-            progress.close()
+            progress.close()  # before main() prints an interruption (exit 130)
     finally:
         if pool is not None:
             pool.close()

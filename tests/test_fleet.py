@@ -296,3 +296,32 @@ def test_warm_push_for_one_target(tmp_path):
     assert data["status"] == "written" and data["push"]["pushed"]
     listed = json.loads(run_cli("ls", store, "--json").stdout)
     assert [e["id"] for e in listed["entries"]] == ["/".join(Path(data["key_dir"]).parts[-3:])]
+
+
+@pytest.mark.parametrize("targets", [True, False], ids=["warm-targets", "warm"])
+def test_ctrl_c_is_one_line_exit_130_and_a_rerun_resumes(fleet, tmp_path, targets):
+    """SIGINT mid-tuning: exit 130, one line that is not an error (everything finished is
+    kept), no traceback; the rerun tunes only what was left."""
+    import signal
+    import time
+
+    log = tmp_path / "items.log"
+    env = gpu_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"), FAKE_LOG=str(log), FAKE_ITEM_SLEEP="0.3")
+    args = (["--targets", str(fleet)] if targets else
+            ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass"])
+    cmd = [sys.executable, "-m", "fi_autotune_cli", "warm", *args, "--cache-dir", str(tmp_path / "root")]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    lines = [x for x in err.splitlines() if "interrupted" in x]  # (the rest is the progress line)
+    assert len(lines) == 1 and lines[0].startswith("fi-autotune: interrupted: ") and err.rstrip().endswith(lines[0]), err
+    assert "error" not in err
+    assert "Traceback" not in err
+    done_before = log.read_text().count("\n")
+    again = run_cli("warm", *args, "--cache-dir", str(tmp_path / "root"), env={k: v for k, v in env.items() if k != "FAKE_ITEM_SLEEP"})
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert log.read_text().count("\n") - done_before < (252 if targets else 42)  # resumed, not tuned from scratch
