@@ -81,13 +81,7 @@ def ensure_dirs(top: Path, parts: tuple[str, ...] | list[str]) -> Path:
 
 def ensure_tree_dirs(top: Path, parts: tuple[str, ...] | list[str]) -> Path:
     """``ensure_dirs`` that starts again when a concurrent prune removes a parent mid-way."""
-    for attempt in range(20):
-        try:
-            return ensure_dirs(top, parts)
-        except FileNotFoundError:
-            if attempt == 19:
-                raise
-    raise AssertionError("unreachable")
+    return retry_vanished_dir(lambda: ensure_dirs(top, parts))
 
 
 def write_new_file(path: Path, data: bytes, mode: int = 0o644) -> os.stat_result:

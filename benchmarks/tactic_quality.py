@@ -240,7 +240,7 @@ def floor_sweep(r: dict, work: Path, thresholds=SWEEP_THRESHOLDS) -> dict:
     cache holds was not re-measured: it is counted as unknown, never guessed."""
     sys.path.insert(0, str(REPO))
     from autotune_cache.diff import op_slots, slot_of
-    from autotune_cache.quality import DEFAULT_TACTIC, Candidate, _short_op, choose
+    from autotune_cache.quality import DEFAULT_TACTIC, Candidate, choose
     from autotune_cache.rankfile import RESERVED_KEYS
 
     ops = json.loads((work / "plan.json").read_text())["workloads"][0]["ops"]
@@ -251,10 +251,9 @@ def floor_sweep(r: dict, work: Path, thresholds=SWEEP_THRESHOLDS) -> dict:
     files = [{k: v for k, v in json.loads(Path(p).read_text()).items() if k not in RESERVED_KEYS} for p in paths]
     file_slots = [{k: (lambda s: (s.custom_op, s.profile))(slot_of(k)) for k in f} for f in files]  # parse each key once
 
-    def describe(entries: dict) -> str:  # as quality.Candidate.describe, from a cache's entries
-        if entries and all(v[1] == DEFAULT_TACTIC for v in entries.values()):
-            return f"default (tactic {DEFAULT_TACTIC})"
-        return " ".join(f"{_short_op(k)}={v[0]}:{v[1]}" for k, v in sorted(entries.items()))
+    def describe(entries: dict) -> str:  # a cache's entries, named as the careful manifest names candidates
+        default = bool(entries) and all(v[1] == DEFAULT_TACTIC for v in entries.values())
+        return Candidate({k: (k, v) for k, v in entries.items()}, default=default).describe()
 
     careful = [i for i, lab in enumerate(labels) if lab.startswith("careful")]
     races = [json.loads((Path(paths[i]).parent / "fi-autotune.manifest.json").read_text())["extra"]["selection"]["ops"]
