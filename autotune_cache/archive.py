@@ -31,7 +31,7 @@ from .layouts import CacheLayout, EntryId
 from .layouts.base import JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE, NameKind
 from .manifest import Manifest, NewerManifest
 from .rankfile import MAX_RANK_FILE_BYTES, parse_cache_bytes, read_regular_file
-from .scan import CacheEntry
+from .scan import CacheEntry, manifest_names_other_entry
 from .txn import Transaction
 from .writer import replace_policy
 
@@ -295,7 +295,7 @@ def finish_staged(layout: CacheLayout, txn: Transaction) -> list[tuple[str, str]
             continue
         manifest = _manifest_for(eid, txn.manifest_bytes.get(eid), layout)
         txn.finish_entry(eid, manifest)
-        expected = manifest.expected_files if manifest else None
+        expected = layout.expected_files(manifest.topology) if manifest else None
         if expected is not None:
             missing = [n for n in expected if n not in s.records]
             if missing:
@@ -313,7 +313,7 @@ def _manifest_for(eid: EntryId, data: bytes | None, layout: CacheLayout) -> Mani
     except ValueError as e:
         raise FiAutotuneError(f"{eid}: {e}") from None
     ids = layout.id_fields(eid)
-    if (manifest.flashinfer_version, manifest.arch, manifest.key) != (ids.get("flashinfer_version"), ids.get("arch"), eid.name):
+    if manifest_names_other_entry(manifest, ids, eid):
         raise FiAutotuneError(f"{eid}: manifest describes another entry")
     schema = SCHEMAS.get(manifest.schema)
     if schema is not None and schema.key(manifest.key_fields) != eid.name:

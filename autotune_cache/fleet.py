@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import FiAutotuneError, Interrupted
-from .layouts import default_layout
 from .plan import TuningPlan
 from .quality import QualitySettings
 from .rankfile import cache_file_bytes
@@ -140,17 +139,16 @@ def warm_fleet(
     on_committed: Callable[[FleetItem], None] | None = None,
 ) -> FleetResult:
     t_start = time.perf_counter()
-    layout = default_layout()
     todo: list[FleetItem] = []
     n = None
     for item in items:
         plan = item.plan
         if not plan.autotunes:
-            item.status, item.message = "nothing-to-tune", "SGLang would not autotune this configuration"
+            item.status, item.message = "nothing-to-tune", f"{plan.engine} would not autotune this configuration"
             continue
         n = preflight(plan, info, gpus, pool)
         if plan.key_dir.is_dir() and not force:
-            existing = scan_entry(layout, plan.key_dir, plan.entry_id)
+            existing = scan_entry(plan.layout_obj, plan.key_dir, plan.entry_id)
             why = other_gpu_refusal(existing.gpu, info.names[0], plan.resolution.arch)
             if why:
                 item.status, item.message = "failed", why

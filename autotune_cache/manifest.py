@@ -97,10 +97,6 @@ class Manifest:
         return self.key_fields.model_path
 
     @property
-    def expected_files(self) -> list[str]:
-        return self.topology.rank_files()
-
-    @property
     def gpu(self) -> str | None:
         value = self.flashinfer_metadata.get("gpu")
         return value if isinstance(value, str) else None

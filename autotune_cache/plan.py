@@ -78,26 +78,45 @@ class TuningPlan:
     max_tokens_override: int | None = None
     notes: tuple[str, ...] = field(default=())
     request: "TuneRequest | None" = field(default=None, compare=False)
+    #: The engine layout the entry is written in: ``sglang``, or ``vllm`` / ``vllm-dir`` (``vllm.py``).
+    layout: str = "sglang"
+
+    @property
+    def engine(self) -> str:
+        return "vLLM" if self.layout.startswith("vllm") else "SGLang"
 
     @property
     def autotunes(self) -> bool:
         return self.resolution.autotunes and any(w.ops for w in self.workloads)
 
     @property
-    def entry_id(self):
-        from .layouts import default_layout
+    def layout_obj(self):
+        from .layouts import get_layout
 
-        return default_layout().make_id((self.flashinfer_version, self.resolution.arch, self.key))
+        return get_layout(self.layout)
+
+    @property
+    def arch_dir(self) -> str:
+        """The arch as the layout spells it in the path (``sm90`` for SGLang, ``90a`` for vLLM)."""
+        if self.layout.startswith("vllm"):
+            from .layouts.vllm import arch_dir
+
+            return arch_dir(self.resolution.arch)
+        return self.resolution.arch
+
+    @property
+    def entry_id(self):
+        fields = {"flashinfer_version": self.flashinfer_version, "arch": self.arch_dir, "key": self.key}
+        layout = self.layout_obj
+        return layout.make_id(tuple(fields[level.field] for level in layout.levels))
 
     @property
     def key_dir(self) -> Path:
-        from .layouts import default_layout
-
-        return default_layout().entry_dir(self.cache_root, self.entry_id)
+        return self.layout_obj.entry_dir(self.cache_root, self.entry_id)
 
     @property
     def rank_files(self) -> list[str]:
-        return self.resolution.topology.rank_files()
+        return self.layout_obj.expected_files(self.resolution.topology)
 
     @property
     def profiles(self) -> int:
@@ -119,6 +138,8 @@ class TuningPlan:
             "key_string": self.key_string,
             "flashinfer_version": self.flashinfer_version,
             "arch": r.arch,
+            "layout": self.layout,
+            "id": str(self.entry_id),
             "cache_root": str(self.cache_root),
             "key_dir": str(self.key_dir),
             "rank_files": self.rank_files,
@@ -180,12 +201,17 @@ def resolve_target(
     source = load_model_config(model, config=config, revision=revision, model_path=model_path)
     spec = build_spec(source)
     res = resolve(spec, arch, flags, model if model_path is None else model_path)
-    version = flashinfer_version or installed_flashinfer_version()
+    return source, spec, res, flashinfer_version_of(flashinfer_version)
+
+
+def flashinfer_version_of(given: str | None) -> str:
+    """The FlashInfer version in the entry's path: ``--flashinfer-version``, else the installed one."""
+    version = given or installed_flashinfer_version()
     if not version:
         raise UsageError("flashinfer-python is not installed: pass --flashinfer-version")
     if not VERSION_RE.match(version):
         raise UsageError(f"invalid --flashinfer-version {version!r}")
-    return source, spec, res, version
+    return version
 
 
 def make_plan(

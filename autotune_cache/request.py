@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .keys import DEFAULT_SCHEMA
 from .sglang import ServerFlags
+from .vllm import VllmTarget
 
 REQUEST_FORMAT = 1
 
@@ -29,6 +30,8 @@ class TuneRequest:
     model_path: str | None = None  # the server's --model-path, hashed into the key; None: ``model``
     #: Where ``schema`` came from (``--engine sglang==0.5.20``, the installed sglang...), for messages.
     schema_source: str = field(default="", compare=False)
+    #: Set when the entry is vLLM's (``warm --layout vllm``): ``schema`` then does not apply.
+    vllm: VllmTarget | None = None
 
     @property
     def served_path(self) -> str:
@@ -56,6 +59,10 @@ class TuneRequest:
 
         if self.arch is None:
             raise ValueError("a plan needs a target arch")
+        if self.vllm is not None:
+            from .vllm import make_vllm_plan
+
+            return make_vllm_plan(self, cache_root)
         return make_plan(
             self.model, self.flags, self.arch, config=self.config, revision=self.revision, schema=self.schema,
             flashinfer_version=self.flashinfer_version, cache_root=cache_root, max_tokens=self.max_tokens,
@@ -74,6 +81,7 @@ class TuneRequest:
             "flashinfer_version": self.flashinfer_version,
             "max_tokens": self.max_tokens,
             "flags": self.flags.to_dict(),
+            **({"vllm": self.vllm.to_dict()} if self.vllm is not None else {}),
         }
 
     @classmethod
@@ -96,6 +104,7 @@ class TuneRequest:
             config=d.get("config"), revision=d.get("revision"), schema=str(d.get("schema") or DEFAULT_SCHEMA),
             flashinfer_version=d.get("flashinfer_version"), max_tokens=d.get("max_tokens"),
             model_path=d.get("model_path"),
+            vllm=VllmTarget.from_dict(d["vllm"]) if d.get("vllm") is not None else None,
         )
 
     @classmethod

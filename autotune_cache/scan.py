@@ -23,7 +23,7 @@ from .digestindex import DigestIndex
 from .errors import FiAutotuneError, UsageError
 from .fingerprint import Fingerprint
 from .humanize import format_age, format_size
-from .layouts import CacheLayout, EntryId, NameKind, default_layout, get_layout
+from .layouts import LAYOUTS, CacheLayout, EntryId, NameKind, default_layout, get_layout
 from .layouts.sglang import VERSION_RE
 from .layouts.base import JOURNAL_DIRNAME, LOCKS_DIRNAME, MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from .manifest import Manifest, NewerManifest
@@ -87,9 +87,8 @@ class CacheEntry:
 
     @property
     def expected_files(self) -> tuple[str, ...]:
-        if self.manifest:
-            return tuple(self.manifest.expected_files)
-        return tuple(get_layout(self.id.layout).expected_files(self.topology)) if self.topology else ()
+        topology = self.manifest.topology if self.manifest else self.topology
+        return tuple(get_layout(self.id.layout).expected_files(topology)) if topology else ()
 
     @property
     def present_expected(self) -> int:
@@ -235,7 +234,20 @@ class CacheInfo:
             if matches:
                 return matches
         raise FiAutotuneError(f"no cache entry {ref!r} under {self.root}",
-                              hint=tree_of_entry_dir(p) or "`fi-autotune ls -q` lists the ids")
+                              hint=tree_of_entry_dir(p) or _other_layout_id(self.layout, text)
+                              or "`fi-autotune ls -q` lists the ids")
+
+
+def _other_layout_id(layout: CacheLayout, text: str) -> str | None:
+    """A hint when ``text`` is the id of another layout's entry (``vllm:...`` given to an sglang tree)."""
+    prefix, sep, _ = text.partition(":")
+    if not sep or prefix == layout.name:
+        return None
+    other = LAYOUTS.get(prefix)
+    if other is None or other.parse_id(text) is None:
+        return None
+    return (f"it is an id of the {prefix} layout and this command works on the {layout.name} tree: "
+            f"give --layout {prefix} where the command takes it")
 
 
 def tree_of_entry_dir(path: Path) -> str | None:
@@ -328,6 +340,13 @@ def _read_unvouched(path: Path, name: str, st: os.stat_result, parsed: dict[str,
     if digests is not None and seen.error is None:
         digests.learn(st, digest, seen.num_configs, seen.metadata)
     return seen
+
+
+def manifest_names_other_entry(manifest: Manifest, ids: dict, eid: EntryId) -> bool:
+    """Does the manifest name another entry than the directory it is in? Only the levels the
+    layout's path has are compared (a ``vllm-dir`` entry has no version or arch level)."""
+    return manifest.key != eid.name or any(
+        getattr(manifest, f) != ids[f] for f in ("flashinfer_version", "arch") if f in ids)
 
 
 def scan_entry(
@@ -429,7 +448,7 @@ def scan_entry(
     topology: Topology | None = None
     if manifest is not None:
         topology = manifest.topology
-        if (manifest.flashinfer_version, manifest.arch, manifest.key) != (version, arch, eid.name):
+        if manifest_names_other_entry(manifest, ids, eid):
             manifest_error = (
                 f"manifest names {manifest.flashinfer_version}/{manifest.arch}/{manifest.key}, not this directory"
             )
@@ -514,7 +533,7 @@ def _status(
         problems.append(disagreement)
         return EntryStatus.DIVERGED
     present = {rf.name for rf in rank_files}
-    expected = manifest.expected_files if manifest else (layout.expected_files(topology) if topology else [])
+    expected = layout.expected_files(topology) if topology else []
     missing = [n for n in expected if n not in present]
     if missing or not rank_files:
         problems.append(f"missing {len(missing)} of {len(expected)} rank files" if expected else "no rank files")

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import FiAutotuneError, Interrupted, UsageError
-from .layouts import default_layout
 from .layouts.sglang import arch_from_capability
 from .manifest import Manifest, utc_now_iso
 from .plan import TuningPlan
@@ -401,12 +400,12 @@ def existing_verdict(layout, plan: TuningPlan, info: GpuInfo, quality: QualitySe
 def commit_plan(plan: TuningPlan, rank_bytes: dict[str, bytes], metadata: dict, stats: dict, extra: dict,
                 force: bool) -> None:
     """The manifest for ``plan`` and its rank files, committed in one step (refusals raise)."""
-    layout = default_layout()
+    layout = plan.layout_obj
     now = utc_now_iso()
     res = plan.resolution
     manifest = Manifest(
         key=plan.key, schema=plan.schema, key_string=plan.key_string, key_fields=res.key_fields,
-        topology=res.topology, flashinfer_version=plan.flashinfer_version, arch=res.arch, flashinfer_metadata=metadata,
+        topology=res.topology, flashinfer_version=plan.flashinfer_version, arch=plan.arch_dir, flashinfer_metadata=metadata,
         rank_files={}, created=now, updated=now, stats={**stats, "model_source": plan.source.describe()},
         request=plan.request.to_dict() if plan.request is not None else None, extra=extra,
     )
@@ -427,10 +426,11 @@ def warm(
     quality: QualitySettings | None = None,
 ) -> WarmResult:
     t_start, epoch_start = time.perf_counter(), time.time()
-    layout = default_layout()
+    layout = plan.layout_obj
     kdir = plan.key_dir
     if not plan.autotunes:
-        return WarmResult("nothing-to-tune", str(kdir), message="SGLang would not autotune this configuration: nothing to write")
+        return WarmResult("nothing-to-tune", str(kdir),
+                          message=f"{plan.engine} would not autotune this configuration: nothing to write")
 
     info = gpu_info or detect_gpus()
     n = preflight(plan, info, gpus, pool)

@@ -23,6 +23,42 @@ def _split(value) -> tuple[str, ...]:
     return tuple(sorted({s.strip() for s in value.split(",") if s.strip()}))
 
 
+def vllm_options(fn):
+    """What only a vLLM target needs: its config hash and token budget."""
+    options = [
+        click.option("--vllm-config-hash", default=None, metavar="HASH",
+                     help="vllm layouts: the 64-hex hash vLLM names its cache dir by (computed by vLLM after it "
+                          "loads the model); its startup line 'Using FlashInfer autotune cache file: ...' or that "
+                          "path may be pasted whole."),
+        click.option("--max-num-batched-tokens", type=POSITIVE, default=None,
+                     help="vllm layouts: the server's --max-num-batched-tokens [default: 8192, vllm serve's on "
+                          "an H100/H200]."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def vllm_request(request: TuneRequest, kw: dict, layout: str) -> TuneRequest:
+    """``request`` aimed at vLLM's tree ``layout`` (vllm or vllm-dir)."""
+    from dataclasses import replace
+
+    from autotune_cache.vllm import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash
+
+    if not kw.get("vllm_config_hash"):
+        raise UsageError(f"--layout {layout} needs --vllm-config-hash: vLLM names its cache dir by a hash of its "
+                         "whole resolved config, taken after it loads the model, so only vLLM can say it; copy it "
+                         "from its startup line 'Using FlashInfer autotune cache file: .../<hash>/...'")
+    n = kw.get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    return replace(request, vllm=VllmTarget(parse_config_hash(kw["vllm_config_hash"]), n, layout))
+
+
+def reject_vllm_only(kw: dict) -> None:
+    for name in ("vllm_config_hash", "max_num_batched_tokens"):
+        if kw.get(name):
+            raise UsageError(f"--{name.replace('_', '-')} goes with --layout vllm (or vllm-dir)")
+
+
 def serving_options(fn=None, *, model_required: bool = True):  # noqa: ARG001 - --model or --model-path, checked in request_from
     """The model and server flags shared by plan, warm and verify (named as sglang names them)."""
     if fn is None:
@@ -151,10 +187,14 @@ def apply_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
 
 
 def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = None):
-    """The plan for ``request`` under the cache root ``cache_dir`` names (made if missing)."""
+    """The plan for ``request`` under the cache root ``cache_dir`` names (made if missing), else the
+    root of the engine's layout."""
+    from autotune_cache.layouts import get_layout
+
     if request.arch is None:
         request = request.with_arch(arch or local_arch())
-    return request.plan(resolve_root(cache_dir, must_exist=False).path)
+    layout = get_layout(request.vllm.layout if request.vllm is not None else "sglang")
+    return request.plan(resolve_root(cache_dir, must_exist=False, layout=layout).path)
 
 
 def local_arch() -> str:
@@ -196,7 +236,7 @@ def print_plan(plan, out: Output) -> None:
     q = plan.spec.quant
     out.line(f"Checkpoint  dtype {plan.spec.dtype}, quantization {q.method if q else 'none'}"
              + (f" (block {q.weight_block_size[0]}x{q.weight_block_size[1]})" if q and q.weight_block_size else ""))
-    out.line(f"Target      {r.arch}, {r.topology.describe} ep={r.flags.ep}")
+    out.line(f"Target      {r.arch}, {plan.layout_obj.describe_topology(r.topology)} ep={r.flags.ep}")
     out.line("Resolved    " + ", ".join([
         f"dtype={f.dtype}", f"quantization={f.quantization}", f"moe_runner_backend={f.moe_runner_backend}",
         f"attn_dp_size={f.attn_dp_size}", f"config_class={f.config_class}"]))
@@ -204,19 +244,42 @@ def print_plan(plan, out: Output) -> None:
         out.line(f"MoE split   {plan.spec.moe.num_experts} experts, top-{plan.spec.moe.top_k}; per rank "
                  f"{r.experts_per_rank} experts, intermediate {r.moe_intermediate_per_partition} "
                  f"(moe_tp={r.moe_tp_size}, moe_ep={r.moe_ep_size})")
+    if plan.layout.startswith("vllm"):
+        _print_vllm_header(plan, out)
+    else:
+        _print_sglang_header(plan, out)
+    if plan.autotunes:
+        out.line(f"Key dir     {plan.key_dir}")
+        out.line(f"Rank files  {len(plan.rank_files)}: {_compact(plan.rank_files)}")
+    else:
+        out.line("Key dir     none: the server would not autotune, so it neither reads nor writes a cache")
+    from autotune_cache.vllm import VLLM_CHECKED
+
+    verdict = "YES" if plan.autotunes else "NO"
+    engine = "SGLang 0.5.23" if plan.engine == "SGLang" else f"vLLM {', '.join(VLLM_CHECKED)}"
+    out.line(f"Autotune    {verdict}: {engine} {'would' if plan.autotunes else 'would not'} run FlashInfer autotune")
+    _print_body(plan, out)
+
+
+def _print_vllm_header(plan, out: Output) -> None:
+    n = plan.resolution.chunked_prefill_size
+    out.line(f"Tuning pass vLLM's autotune(tuning_buckets=get_hybrid_num_tokens_buckets({n}), round_up=True); "
+             f"vLLM loads the files and skips it when every rank has one")
+    out.line(f"Key         {plan.key}  ({plan.key_string})")
+
+
+def _print_sglang_header(plan, out: Output) -> None:
+    r = plan.resolution
     out.line(f"Dummy pass  decode batch {r.decode_batch} per rank"
              + (f", {r.moe_tokens} tokens at each MoE layer (x{r.attn_dp_size} dp gather)" if plan.spec.moe and r.attn_dp_size > 1 else "")
              + f"; chunked prefill {r.chunked_prefill_size}")
     source = f", from {plan.request.schema_source}" if plan.request is not None and plan.request.schema_source else ""
     out.line(f"Key         {plan.key}  (schema {plan.schema}: {get_schema(plan.schema).description}{source})")
     out.line(f"Key string  {plan.key_string}")
-    if plan.autotunes:
-        out.line(f"Key dir     {plan.key_dir}")
-        out.line(f"Rank files  {len(plan.rank_files)}: {_compact(plan.rank_files)}")
-    else:
-        out.line("Key dir     none: the server would not autotune, so it neither reads nor writes a cache")
-    verdict = "YES" if plan.autotunes else "NO"
-    out.line(f"Autotune    {verdict}: SGLang 0.5.23 {'would' if plan.autotunes else 'would not'} run FlashInfer autotune")
+
+
+def _print_body(plan, out: Output) -> None:
+    r = plan.resolution
     for reason in r.reasons:
         out.line(f"  - {reason}")
     for note in r.notes + plan.notes:
@@ -243,13 +306,17 @@ def print_plan(plan, out: Output) -> None:
 
 @click.command("plan")
 @serving_options
+@click.option("--layout", type=click.Choice(["sglang", "vllm", "vllm-dir"]), default="sglang", show_default=True,
+              help="Whose startup tuning to plan: SGLang's, or vLLM's (vllm-dir: under "
+                   "$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR).")
+@vllm_options
 @targets_option
 @shard_option
 @click.option("--store", "store_url", default=None, help="With --targets: coverage in this store instead of the tree.")
 @json_option
 @serving_command_argument
 @click.pass_context
-def plan_cmd(ctx, targets_file, shard, store_url, as_json, **kw):
+def plan_cmd(ctx, layout, targets_file, shard, store_url, as_json, **kw):
     """Show what SGLang would autotune for a model and server flags, and the tuning plan (no GPU needed).
 
     The flags can also come from the serving command itself, after `--`:
@@ -268,5 +335,10 @@ def plan_cmd(ctx, targets_file, shard, store_url, as_json, **kw):
     if shard or store_url:
         raise UsageError("--shard and --store go with --targets")
     kw = apply_serving_command(ctx, kw, out)
-    plan = build_plan(request_from(kw), kw["cache_dir"])
+    request = request_from(kw)
+    if layout == "sglang":
+        reject_vllm_only(kw)
+    else:
+        request = vllm_request(request, kw, layout)
+    plan = build_plan(request, kw["cache_dir"])
     out.emit(human=lambda: print_plan(plan, out), data=plan.to_dict)

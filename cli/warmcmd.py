@@ -10,9 +10,10 @@ import click
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.request import TuneRequest
 
-from .output import Output
+from .output import Mode, Output
 from .params import json_option, resolve_root, shard_option, targets_option
-from .plancmd import apply_serving_command, build_plan, request_from, serving_command_argument, serving_options
+from .plancmd import (apply_serving_command, build_plan, reject_vllm_only, request_from, serving_command_argument,
+                       serving_options, vllm_options, vllm_request)
 
 
 def _gpus(value: str | None) -> int | None:
@@ -71,7 +72,11 @@ class _Progress:
 @click.option("--force", is_flag=True, help="Tune again even if a complete entry exists (and replace one tuned on another GPU model).")
 @click.option("--layout", "layouts", default="sglang", show_default=True,
               help="Every reader to write the tuning for, comma-separated: sglang (rank files), flashinfer-v2 "
-                   "(FlashInfer's managed store, under $FLASHINFER_AUTOTUNE_CACHE_DIR or ~/.cache/flashinfer/autotune).")
+                   "(FlashInfer's managed store, under $FLASHINFER_AUTOTUNE_CACHE_DIR or ~/.cache/flashinfer/autotune, "
+                   "from the sglang tuning), vllm (vLLM's rank files under $VLLM_CACHE_ROOT; vllm-dir: under "
+                   "$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR). vLLM's calls differ from SGLang's, so with both each is "
+                   "tuned, in one run. --cache-dir is the root of sglang if listed, else of vllm.")
+@vllm_options
 @click.option("--quality", type=click.Choice(["quick", "careful"]), default="quick", show_default=True,
               help="quick: one FlashInfer tune per (op, bucket), as the engine does at startup. careful: --repeats "
                    "tunes, then their winners race FlashInfer's default head to head (interleaved, many runs, "
@@ -113,15 +118,13 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
         raise UsageError("--threshold nan: give a fraction between 0 and 1, e.g. 0.01")
     settings = QualitySettings(quality, repeats=repeats, race_rounds=race_runs,
                                threshold=DEFAULT_THRESHOLD if threshold is None else threshold)
-    wanted = [x.strip() for x in layouts.split(",") if x.strip()]
-    unknown = [x for x in wanted if x not in ("sglang", "flashinfer-v2")]
-    if unknown or "sglang" not in wanted:
-        raise UsageError(f"--layout {layouts!r}: warm writes sglang, plus flashinfer-v2 if asked (vLLM's files are "
-                         "not supported yet)")
+    wanted = warm_layouts(layouts)
+    vllm_layout = next((x for x in wanted if x.startswith("vllm")), None)
     if targets_file:
         from .targetscmd import reject_serving_flags, warm_targets
 
         reject_serving_flags(ctx)
+        reject_vllm_only(kw)
         if quality != "quick" or ctx.get_parameter_source("layouts") == click.core.ParameterSource.COMMANDLINE:
             raise UsageError("with --targets: quick mode, and each target's layouts in the file")
         warm_targets(kw, n, force, targets_file, shard, push_url, Output(as_json), t0)
@@ -131,6 +134,17 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     store = _writable_store(push_url)
     kw = apply_serving_command(ctx, kw, Output(as_json))
     request = request_from(kw)
+    if vllm_layout is None:
+        reject_vllm_only(kw)
+    else:
+        vllm_req = vllm_request(request, kw, vllm_layout)
+        if "sglang" in wanted:
+            if quality != "quick":
+                raise UsageError("--quality careful tunes one engine's calls at a time: give --layout sglang or "
+                                 f"--layout {vllm_layout}")
+            warm_engines(request, vllm_req, kw, n, force, push_url, wanted, Output(as_json), t0)
+            return
+        request = vllm_req
     # Workers import torch and flashinfer and create their CUDA contexts while this process
     # plans; with --gpus N they start before even the GPU count is checked.
     pool = WorkerPool(n) if n is not None else None
@@ -174,6 +188,79 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
                                         **({"push": pushed.to_dict()} if pushed is not None else {})})
 
 
+def warm_layouts(text: str) -> list[str]:
+    """``--layout`` of warm, checked: which trees one tuning run writes."""
+    wanted = [x.strip() for x in text.split(",") if x.strip()]
+    known = ("sglang", "flashinfer-v2", "vllm", "vllm-dir")
+    unknown = [x for x in wanted if x not in known]
+    if unknown or not wanted:
+        raise UsageError(f"--layout {text!r}: warm writes {', '.join(known)} (comma-separated)")
+    if "vllm" in wanted and "vllm-dir" in wanted:
+        raise UsageError("--layout: vllm or vllm-dir (vLLM reads one of them), not both")
+    if "flashinfer-v2" in wanted and "sglang" not in wanted:
+        raise UsageError("--layout flashinfer-v2 is written from the sglang tuning: --layout sglang,flashinfer-v2")
+    return wanted
+
+
+def warm_engines(request: TuneRequest, vllm_req: TuneRequest, kw: dict, n, force: bool, push_url, wanted: list[str],
+                 out: Output, t0: float) -> None:
+    """``--layout sglang,vllm``: both engines' calls (they differ in their keys) tuned in one run on
+    one pool of workers - the fleet's machinery with two targets - each written as soon as done."""
+    import time
+
+    from autotune_cache.fleet import FleetItem, warm_fleet
+    from autotune_cache.warm import WorkerPool
+
+    store = _writable_store(push_url)
+    pool = WorkerPool(n) if n is not None else None
+    extra: dict = {}
+    pushed: dict = {}
+    try:
+        info = gpus_for_warm(n, "`fi-autotune plan`")
+        pool = pool or WorkerPool(info.count)
+        items = [FleetItem("sglang", build_plan(request, kw["cache_dir"], arch=info.arch), ("sglang",)),
+                 FleetItem(vllm_req.vllm.layout, build_plan(vllm_req, None, arch=info.arch), (vllm_req.vllm.layout,))]
+
+        def committed(item: FleetItem) -> None:
+            if item.status not in ("written", "complete"):
+                return
+            if item.name == "sglang" and "flashinfer-v2" in wanted:
+                extra["flashinfer-v2"] = _also_v2(item.plan, out)
+            if store is not None:
+                pushed[item.name] = push_entry(store, item.plan)
+
+        progress = _Progress(out.mode is Mode.HUMAN)
+        try:
+            result = warm_fleet(items, gpus=n, info=info, pool=pool, force=force, progress=progress,
+                                on_committed=committed)
+        finally:
+            progress.close()
+    finally:
+        if pool is not None:
+            pool.close()
+    for item in items:  # an entry already complete is still converted and pushed
+        if item.status == "complete":
+            committed(item)
+    wall = round(time.perf_counter() - t0, 3)
+
+    def human() -> None:
+        for item in items:
+            out.line(f"{item.name}: {item.status}{': ' + item.message if item.message else ''}  {item.plan.key_dir}")
+        for name, r in extra.items():
+            out.line(f"{name}: {r.written} entries written, {r.unchanged} unchanged in {r.env_dir}")
+        for name, p in pushed.items():
+            out.line(f"{'pushed' if p.pushed else 'unchanged in'} {store}: {name}")
+        if result.profiles_total:
+            out.line(f"Tuned {result.profiles_tuned} of {result.profiles_distinct} profiles on {result.gpus} GPU(s) "
+                     f"in {wall:.1f} s")
+
+    out.emit(human=human, data=lambda: {**result.to_dict(), "command_wall_s": wall,
+                                        "layouts": {k: v.to_dict() for k, v in extra.items()},
+                                        "push": {k: v.to_dict() for k, v in pushed.items()}})
+    if any(i.status == "failed" for i in items):
+        raise FiAutotuneError("; ".join(f"{i.name}: {i.message}" for i in items if i.status == "failed"))
+
+
 def gpus_for_warm(n: int | None, plan_hint: str):
     """This machine's GPUs, or a usage error: none at all, or fewer than ``--gpus`` asks for."""
     from autotune_cache.warm import detect_gpus
@@ -201,11 +288,10 @@ def _writable_store(url: str | None):
 
 def push_entry(store, plan):
     """One written entry to the store (bundle first, then its record)."""
-    from autotune_cache.layouts import default_layout
     from autotune_cache.scan import scan_entry
     from autotune_cache.store import bundle_of
 
-    layout = default_layout()
+    layout = plan.layout_obj
     entry = scan_entry(layout, plan.key_dir, plan.entry_id)
     return store.push(layout, [(entry, bundle_of(layout, entry))])
 

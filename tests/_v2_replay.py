@@ -39,24 +39,11 @@ def main() -> None:
     def tokens(op: dict) -> int:
         return res["decode_batch"] * (res["attn_dp_size"] if op["tokens"] == "moe" else 1)
 
-    lookups: list[tuple] = []
-    original_search = AutoTuner.search_cache
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _fi_counters import count_tuner
 
-    def search_cache(self, custom_op, runners, input_shapes, *args, **kwargs):
-        hit, r_id, tactic, profile = original_search(self, custom_op, runners, input_shapes, *args, **kwargs)
-        shapes = tuple(tuple(int(d) for d in shape) for shape in input_shapes)
-        lookups.append((custom_op, shapes, bool(hit), runners[r_id].__class__.__name__ if hit else None, repr(tactic)))
-        return hit, r_id, tactic, profile
-
-    AutoTuner.search_cache = search_cache
-    profiled = [0]
-    original_profile = AutoTuner._profile_single_kernel
-
-    def profile(self, *args, **kwargs):
-        profiled[0] += 1
-        return original_profile(self, *args, **kwargs)
-
-    AutoTuner._profile_single_kernel = profile
+    counters = count_tuner()
+    lookups = counters.lookups
     tuner = AutoTuner.get()
     for layer in model.layers:  # kernel modules loaded before any pass
         with autotune(False):
@@ -74,10 +61,10 @@ def main() -> None:
     with autotune(False):
         v1 = run_pass()
     tuner.clear_cache()
-    profiled[0] = 0
+    counters.reset()
     with autotune_v2(mode="tune", cache_root=v2_root):
         v2 = run_pass()
-    v2_profiled = profiled[0]
+    v2_profiled = counters.profiled
     v1_served = {(op, shapes): (runner, tactic) for op, shapes, hit, runner, tactic in v1 if hit}
     v2_served = {(op, shapes): (runner, tactic) for op, shapes, hit, runner, tactic in v2 if hit}
     # The engine's calls (v1) must be served by v2 with the same tactic; v2's tune mode also looks

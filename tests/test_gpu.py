@@ -262,3 +262,28 @@ def test_verify_reports_missing_keys(tmp_path):
     assert v.returncode == 1 and not rep["ok"] and rep["workloads"][0]["retuned"] == 1
     assert "((256, 2048)" in rep["workloads"][0]["retuned_keys"][0]
     record("verify_detects_missing", lookups=rep["lookups"], hits=rep["hits"], retuned=rep["workloads"][0]["retuned"])
+
+
+def test_vllm_layout_serves_vllms_own_call(tmp_path):
+    """warm --layout sglang,vllm: one run, both engines' calls. vLLM's rank files pass vLLM's hit
+    test and serve the call vLLM 0.33's FlashInferExperts makes (tests/data, recorded from vLLM on
+    CPU) with no profiling in vLLM's startup pass and a hit at every served token count; the
+    SGLang file of the same run, given to vLLM's pass, is re-tuned (its keys are not vLLM's)."""
+    h = "5eed" * 16
+    out = warm(QWEN, tmp_path / "sg", "--layout", "sglang,vllm", "--vllm-config-hash", h,
+               env={"VLLM_CACHE_ROOT": str(tmp_path / "vllm")})
+    by_name = {t["name"]: t for t in out["targets"]}
+    assert by_name["sglang"]["status"] == by_name["vllm"]["status"] == "written"
+    vdir = Path(by_name["vllm"]["key_dir"])
+    sg_file = sorted(Path(by_name["sglang"]["key_dir"]).glob("rank_*.json"))[0]
+    golden = json.loads((REPO / "tests" / "data" / "vllm-0.33.0-cutlass_fused_moe-calls.json").read_text())
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "_vllm_replay.py"), json.dumps(golden["cases"]["tp2"]),
+                           str(vdir), "8192", str(sg_file)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    record("vllm_layout_replay", profiles=out["profiles_distinct"], wall_s=out["command_wall_s"], **r)
+    assert r["rank_files"] == 2 and r["vllm_hit_test"]
+    s = r["startup_pass"]
+    assert s["metadata_accepted"] and s["profiled"] == 0 and s["lookups"] > 0 and s["hits"] == s["lookups"]
+    assert r["serving"]["lookups"] > 0 and r["serving"]["hits"] == r["serving"]["lookups"], r["serving"]["misses"]
+    assert r["control_other_file"]["profiled"] > 0
