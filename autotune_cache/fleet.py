@@ -33,6 +33,7 @@ from .quality import QualitySettings
 from .rankfile import cache_file_bytes
 from .scan import scan_entry
 from .status import EntryStatus
+from .vllm import other_config_refusal
 from .warm import (GpuInfo, Phase, WorkerPool, _lock_work_dir, _one_metadata, _supervise, _timings, commit_plan,
                    distinct_ops, merge_cache_files, other_gpu_refusal, preflight, read_done, read_slot_records,
                    work_queue)
@@ -149,7 +150,8 @@ def warm_fleet(
         n = preflight(plan, info, gpus, pool)
         if plan.key_dir.is_dir() and not force:
             existing = scan_entry(plan.layout_obj, plan.key_dir, plan.entry_id)
-            why = other_gpu_refusal(existing.gpu, info.names[0], plan.resolution.arch)
+            why = (other_gpu_refusal(existing.gpu, info.names[0], plan.resolution.arch)
+                   or other_config_refusal(existing.manifest, plan))
             if why:
                 item.status, item.message = "failed", why
                 continue

@@ -52,7 +52,7 @@ SCHEMA = "vllm-0.33"
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 #: The largest CUDA graph vLLM captures by default below Blackwell (``min(2 x max_num_seqs, 512)``).
 _DEFAULT_MAX_GRAPH = 512
-_HASH_IN_TEXT = re.compile(r"(?<![0-9a-f])([0-9a-f]{64})(?![0-9a-f])")
+_HASH_IN_TEXT = re.compile(r"(?<![0-9a-z])([0-9a-f]{64})(?![0-9a-z])")
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,25 @@ def parse_config_hash(text: str) -> str:
     return found.pop()
 
 
+def other_config_refusal(manifest, plan: "TuningPlan") -> str | None:
+    """Why an entry at a vLLM hash must not be taken as this plan's: the hash is given, not derived
+    from the flags, so a hash copied from another server names another configuration's entry."""
+    if manifest is None or not plan.layout.startswith("vllm"):
+        return None
+    res = plan.resolution
+    recorded = ((manifest.request or {}).get("vllm") or {}).get("max_num_batched_tokens")
+    diffs = [f"{name} {theirs} there, {ours} here" for name, theirs, ours in (
+        ("model", manifest.key_fields.model_path, res.key_fields.model_path),
+        ("dtype", manifest.key_fields.dtype, res.key_fields.dtype),
+        ("topology", manifest.topology.describe, res.topology.describe),
+        ("ep", manifest.key_fields.ep, res.key_fields.ep),
+        ("max_num_batched_tokens", recorded, res.chunked_prefill_size)) if theirs != ours]
+    if not diffs:
+        return None
+    return (f"holds tuning for another configuration ({'; '.join(diffs)}): vLLM's config hash names one "
+            "configuration - give the hash this server prints (or --force to replace the entry)")
+
+
 def _moe_split(spec: "ModelSpec", flags: ServerFlags) -> tuple[int, int]:
     """(moe tp size, moe ep size) as ``FusedMoEParallelConfig.make`` flattens tp x dp."""
     world = flags.tp * flags.dp
@@ -111,6 +130,9 @@ def resolve_vllm(spec: "ModelSpec", arch: str, flags: ServerFlags, model_path: s
                          "files; fi-autotune does not write that store with vLLM's keys yet")
     if flags.pp > spec.num_layers:
         raise UsageError(f"--pp {flags.pp} exceeds the model's {spec.num_layers} layers")
+    if spec.num_attention_heads % flags.tp:
+        raise UsageError(f"--tp {flags.tp} does not divide the model's {spec.num_attention_heads} attention heads "
+                         "(vLLM refuses it)")
     dtype = spec.dtype if flags.dtype == "auto" else render_dtype(flags.dtype)[len("torch."):]
     model_quant = flags.quantization or (spec.quant.method if spec.quant else None)
     backend = flags.moe_runner_backend
@@ -218,6 +240,6 @@ def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> "TuningPlan":
         model=request.model, source=source, spec=spec, resolution=res, schema=SCHEMA, key=target.config_hash,
         key_string="vLLM's config hash, given (vLLM computes it from its whole config after loading the model)",
         flashinfer_version=version, cache_root=Path(cache_root), workloads=tuple(merged.values()),
-        max_tokens_override=None, notes=notes, request=replace(request, flashinfer_version=version),
+        max_tokens_override=None, notes=notes, request=replace(request, flashinfer_version=version, schema=SCHEMA),
         layout=target.layout,
     )

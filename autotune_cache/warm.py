@@ -36,6 +36,7 @@ from .quality import (QualitySettings, Selection, SlotRecord, apply_selection, c
 from .rankfile import METADATA_KEY, RESERVED_KEYS, cache_file_bytes
 from .scan import scan_entry
 from .status import EntryStatus
+from .vllm import other_config_refusal
 from .writer import commit_entry, other_gpu_refusal, replace_policy
 
 
@@ -385,7 +386,7 @@ def existing_verdict(layout, plan: TuningPlan, info: GpuInfo, quality: QualitySe
     """What is already at the plan's path, without --force: another GPU model's entry is refused,
     a complete one is kept (None: tune)."""
     existing = scan_entry(layout, plan.key_dir, plan.entry_id)
-    why = other_gpu_refusal(existing.gpu, info.names[0], plan.resolution.arch)
+    why = other_gpu_refusal(existing.gpu, info.names[0], plan.resolution.arch) or other_config_refusal(existing.manifest, plan)
     if why:
         raise FiAutotuneError(f"{plan.entry_id} {why}")
     if existing.status == EntryStatus.COMPLETE:

@@ -45,7 +45,7 @@ def vllm_request(request: TuneRequest, kw: dict, layout: str) -> TuneRequest:
 
     from autotune_cache.vllm import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash
 
-    if not kw.get("vllm_config_hash"):
+    if kw.get("vllm_config_hash") is None:
         raise UsageError(f"--layout {layout} needs --vllm-config-hash: vLLM names its cache dir by a hash of its "
                          "whole resolved config, taken after it loads the model, so only vLLM can say it; copy it "
                          "from its startup line 'Using FlashInfer autotune cache file: .../<hash>/...'")
@@ -55,7 +55,7 @@ def vllm_request(request: TuneRequest, kw: dict, layout: str) -> TuneRequest:
 
 def reject_vllm_only(kw: dict) -> None:
     for name in ("vllm_config_hash", "max_num_batched_tokens"):
-        if kw.get(name):
+        if kw.get(name) is not None:
             raise UsageError(f"--{name.replace('_', '-')} goes with --layout vllm (or vllm-dir)")
 
 

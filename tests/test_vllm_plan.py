@@ -132,7 +132,7 @@ def test_config_hash_from_what_vllm_prints():
             f"/root/.cache/vllm/flashinfer_autotune_cache/0.7.2.post1/90a/{H}/autotune_configs_dp0_rank0.json. "
             "Pass --disable-flashinfer-autotune to skip autotuning.")
     assert parse_config_hash(line) == parse_config_hash(H.upper()) == H
-    for bad in ("abc", H[:-1], f"{H} {'1' * 64}", H + "0"):
+    for bad in ("abc", H[:-1], f"{H} {'1' * 64}", H + "0", ""):
         with pytest.raises(UsageError, match="64-hex"):
             parse_config_hash(bad)
 
@@ -297,3 +297,31 @@ def test_a_vllm_id_given_to_the_sglang_tree_says_which_layout(tmp_path):
     (tmp_path / "sg").mkdir()
     proc = run_cli("verify", f"vllm:0.7.2.post1/90a/{H}", "--cache-dir", str(tmp_path / "sg"))
     assert proc.returncode == 1 and "give --layout vllm" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_hash_reused_for_another_configuration_is_refused(tmp_path):
+    """The hash is given, not derived: an entry already at it for other flags is not "complete"
+    for these - warm refuses (exit 1, nothing written) unless --force replaces it."""
+    assert warm(tmp_path, "--layout", "vllm", "--vllm-config-hash", H).returncode == 0
+    kdir = tmp_path / "vllm" / "flashinfer_autotune_cache" / "0.7.2.post1" / "90a" / H
+    before = sorted(p.name for p in kdir.iterdir())
+    for args in (["--tp", "4"], ["--max-num-batched-tokens", "1024"]):
+        proc = warm(tmp_path, "--layout", "vllm", "--vllm-config-hash", H, *args)
+        assert proc.returncode == 1 and "another configuration" in proc.stderr, proc.stderr
+        assert sorted(p.name for p in kdir.iterdir()) == before
+    both = warm(tmp_path, "--layout", "sglang,vllm", "--vllm-config-hash", H, "--tp", "4",
+                "--cache-dir", str(tmp_path / "sg"))
+    assert both.returncode == 1 and "another configuration" in both.stderr
+    forced = warm(tmp_path, "--layout", "vllm", "--vllm-config-hash", H, "--tp", "4", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert len(list(kdir.glob("autotune_configs_*.json"))) == 4
+
+
+def test_tp_must_divide_the_heads_as_vllm_requires(tmp_path):
+    with pytest.raises(UsageError, match="attention heads"):
+        vllm_plan(tmp_path, tp=3)
+
+
+def test_a_hash_glued_to_other_letters_is_not_taken():
+    with pytest.raises(UsageError):
+        parse_config_hash("g" + H)
