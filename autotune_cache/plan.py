@@ -83,7 +83,7 @@ class TuningPlan:
 
     @property
     def engine(self) -> str:
-        return "vLLM" if self.layout.startswith("vllm") else "SGLang"
+        return self.layout_obj.engine
 
     @property
     def autotunes(self) -> bool:
@@ -98,11 +98,7 @@ class TuningPlan:
     @property
     def arch_dir(self) -> str:
         """The arch as the layout spells it in the path (``sm90`` for SGLang, ``90a`` for vLLM)."""
-        if self.layout.startswith("vllm"):
-            from .layouts.vllm import arch_dir
-
-            return arch_dir(self.resolution.arch)
-        return self.resolution.arch
+        return self.layout_obj.arch_level(self.resolution.arch)
 
     @property
     def entry_id(self):
@@ -198,10 +194,15 @@ def resolve_target(
     """Config, spec, SGLang's resolution and the FlashInfer version: everything the key and the
     entry's path need, and nothing that imports flashinfer (``pull``, ``check`` and ``key``
     use this in images without a GPU)."""
-    source = load_model_config(model, config=config, revision=revision, model_path=model_path)
-    spec = build_spec(source)
+    source, spec = load_spec(model, config=config, revision=revision, model_path=model_path)
     res = resolve(spec, arch, flags, model if model_path is None else model_path)
     return source, spec, res, flashinfer_version_of(flashinfer_version)
+
+
+def load_spec(model: str, *, config: str | None, revision: str | None, model_path: str | None) -> tuple[ConfigSource, ModelSpec]:
+    """The model's config and what the planners read from it (no engine's view yet)."""
+    source = load_model_config(model, config=config, revision=revision, model_path=model_path)
+    return source, build_spec(source)
 
 
 def flashinfer_version_of(given: str | None) -> str:

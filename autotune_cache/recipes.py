@@ -437,13 +437,18 @@ def mla_decode(spec: ModelSpec, res: Resolution, page_size: int = 64) -> OpRecip
     )
 
 
+def moe_layers_in(spec: ModelSpec, layers: range) -> int:
+    """How many of ``layers`` are MoE layers (after the dense first ones, every ``layer_freq``-th)."""
+    return sum(1 for i in layers if spec.moe and i >= spec.moe.first_dense_layers and i % spec.moe.layer_freq == 0)
+
+
 def recipes_for(spec: ModelSpec, res: Resolution, layers: range) -> list[OpRecipe]:
     """The tunable calls one pipeline stage (``layers``) makes in SGLang's dummy forward."""
     if not res.autotunes:
         return []
     sm100 = arch_major(res.arch) == 10
     out: list[OpRecipe] = []
-    moe_layers = sum(1 for i in layers if spec.moe and i >= spec.moe.first_dense_layers and i % spec.moe.layer_freq == 0)
+    moe_layers = moe_layers_in(spec, layers)
     dense_layers = len(layers) - moe_layers
     backend = res.moe_runner_backend
     q = res.model_quantization

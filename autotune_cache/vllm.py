@@ -93,7 +93,7 @@ def parse_config_hash(text: str) -> str:
 def other_config_refusal(manifest, plan: "TuningPlan") -> str | None:
     """Why an entry at a vLLM hash must not be taken as this plan's: the hash is given, not derived
     from the flags, so a hash copied from another server names another configuration's entry."""
-    if manifest is None or not plan.layout.startswith("vllm"):
+    if manifest is None or plan.engine != "vLLM":
         return None
     res = plan.resolution
     recorded = ((manifest.request or {}).get("vllm") or {}).get("max_num_batched_tokens")
@@ -194,52 +194,41 @@ def vllm_cutlass_moe(spec: "ModelSpec", res: Resolution, layers: int) -> OpRecip
                            "FlashInferExperts.apply (vLLM 0.33.0)")
 
 
-def _stage_has_moe(spec: "ModelSpec", start: int, end: int) -> int:
-    return sum(1 for i in range(start, end) if i >= spec.moe.first_dense_layers and i % spec.moe.layer_freq == 0)
-
-
 def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> "TuningPlan":
-    """The plan of ``request`` for vLLM: one workload per pipeline stage, the ranks of every DP rank
-    named as vLLM names them (world rank ``d*W + p*tp + t``, W = tp x pp)."""
-    from .config_source import load_model_config
+    """The plan of ``request`` for vLLM. Every rank makes the same call (ranks and layer counts
+    never reach a key), so one workload holds every rank file, named as vLLM names them: world
+    rank ``d*W + p*tp + t``, W = tp x pp."""
     from .layouts.vllm import VllmRankName
-    from .plan import OpPlan, TuningPlan, Workload, flashinfer_version_of, pp_layer_ranges
-    from .spec import build_spec
+    from .plan import OpPlan, TuningPlan, Workload, flashinfer_version_of, load_spec, pp_layer_ranges
+    from .recipes import moe_layers_in
 
     target = request.vllm
     assert target is not None and request.arch is not None
     flags = request.flags
     n = target.max_num_batched_tokens
-    source = load_model_config(request.model, config=request.config, revision=request.revision,
-                               model_path=request.model_path)
-    spec = build_spec(source)
+    source, spec = load_spec(request.model, config=request.config, revision=request.revision,
+                             model_path=request.model_path)
     res = resolve_vllm(spec, request.arch, flags, request.served_path, n)
     version = flashinfer_version_of(request.flashinfer_version)
-    buckets = B.hybrid_buckets(n)
-    workloads = []
+    stages = pp_layer_ranges(spec.num_layers, flags.pp)
+    ops: tuple = ()
+    if res.autotunes:
+        counts = [moe_layers_in(spec, range(start, end)) for start, end in stages]
+        if not all(counts):
+            p = counts.index(0)
+            raise UsageError(f"pipeline stage {p} (layers {stages[p][0]}-{stages[p][1] - 1}) has no MoE layer: vLLM "
+                             "writes no file for its ranks; this split is not modelled")
+        buckets = B.hybrid_buckets(n)
+        ops = (OpPlan(vllm_cutlass_moe(spec, res, counts[0]), buckets, buckets, (), n),)
     w = flags.tp * flags.pp
-    for p, (start, end) in enumerate(pp_layer_ranges(spec.num_layers, flags.pp)):
-        ops: tuple = ()
-        if res.autotunes:
-            moe_layers = _stage_has_moe(spec, start, end)
-            if not moe_layers:
-                raise UsageError(f"pipeline stage {p} (layers {start}-{end - 1}) has no MoE layer: vLLM writes no file "
-                                 "for its ranks; this split is not modelled")
-            ops = (OpPlan(vllm_cutlass_moe(spec, res, moe_layers), buckets, buckets, (), n),)
-        ranks = tuple(VllmRankName(d, d * w + p * flags.tp + t).filename for d in range(flags.dp) for t in range(flags.tp))
-        workloads.append(Workload(ranks, ops, ((start, end),)))
-    # Stages with the same calls share one workload, as in SGLang's plan.
-    merged: dict[tuple, Workload] = {}
-    for wl in workloads:
-        sig = tuple(o.recipe.signature() for o in wl.ops)
-        prev = merged.get(sig)
-        merged[sig] = wl if prev is None else Workload(prev.ranks + wl.ranks, prev.ops, prev.stages + wl.stages)
+    ranks = tuple(VllmRankName(d, d * w + p * flags.tp + t).filename
+                  for d in range(flags.dp) for p in range(flags.pp) for t in range(flags.tp))
     notes = (f"buckets: get_hybrid_num_tokens_buckets({n}) as vLLM's --max-num-batched-tokens {n} makes them "
              "(a speculative decoder raises it: not modelled)",)
     return TuningPlan(
         model=request.model, source=source, spec=spec, resolution=res, schema=SCHEMA, key=target.config_hash,
         key_string="vLLM's config hash, given (vLLM computes it from its whole config after loading the model)",
-        flashinfer_version=version, cache_root=Path(cache_root), workloads=tuple(merged.values()),
+        flashinfer_version=version, cache_root=Path(cache_root), workloads=(Workload(ranks, ops, tuple(stages)),),
         max_tokens_override=None, notes=notes, request=replace(request, flashinfer_version=version, schema=SCHEMA),
         layout=target.layout,
     )

@@ -244,7 +244,7 @@ def print_plan(plan, out: Output) -> None:
         out.line(f"MoE split   {plan.spec.moe.num_experts} experts, top-{plan.spec.moe.top_k}; per rank "
                  f"{r.experts_per_rank} experts, intermediate {r.moe_intermediate_per_partition} "
                  f"(moe_tp={r.moe_tp_size}, moe_ep={r.moe_ep_size})")
-    if plan.layout.startswith("vllm"):
+    if plan.engine == "vLLM":
         _print_vllm_header(plan, out)
     else:
         _print_sglang_header(plan, out)

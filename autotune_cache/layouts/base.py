@@ -113,6 +113,8 @@ class CacheLayout(ABC):
 
     #: Registry name, used in ids (``vllm:...``) and ``--layout``.
     name: ClassVar[str]
+    #: Who reads it, for messages ("SGLang would not autotune...").
+    engine: ClassVar[str]
     #: Who reads this tree, for help texts and docs.
     description: ClassVar[str]
     #: Directory levels from ``base(root)`` down to an entry dir.
@@ -190,6 +192,10 @@ class CacheLayout(ABC):
     @abstractmethod
     def identical_groups(self, names: list[str], topology: Topology | None) -> list[tuple[str, list[str]]]:
         """Groups of data files that must hold the same bytes, each with a label for messages."""
+
+    def arch_level(self, arch: str) -> str:
+        """How the path spells the ``sm<XY>`` arch a plan targets (the inverse of ``sm_archs``)."""
+        return arch
 
     def sm_archs(self, arch: str | None) -> set[str]:
         """The ``sm<XY>`` archs an entry's arch field stands for (what ``--arch`` filters match)."""

@@ -34,6 +34,7 @@ def arch_from_capability(major: int, minor: int) -> str:
 
 class SGLangLayout(CacheLayout):
     name = "sglang"
+    engine = "SGLang"
     description = "SGLang 0.5.x: $SGLANG_CACHE_DIR/flashinfer/autotune/<version>/<arch>/<key>/rank_*.json"
     levels = (
         Level("flashinfer_version", "flashinfer version", VERSION_RE),

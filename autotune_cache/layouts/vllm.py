@@ -86,6 +86,7 @@ def arch_dir(arch: str) -> str:
 
 class VllmLayout(CacheLayout):
     name = "vllm"
+    engine = "vLLM"
     description = ("vLLM 0.33 (multi-rank): $VLLM_CACHE_ROOT/flashinfer_autotune_cache/<version>/<arch dir>/<config hash>/"
                    "autotune_configs_dp*_rank*.json")
     levels = (
@@ -137,6 +138,9 @@ class VllmLayout(CacheLayout):
 
     def identical_groups(self, names: list[str], topology: Topology | None) -> list[tuple[str, list[str]]]:
         return []  # vLLM compares (_metadata, field count) across ranks, never bytes
+
+    def arch_level(self, arch: str) -> str:
+        return arch_dir(arch)
 
     def sm_archs(self, arch: str | None) -> set[str]:
         """``90a_100a`` -> {sm90, sm90a, sm100, sm100a}: a mixed host's dir serves each of its
