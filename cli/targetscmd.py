@@ -171,6 +171,19 @@ def warm_targets(kw: dict, n: int | None, force: bool, targets_file: str, shard:
                  out, t0: float) -> None:
     """``warm --targets``: one pool for the whole list; each target written (then converted and
     pushed) as soon as its last bucket is done."""
+    def load(info):
+        loaded, chosen, total = load_fleet(targets_file, kw["cache_dir"], info.arch, shard, use_env_shard=True)
+        if chosen is not None:
+            out.note(f"{chosen.describe()}: {len(loaded)} of {total} targets")
+        return fleet_items(loaded), chosen
+
+    run_fleet(load, n, force, push_url, out, t0, "`fi-autotune plan --targets`")
+
+
+def run_fleet(load, n: int | None, force: bool, push_url: str | None, out, t0: float, plan_hint: str) -> None:
+    """Tune ``load(gpu_info) -> (FleetItems, shard or None)`` on one pool of workers; convert each
+    written item to the layouts it lists and push it, report, exit 1 if any failed. Shared by
+    ``warm --targets`` and ``warm --layout sglang,vllm`` (two targets: one per engine)."""
     import threading
     import time
 
@@ -187,11 +200,8 @@ def warm_targets(kw: dict, n: int | None, force: bool, targets_file: str, shard:
     pushed, failed_pushes, converted = [], [], {}
     written = [0]
     try:
-        info = gpus_for_warm(n, "`fi-autotune plan --targets`")
-        loaded, chosen, total = load_fleet(targets_file, kw["cache_dir"], info.arch, shard, use_env_shard=True)
-        if chosen is not None:
-            out.note(f"{chosen.describe()}: {len(loaded)} of {total} targets")
-        items = fleet_items(loaded)
+        info = gpus_for_warm(n, plan_hint)
+        items, chosen = load(info)
         if not items:
             out.note("nothing in this shard")
         pool = pool or WorkerPool(info.count)

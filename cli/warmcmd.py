@@ -10,7 +10,7 @@ import click
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.request import TuneRequest
 
-from .output import Mode, Output
+from .output import Output
 from .params import json_option, resolve_root, shard_option, targets_option
 from .plancmd import (apply_serving_command, build_plan, reject_vllm_only, request_from, serving_command_argument,
                        serving_options, vllm_options, vllm_request)
@@ -205,60 +205,19 @@ def warm_layouts(text: str) -> list[str]:
 def warm_engines(request: TuneRequest, vllm_req: TuneRequest, kw: dict, n, force: bool, push_url, wanted: list[str],
                  out: Output, t0: float) -> None:
     """``--layout sglang,vllm``: both engines' calls (they differ in their keys) tuned in one run on
-    one pool of workers - the fleet's machinery with two targets - each written as soon as done."""
-    import time
+    one pool of workers - a fleet of two targets - each written as soon as its buckets are done."""
+    from autotune_cache.fleet import FleetItem
 
-    from autotune_cache.fleet import FleetItem, warm_fleet
-    from autotune_cache.warm import WorkerPool
+    from .targetscmd import run_fleet
 
-    store = _writable_store(push_url)
-    pool = WorkerPool(n) if n is not None else None
-    extra: dict = {}
-    pushed: dict = {}
-    try:
-        info = gpus_for_warm(n, "`fi-autotune plan`")
-        pool = pool or WorkerPool(info.count)
-        items = [FleetItem("sglang", build_plan(request, kw["cache_dir"], arch=info.arch), ("sglang",)),
-                 FleetItem(vllm_req.vllm.layout, build_plan(vllm_req, None, arch=info.arch), (vllm_req.vllm.layout,))]
+    vllm_layout = vllm_req.vllm.layout
 
-        def committed(item: FleetItem) -> None:
-            if item.status not in ("written", "complete"):
-                return
-            if item.name == "sglang" and "flashinfer-v2" in wanted:
-                extra["flashinfer-v2"] = _also_v2(item.plan, out)
-            if store is not None:
-                pushed[item.name] = push_entry(store, item.plan)
+    def load(info):
+        sglang_layouts = tuple(x for x in wanted if not x.startswith("vllm"))
+        return [FleetItem("sglang", build_plan(request, kw["cache_dir"], arch=info.arch), sglang_layouts),
+                FleetItem(vllm_layout, build_plan(vllm_req, None, arch=info.arch), (vllm_layout,))], None
 
-        progress = _Progress(out.mode is Mode.HUMAN)
-        try:
-            result = warm_fleet(items, gpus=n, info=info, pool=pool, force=force, progress=progress,
-                                on_committed=committed)
-        finally:
-            progress.close()
-    finally:
-        if pool is not None:
-            pool.close()
-    for item in items:  # an entry already complete is still converted and pushed
-        if item.status == "complete":
-            committed(item)
-    wall = round(time.perf_counter() - t0, 3)
-
-    def human() -> None:
-        for item in items:
-            out.line(f"{item.name}: {item.status}{': ' + item.message if item.message else ''}  {item.plan.key_dir}")
-        for name, r in extra.items():
-            out.line(f"{name}: {r.written} entries written, {r.unchanged} unchanged in {r.env_dir}")
-        for name, p in pushed.items():
-            out.line(f"{'pushed' if p.pushed else 'unchanged in'} {store}: {name}")
-        if result.profiles_total:
-            out.line(f"Tuned {result.profiles_tuned} of {result.profiles_distinct} profiles on {result.gpus} GPU(s) "
-                     f"in {wall:.1f} s")
-
-    out.emit(human=human, data=lambda: {**result.to_dict(), "command_wall_s": wall,
-                                        "layouts": {k: v.to_dict() for k, v in extra.items()},
-                                        "push": {k: v.to_dict() for k, v in pushed.items()}})
-    if any(i.status == "failed" for i in items):
-        raise FiAutotuneError("; ".join(f"{i.name}: {i.message}" for i in items if i.status == "failed"))
+    run_fleet(load, n, force, push_url, out, t0, "`fi-autotune plan`")
 
 
 def gpus_for_warm(n: int | None, plan_hint: str):
