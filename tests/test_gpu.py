@@ -281,7 +281,7 @@ def test_vllm_layout_serves_vllms_own_call(tmp_path):
                            str(vdir), "8192", str(sg_file)], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    record("vllm_layout_replay", profiles=out["profiles_distinct"], wall_s=out["command_wall_s"], **r)
+    record("vllm_layout_replay", profiles=out["profiles_distinct"], wall_s=out["timings"]["command_wall_s"], **r)
     assert r["rank_files"] == 2 and r["vllm_hit_test"]
     s = r["startup_pass"]
     assert s["metadata_accepted"] and s["profiled"] == 0 and s["lookups"] > 0 and s["hits"] == s["lookups"]
