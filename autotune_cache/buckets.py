@@ -76,22 +76,39 @@ def moe_key(m: int, tune_max: int) -> int:
     return min(gemm_key(m), tune_max)
 
 
-def largest_key(rule: str, m: int, cap: int | None = None) -> int:
-    """The largest key an op with ``rule`` looks up when fed up to ``m`` tokens."""
+#: flashinfer/mla/_core.py trtllm_batch_decode_with_kv_cache_mla: its tuning config always
+#: profiles the hybrid grid up to 8192 (whatever the batch), and maps a batch *down* onto it.
+MLA_TUNE_MAX = 8192
+
+
+def mla_key(m: int) -> int:
+    """Lookup key of an MLA decode batch of ``m`` requests: the largest grid value <= m."""
+    return max(b for b in hybrid_buckets(MLA_TUNE_MAX) if b <= max(m, 1))
+
+
+def largest_key(rule: str, m: int, tune_max: int | None = None) -> int:
+    """The largest key an op with ``rule`` looks up when fed up to ``m`` tokens (``tune_max``:
+    a MoE call's fixed tune_max_num_tokens; None: SGLang passes next_power_of_2(m))."""
     if rule == "gemm":
         return gemm_key(m)
-    tune_max = next_pow2(m) if cap is None else min(m, cap)
-    return moe_key(tune_max, tune_max)
+    if rule == "mla":
+        return MLA_TUNE_MAX
+    if tune_max is None:
+        top = next_pow2(m)
+        return moe_key(top, top)
+    return moe_key(m, tune_max)
 
 
-def engine_keys(rule: str, m: int, cap: int | None = None, tune_max: int | None = None) -> set[int]:
+def engine_keys(rule: str, m: int, tune_max: int | None = None) -> set[int]:
     """Every key one engine call with ``m`` tokens profiles (and so looks up) in tune mode.
 
     GEMMs generate hybrid(m) and store each under its default mapping (m itself may map up);
-    MoE ops generate hybrid(tune_max_num_tokens) whatever m is.
+    MoE ops generate hybrid(tune_max_num_tokens) whatever m is; MLA decode the grid to 8192.
     """
     if rule == "gemm":
         return {gemm_key(b) for b in hybrid_buckets(m)}
+    if rule == "mla":
+        return set(hybrid_buckets(MLA_TUNE_MAX))
     if tune_max is None:
-        tune_max = next_pow2(m) if cap is None else cap
+        tune_max = next_pow2(m)
     return {moe_key(b, tune_max) for b in hybrid_buckets(tune_max)}

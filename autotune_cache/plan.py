@@ -159,44 +159,89 @@ def pp_layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def dummy_tokens(resolution: dict, op: dict, dummy_pass: dict) -> int | None:
+    """What SGLang's dummy pass ``dummy_pass`` feeds this op: its largest batch (the request pool
+    holds up to that many) times the tokens per request (except for MLA verify calls, whose dim 0
+    counts requests), times the attention-DP width at a gathered MoE layer; None when the op is
+    not part of that pass. Plain JSON (the plan's ``resolution``, a recipe, a pass), so the GPU
+    replays (``verify``, tests, benchmarks) feed exactly what the plan counted."""
+    phases = op.get("phases") or ()
+    if phases and dummy_pass["phase"] not in phases:
+        return None
+    gather = resolution["attn_dp_size"] if op["tokens"] == "moe" and resolution.get("mlp_gather") else 1
+    per_req = dummy_pass["tokens_per_req"] if op["tokens"] != "requests" else 1
+    return dummy_pass["batch"][1] * per_req * gather
+
+
+def _serving_m(recipe: OpRecipe, res: Resolution, passes) -> int:
+    """The largest dynamic dimension ``recipe``'s op sees at any time: the dummy passes' and, unless
+    the op only decodes or the server is a PD decode worker, a full prefill chunk (per DP rank,
+    gathered at a MoE layer)."""
+    resolution = {"attn_dp_size": res.attn_dp_size, "mlp_gather": res.mlp_gather}
+    op = {"tokens": recipe.tokens}
+    m = max((dummy_tokens(resolution, op, p.to_dict()) or 0 for p in passes), default=0)
+    if recipe.tokens in ("moe", "dense") and res.flags.disaggregation_mode != "decode":
+        m = max(m, res.chunked_prefill_size * (res.gather if recipe.tokens == "moe" else 1))
+    return max(m, 1)
+
+
 def _op_plan(recipe: OpRecipe, res: Resolution, max_override: int | None) -> OpPlan:
-    gathered = res.attn_dp_size if recipe.tokens == "moe" else 1
-    decode_m = res.decode_batch * gathered
-    # The largest M the engine can feed the op: a full decode batch or a full prefill chunk, on
-    # every attention-DP rank at once for a MoE layer (dp gather).
-    # A decode-only kernel (MLA decode) never sees a prefill chunk.
-    prefill = res.chunked_prefill_size if recipe.tokens != "decode" else 0
-    largest_m = max(res.decode_batch, prefill) * gathered if max_override is None else max_override
+    """Buckets for one op: every key SGLang's dummy passes look up for these flags (the engine
+    keys) and every grid value up to the largest key serving can look up (so serving finds a
+    tuned tactic at every batch and chunk size, and nothing above what it can reach is tuned)."""
+    passes = [p for p in res.passes if not recipe.phases or p.phase in recipe.phases]
     cap = recipe.engine_tune_max_cap
-    top = B.largest_key(recipe.bucket_rule, largest_m, cap)
-    grid = set(B.hybrid_buckets(top))
-    # Keys of the engine's own dummy pass for these flags (and its optional EXTEND pass).
-    if recipe.bucket_rule == "gemm":
-        engine = B.engine_keys("gemm", decode_m)
-        if res.flags.autotune_extend:
-            engine |= B.engine_keys("gemm", res.chunked_prefill_size)
-    elif cap is not None:
-        # flashinfer_cutlass.py _cutlass_moe_tune_max_num_tokens: min(prefill tokens x attn_dp, 8192)
-        engine = B.engine_keys("moe", decode_m, tune_max=min(res.chunked_prefill_size * res.attn_dp_size, cap))
+    if recipe.bucket_rule == "moe_clamped" and cap is not None and res.flags.disaggregation_mode != "decode":
+        # flashinfer_cutlass.py _cutlass_moe_tune_max_num_tokens: min(prefill chunk x attn_dp, 8192)
+        tune_max = min(res.chunked_prefill_size * res.attn_dp_size, cap)
     else:
-        # flashinfer_trtllm.py: tune_max_num_tokens = next_power_of_2(tokens in the call)
-        engine = B.engine_keys("moe", decode_m)
-        if res.flags.autotune_extend:
-            engine |= B.engine_keys("moe", res.chunked_prefill_size * gathered)
+        tune_max = None  # trtllm MoE (and a PD decode worker's cutlass MoE): next_power_of_2(M)
+    engine: set[int] = set()
+    resolution = {"attn_dp_size": res.attn_dp_size, "mlp_gather": res.mlp_gather}
+    for p in passes:
+        m = dummy_tokens(resolution, {"tokens": recipe.tokens}, p.to_dict()) or 1
+        engine |= B.engine_keys(recipe.bucket_rule, m, tune_max=tune_max)
+    largest = _serving_m(recipe, res, passes) if max_override is None else max_override
+    top = B.largest_key(recipe.bucket_rule, largest, tune_max)
+    grid = set(B.hybrid_buckets(top))
     added = sorted(engine - grid)
     return OpPlan(recipe, tuple(sorted(grid | engine)), tuple(sorted(engine)), tuple(added), top)
 
 
 def resolve_target(
     model: str, flags: ServerFlags, arch: str, *, config: str | None = None, revision: str | None = None,
-    flashinfer_version: str | None = None, model_path: str | None = None,
+    flashinfer_version: str | None = None, model_path: str | None = None, worker: str = "target",
 ) -> tuple[ConfigSource, ModelSpec, Resolution, str]:
     """Config, spec, SGLang's resolution and the FlashInfer version: everything the key and the
     entry's path need, and nothing that imports flashinfer (``pull``, ``check`` and ``key``
     use this in images without a GPU)."""
     source, spec = load_spec(model, config=config, revision=revision, model_path=model_path)
-    res = resolve(spec, arch, flags, model if model_path is None else model_path)
+    served = model if model_path is None else model_path
+    if worker == "draft":
+        draft = draft_spec(spec, flags, served, revision=revision)
+        res = resolve(spec, arch, flags, served, worker="draft", draft_spec=draft)
+        return source, draft, res, flashinfer_version_of(flashinfer_version)
+    res = resolve(spec, arch, flags, served)
     return source, spec, res, flashinfer_version_of(flashinfer_version)
+
+
+def draft_spec(target: ModelSpec, flags: ServerFlags, served: str, *, revision: str | None) -> ModelSpec:
+    """The speculative draft model's spec: the target checkpoint's own MTP layer (EAGLE/NEXTN on
+    DeepSeek-family models), else the --speculative-draft-model-path model's config."""
+    from .sglang_spec import MTP_ARCHS
+
+    path = flags.speculative_draft_model_path
+    if target.architecture in MTP_ARCHS and path in (None, served):
+        return target.nextn()
+    if path is None:
+        raise UsageError(f"--speculative-algorithm on {target.architecture} needs --speculative-draft-model-path")
+    if flags.pp > 1:
+        raise UsageError("speculative decoding with --pp > 1: the draft runs on the last stage only, "
+                         "which fi-autotune does not model")
+    try:
+        return load_spec(path, config=None, revision=None, model_path=None)[1]
+    except UsageError as e:
+        raise UsageError(f"--speculative-draft-model-path {path}: {e}") from None
 
 
 def load_spec(model: str, *, config: str | None, revision: str | None, model_path: str | None) -> tuple[ConfigSource, ModelSpec]:
@@ -228,11 +273,13 @@ def make_plan(
     max_tokens: int | None = None,
     model_path: str | None = None,
     request=None,
+    worker: str = "target",
 ) -> TuningPlan:
     if max_tokens is not None and max_tokens < 1:
         raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
     source, spec, res, version = resolve_target(model, flags, arch, config=config, revision=revision,
-                                                flashinfer_version=flashinfer_version, model_path=model_path)
+                                                flashinfer_version=flashinfer_version, model_path=model_path,
+                                                worker=worker)
     schema_obj = get_schema(schema)
 
     if request is not None:
@@ -240,7 +287,7 @@ def make_plan(
 
         request = replace(request, arch=arch, flashinfer_version=version)  # recorded as resolved
     by_signature: dict[tuple, tuple[list[str], list[OpPlan], list[tuple[int, int]]]] = {}
-    stages = pp_layer_ranges(spec.num_layers, flags.pp)
+    stages = pp_layer_ranges(spec.num_layers, flags.pp) if worker == "target" else [(0, spec.num_layers)] * flags.pp
     for rank in res.topology.rank_names():
         start, end = stages[rank.pp]
         recipes = recipes_for(spec, res, range(start, end))

@@ -17,6 +17,12 @@ from .vllm import VllmTarget
 REQUEST_FORMAT = 1
 
 
+def _worker(value: object) -> str:
+    if value not in ("target", "draft"):
+        raise ValueError(f"request.worker {value!r} is not target or draft")
+    return str(value)
+
+
 @dataclass(frozen=True)
 class TuneRequest:
     model: str  # where the config comes from: hub id, preset name, or local model directory
@@ -32,6 +38,16 @@ class TuneRequest:
     schema_source: str = field(default="", compare=False)
     #: Set when the entry is vLLM's (``warm --layout vllm``): ``schema`` then does not apply.
     vllm: VllmTarget | None = None
+    #: "target", or "draft": the speculative draft worker of the same serving command, which
+    #: SGLang tunes into an entry of its own (key ``...|draft_quant=<quant>``).
+    worker: str = "target"
+
+    def workers(self) -> list["TuneRequest"]:
+        """This request per SGLang worker that tunes: the target, and with speculative decoding
+        the draft worker too."""
+        if self.vllm is not None or not self.flags.speculative_algorithm:
+            return [self]
+        return [replace(self, worker="target"), replace(self, worker="draft")]
 
     @property
     def served_path(self) -> str:
@@ -66,7 +82,7 @@ class TuneRequest:
         return make_plan(
             self.model, self.flags, self.arch, config=self.config, revision=self.revision, schema=self.schema,
             flashinfer_version=self.flashinfer_version, cache_root=cache_root, max_tokens=self.max_tokens,
-            model_path=self.model_path, request=self,
+            model_path=self.model_path, request=self, worker=self.worker,
         )
 
     def to_dict(self) -> dict:
@@ -82,6 +98,7 @@ class TuneRequest:
             "max_tokens": self.max_tokens,
             "flags": self.flags.to_dict(),
             **({"vllm": self.vllm.to_dict()} if self.vllm is not None else {}),
+            **({"worker": self.worker} if self.worker != "target" else {}),
         }
 
     @classmethod
@@ -105,6 +122,7 @@ class TuneRequest:
             flashinfer_version=d.get("flashinfer_version"), max_tokens=d.get("max_tokens"),
             model_path=d.get("model_path"),
             vllm=VllmTarget.from_dict(d["vllm"]) if d.get("vllm") is not None else None,
+            worker=_worker(d.get("worker", "target")),
         )
 
     @classmethod

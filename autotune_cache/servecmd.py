@@ -1,135 +1,247 @@
-"""Reading a pasted SGLang serving command: the flags that shape the cache key and the plan.
+"""Reading a pasted SGLang serving command exactly as SGLang 0.5.23's argument parser reads it.
 
 ``fi-autotune plan|warm|check -- python -m sglang.launch_server --model-path ... --tp 8 ...``
 
-Spellings are SGLang 0.5.23's (``sglang/srt/arg_groups/fields/*.py``, ``ServerArgs.add_cli_args``),
-including its aliases (``--tensor-parallel-size``, ``--ep``) and the abbreviations its argparse
-accepts because they are unique prefixes (``--tp``, ``--dp``, ``--attn-dp``). Abbreviations
-that SGLang itself rejects as ambiguous (``--pp``, ``--quant``, and ``--cuda-graph-max-bs`` /
-``--cuda-graph-bs`` since 0.5.20) are rejected here too, with the spelling to use. Every other
-flag is ignored and reported, so nothing is dropped silently.
+Every flag SGLang 0.5.23 accepts is in ``data/sglang-0.5.23-flags.json``, recorded from SGLang's
+own parser (``ServerArgs.add_cli_args``) with what the oracle (tests/oracle) found each one does
+to the autotune path: ``modelled`` (fi-autotune reads it), ``none`` (resolved with and without it
+on every base command, nothing the autotune path reads changed), ``matters`` (it changed what
+SGLang tunes, and fi-autotune does not model it: refused, naming the flag), ``reaches`` (it
+changed a resolved argument the autotune path reads, though not the outcome on the bases tried)
+and ``unknown`` (SGLang rejected every probe). The last two are "not understood": a warning in
+``plan`` and ``warm``, a miss under ``check --strict``; never "ignored".
+
+Parsing follows argparse (which SGLang uses): exact spellings first, then a unique prefix
+(``--tp`` is ``--tp-size``); an ambiguous prefix (``--pp``, ``--cuda-graph-max-bs``), an unknown
+flag or a missing value is an error, as SGLang's parser would make it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 
 from .errors import UsageError
 
-#: dest, whether it takes a value ("+" for one or more), and every spelling SGLang accepts.
-FLAGS: dict[str, tuple[str, object, tuple[str, ...]]] = {
-    "model_path": ("model_path", 1, ("--model-path", "--model")),
-    "revision": ("revision", 1, ("--revision",)),
-    "tp": ("tp", 1, ("--tp-size", "--tensor-parallel-size", "--tp")),
-    "pp": ("pp", 1, ("--pp-size", "--pipeline-parallel-size")),
-    "dp": ("dp", 1, ("--dp-size", "--data-parallel-size", "--dp")),
-    "attn_dp": ("attn_dp", 1, ("--attn-dp-size", "--attention-data-parallel-size", "--attn-dp")),
-    "enable_dp_attention": ("enable_dp_attention", 0, ("--enable-dp-attention",)),
-    "ep": ("ep", 1, ("--ep-size", "--expert-parallel-size", "--ep")),
-    "dtype": ("dtype", 1, ("--dtype",)),
-    "quantization": ("quantization", 1, ("--quantization",)),
-    "moe_runner_backend": ("moe_runner_backend", 1, ("--moe-runner-backend",)),
-    "moe_a2a_backend": ("moe_a2a_backend", 1, ("--moe-a2a-backend",)),
-    "skip_ops": ("skip_ops", "+", ("--flashinfer-autotune-skip-ops",)),
-    "max_running_requests": ("max_running_requests", 1, ("--max-running-requests",)),
-    "cuda_graph_max_bs": ("cuda_graph_max_bs", 1, ("--cuda-graph-max-bs-decode",)),
-    "chunked_prefill_size": ("chunked_prefill_size", 1, ("--chunked-prefill-size",)),
-    "disable_autotune": ("disable_autotune", 0, ("--disable-flashinfer-autotune",)),
-    "deterministic": ("deterministic", 0, ("--enable-deterministic-inference",)),
+FLAG_TABLE = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-flags.json"
+
+#: SGLang flags fi-autotune reads (by argparse dest) -> the ``plan``/``warm`` option they set.
+MODELLED: dict[str, str] = {
+    "model_path": "model_path",
+    "revision": "revision",
+    "tp_size": "tp",
+    "pp_size": "pp",
+    "dp_size": "dp",
+    "attn_dp_size": "dp",
+    "enable_dp_attention": "no_dp_attention",
+    "ep_size": "ep",
+    "dtype": "dtype",
+    "quantization": "quantization",
+    "trust_remote_code": "trust_remote_code",
+    "moe_runner_backend": "moe_runner_backend",
+    "moe_a2a_backend": "moe_a2a_backend",
+    "flashinfer_autotune_skip_ops": "skip_ops",
+    "disable_flashinfer_autotune": "autotune_disabled_by",
+    "enable_deterministic_inference": "autotune_disabled_by",
+    "max_running_requests": "max_running_requests",
+    "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
+    "chunked_prefill_size": "chunked_prefill_size",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "page_size": "page_size",
+    "context_length": "context_length",
+    "attention_backend": "attention_backend",
+    "decode_attention_backend": "decode_attention_backend",
+    "speculative_algorithm": "speculative_algorithm",
+    "speculative_num_steps": "speculative_num_steps",
+    "speculative_eagle_topk": "speculative_eagle_topk",
+    "speculative_num_draft_tokens": "speculative_num_draft_tokens",
+    "speculative_moe_runner_backend": "speculative_moe_runner_backend",
+    "speculative_draft_model_path": "speculative_draft_model_path",
+    "fp4_gemm_runner_backend": "fp4_gemm_backend",
+    "disaggregation_mode": "disaggregation_mode",
+    "prefill_attention_backend": "prefill_attention_backend",
+    "dsa_decode_backend": "dsa_decode_backend",
+    "speculative_attention_mode": "speculative_attention_mode",
+    "disable_cuda_graph": "disable_cuda_graph",
 }
 
-#: What SGLang (0.5.20+) rejects as ambiguous, and what to write instead.
-AMBIGUOUS = {
-    "--pp": "--pp-size",
-    "--quant": "--quantization",
-    "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
-    "--cuda-graph-bs": "--cuda-graph-bs-decode",
-}
+#: Abbreviations older SGLang releases (and many published recipes) accept that 0.5.23 finds
+#: ambiguous, and the spelling they meant.
+RENAMED = {"--pp": "--pp-size", "--quant": "--quantization", "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
+           "--cuda-graph-bs": "--cuda-graph-bs-decode"}
 
-#: Environment assignments before the command that change the key or the plan.
+#: Environment assignments before the command that fi-autotune models.
 ENV_FLAGS = {"SGLANG_FLASHINFER_AUTOTUNE_EXTEND", "SGLANG_CACHE_DIR", "SGLANG_FLASHINFER_AUTOTUNE_CACHE"}
+
+_TRUE = ("1", "true", "yes", "y", "on")
+
+
+@dataclass(frozen=True)
+class Flag:
+    dest: str
+    options: tuple[str, ...]
+    takes: object  # 0, 1, "+", "*", "?"
+    choices: tuple[str, ...] | None
+    effect: str  # modelled | none | matters | reaches | unknown
+    evidence: str
+
+    @property
+    def spelling(self) -> str:
+        return max(self.options, key=len)
+
+
+@lru_cache(maxsize=1)
+def flag_table() -> dict[str, Flag]:
+    """Every SGLang 0.5.23 flag by option string (``--tp-size`` and ``--tensor-parallel-size`` both)."""
+    data = json.loads(FLAG_TABLE.read_text())["flags"]
+    by_option: dict[str, Flag] = {}
+    for dest, f in data.items():
+        effect = "modelled" if dest in MODELLED else f["effect"]
+        flag = Flag(dest, tuple(f["options"]), f["takes"], tuple(f["choices"]) if f["choices"] else None, effect,
+                    f["evidence"])
+        for opt in flag.options:
+            by_option[opt] = flag
+    return by_option
+
 
 @dataclass
 class ServingCommand:
-    """The part of a serving command fi-autotune uses, and what it ignored."""
+    """A serving command as SGLang would parse it: the modelled values, and every other flag sorted
+    by what the oracle knows of it."""
 
-    values: dict = field(default_factory=dict)
+    values: dict = field(default_factory=dict)  # argparse dest -> value, modelled flags only
     env: dict = field(default_factory=dict)
-    ignored: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # proven not to reach the autotune path
+    not_understood: list[str] = field(default_factory=list)  # "flag: why"
+    refused: list[str] = field(default_factory=list)  # "flag: why" (they matter; not modelled)
     notes: list[str] = field(default_factory=list)
 
     @property
     def autotune_disabled(self) -> str | None:
-        if self.values.get("disable_autotune"):
+        if self.values.get("disable_flashinfer_autotune"):
             return "--disable-flashinfer-autotune"
-        if self.values.get("deterministic"):
+        if self.values.get("enable_deterministic_inference"):
             return "--enable-deterministic-inference"
         if str(self.env.get("SGLANG_FLASHINFER_AUTOTUNE_CACHE", "1")).lower() in ("0", "false", "no", "n", "off"):
             return "SGLANG_FLASHINFER_AUTOTUNE_CACHE=0 (SGLang tunes but neither reads nor writes the cache)"
         return None
 
+    def check_refused(self) -> None:
+        """A flag that changes what SGLang tunes and that fi-autotune cannot model: one line."""
+        if self.refused:
+            raise UsageError("serving command: " + self.refused[0]
+                             + (f" (and {len(self.refused) - 1} more such flags)" if len(self.refused) > 1 else ""))
+
     def serving_kwargs(self) -> dict:
-        """The values as ``fi-autotune plan`` options (the click keyword names)."""
+        """The modelled values as ``fi-autotune plan`` options (the click keyword names)."""
         v = self.values
         out: dict = {}
-        if "model_path" in v:
-            out["model_path"] = v["model_path"]
-        for name in ("revision", "dtype", "quantization", "moe_runner_backend", "max_running_requests",
-                     "cuda_graph_max_bs", "chunked_prefill_size"):
-            if name in v:
-                out[name] = v[name]
-        for name in ("tp", "pp", "ep"):
-            if name in v:
-                out[name] = v[name]
-        if "attn_dp" in v:
-            out["dp"], out["no_dp_attention"] = v["attn_dp"], False
-        elif "dp" in v:
+        for dest, value in v.items():
+            name = MODELLED[dest]
+            if name in ("dp", "no_dp_attention", "autotune_disabled_by"):
+                continue
+            if name == "skip_ops":
+                value = tuple(value)  # SGLang keeps each token whole (nargs="+", no comma splitting)
+            out[name] = value
+        if "attn_dp_size" in v:
+            out["dp"], out["no_dp_attention"] = v["attn_dp_size"], False
+        elif "dp_size" in v:
             # --dp-size N: N replicas, unless --enable-dp-attention (deprecated) makes it attention DP.
-            out["dp"], out["no_dp_attention"] = v["dp"], not v.get("enable_dp_attention", False)
-        if "skip_ops" in v:
-            # SGLang keeps each token whole (nargs="+", no comma splitting): a tuple says so.
-            out["skip_ops"] = tuple(v["skip_ops"])
+            out["dp"], out["no_dp_attention"] = v["dp_size"], not v.get("enable_dp_attention", False)
         if self.autotune_disabled:
             out["autotune_disabled_by"] = self.autotune_disabled
-        if str(self.env.get("SGLANG_FLASHINFER_AUTOTUNE_EXTEND", "")).lower() in ("1", "true", "yes", "y", "on"):
+        if str(self.env.get("SGLANG_FLASHINFER_AUTOTUNE_EXTEND", "")).lower() in _TRUE:
             out["autotune_extend"] = True
         if "SGLANG_CACHE_DIR" in self.env:
             out["cache_dir"] = self.env["SGLANG_CACHE_DIR"]
         return out
 
 
-def _int(flag: str, value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise UsageError(f"serving command: {flag} takes an integer, got {value!r}") from None
+def _match(token: str) -> tuple[Flag | None, str, str | None]:
+    """argparse's _parse_optional: (flag, the spelling as typed, an inline ``=value``)."""
+    table = flag_table()
+    name, eq, inline = token.partition("=")
+    if token in table:
+        return table[token], token, None
+    if eq and name in table:
+        return table[name], name, inline
+    prefix = name if eq else token
+    spellings = sorted(o for o in table if o.startswith(prefix))
+    if len(spellings) > 1:  # argparse: more than one option string starts with it
+        hint = f"; write {RENAMED[prefix]}" if prefix in RENAMED else ""
+        raise UsageError(f"serving command: SGLang 0.5.23 rejects {prefix} as ambiguous (it could be "
+                         f"{', '.join(spellings[:4])}{', ...' if len(spellings) > 4 else ''}){hint}")
+    if spellings:
+        return table[spellings[0]], prefix, inline if eq else None
+    return None, prefix, inline if eq else None
 
 
-_SPELLINGS = {s: name for name, (_, _, spellings) in FLAGS.items() for s in spellings}
-_INTS = {"tp", "pp", "dp", "attn_dp", "ep", "max_running_requests", "cuda_graph_max_bs", "chunked_prefill_size"}
+def _convert(flag: Flag, spelled: str, raw: str):
+    """The value as SGLang's parser types it; an invalid one is SGLang's usage error."""
+    if flag.choices is not None and raw not in flag.choices:
+        raise UsageError(f"serving command: {spelled} {raw!r} is not one of SGLang's choices "
+                         f"({', '.join(flag.choices[:12])}{', ...' if len(flag.choices) > 12 else ''})")
+    kind = _TYPES.get(flag.dest)
+    if kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise UsageError(f"serving command: {spelled} takes an integer, got {raw!r}") from None
+    if kind == "human_int":
+        return _human_int(spelled, raw)
+    return raw
+
+
+def _human_int(spelled: str, raw: str) -> int:
+    """sglang/srt/utils/common.py human_readable_int: 32768, 32k, 1M, 32Ki."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?", raw.strip())
+    if not m or (m[2] and m[2].endswith("i") and "." in m[1]) or (not m[2] and "." in m[1]):
+        raise UsageError(f"serving command: {spelled} takes an integer such as 32768, 32k or 32Ki, got {raw!r}")
+    mult = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    from decimal import Decimal
+
+    return int(Decimal(m[1]) * mult.get(m[2] or "", 1))
+
+
+#: Value types of the modelled flags (the rest are kept as the strings SGLang was given).
+_TYPES = {"tp_size": int, "pp_size": int, "dp_size": int, "attn_dp_size": int, "ep_size": int,
+          "max_running_requests": int, "cuda_graph_max_bs_decode": int, "chunked_prefill_size": int,
+          "page_size": int, "context_length": "human_int", "speculative_num_steps": int,
+          "speculative_eagle_topk": int, "speculative_num_draft_tokens": int}
+
+
+def _is_value(token: str) -> bool:
+    """argparse treats a token as a value unless it looks like an option (``-x``, not ``-1``)."""
+    return not token.startswith("-") or bool(re.fullmatch(r"-\d+(\.\d+)?", token))
+
+
+def split_launcher(argv: list[str] | tuple[str, ...]) -> tuple[dict[str, str], list[str], list[str]]:
+    """(environment assignments, the launcher, the flags) of a pasted command."""
+    args = list(argv)
+    if len(args) == 1 and " " in args[0]:
+        args = shlex.split(args[0])
+    env: dict[str, str] = {}
+    while args and "=" in args[0] and not args[0].startswith("-"):
+        name, _, value = args.pop(0).partition("=")
+        env[name] = value
+    first = next((i for i, a in enumerate(args) if a.startswith("--")), len(args))
+    return env, args[:first], args[first:]
 
 
 def parse_serving_command(argv: list[str] | tuple[str, ...]) -> ServingCommand:
     """Parse a serving command given as arguments (or one shell-quoted string)."""
-    args = list(argv)
-    if len(args) == 1 and " " in args[0]:
-        args = shlex.split(args[0])
+    env, launcher, args = split_launcher(argv)
     cmd = ServingCommand()
-    while args and "=" in args[0] and not args[0].startswith("-"):
-        name, _, value = args.pop(0).partition("=")
+    for name, value in env.items():
         if name in ENV_FLAGS:
             cmd.env[name] = value
         else:
-            cmd.ignored.append(f"{name}= (environment)")
-    # Skip the launcher: python[3] -m sglang.launch_server | sglang serve | a bare flag list.
-    for i in range(len(args)):
-        if args[i].startswith("--"):
-            launcher, args = args[:i], args[i:]
-            break
-    else:
-        launcher, args = args, []
+            cmd.not_understood.append(f"{name}={value} (environment: fi-autotune has no evidence on what it does)")
     if launcher and not (any(a in ("sglang.launch_server", "serve") for a in launcher)
                          or os.path.basename(launcher[-1]).startswith("sglang")):
         cmd.notes.append(f"not a command fi-autotune knows ({' '.join(launcher)}): read as SGLang 0.5.23 flags")
@@ -137,44 +249,46 @@ def parse_serving_command(argv: list[str] | tuple[str, ...]) -> ServingCommand:
     while i < len(args):
         token = args[i]
         i += 1
-        if not token.startswith("--"):
-            cmd.ignored.append(token)
-            continue
-        flag, eq, inline = token.partition("=")
-        if flag in AMBIGUOUS:
-            raise UsageError(f"serving command: SGLang rejects {flag} as ambiguous; write {AMBIGUOUS[flag]}")
-        name = _SPELLINGS.get(flag)
-        if name is None:
-            # Not ours: skip it and its value (the next token, unless it is a flag).
-            if not eq and i < len(args) and not args[i].startswith("--"):
-                cmd.ignored.append(f"{flag} {args[i]}")
-                i += 1
-            else:
-                cmd.ignored.append(token)
-            continue
-        dest, nargs, _ = FLAGS[name]
-        if nargs == 0:
-            cmd.values[dest] = True
-            continue
-        if nargs == "+":
-            values = [inline] if eq else []
-            while i < len(args) and not args[i].startswith("--"):
+        if _is_value(token):
+            raise UsageError(f"serving command: SGLang 0.5.23 takes no argument {token!r} here "
+                             "(is a flag before it missing its '--'?)")
+        flag, spelled, inline = _match(token)
+        if flag is None:
+            raise UsageError(f"serving command: SGLang 0.5.23 has no flag {spelled}")
+        values: list[str] = []
+        if flag.takes == 0:
+            if inline is not None:
+                raise UsageError(f"serving command: {spelled} takes no value (got {spelled}={inline})")
+        elif inline is not None:
+            values = [inline]
+            if flag.takes in ("+", "*"):
+                while i < len(args) and _is_value(args[i]):
+                    values.append(args[i])
+                    i += 1
+        else:
+            limit = {1: 1, "?": 1}.get(flag.takes, len(args))
+            while i < len(args) and _is_value(args[i]) and len(values) < limit:
                 values.append(args[i])
                 i += 1
-            if not values:
-                raise UsageError(f"serving command: {flag} needs a value")
-            cmd.values[dest] = values
-            continue
-        if eq:
-            value = inline
-        elif i < len(args):
-            value = args[i]
-            i += 1
+            if not values and flag.takes in (1, "+"):
+                raise UsageError(f"serving command: {spelled} needs a value")
+        text = " ".join([spelled, *values]) if values else spelled
+        if flag.effect == "modelled":
+            if flag.takes == 0:
+                cmd.values[flag.dest] = True
+            elif flag.takes in ("+", "*"):
+                cmd.values[flag.dest] = [_convert(flag, spelled, v) for v in values]
+            else:
+                cmd.values[flag.dest] = _convert(flag, spelled, values[0]) if values else None
+        elif flag.effect == "none":
+            cmd.ignored.append(text)
+        elif flag.effect == "matters":
+            cmd.refused.append(f"{text} changes what SGLang 0.5.23 autotunes and fi-autotune does not model it "
+                               f"(oracle: {flag.evidence.split(';')[0]})")
         else:
-            raise UsageError(f"serving command: {flag} needs a value")
-        cmd.values[dest] = _int(flag, value) if dest in _INTS else value
+            why = ("it changes a resolved argument SGLang's autotune path reads" if flag.effect == "reaches"
+                   else "SGLang rejected every probe of it, so its effect is not known")
+            cmd.not_understood.append(f"{text} ({why})")
     if "model_path" not in cmd.values:
         raise UsageError("serving command: no --model-path")
-    if "cuda_graph_max_bs" in cmd.values:
-        cmd.notes.append("--cuda-graph-max-bs-decode sets the dummy pass's decode batch")
     return cmd

@@ -10,8 +10,10 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import UsageError
 from .keys import KeyFields, render_dtype
-from .topology import Topology, TopologyError
+from .sglang_attention import Attention, resolve_attention
+from .sglang_spec import DEFAULT_MAX_RUNNING, Speculative, resolve_speculative
 from .spec import ModelSpec
+from .topology import Topology, TopologyError
 
 # sglang/srt/model_executor/runner/flashinfer_autotune.py: should_run_flashinfer_autotune
 MOE_BACKENDS_THAT_AUTOTUNE = (
@@ -30,6 +32,9 @@ DEEPSEEK_FAMILY = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsa
 QWEN3_MOE_FAMILY = ("Qwen3MoeForCausalLM",)
 
 SUPPORTED_ARCHS = ("sm90", "sm100", "sm103")
+#: overrides.py _A2A_EP_SPANNING_BACKENDS: --moe-a2a-backend values that set ep_size = tp_size.
+A2A_EP_SPANNING = frozenset({"megamoe", "deepep", "deepep_v2", "mooncake", "nixl", "ascend_fuseep", "flashinfer",
+                             "flashinfer_megamoe", "mori", "pplx"})
 
 
 def arch_major(arch: str) -> int:
@@ -55,6 +60,24 @@ class ServerFlags:
     cuda_graph_max_bs: int | None = None
     chunked_prefill_size: int | None = None
     autotune_extend: bool = False  # SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1
+    trust_remote_code: bool = False
+    kv_cache_dtype: str = "auto"
+    page_size: int | None = None
+    context_length: int | None = None
+    attention_backend: str | None = None
+    decode_attention_backend: str | None = None
+    prefill_attention_backend: str | None = None
+    dsa_decode_backend: str | None = None
+    speculative_algorithm: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    speculative_moe_runner_backend: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_attention_mode: str | None = None
+    fp4_gemm_backend: str = "auto"
+    disaggregation_mode: str = "null"
+    decode_cuda_graph: bool = True  # False: --disable-cuda-graph / --cuda-graph-backend-decode disabled
     #: Why the server will not autotune at all (--disable-flashinfer-autotune, ...), or None.
     autotune_disabled_by: str | None = None
     #: The GPUs the tp ranks run on, in tp-rank order: flashinfer_megamoe (0.5.22+) names each
@@ -94,6 +117,24 @@ class ServerFlags:
 
 
 @dataclass(frozen=True)
+class DummyPass:
+    """One autotune forward SGLang runs at startup: ``batch`` requests (a range where SGLang sizes
+    the request pool from the KV-cache memory it profiles) of ``tokens_per_req`` tokens each."""
+
+    phase: str  # decode | target_verify | draft_decode | draft_extend | extend
+    runner: str
+    batch: tuple[int, int]  # (smallest, largest) possible batch per DP rank
+    tokens_per_req: int
+
+    def tokens(self, gather: int = 1) -> tuple[int, int]:
+        return self.batch[0] * self.tokens_per_req * gather, self.batch[1] * self.tokens_per_req * gather
+
+    def to_dict(self) -> dict:
+        return {"phase": self.phase, "runner": self.runner, "batch": list(self.batch),
+                "tokens_per_req": self.tokens_per_req}
+
+
+@dataclass(frozen=True)
 class Resolution:
     arch: str
     flags: ServerFlags
@@ -111,28 +152,53 @@ class Resolution:
     moe_intermediate_per_partition: int | None
     autotunes: bool
     reasons: tuple[str, ...]
-    decode_batch: int  # per-rank decode batch of the dummy pass (CUDA-graph max bs)
-    chunked_prefill_size: int
+    decode_batch: int  # per-rank decode CUDA-graph max batch (serving; careful mode's graph sizes)
+    chunked_prefill_size: int  # per attention-DP rank (SGLang divides it by attn_dp_size)
     notes: tuple[str, ...] = field(default=())
+    attention: Attention | None = None
+    speculative: Speculative | None = None
+    #: "target", or "draft": the speculative draft worker, tuned into its own entry.
+    worker: str = "target"
+    #: Requests per DP rank the pool holds: SGLang sizes it from the KV-cache memory it profiles
+    #: (kv_cache_configurator.py resolve_max_num_reqs: 2048..4096), unless --max-running-requests.
+    request_pool: tuple[int, int] = (2048, 4096)
+    passes: tuple[DummyPass, ...] = ()
+    #: The FlashInfer backend of the NVFP4 linear layers' mm_fp4 (fp4_utils.py), or None.
+    fp4_gemm_backend: str | None = None
+    #: The MoE input is all-gathered over the attention-DP ranks (utils.require_mlp_tp_gather).
+    mlp_gather: bool = False
 
     @property
     def moe_tokens(self) -> int:
-        """Tokens a MoE layer sees in the dummy pass: the decode batch of every attention-DP rank."""
-        return self.decode_batch * self.attn_dp_size
+        """Tokens a MoE layer sees in the largest dummy pass (gathered over attention-DP ranks)."""
+        return max((p.tokens(self.gather)[1] for p in self.passes), default=0)
+
+    @property
+    def gather(self) -> int:
+        return self.attn_dp_size if self.mlp_gather else 1
+
+    @property
+    def is_draft(self) -> bool:
+        return self.worker == "draft"
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("flags", "topology", "key_fields")}
+        d = {k: v for k, v in asdict(self).items()
+             if k not in ("flags", "topology", "key_fields", "attention", "speculative", "passes")}
         d["flags"] = self.flags.to_dict()
         d["topology"] = self.topology.to_dict()
         d["key_fields"] = self.key_fields.to_dict()
         d["moe_tokens"] = self.moe_tokens
+        d["attention"] = self.attention.to_dict() if self.attention else None
+        d["speculative"] = self.speculative.to_dict() if self.speculative else None
+        d["passes"] = [p.to_dict() for p in self.passes]
+        d["request_pool"] = list(self.request_pool)
         return d
 
 
 def _memory_defaults(arch: str, tp: int) -> tuple[int, int]:
     """(decode CUDA-graph max bs, chunked prefill size) for the GPU class of ``arch``.
 
-    arg_groups/memory_hook.py _handle_gpu_memory_settings: H100 (80 GB) and H200 (141 GB) give
+    arg_groups/memory_hook.py handle_gpu_memory_settings: H100 (80 GB) and H200 (141 GB) give
     max_bs 256 below tp 4 else 512 with an 8k chunk; B200/B300 (>= 160 GB) give 512 and 16k.
     """
     if arch == "sm90":
@@ -140,25 +206,50 @@ def _memory_defaults(arch: str, tp: int) -> tuple[int, int]:
     return 512, 16384
 
 
-def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> Resolution:
+#: fp4_utils.py initialize_fp4_gemm_config: --fp4-gemm-backend -> mm_fp4's backend string.
+FP4_GEMM_BACKENDS = {"flashinfer_cutedsl": "cute-dsl", "flashinfer_cutlass": "cutlass", "flashinfer_cudnn": "cudnn",
+                     "flashinfer_trtllm": "trtllm"}
+#: should_run_flashinfer_autotune counts NVFP4 GEMMs only for these two.
+FP4_BACKENDS_THAT_AUTOTUNE = ("cute-dsl", "cutlass")
+
+
+def _fp4_backend(flag: str, sm100: bool) -> str | None:
+    if flag == "auto":
+        return "cute-dsl" if sm100 else None  # Hopper: marlin, no FlashInfer GEMM
+    if flag not in FP4_GEMM_BACKENDS:
+        raise UsageError(f"--fp4-gemm-backend {flag!r}: fi-autotune models auto and {', '.join(FP4_GEMM_BACKENDS)}")
+    return FP4_GEMM_BACKENDS[flag]
+
+
+def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, worker: str = "target",
+            draft_spec: ModelSpec | None = None) -> Resolution:
+    """SGLang's resolution for the target worker, or (``worker="draft"``, ``draft_spec`` = the
+    draft model's spec) for the speculative draft worker of the same command."""
     if arch not in SUPPORTED_ARCHS:
         raise UsageError(f"--arch {arch}: supported targets are {', '.join(SUPPORTED_ARCHS)}")
     megamoe = flags.moe_runner_backend == "flashinfer_megamoe"
     try:
         topo = Topology(tp=flags.tp, pp=flags.pp, dp=flags.dp, dp_attention=flags.dp_attention,
-                        gpu_uuids=flags.gpu_uuids if megamoe else ())
+                        gpu_uuids=flags.gpu_uuids if megamoe and worker == "target" else ())
     except TopologyError as e:
         raise UsageError(str(e)) from None
     if flags.ep < 1 or flags.tp % flags.ep:
         raise UsageError(f"--ep {flags.ep} must divide --tp {flags.tp}")
-    if flags.moe_runner_backend not in MOE_BACKENDS:
-        raise UsageError(f"unknown --moe-runner-backend {flags.moe_runner_backend!r}; known: {', '.join(MOE_BACKENDS)}")
+    # overrides.py _a2a_ep_size: an all-to-all MoE backend spans every TP rank with experts.
+    ep = flags.tp if flags.moe_a2a_backend in A2A_EP_SPANNING else flags.ep
+    for name in ("moe_runner_backend", "speculative_moe_runner_backend"):
+        value = getattr(flags, name)
+        if value is not None and value not in MOE_BACKENDS:
+            raise UsageError(f"unknown --{name.replace('_', '-')} {value!r}; known: {', '.join(MOE_BACKENDS)}")
     if flags.pp > spec.num_layers:
         raise UsageError(f"--pp {flags.pp} exceeds the model's {spec.num_layers} layers")
-    for name in ("max_running_requests", "cuda_graph_max_bs", "chunked_prefill_size"):
+    for name in ("max_running_requests", "cuda_graph_max_bs", "chunked_prefill_size", "page_size", "context_length"):
         value = getattr(flags, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if flags.disaggregation_mode not in ("null", "decode"):
+        raise UsageError(f"--disaggregation-mode {flags.disaggregation_mode}: fi-autotune models decode workers "
+                         "(and plain servers); a prefill worker tunes in EXTEND shapes it does not model")
 
     sm100 = arch_major(arch) == 10
     notes: list[str] = []
@@ -172,19 +263,30 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> 
     elif flags.gpu_uuids:
         notes.append("--gpu-uuids ignored: only flashinfer_megamoe names rank files by GPU")
 
+    target = spec
+    speculative = resolve_speculative(
+        spec.architecture, model_path, algorithm=flags.speculative_algorithm,
+        num_steps=flags.speculative_num_steps, eagle_topk=flags.speculative_eagle_topk,
+        num_draft_tokens=flags.speculative_num_draft_tokens, draft_model_path=flags.speculative_draft_model_path,
+        draft_moe_runner_backend=flags.speculative_moe_runner_backend)
+    if worker == "draft":
+        if speculative is None or draft_spec is None:
+            raise ValueError("a draft worker's resolution needs --speculative-algorithm and the draft's spec")
+        spec = draft_spec
+
     # dtype: ModelRunner.dtype from --dtype (auto: the config's), forced bfloat16 for gpt-oss mxfp4
     # (model_overrides/gpt_oss.py).
-    dtype = spec.dtype if flags.dtype == "auto" else render_dtype(flags.dtype)[len("torch."):]
-    if spec.architecture == "GptOssForCausalLM" and spec.quant and spec.quant.method == "mxfp4":
+    dtype = target.dtype if flags.dtype == "auto" else render_dtype(flags.dtype)[len("torch."):]
+    if target.architecture == "GptOssForCausalLM" and target.quant and target.quant.method == "mxfp4":
         dtype = "bfloat16"
 
-    ckpt_quant = spec.quant.method if spec.quant else None
+    ckpt_quant = target.quant.method if target.quant else None
     quantization = flags.quantization  # the server arg: this is what the key hashes
     backend = flags.moe_runner_backend
-    if sm100 and spec.architecture in DEEPSEEK_FAMILY:
+    if sm100 and target.architecture in DEEPSEEK_FAMILY:
         # overrides.py _deepseek_moe_quant_resolution
         if quantization is None:
-            if ckpt_quant is None and spec.architecture == "DeepseekV3ForCausalLM":
+            if ckpt_quant is None and target.architecture == "DeepseekV3ForCausalLM":
                 notes.append(
                     "SGLang reads the safetensors headers to decide fp8 for a DeepseekV3 checkpoint without "
                     "quantization_config; without weights we assume bf16 (pass --quantization fp8 if not)"
@@ -195,14 +297,14 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> 
             quantization in ("fp8", "modelopt_fp8", "modelopt_fp4", "modelopt_mixed") or quantization is None
         ):
             backend = "flashinfer_trtllm"
-    elif sm100 and spec.architecture in QWEN3_MOE_FAMILY:
+    elif sm100 and target.architecture in QWEN3_MOE_FAMILY:
         if quantization is None and ckpt_quant is not None:
             quantization = ckpt_quant
         if flags.moe_a2a_backend == "none" and backend == "auto" and (
             quantization in ("fp8", "modelopt_fp4", "modelopt_mixed") or quantization is None
         ):
             backend = "flashinfer_trtllm"
-    elif spec.architecture == "GptOssForCausalLM" and backend == "auto":
+    elif target.architecture == "GptOssForCausalLM" and backend == "auto":
         # model_overrides/gpt_oss.py _gpt_oss_overrides
         if sm100 and ckpt_quant == "mxfp4":
             backend = "flashinfer_mxfp4"
@@ -212,20 +314,30 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> 
 
     # ModelConfig._verify_quantization: the checkpoint's method unless the flag overrides it.
     model_quant = quantization if quantization is not None else ckpt_quant
+    key_backend = backend  # the key hashes the target's backend, also in the draft's key
+    draft_quant = None
+    if worker == "draft":
+        # ModelConfig.from_server_args(is_draft_model=True): --speculative-draft-model-quantization
+        # (not modelled: unset) else the draft checkpoint's own method.
+        draft_quant = spec.quant.method if spec.quant else None
+        model_quant = draft_quant
+        backend = flags.speculative_moe_runner_backend or backend
+    fp4_backend = _fp4_backend(flags.fp4_gemm_backend, sm100) if model_quant in ("modelopt_fp4", "modelopt_mixed") \
+        else None
 
     # should_run_flashinfer_autotune
-    moe_needs = spec.moe is not None and backend in MOE_BACKENDS_THAT_AUTOTUNE
+    moe_needs = backend in MOE_BACKENDS_THAT_AUTOTUNE
     if model_quant in ("modelopt", "modelopt_fp8", "modelopt_mixed"):
         fp8_gemm_needs = True  # flashinfer_per_tensor_fp8_supported(): sm90 / sm100 / sm120
     else:
         fp8_gemm_needs = False  # block FP8 as MXFP8 on FlashInfer is not modelled (Blackwell MXFP8 only)
-    fp4_gemm_needs = model_quant in ("modelopt_fp4", "modelopt_mixed") and sm100
+    fp4_gemm_needs = fp4_backend in FP4_BACKENDS_THAT_AUTOTUNE
     if moe_needs:
         reasons.append(f"MoE runner backend {backend!r} is one SGLang autotunes")
     if fp8_gemm_needs:
         reasons.append(f"{model_quant} checkpoint: per-tensor FP8 linear layers run flashinfer.bmm_fp8")
     if fp4_gemm_needs:
-        reasons.append(f"{model_quant} checkpoint: NVFP4 linear layers run flashinfer.mm_fp4")
+        reasons.append(f"{model_quant} checkpoint: NVFP4 linear layers run flashinfer.mm_fp4 ({fp4_backend})")
     autotunes = moe_needs or fp8_gemm_needs or fp4_gemm_needs
     if flags.autotune_disabled_by and autotunes:
         autotunes = False
@@ -233,10 +345,13 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> 
                        "nothing to cache")
     elif not autotunes:
         why = [f"moe_runner_backend resolves to {backend!r}"]
-        if spec.moe is None:
-            why = ["the model has no MoE layers"]
+        if spec.moe is None and not fp4_backend:
+            why = [f"the {'draft' if worker == 'draft' else 'model'} has no MoE layers"
+                   + ("" if backend in MOE_BACKENDS_THAT_AUTOTUNE else f" and its MoE backend is {backend!r}")]
         elif not sm100 and flags.moe_runner_backend == "auto":
             why.append("(the flashinfer_trtllm / flashinfer_mxfp4 defaults apply to sm100 only)")
+        if fp4_backend and not fp4_gemm_needs:
+            why.append(f"and its NVFP4 linear layers run mm_fp4 on {fp4_backend}, which SGLang does not count")
         if model_quant == "fp8" and spec.quant and spec.quant.is_block_fp8:
             why.append(
                 "and its 128x128 block-FP8 linear layers do not go through FlashInfer's tunable GEMMs "
@@ -248,11 +363,16 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> 
             "should_run_flashinfer_autotune() is False: " + " ".join(why)
             + "; the server would not autotune, so there is nothing to cache"
         )
+    # A MoE backend that autotunes with a model without MoE layers (an EAGLE3 draft) still makes
+    # SGLang enter the autotune context: the file it writes holds no tactics.
+    if autotunes and moe_needs and spec.moe is None and not (fp8_gemm_needs or fp4_gemm_needs):
+        notes.append(f"SGLang enters its autotune pass ({backend!r}) but the {'draft ' if worker == 'draft' else ''}"
+                     "model has no MoE layer: nothing is tuned")
 
     attn_dp = topo.attn_dp_size
     attn_tp = flags.tp // attn_dp
-    moe_ep = flags.ep
-    moe_tp = flags.tp // flags.ep
+    moe_ep = ep
+    moe_tp = flags.tp // ep
     experts_per_rank = inter_pp = None
     if spec.moe is not None:
         if spec.moe.num_experts % moe_ep:
@@ -266,29 +386,67 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> 
     if spec.num_attention_heads % attn_tp:
         raise UsageError(f"attention TP size {attn_tp} (tp/dp) does not divide {spec.num_attention_heads} heads")
 
+    attention = resolve_attention(
+        spec, arch_major(arch), attention_backend=flags.attention_backend,
+        decode_attention_backend=flags.decode_attention_backend,
+        prefill_attention_backend=flags.prefill_attention_backend, kv_cache_dtype=flags.kv_cache_dtype,
+        page_size=flags.page_size, context_length=flags.context_length or target.max_position_embeddings,
+        dsa_decode_backend=flags.dsa_decode_backend, speculative_attention_mode=flags.speculative_attention_mode)
+    notes.extend(attention.notes)
+
+    # Sizes (memory_hook.py, speculative_hook.py, parallel_hook.py handle_data_parallelism).
     default_bs, default_chunk = _memory_defaults(arch, flags.tp)
+    max_running = flags.max_running_requests
+    if max_running is None and speculative is not None:
+        max_running = DEFAULT_MAX_RUNNING  # _handle_eagle_family
     if flags.cuda_graph_max_bs is not None:
         decode_bs = flags.cuda_graph_max_bs
     else:
-        decode_bs = default_bs
-        if flags.max_running_requests is not None:
-            decode_bs = min(decode_bs, flags.max_running_requests)
-    if flags.max_running_requests is not None:
-        # get_batch_sizes_to_capture clamps to the per-rank request pool
-        decode_bs = min(decode_bs, max(1, flags.max_running_requests // attn_dp))
-    chunk = flags.chunked_prefill_size or default_chunk
+        decode_bs = default_bs if max_running is None else min(default_bs, max_running)
+    chunk = max(1, (flags.chunked_prefill_size or default_chunk) // attn_dp)
+    # kv_cache_configurator.py resolve_max_num_reqs, per attention-DP rank.
+    pool = (max(1, max_running // attn_dp),) * 2 if max_running is not None else (2048, 4096)
+    mlp_gather = attn_dp > 1  # require_mlp_tp_gather with attention DP (moe_dense_tp_size unset)
+
+    def eager(n: int) -> int:
+        # get_eager_max_batch_size: padded to the attention TP width when the MLP syncs over DP
+        return -(-n // attn_tp) * attn_tp if attn_dp > 1 else n
+
+    passes: list[DummyPass] = []
+    if worker == "target":
+        # cuda_graph_setup.capture_cuda_graphs builds the EagerRunner first; its warmup runs the
+        # autotune dummy pass (base_runner._warmup), once, at the request pool's batch.
+        width = speculative.num_draft_tokens if speculative is not None else 1
+        passes.append(DummyPass("target_verify" if speculative else "decode", "EagerRunner",
+                                (eager(pool[0]), eager(pool[1])), width))
+    elif flags.decode_cuda_graph:
+        # Draft CUDA-graph runners tune at the first (largest) batch they capture:
+        # get_batch_sizes_to_capture clamps the graph sizes to the request pool.
+        batch = (min(decode_bs, pool[0]), min(decode_bs, pool[1]))
+        passes.append(DummyPass("draft_decode", "EAGLEDraftCudaGraphRunner", batch, speculative.eagle_topk))
+        passes.append(DummyPass("draft_extend", "EAGLEDraftExtendCudaGraphRunner", batch,
+                                speculative.num_draft_tokens))
+    else:
+        notes.append("decode CUDA graphs are off: the draft worker's autotune runs in its graph runners, "
+                     "so it tunes nothing")
+    if worker == "target" and flags.autotune_extend and not speculative:
+        passes.append(DummyPass("extend", "EagerRunner", (1, 1), chunk))  # max_prefill_buffer_tokens()
+    if flags.disaggregation_mode == "decode":
+        notes.append("PD decode worker: its requests arrive prefilled, so no MoE call sees a prefill chunk")
 
     key_fields = KeyFields(
         model_path=model_path,
         dtype=render_dtype(dtype),
         quantization=quantization,
-        moe_runner_backend=backend,
+        moe_runner_backend=key_backend,
         tp=flags.tp,
         pp=flags.pp,
         attn_dp_size=attn_dp,
-        ep=flags.ep,
-        config_class=spec.config_class,
+        ep=ep,
+        config_class=target.config_class if not flags.trust_remote_code else target.remote_config_class,
         skip_ops=tuple(sorted(set(flags.skip_ops))),
+        draft_quantization=draft_quant,
+        is_draft=worker == "draft",
     )
     return Resolution(
         arch=arch, flags=flags, topology=topo, key_fields=key_fields, dtype=dtype,
@@ -296,5 +454,6 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str) -> 
         attn_dp_size=attn_dp, attn_tp_size=attn_tp, moe_tp_size=moe_tp, moe_ep_size=moe_ep,
         experts_per_rank=experts_per_rank, moe_intermediate_per_partition=inter_pp,
         autotunes=autotunes, reasons=tuple(reasons), decode_batch=decode_bs, chunked_prefill_size=chunk,
-        notes=tuple(notes),
+        notes=tuple(notes), attention=attention, speculative=speculative, worker=worker, request_pool=pool,
+        passes=tuple(passes), fp4_gemm_backend=fp4_backend, mlp_gather=mlp_gather,
     )

@@ -49,6 +49,11 @@ CONFIG_CLASSES = {
 }
 
 
+#: Model types SGLang's get_config re-parses through its own _CONFIG_REGISTRY whatever
+#: --trust-remote-code loaded (utils/hf_transformers/config.py HfModelConfigParser.parse).
+SGLANG_REGISTERED = ("deepseek_v32", "kimi_k2")
+
+
 @dataclass(frozen=True)
 class QuantSpec:
     """Checkpoint quantization as SGLang's ModelConfig would classify it."""
@@ -98,11 +103,18 @@ class MLASpec:
     index_topk: int | None = None  # DSA
     index_head_dim: int | None = None
     index_n_heads: int | None = None
+    #: YaRN's attention-scale factor (models/deepseek_v2.py: scaling *= mscale**2), 1.0 without YaRN.
+    yarn_mscale_squared: float = 1.0
 
     @property
     def qk_head_dim(self) -> int:
         """The attention width per head; not config.json's ``head_dim`` (64 on GLM-5)."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        """The MLA decode call's bmm1_scale: qk_head_dim**-0.5, times YaRN's mscale squared."""
+        return self.qk_head_dim ** -0.5 * self.yarn_mscale_squared
 
 
 @dataclass(frozen=True)
@@ -124,6 +136,26 @@ class ModelSpec:
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     quant: QuantSpec | None = None
+    #: The class ``--trust-remote-code`` instantiates: config.json's ``auto_map`` AutoConfig class,
+    #: unless SGLang re-parses the model type through its own registry (then ``config_class``).
+    remote_config_class: str = ""
+
+    def nextn(self) -> "ModelSpec":
+        """The speculative draft SGLang builds from the checkpoint's own MTP layer(s)
+        (``<Arch>NextN``, ModelConfig(is_draft_model=True)): the MTP decoder layers only, each
+        with the model's MoE block and attention; same config class and quantization."""
+        if not self.num_mtp_layers:
+            raise UsageError(f"{self.architecture} has no MTP layer (num_nextn_predict_layers): its EAGLE "
+                             "draft needs --speculative-draft-model-path")
+        moe = None
+        if self.moe is not None:
+            from dataclasses import replace as _replace
+
+            moe = _replace(self.moe, first_dense_layers=0, layer_freq=1)
+        from dataclasses import replace
+
+        return replace(self, architecture=self.architecture + "NextN", num_layers=self.num_mtp_layers,
+                       num_mtp_layers=0, moe=moe, dense_intermediate_size=None)
 
     @property
     def num_moe_layers(self) -> int:
@@ -194,6 +226,20 @@ def _quant(cfg: dict, sidecar: dict | None) -> QuantSpec | None:
     )
 
 
+def _yarn_mscale_squared(cfg: dict) -> float:
+    """models/deepseek_v2.py DeepseekV2AttentionMLA: with YaRN rope scaling, the softmax scale is
+    multiplied by yarn_get_mscale(factor, mscale_all_dim)**2 = (0.1 * mscale_all_dim * ln(factor) + 1)**2."""
+    import math
+
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type")) not in ("yarn", "deepseek_yarn"):
+        return 1.0
+    factor = float(rope.get("factor") or 1.0)
+    mscale_all_dim = float(rope.get("mscale_all_dim") or 0.0)
+    mscale = 1.0 if factor <= 1 or not mscale_all_dim else 0.1 * mscale_all_dim * math.log(factor) + 1.0
+    return mscale * mscale
+
+
 def build_spec(source: ConfigSource) -> ModelSpec:
     cfg = source.config
     archs = cfg.get("architectures") or []
@@ -259,10 +305,15 @@ def build_spec(source: ConfigSource) -> ModelSpec:
             index_topk=_first(cfg, "index_topk") if family == Family.MLA_DSA_MOE else None,
             index_head_dim=_first(cfg, "index_head_dim") if family == Family.MLA_DSA_MOE else None,
             index_n_heads=_first(cfg, "index_n_heads") if family == Family.MLA_DSA_MOE else None,
+            yarn_mscale_squared=_yarn_mscale_squared(cfg),
         )
     head_dim = mla.qk_head_dim if mla else int(_first(cfg, "head_dim", default=hidden // heads))
 
+    auto_config = str((cfg.get("auto_map") or {}).get("AutoConfig") or "")
+    remote_class = config_class if model_type in SGLANG_REGISTERED or "." not in auto_config \
+        else auto_config.rsplit(".", 1)[1]
     return ModelSpec(
+        remote_config_class=remote_class,
         architecture=arch,
         model_type=model_type,
         family=family,

@@ -62,18 +62,12 @@ class VerifyReport:
                 "workloads": [w.to_dict() for w in self.workloads]}
 
 
-def engine_tokens(plan: "TuningPlan", op: dict, extend: bool = False) -> int:
-    """The token count SGLang's dummy pass feeds this op (decode batch, dp-gathered at MoE layers)."""
-    res = plan.resolution
-    per_rank = res.chunked_prefill_size if extend else res.decode_batch
-    return per_rank * (res.attn_dp_size if op["tokens"] == "moe" else 1)
-
-
 def verify(plan: "TuningPlan", key_dir: Path) -> VerifyReport:
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
 
     from .lm_head import lm_head_stub
+    from .plan import dummy_tokens
     from .skeleton import SkeletonModel
 
     if not torch.cuda.is_available():
@@ -100,12 +94,11 @@ def verify(plan: "TuningPlan", key_dir: Path) -> VerifyReport:
             report = WorkloadReport(str(src), len(w["ranks"]), bool(accepted))
             model = SkeletonModel(w["ops"], hidden=spec.hidden_size, vocab=spec.vocab_size, tp=res.flags.tp,
                                   dp=res.attn_dp_size, dtype=res.dtype, device=device)
-            passes = [False] + ([True] if res.flags.autotune_extend else [])
+            resolution = res.to_dict()
             t0 = time.perf_counter()
             with autotune(True), lm_head_stub():
-                for extend in passes:
-                    model(lambda op, e=extend: None if (e and op["tokens"] == "decode") else engine_tokens(plan, op, e),
-                          lm_tokens=res.decode_batch)
+                for dummy_pass in resolution["passes"]:
+                    model(lambda op, p=dummy_pass: dummy_tokens(resolution, op, p), lm_tokens=dummy_pass["batch"][1])
             torch.cuda.synchronize()
             report.replay_s = round(time.perf_counter() - t0, 3)
             tuned = [k.file_key for k in tuner.profiling_cache]

@@ -38,7 +38,7 @@ def main() -> None:
 
     from autotune_cache.lm_head import lm_head_stub
     from autotune_cache.skeleton import SkeletonModel
-    from autotune_cache.verify import engine_tokens
+    from autotune_cache.plan import dummy_tokens
     from autotune_cache.worker import measure_floor
 
     t_import = time.perf_counter() - T0
@@ -80,7 +80,8 @@ def main() -> None:
         if args.mode == "warmstart":
             assert tuner.load_configs(args.cache), "FlashInfer rejected the cache's metadata"
         with autotune(True), lm_head_stub():
-            model(lambda op: engine_tokens(plan, op), lm_tokens=res["decode_batch"])
+            for p in res["passes"]:
+                model(lambda op, p=p: dummy_tokens(res, op, p), lm_tokens=p["batch"][1])
     torch.cuda.synchronize()
     t_pass = time.perf_counter() - t1
     if args.save:

@@ -47,28 +47,40 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         return
     kw = apply_serving_command(ctx, kw, out)
     request = request_from(kw).for_target(fingerprint)
-    if store_url is None:
-        root = resolve_root(kw["cache_dir"], must_exist=False).path
-        plan = build_plan(request, str(root))
-    else:
-        plan = build_plan(request, kw["cache_dir"])
-    report = run_check(plan, layout, layout_name, store_url, fingerprint, kw["cache_dir"])
+    root = str(resolve_root(kw["cache_dir"], must_exist=False).path) if store_url is None else kw["cache_dir"]
+    checks = []
+    for r in request.workers():
+        plan = build_plan(r, root)
+        report = run_check(plan, layout, layout_name, store_url, fingerprint, kw["cache_dir"])
+        # A flag whose effect on the autotune path is not known: the verdict cannot be trusted.
+        for flag in kw.get("not_understood") or ():
+            (report.misses if strict else report.warnings).append(
+                f"the serving command's {flag} is not understood: fi-autotune cannot tell what it changes")
+        checks.append((r.worker, plan, report))
 
     def human() -> None:
-        if not report.autotunes:
-            out.line(f"OK: the server would not autotune ({'; '.join(plan.resolution.reasons)[:200]}): no cache needed")
-            return
-        for w in report.warnings:
-            out.note(f"warning: {w}")
-        for m in report.misses:
-            out.line(f"MISS: {m}")
-        if report.ok:
-            out.line(f"OK: {report.where}: {report.rank_files} rank files, {report.keys_checked} startup lookups, all present")
-        else:
-            out.line(f"{len(report.misses)} miss(es): the engine would tune at startup")
+        for worker, plan, report in checks:
+            who = "" if len(checks) == 1 else f"{worker} worker: "
+            if not report.autotunes:
+                out.line(f"OK: {who}the server would not autotune ({'; '.join(plan.resolution.reasons)}): no cache needed")
+                continue
+            for w in report.warnings:
+                out.note(f"warning: {who}{w}")
+            for m in report.misses:
+                out.line(f"MISS: {who}{m}")
+            if report.ok:
+                out.line(f"OK: {who}{report.where}: {report.rank_files} rank files, {report.keys_checked} startup "
+                         "lookups, all present")
+            else:
+                out.line(f"{len(report.misses)} miss(es): {who}the engine would tune at startup")
 
-    out.emit(human=human, data=report.to_dict)
-    if strict and not report.ok:
+    def data() -> dict:
+        if len(checks) == 1:
+            return checks[0][2].to_dict()
+        return {"ok": all(r.ok for _, _, r in checks), **{w: r.to_dict() for w, _, r in checks}}
+
+    out.emit(human=human, data=data)
+    if strict and not all(r.ok for _, _, r in checks):
         raise click.exceptions.Exit(int(ExitCode.FAILURE))
 
 

@@ -86,6 +86,29 @@ def serving_options(fn=None, *, model_required: bool = True):  # noqa: ARG001 - 
         click.option("--cuda-graph-max-bs", type=POSITIVE),
         click.option("--chunked-prefill-size", type=POSITIVE),
         click.option("--autotune-extend", is_flag=True, help="The server runs with SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1."),
+        click.option("--trust-remote-code", is_flag=True,
+                     help="The server runs with --trust-remote-code (the key then hashes config.json's auto_map class)."),
+        click.option("--moe-a2a-backend", default="none", show_default=True),
+        click.option("--kv-cache-dtype", default="auto", show_default=True),
+        click.option("--page-size", type=POSITIVE),
+        click.option("--context-length", type=POSITIVE),
+        click.option("--attention-backend", default=None),
+        click.option("--decode-attention-backend", default=None),
+        click.option("--prefill-attention-backend", default=None),
+        click.option("--dsa-decode-backend", default=None),
+        click.option("--fp4-gemm-backend", default="auto", show_default=True,
+                     help="The server's --fp4-gemm-backend (NVFP4 linear layers)."),
+        click.option("--speculative-algorithm", default=None, help="EAGLE (NEXTN) or EAGLE3: SGLang then tunes "
+                     "a draft worker too, into an entry of its own."),
+        click.option("--speculative-num-steps", type=POSITIVE),
+        click.option("--speculative-eagle-topk", type=POSITIVE),
+        click.option("--speculative-num-draft-tokens", type=POSITIVE),
+        click.option("--speculative-moe-runner-backend", default=None),
+        click.option("--speculative-draft-model-path", default=None),
+        click.option("--speculative-attention-mode", default=None),
+        click.option("--disaggregation-mode", type=click.Choice(["null", "decode"]), default="null", show_default=True,
+                     help="decode: a PD-disaggregated decode worker."),
+        click.option("--disable-cuda-graph", is_flag=True, help="The server runs with --disable-cuda-graph."),
         click.option("--max-tokens", type=POSITIVE, help="Tune buckets up to this many tokens instead of the engine's maximum."),
         click.option("--gpu-uuids", default=None,
                      help="flashinfer_megamoe only: the serving GPUs' UUIDs in tp-rank order (comma-separated, as "
@@ -152,6 +175,20 @@ def request_from(kw: dict) -> TuneRequest:
         max_running_requests=kw["max_running_requests"], cuda_graph_max_bs=kw["cuda_graph_max_bs"],
         chunked_prefill_size=kw["chunked_prefill_size"], autotune_extend=kw["autotune_extend"],
         autotune_disabled_by=kw.get("autotune_disabled_by"), gpu_uuids=_gpu_uuids(kw.get("gpu_uuids")),
+        trust_remote_code=kw.get("trust_remote_code", False), moe_a2a_backend=kw.get("moe_a2a_backend") or "none",
+        kv_cache_dtype=kw.get("kv_cache_dtype") or "auto", page_size=kw.get("page_size"),
+        context_length=kw.get("context_length"), attention_backend=kw.get("attention_backend"),
+        decode_attention_backend=kw.get("decode_attention_backend"),
+        prefill_attention_backend=kw.get("prefill_attention_backend"), dsa_decode_backend=kw.get("dsa_decode_backend"),
+        fp4_gemm_backend=kw.get("fp4_gemm_backend") or "auto",
+        speculative_algorithm=kw.get("speculative_algorithm"), speculative_num_steps=kw.get("speculative_num_steps"),
+        speculative_eagle_topk=kw.get("speculative_eagle_topk"),
+        speculative_num_draft_tokens=kw.get("speculative_num_draft_tokens"),
+        speculative_moe_runner_backend=kw.get("speculative_moe_runner_backend"),
+        speculative_draft_model_path=kw.get("speculative_draft_model_path"),
+        speculative_attention_mode=kw.get("speculative_attention_mode"),
+        disaggregation_mode=kw.get("disaggregation_mode") or "null",
+        decode_cuda_graph=not kw.get("disable_cuda_graph", False),
     )
     schema, schema_source = pick_schema(kw)
     return TuneRequest(
@@ -174,6 +211,7 @@ def apply_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
     from autotune_cache.servecmd import parse_serving_command
 
     cmd = parse_serving_command(argv)
+    cmd.check_refused()
     for name, value in cmd.serving_kwargs().items():
         given = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE if name in kw else False
         if given and kw[name] != value:
@@ -182,7 +220,11 @@ def apply_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
     for note in cmd.notes:
         out.note(f"serving command: {note}")
     if cmd.ignored:
-        out.note("serving command: ignored (they change neither the key nor the plan): " + ", ".join(cmd.ignored))
+        out.note("serving command: ignored (SGLang's own code showed they do not reach its autotune path): "
+                 + ", ".join(cmd.ignored))
+    for flag in cmd.not_understood:
+        out.note(f"warning: serving command: not understood: {flag}")
+    kw["not_understood"] = tuple(cmd.not_understood)
     return kw
 
 
@@ -270,9 +312,22 @@ def _print_vllm_header(plan, out: Output) -> None:
 
 def _print_sglang_header(plan, out: Output) -> None:
     r = plan.resolution
-    out.line(f"Dummy pass  decode batch {r.decode_batch} per rank"
-             + (f", {r.moe_tokens} tokens at each MoE layer (x{r.attn_dp_size} dp gather)" if plan.spec.moe and r.attn_dp_size > 1 else "")
-             + f"; chunked prefill {r.chunked_prefill_size}")
+    for p in r.passes:
+        batch = f"{p.batch[0]}" if p.batch[0] == p.batch[1] else f"{p.batch[0]}-{p.batch[1]} (the request pool SGLang sizes from KV memory)"
+        gather = f", x{r.attn_dp_size} at each MoE layer (dp gather)" if plan.spec.moe and r.gather > 1 else ""
+        out.line(f"Dummy pass  {p.phase} ({p.runner}): batch {batch} x {p.tokens_per_req} token(s) per request{gather}")
+    if not r.passes:
+        out.line("Dummy pass  none")
+    a = r.attention
+    if a is not None and plan.spec.mla is not None:
+        out.line(f"Attention   decode {a.decode_backend}" + (f" (DSA decode {a.dsa_decode_backend})" if a.dsa_decode_backend else "")
+                 + f", KV {a.kv_cache_dtype}, page {a.page_size}, context {a.context_length}")
+    if r.speculative is not None:
+        s = r.speculative
+        out.line(f"Speculative {s.algorithm} steps={s.num_steps} topk={s.eagle_topk} draft_tokens={s.num_draft_tokens}"
+                 f", draft {s.draft_model_path}" + (" (the checkpoint's MTP layer)" if s.self_draft else "")
+                 + (" - this plan: the DRAFT worker" if r.is_draft else " - this plan: the target worker"))
+    out.line(f"Serving     chunked prefill {r.chunked_prefill_size} tokens per DP rank, decode CUDA graphs up to {r.decode_batch}")
     source = f", from {plan.request.schema_source}" if plan.request is not None and plan.request.schema_source else ""
     out.line(f"Key         {plan.key}  (schema {plan.schema}: {get_schema(plan.schema).description}{source})")
     out.line(f"Key string  {plan.key_string}")
@@ -292,7 +347,9 @@ def _print_body(plan, out: Output) -> None:
         for op in w.ops:
             rec = op.recipe
             out.line(f"  {rec.id}: {rec.api}  x{rec.layers} layers  custom_ops={','.join(rec.custom_ops)}"
-                     + ("" if rec.verified else "  [argument-level only: not yet run on a GPU]"))
+                     + ("" if rec.verified else "  [keys from FlashInfer's own code on SGLang's own call; not yet "
+                                                  "run on a GPU]" if rec.keys_checked else
+                        "  [read from SGLang's code; not recorded, not run on a GPU]"))
             out.line(f"    mirrors {rec.mirrors}")
             for k, v in rec.kwargs.items():
                 if v is not None:
@@ -340,5 +397,18 @@ def plan_cmd(ctx, layout, targets_file, shard, store_url, as_json, **kw):
         reject_vllm_only(kw)
     else:
         request = vllm_request(request, kw, layout)
-    plan = build_plan(request, kw["cache_dir"])
-    out.emit(human=lambda: print_plan(plan, out), data=plan.to_dict)
+    plans = [build_plan(r, kw["cache_dir"]) for r in request.workers()]
+
+    def human() -> None:
+        for i, p in enumerate(plans):
+            if i:
+                out.line("\n" + "=" * 20 + " speculative draft worker: its own entry " + "=" * 20)
+            print_plan(p, out)
+
+    def data() -> dict:
+        d = plans[0].to_dict()
+        if len(plans) > 1:
+            d["draft"] = plans[1].to_dict()
+        return d
+
+    out.emit(human=human, data=data)

@@ -136,6 +136,14 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     request = request_from(kw)
     if vllm_layout is None:
         reject_vllm_only(kw)
+        if len(request.workers()) > 1:
+            # Speculative decoding: the target and the draft worker tune into two entries, both
+            # from one run on one pool of workers (each written when its buckets are done).
+            if quality != "quick":
+                raise UsageError("--quality careful tunes one entry at a time; with speculative decoding "
+                                 "warm writes two (target and draft): use --quality quick")
+            warm_workers(request, kw, n, force, push_url, wanted, Output(as_json), t0)
+            return
     else:
         vllm_req = vllm_request(request, kw, vllm_layout)
         if "sglang" in wanted:
@@ -216,6 +224,22 @@ def warm_engines(request: TuneRequest, vllm_req: TuneRequest, kw: dict, n, force
         sglang_layouts = tuple(x for x in wanted if not x.startswith("vllm"))
         return [FleetItem("sglang", build_plan(request, kw["cache_dir"], arch=info.arch), sglang_layouts),
                 FleetItem(vllm_layout, build_plan(vllm_req, None, arch=info.arch), (vllm_layout,))], None
+
+    run_fleet(load, n, force, push_url, out, t0, "`fi-autotune plan`")
+
+
+def warm_workers(request: TuneRequest, kw: dict, n, force: bool, push_url, wanted: list[str], out: Output,
+                 t0: float) -> None:
+    """A speculative-decoding command: the target's and the draft worker's entries, as a fleet of two."""
+    from autotune_cache.fleet import FleetItem
+
+    from .targetscmd import run_fleet
+
+    layouts = tuple(wanted)
+
+    def load(info):
+        return [FleetItem(r.worker, build_plan(r, kw["cache_dir"], arch=info.arch), layouts)
+                for r in request.workers()], None
 
     run_fleet(load, n, force, push_url, out, t0, "`fi-autotune plan`")
 

@@ -36,8 +36,7 @@ def main() -> None:
     model = SkeletonModel(ops, hidden=spec["hidden_size"], vocab=spec["vocab_size"], tp=res["flags"]["tp"],
                           dp=res["attn_dp_size"], dtype=res["dtype"], device=dev)
 
-    def tokens(op: dict) -> int:
-        return res["decode_batch"] * (res["attn_dp_size"] if op["tokens"] == "moe" else 1)
+    from autotune_cache.plan import dummy_tokens
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _fi_counters import count_tuner
@@ -52,7 +51,8 @@ def main() -> None:
     def run_pass() -> list[tuple]:
         lookups.clear()
         with lm_head_stub():
-            model(tokens, lm_tokens=res["decode_batch"])
+            for p in res["passes"]:
+                model(lambda op, p=p: dummy_tokens(res, op, p), lm_tokens=p["batch"][1])
         torch.cuda.synchronize()
         return list(lookups)
 

@@ -40,13 +40,14 @@ def test_glm51_fp8_tp8_dp8_sm100(tmp_path):
     flashinfer_trtllm.py _run_fp8_block_scale_moe: hidden_states fp8 [M, 6144], its scale a_sf.t()
     [6144/128, M] fp32, w13 [256, 2*256, 6144] with [256, 512/128, 6144/128] scales, w2 [256, 6144, 256]
     with [256, 48, 2] scales, use_shuffled_weight False (not MXFP8), tune_max = next_power_of_2(M).
-    Dummy pass: B200 default decode max_bs 512 per rank, gathered x8 at the MoE -> 4096 tokens.
+    Dummy pass: the EagerRunner's, at the request pool (2048-4096 per DP rank, sized from KV memory),
+    gathered x8 at the MoE -> up to 32768 tokens (tests/data/sglang-0.5.23: SGLang's own code).
     """
     p = plan("zai-org/GLM-5.1-FP8", "sm100", tmp_path, tp=8, dp=8)
     assert p.key == "d99390dfa961185d"
     r = p.resolution
     assert (r.quantization, r.moe_runner_backend, r.attn_dp_size) == ("fp8", "flashinfer_trtllm", 8)
-    assert (r.experts_per_rank, r.moe_intermediate_per_partition, r.moe_tokens) == (256, 256, 4096)
+    assert (r.experts_per_rank, r.moe_intermediate_per_partition, r.moe_tokens) == (256, 256, 32768)
     assert len(p.workloads) == 1 and len(p.workloads[0].ranks) == 8
     op = only_op(p, "trtllm_fp8_block_scale_moe")
     kw = op.recipe.kwargs
@@ -56,21 +57,23 @@ def test_glm51_fp8_tp8_dp8_sm100(tmp_path):
                                 "use_shuffled_weight")} == {
         "num_experts": 256, "top_k": 8, "n_group": 1, "topk_group": 1, "intermediate_size": 256,
         "local_expert_offset": 0, "local_num_experts": 256, "routed_scaling_factor": 2.5, "use_shuffled_weight": False}
-    assert kw["routing_method_type"].value == 2 and kw["fp8_quantization_type"].value == 1
+    assert kw["routing_method_type"] == 2 and kw["fp8_quantization_type"].value == 1
     assert tensors(op) == {
         "routing_logits": (("M", 256), "float32"),
-        "routing_bias": ((256,), "bfloat16"),
+        "routing_bias": ((256,), "float32"),  # the e_score_correction_bias SGLang passes (fp32)
         "hidden_states": (("M", 6144), "float8_e4m3fn"),
         "hidden_states_scale": ((48, "M"), "float32"),
         "gemm1_weights": ((256, 512, 6144), "float8_e4m3fn"),
         "gemm1_weights_scale": ((256, 4, 48), "float32"),
         "gemm2_weights": ((256, 6144, 256), "float8_e4m3fn"),
         "gemm2_weights_scale": ((256, 48, 2), "float32"),
+        "output": (("M", 6144), "bfloat16"),
     }
     assert op.recipe.layers == 78 - 3  # first_k_dense_replace = 3
-    # every key the engine's 4096-token dummy pass looks up is tuned
+    # every key the engine's dummy pass (up to 4096 x 8 tokens) looks up is tuned; serving reaches
+    # 2048 tokens per DP rank (16384 / 8, parallel_hook.py) x 8 = 16384: nothing above 32768
     assert set(op.engine_keys) <= set(op.buckets) and op.added == ()
-    assert max(op.engine_keys) == 4096
+    assert max(op.engine_keys) == 32768 == op.buckets[-1]
 
 
 def test_glm51_fp8_on_sm90_says_sglang_would_not_autotune(tmp_path):
@@ -85,9 +88,11 @@ def test_glm51_fp8_on_sm90_says_sglang_would_not_autotune(tmp_path):
 
 def test_deepseek_v3_tp8_sm100(tmp_path):
     """DeepSeek-V3, TP8 on sm100 without dp-attention: MoE TP 8 -> intermediate 2048/8 = 256, 256 local
-    experts; config n_group 8 / topk_group 4. Decode batch 512 per rank, no gather -> MoE sees 512.
+    experts; config n_group 8 / topk_group 4. The dummy pass runs at the request pool (up to 4096
+    per rank, no gather) -> the MoE's keys run up to 4096; serving chunks (16k) up to 16384.
     MLA decode (trtllm_mla_backend.py, default attention on sm100 for DeepseekV3ForCausalLM):
-    query [M, 1, 128/8 = 16 heads, 512 + 64], sparse_mla_top_k 0 (not DSA)."""
+    query [M, 1, 128/8 = 16 heads, 512 + 64], sparse_mla_top_k 0 (not DSA); FlashInfer tunes it on
+    the fixed grid up to 8192 whatever the batch."""
     p = plan("deepseek-ai/DeepSeek-V3", "sm100", tmp_path, tp=8)
     assert p.key_string == (
         "deepseek-ai/DeepSeek-V3|torch.bfloat16|fp8|flashinfer_trtllm|8|1|1|1|DeepseekV3Config|"
@@ -96,11 +101,11 @@ def test_deepseek_v3_tp8_sm100(tmp_path):
     kw = moe.recipe.kwargs
     assert (kw["n_group"], kw["topk_group"], kw["intermediate_size"], kw["local_num_experts"]) == (8, 4, 256, 256)
     assert tensors(moe)["gemm1_weights"] == ((256, 512, 7168), "float8_e4m3fn")
-    assert max(moe.engine_keys) == 512
-    mla = only_op(p, "trtllm_batch_decode_with_kv_cache_mla")
+    assert max(moe.engine_keys) == 4096 and moe.buckets[-1] == 16384
+    (mla,) = [o for w in p.workloads for o in w.ops if o.recipe.id == "attn.mla_decode.decode"]
     assert tensors(mla)["query"] == (("M", 1, 16, 576), "bfloat16")
-    assert mla.recipe.kwargs["sparse_mla_top_k"] == 0
-    assert mla.buckets[-1] == 512  # a decode kernel never sees a prefill chunk
+    assert mla.recipe.kwargs["sparse_mla_top_k"] == 0 and mla.recipe.kwargs["max_seq_len"] == 1
+    assert mla.buckets[-1] == 8192 == max(mla.engine_keys)
 
 
 def test_qwen3_235b_fp8_ep8_sm100(tmp_path):
@@ -112,7 +117,7 @@ def test_qwen3_235b_fp8_ep8_sm100(tmp_path):
     op = only_op(p, "trtllm_fp8_block_scale_moe")
     kw = op.recipe.kwargs
     assert (kw["local_num_experts"], kw["num_experts"], kw["intermediate_size"], kw["top_k"]) == (16, 128, 1536, 8)
-    assert kw["routing_method_type"].value == 1 and kw["n_group"] is None and kw["routing_bias"] is None
+    assert kw["routing_method_type"] == 1 and kw["n_group"] is None and kw["routing_bias"] is None
     assert tensors(op)["gemm1_weights"] == ((16, 3072, 4096), "float8_e4m3fn")
     assert tensors(op)["routing_logits"] == (("M", 128), "bfloat16")
     # EP ranks differ only in local_expert_offset, which never reaches a key: one workload
@@ -122,7 +127,9 @@ def test_qwen3_235b_fp8_ep8_sm100(tmp_path):
 def test_gpt_oss_120b_tp4(tmp_path):
     """gpt-oss-120b (MXFP4 experts, 128 experts top-4, expert width 2880, biases, swiglu_limit 7).
     sm100: gpt_oss.py overrides -> flashinfer_mxfp4, dtype forced bfloat16, server quantization unset;
-    trtllm_fp4_block_scale_moe with packed e2m1 weights and ue8m0 scales per 32: w13 [128, 2*720, 2880/2].
+    trtllm_fp4_block_scale_moe with MXFP8 activations and packed e2m1 weights; hidden padded 2880 ->
+    3072 (FusedMoE, to 256) and the expert width sharded in whole 32-blocks (ceil(90/4) x 32 = 736)
+    then padded to 768 (mxfp4.py): w13 [128, 2*768, 3072/2] (SGLang's own call, tests/data).
     sm90 defaults to triton_kernel (no autotune); with --moe-runner-backend flashinfer_mxfp4 SGLang
     runs cutlass_fused_moe W4A16 (use_w4_group_scaling)."""
     p100 = plan("openai/gpt-oss-120b", "sm100", tmp_path, tp=4)
@@ -130,17 +137,19 @@ def test_gpt_oss_120b_tp4(tmp_path):
     assert (f.dtype, f.quantization, f.moe_runner_backend, f.config_class) == ("torch.bfloat16", None, "flashinfer_mxfp4", "GptOssConfig")
     op = only_op(p100, "trtllm_fp4_block_scale_moe")
     t = tensors(op)
-    assert t["gemm1_weights"] == ((128, 1440, 1440), "uint8")
-    assert t["gemm1_weights_scale"] == ((128, 1440, 90), "uint8")
-    assert t["gemm2_weights"] == ((128, 2880, 360), "uint8")
-    assert t["hidden_states"] == (("M", 2880), "bfloat16") and t["gemm1_bias"] == ((128, 1440), "float32")
+    assert t["gemm1_weights"] == ((128, 1536, 1536), "uint8")
+    assert t["gemm1_weights_scale"] == ((128, 1536, 96), "float8_e4m3fn")
+    assert t["gemm2_weights"] == ((128, 3072, 384), "uint8")
+    assert t["hidden_states"] == (("M", 3072), "float8_e4m3fn") and t["gemm1_bias"] == ((128, 1536), "float32")
+    assert t["output"] == (("M", 2880), "bfloat16")
 
     p90 = plan("openai/gpt-oss-120b", "sm90", tmp_path, tp=4)
     assert not p90.autotunes and p90.resolution.moe_runner_backend == "triton_kernel"
     p90mx = plan("openai/gpt-oss-120b", "sm90", tmp_path, tp=4, moe_runner_backend="flashinfer_mxfp4")
     op = only_op(p90mx, "cutlass_fused_moe")
     assert op.recipe.kwargs["use_w4_group_scaling"] is True
-    assert tensors(op)["fc1_expert_weights"] == ((128, 1440, 1440), "uint8")
+    assert tensors(op)["fc1_expert_weights"] == ((128, 1536, 1536), "uint8")
+    assert tensors(op)["input"] == (("M", 3072), "bfloat16")
     assert p90mx.key != p90.key  # the backend is part of the key
 
 
@@ -151,7 +160,7 @@ def test_llama31_70b_instruct_fp8_tp4_sm90(tmp_path):
     ModelOptFp8LinearMethod.apply -> apply_fp8_linear_bmm_flashinfer -> bmm_fp8(q[1,M,K], w[1,K,N]
     col-major, backend="cublas"). TP4 shapes: qkv K 8192 N (64/4)*128 + 2*(8/4)*128 = 2560;
     o_proj K 2048 N 8192; gate_up K 8192 N 2*28672/4 = 14336; down K 7168 N 8192.
-    H100/H200 default decode max_bs for tp >= 4 is 512; chunked prefill 8192."""
+    The dummy pass runs at the request pool (up to 4096 per rank); chunked prefill 8192."""
     p = plan("nvidia/Llama-3.1-70B-Instruct-FP8", "sm90", tmp_path, tp=4)
     assert p.source.kind == "preset" and p.source.quant_sidecar is not None
     assert p.key_string == (
@@ -167,7 +176,7 @@ def test_llama31_70b_instruct_fp8_tp4_sm90(tmp_path):
     }
     assert all(o.recipe.kwargs["backend"] == "cublas" and o.recipe.custom_ops == ("fp8_gemm",) for o in w.ops)
     qkv = w.ops[0]
-    assert qkv.buckets[-1] == 8192 and max(qkv.engine_keys) == 512
+    assert qkv.buckets[-1] == 8192 and max(qkv.engine_keys) == 4096
     assert p.profiles == 4 * len(qkv.buckets)
     assert qkv.recipe.file_keys(128) == [
         "('fp8_gemm', 'CublasFp8GemmRunner', ((1, 128, 8192), (1, 8192, 2560), (1,), (1,), (1, -1, 2560), (-1,)), "
@@ -197,18 +206,18 @@ def test_engine_keys_outside_the_superset_are_added(tmp_path):
                   "sm90", cache_root=tmp_path, flashinfer_version="x", max_tokens=2048)
     op = only_op(p, "cutlass_fused_moe")
     assert op.added == (2560, 3000) and op.buckets[-2:] == (2560, 3000)
-    small = make_plan("nvidia/Llama-3.1-70B-Instruct-FP8", ServerFlags(tp=4, cuda_graph_max_bs=160), "sm90",
+    small = make_plan("nvidia/Llama-3.1-70B-Instruct-FP8", ServerFlags(tp=4, max_running_requests=160), "sm90",
                       cache_root=tmp_path, flashinfer_version="x", max_tokens=64)
     op = small.workloads[0].ops[0]
-    # decode batch 160 -> the engine looks 160 up as 256 (map_to_hybrid_bucket_uncapped)
+    # a pool of 160 requests -> the dummy pass's 160 is looked up as 256 (map_to_hybrid_bucket_uncapped)
     assert 256 in op.engine_keys and 160 not in op.engine_keys
     assert op.added == (128, 256) and set(op.engine_keys) <= set(op.buckets)
 
 
 def test_dp_gather_48x8(tmp_path):
-    """48 requests per rank under DP8 attention: the MoE sees 384 tokens; trtllm passes
-    tune_max_num_tokens = 512, so the engine's keys run up to 512."""
-    p = plan("zai-org/GLM-5.1-FP8", "sm100", tmp_path, tp=8, dp=8, cuda_graph_max_bs=48)
+    """--max-running-requests 384 under DP8 attention: 48 per DP rank, the MoE sees 384 tokens;
+    trtllm passes tune_max_num_tokens = 512, so the engine's keys run up to 512."""
+    p = plan("zai-org/GLM-5.1-FP8", "sm100", tmp_path, tp=8, dp=8, max_running_requests=384)
     op = only_op(p, "trtllm_fp8_block_scale_moe")
     assert p.resolution.moe_tokens == 384 and max(op.engine_keys) == 512
     assert set(op.engine_keys) <= set(op.buckets)

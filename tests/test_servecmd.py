@@ -35,10 +35,19 @@ def test_values_that_shape_the_plan():
                    "skip_ops": ("b", "a,c"), "dtype": "bfloat16", "autotune_extend": True, "cache_dir": "/cache"}
 
 
-def test_ignored_flags_are_reported_with_their_values():
-    cmd = parse_serving_command(["python", "-m", "sglang.launch_server", "--model-path", "m", "--host", "0.0.0.0",
-                                 "--trust-remote-code", "--port=30000", "--mem-fraction-static", "0.9", "CUDA_X=1"])
-    assert cmd.ignored == ["--host 0.0.0.0", "--trust-remote-code", "--port=30000", "--mem-fraction-static 0.9", "CUDA_X=1"]
+def test_flags_are_sorted_by_what_sglangs_code_showed_with_their_values():
+    """Ignored only where the oracle showed the flag does not reach SGLang's autotune path; an
+    environment variable fi-autotune has no evidence on is "not understood", never ignored."""
+    cmd = parse_serving_command(["CUDA_X=1", "python", "-m", "sglang.launch_server", "--model-path", "m", "--host",
+                                 "0.0.0.0", "--trust-remote-code", "--port=30000", "--mem-fraction-static", "0.9"])
+    assert cmd.ignored == ["--host 0.0.0.0", "--port 30000", "--mem-fraction-static 0.9"]
+    assert cmd.values["trust_remote_code"] is True  # modelled: it can change the key's config class
+    assert cmd.not_understood == ["CUDA_X=1 (environment: fi-autotune has no evidence on what it does)"]
+
+
+def test_a_stray_argument_is_rejected_as_sglang_would():
+    with pytest.raises(UsageError, match="takes no argument 'CUDA_X=1'"):
+        parse_serving_command(["--model-path", "m", "--host", "0.0.0.0", "CUDA_X=1"])
 
 
 def test_one_quoted_string_works_too():

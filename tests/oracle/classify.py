@@ -1,0 +1,120 @@
+"""From the flag probes to the flag table fi-autotune ships (autotune_cache/data/sglang-0.5.23-flags.json).
+
+Each probe (a base command with one flag added, resolved and evaluated by SGLang's own code) is
+compared with its base:
+
+- ``differs``: what the autotune path decides changed (the gate, key string, rank files, dummy
+  passes, extend tokens, a recorded FlashInfer call);
+- ``reaches``: none of that changed, but a resolved argument the autotune path reads did
+  (``reads``: every config leaf read while the path ran, over all probes) - it may matter for
+  another model;
+- ``same``: neither;
+- ``rejected``: SGLang refused the combination (no evidence either way).
+
+A flag's effect is ``matters`` if any probe differs, else ``reaches`` if any probe reaches, else
+``none`` if at least one probe ran and every probe that ran was the same, else ``unknown``.
+fi-autotune reads ``modelled`` flags itself (``servecmd.MODELLED``), whatever the probes say.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from reduce import autotune_view  # noqa: E402
+
+
+def leaves(raw_base: dict) -> set[str]:
+    reads = set(raw_base["base"].get("reads", []))
+    for p in raw_base["probes"]:
+        reads |= set(p["result"].get("reads", []))
+    return {r.rsplit(".", 1)[1] for r in reads}
+
+
+def diff(a, b, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += diff(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+        return out
+    return [] if a == b else [path]
+
+
+def outcome(probe: dict, base_view: dict, base_resolved: dict, read: set[str]) -> dict:
+    from autotune_cache.servecmd import MODELLED
+
+    r = probe["result"]
+    out = {"dest": probe["dest"], "argv": probe["argv"]}
+    if probe["dest"] in MODELLED and "error" not in r and "oracle_error" not in r:
+        # A modelled flag's probe is one more command fi-autotune's plan must get right.
+        out["view"] = autotune_view(r)
+    if "error" in r:
+        return out | {"outcome": "rejected", "error": r["error"][:200]}
+    if "oracle_error" in r:
+        return out | {"outcome": "oracle_error", "error": str(r["oracle_error"])[:200]}
+    view = autotune_view(r)
+    changed = diff(view, base_view)
+    if changed:
+        return out | {"outcome": "differs", "changed": changed[:12]}
+    resolved = r.get("resolved", {})
+    reached = [k for k in sorted(read) if k in resolved and resolved.get(k) != base_resolved.get(k)]
+    if reached:
+        return out | {"outcome": "reaches", "changed": reached[:12]}
+    return out | {"outcome": "same"}
+
+
+def classify(probes: dict) -> dict:
+    """{dest: {"effect", "evidence"}} over every base."""
+    from autotune_cache.servecmd import MODELLED
+
+    verdicts: dict[str, dict] = {}
+    facts: dict[str, dict] = {}
+    for name, entry in probes["bases"].items():
+        raw = entry["raw"]
+        read = leaves(raw)
+        base_view = autotune_view(raw["base"])
+        base_resolved = raw["base"].get("resolved", {})
+        for f in raw["facts"]:
+            facts.setdefault(f["dest"], f)
+        entry["outcomes"] = [outcome(p, base_view, base_resolved, read) for p in raw["probes"]]
+        for o in entry["outcomes"]:
+            verdicts.setdefault(o["dest"], {"outcomes": []})["outcomes"].append(dict(o, base=name))
+    table = {}
+    for dest, f in sorted(facts.items()):
+        outs = verdicts.get(dest, {"outcomes": []})["outcomes"]
+        kinds = {o["outcome"] for o in outs}
+        if dest in MODELLED:
+            effect = "modelled"
+        elif "differs" in kinds:
+            effect = "matters"
+        elif "reaches" in kinds:
+            effect = "reaches"
+        elif "same" in kinds:
+            effect = "none"
+        else:
+            effect = "unknown"
+        shown = [o for o in outs if o["outcome"] in ("differs", "reaches")][:2] or \
+            [o for o in outs if o["outcome"] == "same"][:1] or outs[:1]
+        evidence = "; ".join(
+            f"{' '.join(o['argv'])} on {o['base']}: {o['outcome']}"
+            + (f" ({', '.join(o['changed'][:3])})" if o.get("changed") else "")
+            + (f" ({o['error'][:80]})" if o.get("error") else "") for o in shown)
+        ran = sum(1 for o in outs if o["outcome"] in ("same", "differs", "reaches"))
+        table[dest] = {"options": f["options"], "takes": f["takes"], "choices": f["choices"], "effect": effect,
+                       "probes": len(outs), "ran": ran, "evidence": evidence or "not probed"}
+    return table
+
+
+def write_flag_table(probes: dict, probes_path: Path, table_path: Path) -> None:
+    table = classify(probes)
+    compact = {"bases": {name: {"arch": e["arch"], "command": e["command"], "outcomes": e["outcomes"],
+                                "view": autotune_view(e["raw"]["base"])}
+                         for name, e in probes["bases"].items()}}
+    probes_path.parent.mkdir(parents=True, exist_ok=True)
+    probes_path.write_text(json.dumps(compact, indent=1, sort_keys=True) + "\n")
+    table_path.parent.mkdir(parents=True, exist_ok=True)
+    table_path.write_text(json.dumps({"sglang": "0.5.23", "flags": table}, indent=1, sort_keys=True) + "\n")
