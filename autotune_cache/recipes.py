@@ -189,7 +189,7 @@ def cutlass_moe(spec: ModelSpec, res: Resolution, layers: int) -> OpRecipe:
         "tune_max_num_tokens": _CUTLASS_TUNE_CAP,
         "activation_type": _SWIGLU,
         "enable_alltoall": False,
-        "use_fused_finalize": False,  # SGLANG_FLASHINFER_MOE_FUSED_FINALIZE defaults to False
+        "use_fused_finalize": res.flags.moe_fused_finalize,  # SGLANG_FLASHINFER_MOE_FUSED_FINALIZE (default off)
     }
     verified = False
     if q is None:
@@ -219,8 +219,8 @@ def cutlass_moe(spec: ModelSpec, res: Resolution, layers: int) -> OpRecipe:
             kwargs["swiglu_beta"] = T((e,), "float32", fill="scale")
             kwargs["swiglu_limit"] = T((e,), "float32", fill="scale")
     else:
-        raise UsageError(f"the flashinfer_cutlass MoE with {q!r} weights is not modelled (fi-autotune tunes bf16, "
-                         "FP8 per-tensor and gpt-oss MXFP4 through it)")
+        raise UsageError(f"--moe-runner-backend flashinfer_cutlass with {q} weights: not modelled (fi-autotune "
+                         "tunes bf16, FP8 per-tensor and gpt-oss MXFP4 through it)")
     return OpRecipe(
         id="moe.experts", api="flashinfer.fused_moe.cutlass_fused_moe",
         custom_ops=("trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2"), kwargs=kwargs,
@@ -369,6 +369,8 @@ def linear_shapes(spec: ModelSpec, res: Resolution) -> list[tuple[str, int, int,
         q = spec.num_attention_heads // tp_attn * spec.head_dim
         out += [("linear.qkv_proj", h, q + 2 * kv_heads * spec.head_dim, spec.num_layers),
                 ("linear.o_proj", q, h, spec.num_layers)]
+    else:  # MLA's output projection: the heads' v_head_dim back to hidden (RowParallelLinear)
+        out += [("linear.o_proj", spec.num_attention_heads // tp_attn * spec.mla.v_head_dim, h, spec.num_layers)]
     if spec.dense_intermediate_size and spec.num_dense_mlp_layers:
         inter = spec.dense_intermediate_size // res.flags.tp
         out += [("linear.gate_up_proj", h, 2 * inter, spec.num_dense_mlp_layers),
@@ -525,7 +527,7 @@ def _moe_recipe(spec: ModelSpec, res: Resolution, moe_layers: int) -> OpRecipe |
         return trtllm_fp8_block_moe(spec, res, moe_layers)
     if q is None:
         return trtllm_bf16_moe(spec, res, moe_layers)
-    raise UsageError(f"flashinfer_trtllm MoE with {q!r} weights is not modelled")
+    raise UsageError(f"--moe-runner-backend flashinfer_trtllm with {q} weights: not modelled")
 
 
 def recipes_for(spec: ModelSpec, res: Resolution, layers: range) -> list[OpRecipe]:
@@ -584,16 +586,21 @@ def recipes_for(spec: ModelSpec, res: Resolution, layers: range) -> list[OpRecip
     return list(unique.values())
 
 
+#: Our linear ids -> the module path SGLang matches ModelOpt's exclude / ignore list against
+#: (a fused layer counts as excluded when any of its parts is: gate_up = gate_proj / up_proj).
+_MODULE_PATHS = {
+    "linear.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.qkv_proj"),
+    "linear.o_proj": ("self_attn.o_proj",),
+    "linear.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj", "mlp.gate_up_proj"),
+    "linear.down_proj": ("mlp.down_proj",),
+    "linear.shared_experts.down_proj": ("mlp.shared_experts.down_proj",),
+}
+
+
 def _excluded(name: str, patterns: tuple[str, ...]) -> bool:
-    """ModelOpt's exclude / ignore list, as SGLang matches a layer against it (by name segment)."""
+    """ModelOpt's exclude / ignore list, matched as glob patterns against the layer's module path
+    (quantization/modelopt_quant.py is_layer_excluded), for any decoder layer."""
     import fnmatch
 
-    leaf = name.split(".", 1)[1]  # "gate_up_proj", "shared_experts.down_proj", ...
-    for pat in patterns:
-        if pat == "lm_head":
-            continue
-        tail = pat.split("*.")[-1] if "*." in pat else pat
-        if fnmatch.fnmatch("model.layers.0." + ("mlp." if "proj" in leaf else "") + leaf, pat) or \
-                fnmatch.fnmatch(leaf, tail):
-            return True
-    return False
+    paths = [f"model.layers.0.{m}" for m in _MODULE_PATHS.get(name, ())]
+    return any(fnmatch.fnmatch(path, pat) or path.startswith(pat + ".") for path in paths for pat in patterns)

@@ -76,7 +76,8 @@ RENAMED = {"--pp": "--pp-size", "--quant": "--quantization", "--cuda-graph-max-b
            "--cuda-graph-bs": "--cuda-graph-bs-decode"}
 
 #: Environment assignments before the command that fi-autotune models.
-ENV_FLAGS = {"SGLANG_FLASHINFER_AUTOTUNE_EXTEND", "SGLANG_CACHE_DIR", "SGLANG_FLASHINFER_AUTOTUNE_CACHE"}
+ENV_FLAGS = {"SGLANG_FLASHINFER_AUTOTUNE_EXTEND", "SGLANG_CACHE_DIR", "SGLANG_FLASHINFER_AUTOTUNE_CACHE",
+             "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE"}
 
 _TRUE = ("1", "true", "yes", "y", "on")
 
@@ -157,6 +158,8 @@ class ServingCommand:
             out["autotune_disabled_by"] = self.autotune_disabled
         if str(self.env.get("SGLANG_FLASHINFER_AUTOTUNE_EXTEND", "")).lower() in _TRUE:
             out["autotune_extend"] = True
+        if str(self.env.get("SGLANG_FLASHINFER_MOE_FUSED_FINALIZE", "")).lower() in _TRUE:
+            out["moe_fused_finalize"] = True
         if "SGLANG_CACHE_DIR" in self.env:
             out["cache_dir"] = self.env["SGLANG_CACHE_DIR"]
         return out

@@ -78,6 +78,7 @@ class ServerFlags:
     fp4_gemm_backend: str = "auto"
     disaggregation_mode: str = "null"
     decode_cuda_graph: bool = True  # False: --disable-cuda-graph / --cuda-graph-backend-decode disabled
+    moe_fused_finalize: bool = False  # SGLANG_FLASHINFER_MOE_FUSED_FINALIZE=1 (cutlass MoE's key has it)
     #: Why the server will not autotune at all (--disable-flashinfer-autotune, ...), or None.
     autotune_disabled_by: str | None = None
     #: The GPUs the tp ranks run on, in tp-rank order: flashinfer_megamoe (0.5.22+) names each
@@ -319,8 +320,8 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
     if worker == "draft":
         # ModelConfig.from_server_args(is_draft_model=True): --speculative-draft-model-quantization
         # (not modelled: unset) else the draft checkpoint's own method.
-        draft_quant = spec.quant.method if spec.quant else None
-        model_quant = draft_quant
+        model_quant = spec.quant.method if spec.quant else None
+        draft_quant = spec.config_quantization or model_quant
         backend = flags.speculative_moe_runner_backend or backend
     fp4_backend = _fp4_backend(flags.fp4_gemm_backend, sm100) if model_quant in ("modelopt_fp4", "modelopt_mixed") \
         else None

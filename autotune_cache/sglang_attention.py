@@ -72,6 +72,8 @@ def resolve_attention(spec: ModelSpec, arch_major: int, *, attention_backend: st
         return Attention(decode_attention_backend or backend, prefill_attention_backend or backend, kv_cache_dtype,
                          page_size or 1, context_length or spec.max_position_embeddings, None, None,
                          prefill_attention_backend or backend, None)
+    if attention_backend == "nsa":
+        attention_backend = "dsa"  # the DSA backend's former name, still accepted
     if dsa:
         # model_overrides/deepseek_v2.py: DSA models run the "dsa" backend (page 64 x index_kpool).
         backend = attention_backend or "dsa"
@@ -79,8 +81,8 @@ def resolve_attention(spec: ModelSpec, arch_major: int, *, attention_backend: st
         backend = "trtllm_mla"  # _deepseek_family_overrides: only when no attention flag is set
     else:
         backend = attention_backend or _mla_default(arch_major)
-    decode = decode_attention_backend or backend
-    prefill = prefill_attention_backend or backend
+    decode = {"nsa": "dsa"}.get(decode_attention_backend, decode_attention_backend) or backend
+    prefill = {"nsa": "dsa"}.get(prefill_attention_backend, prefill_attention_backend) or backend
     if decode == "cutedsl_mla" and prefill_attention_backend is None and attention_backend in (None, "cutedsl_mla"):
         prefill = "trtllm_mla"  # overrides.py _cutedsl_prefill_backend_fill
     if arch_major == 9 and "trtllm_mla" in (decode, prefill):

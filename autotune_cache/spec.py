@@ -139,6 +139,9 @@ class ModelSpec:
     #: The class ``--trust-remote-code`` instantiates: config.json's ``auto_map`` AutoConfig class,
     #: unless SGLang re-parses the model type through its own registry (then ``config_class``).
     remote_config_class: str = ""
+    #: The checkpoint-level quantization method when ``quant`` is None only because this (draft)
+    #: model's layers are excluded from it: what SGLang's ModelConfig still reports (draft_quant=).
+    config_quantization: str | None = None
 
     def nextn(self) -> "ModelSpec":
         """The speculative draft SGLang builds from the checkpoint's own MTP layer(s)
@@ -153,9 +156,19 @@ class ModelSpec:
 
             moe = _replace(self.moe, first_dense_layers=0, layer_freq=1)
         from dataclasses import replace
+        import fnmatch
 
+        quant, config_quant = self.quant, None
+        if quant is not None:
+            # The MTP layer is decoder layer num_hidden_layers of the checkpoint; a ModelOpt exclude
+            # list that covers it leaves the draft's MoE unquantized (bf16 trtllm MoE on sm100).
+            path = f"model.layers.{self.num_layers}.mlp.experts"
+            if any(fnmatch.fnmatch(path, pat) or path.startswith(pat.rstrip("*")) and pat.endswith("*")
+                   for pat in quant.modules_not_quantized):
+                quant, config_quant = None, quant.method
         return replace(self, architecture=self.architecture + "NextN", num_layers=self.num_mtp_layers,
-                       num_mtp_layers=0, moe=moe, dense_intermediate_size=None)
+                       num_mtp_layers=0, moe=moe, dense_intermediate_size=None, quant=quant,
+                       config_quantization=config_quant)
 
     @property
     def num_moe_layers(self) -> int:
@@ -221,7 +234,8 @@ def _quant(cfg: dict, sidecar: dict | None) -> QuantSpec | None:
     else:
         method = f"modelopt_{algo.lower()}"
     return QuantSpec(
-        method=method, fmt=algo, modules_not_quantized=tuple(modelopt.get("exclude_modules") or ()),
+        method=method, fmt=algo,
+        modules_not_quantized=tuple(modelopt.get("exclude_modules") or modelopt.get("ignore") or ()),
         kv_cache_quant_algo=modelopt.get("kv_cache_quant_algo"), source=source,
     )
 

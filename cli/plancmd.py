@@ -86,6 +86,8 @@ def serving_options(fn=None, *, model_required: bool = True):  # noqa: ARG001 - 
         click.option("--cuda-graph-max-bs", type=POSITIVE),
         click.option("--chunked-prefill-size", type=POSITIVE),
         click.option("--autotune-extend", is_flag=True, help="The server runs with SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1."),
+        click.option("--moe-fused-finalize", is_flag=True,
+                     help="The server runs with SGLANG_FLASHINFER_MOE_FUSED_FINALIZE=1 (in the cutlass MoE's key)."),
         click.option("--trust-remote-code", is_flag=True,
                      help="The server runs with --trust-remote-code (the key then hashes config.json's auto_map class)."),
         click.option("--moe-a2a-backend", default="none", show_default=True),
@@ -189,6 +191,7 @@ def request_from(kw: dict) -> TuneRequest:
         speculative_attention_mode=kw.get("speculative_attention_mode"),
         disaggregation_mode=kw.get("disaggregation_mode") or "null",
         decode_cuda_graph=not kw.get("disable_cuda_graph", False),
+        moe_fused_finalize=kw.get("moe_fused_finalize", False),
     )
     schema, schema_source = pick_schema(kw)
     return TuneRequest(

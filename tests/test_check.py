@@ -143,3 +143,45 @@ def test_check_imports_neither_torch_nor_flashinfer(root, fingerprint):
     assert proc.returncode == 0, proc.stderr[-2000:]
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "click" in imported and not imported & {"torch", "flashinfer", "numpy"}
+
+
+DSV3 = ["--arch", "sm100", "--flashinfer-version", "0.7.2.post1", "--", "python", "-m", "sglang.launch_server",
+        "--model-path", "deepseek-ai/DeepSeek-V3", "--tp", "8"]
+EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "4"]
+
+
+def dsv3_plans(root: Path, **flags) -> list:
+    req = TuneRequest("deepseek-ai/DeepSeek-V3", ServerFlags(tp=8, **flags), arch="sm100", flashinfer_version="0.7.2.post1")
+    return [r.plan(root) for r in req.workers()]
+
+
+def test_strict_check_fails_on_a_cache_tuned_without_fp8_kv(root):
+    """--kv-cache-dtype fp8_e4m3 changes no part of the key, but every MLA decode lookup (query and
+    KV in fp8, tests/data/sglang-0.5.23): a bf16-KV cache under the same key misses them all."""
+    for p in dsv3_plans(root):
+        write_plan_entry(p)
+    assert check(root, *DSV3)[0] == 0
+    code, report, _ = check(root, *DSV3, "--kv-cache-dtype", "fp8_e4m3")
+    assert code == 1 and report["found"]
+    assert any("attn.mla_decode.decode lookups" in m for m in report["misses"])
+    for p in dsv3_plans(root, kv_cache_dtype="fp8_e4m3"):
+        write_plan_entry(p)
+    assert check(root, *DSV3, "--kv-cache-dtype", "fp8_e4m3")[0] == 0
+
+
+def test_strict_check_fails_on_a_cache_tuned_without_speculative_decoding(root):
+    """EAGLE keeps the target's key but tunes it in TARGET_VERIFY shapes, and adds a draft worker
+    with a key of its own: a cache tuned for the plain command misses both."""
+    for p in dsv3_plans(root):
+        write_plan_entry(p)
+    code, report, _ = check(root, *DSV3, *EAGLE)
+    assert code == 1
+    assert not report["ok"] and not report["target"]["ok"] and not report["draft"]["found"]
+    assert any("target_verify" in m for m in report["target"]["misses"])
+    for p in dsv3_plans(root, speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
+                        speculative_num_draft_tokens=4):
+        write_plan_entry(p)
+    code, report, _ = check(root, *DSV3, *EAGLE)
+    assert code == 0 and report["target"]["ok"] and report["draft"]["ok"]
+    assert report["draft"]["entry"] != report["target"]["entry"]

@@ -59,10 +59,27 @@ def main() -> None:
     print(json.dumps(E.jsonable(out)))
 
 
+def _no_symmetric_memory() -> None:
+    """--enable-symm-mem makes SGLang allocate the MoE's buffers from an NCCL memory pool (a CUDA
+    extension it builds at runtime): where a buffer lives, not what the FlashInfer call is given.
+    The recorders take ordinary CPU tensors instead."""
+    from sglang.srt.distributed.device_communicators import pynccl_allocator
+
+    pynccl_allocator.is_symmetric_memory_enabled = lambda: False
+
+
+NOT_RECORDED = {("linear", "draft"): "the linear recorder builds target models only",
+                ("attention", "draft"): "the attention recorder builds the target's backend only"}
+
+
 def _record(kind: str, sa, mr, worker: str, p: dict, gather: int) -> list[dict]:
     batch, width = p["batch"], p["tokens_per_req"]
+    if (kind, worker) in NOT_RECORDED:
+        return []
     if kind == "moe":
         from sglang_moe_calls import record_moe_calls
+
+        _no_symmetric_memory()
 
         m = batch * width * gather
         return [dict(c, m=m) for c in record_moe_calls(sa, mr, m, capture_mode=worker == "draft")]

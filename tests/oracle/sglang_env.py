@@ -68,9 +68,14 @@ def write_remote_code(d: Path) -> None:
     if not target or "." not in target:
         return
     module, cls = target.rsplit(".", 1)
+    # Over transformers' own class for the model type where it has one (its defaults, e.g.
+    # pad_token_id, are what the checkpoint's module also sets), else over PretrainedConfig.
     (d / f"{module}.py").write_text(
-        "from transformers import PretrainedConfig\n\n\n"
-        f"class {cls}(PretrainedConfig):\n    model_type = {cfg.get('model_type')!r}\n")
+        "from transformers import PretrainedConfig\n"
+        "from transformers.models.auto.configuration_auto import CONFIG_MAPPING\n\n"
+        f"_base = CONFIG_MAPPING[{cfg.get('model_type')!r}] if {cfg.get('model_type')!r} in CONFIG_MAPPING "
+        "else PretrainedConfig\n\n\n"
+        f"class {cls}(_base):\n    model_type = {cfg.get('model_type')!r}\n")
 
 
 def resolve(argv: list[str], env: dict[str, str] | None = None):
