@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .buckets import gemm_key
 from .errors import UsageError
 from .sglang import Resolution, arch_major
 from .spec import Family, ModelSpec
@@ -123,6 +124,10 @@ class OpRecipe:
         (FlashInfer stores the winner's, which only a GPU decides)."""
         from .fikeys import BUILDERS
 
+        if self.bucket_rule == "gemm":
+            # A bucket off FlashInfer's grid (the dummy pass's own M, appended as the last bucket)
+            # is stored under its mapped value: 288 tokens profile as 288 and key as 512.
+            bucket = gemm_key(bucket)
         return [[str(k) for k in group] for group in BUILDERS[self.api](self, bucket)]
 
     @classmethod

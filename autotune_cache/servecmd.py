@@ -149,11 +149,16 @@ class ServingCommand:
             if name == "skip_ops":
                 value = tuple(value)  # SGLang keeps each token whole (nargs="+", no comma splitting)
             out[name] = value
-        if "attn_dp_size" in v:
-            out["dp"], out["no_dp_attention"] = v["attn_dp_size"], False
-        elif "dp_size" in v:
-            # --dp-size N: N replicas, unless --enable-dp-attention (deprecated) makes it attention DP.
-            out["dp"], out["no_dp_attention"] = v["dp_size"], not v.get("enable_dp_attention", False)
+        if "attn_dp_size" in v or "dp_size" in v:
+            # parallel_hook.py: --dp-size N counts replicas; the deprecated --enable-dp-attention
+            # turns it into --attn-dp-size N when --attn-dp-size is left at 1; both above 1 is refused.
+            attn, dp = v.get("attn_dp_size", 1), v.get("dp_size", 1)
+            if v.get("enable_dp_attention", False) and attn == 1:
+                attn, dp = dp, 1
+            if attn > 1 and dp > 1:
+                raise UsageError(f"--dp-size {dp} with --attn-dp-size {attn}: SGLang 0.5.23 refuses data-parallel "
+                                 "replicas combined with attention data parallelism")
+            out["dp"], out["no_dp_attention"] = (attn, False) if attn > 1 else (dp, True)
         if self.autotune_disabled:
             out["autotune_disabled_by"] = self.autotune_disabled
         if str(self.env.get("SGLANG_FLASHINFER_AUTOTUNE_EXTEND", "")).lower() in _TRUE:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from .errors import UsageError
 from .keys import KeyFields, render_dtype
 from .sglang_attention import Attention, resolve_attention
+from .sglang_quant import check_backend_quantization, layer_quantization, moe_backend_for, refuse_unmodelled
 from .sglang_spec import DEFAULT_MAX_RUNNING, Speculative, resolve_speculative
 from .spec import ModelSpec
 from .topology import Topology, TopologyError
@@ -24,7 +25,16 @@ MOE_BACKENDS_THAT_AUTOTUNE = (
     "flashinfer_cutlass",
     "flashinfer_megamoe",
 )
-MOE_BACKENDS = MOE_BACKENDS_THAT_AUTOTUNE + ("auto", "triton", "triton_kernel", "deep_gemm", "marlin", "cutlass")
+#: Every --moe-runner-backend SGLang 0.5.23 takes (arg_groups/choices.py); the ones outside the
+#: gate's list never make SGLang autotune.
+MOE_BACKENDS = MOE_BACKENDS_THAT_AUTOTUNE + (
+    "auto", "triton", "triton_kernel", "deep_gemm", "marlin", "cutlass", "experimental_sgl_trtllm", "aiter",
+    "humming", "experimental_sgl_marlin", "lora_cutedsl", "lora_triton", "lora_marlin", "hpc_ops", "megamoe",
+    "intel_xpu")
+
+#: MoE runners whose FlashInfer kernels exist for sm100/sm103 only (trtllm-gen, CuteDSL, MegaMoE).
+BLACKWELL_ONLY_MOE = {"flashinfer_trtllm": "trtllm-gen", "flashinfer_trtllm_routed": "trtllm-gen",
+                      "flashinfer_cutedsl": "CuteDSL", "flashinfer_megamoe": "MegaMoE"}
 
 # arg_groups/overrides.py: _DEEPSEEK_FAMILY_ARCHS (the ones we model)
 DEEPSEEK_FAMILY = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
@@ -222,6 +232,47 @@ def _fp4_backend(flag: str, sm100: bool) -> str | None:
     return FP4_GEMM_BACKENDS[flag]
 
 
+#: Attention backends SGLang serves without decode CUDA graphs (attention_hook.py).
+GRAPHLESS_ATTENTION = ("torch_native", "flex_attention")
+#: --moe-a2a-backend values fi-autotune models; the others SGLang sizes from environment
+#: capacities (MoRI, pplx, DeepEP v2) or runs through kernels of their own.
+A2A_MODELLED = ("none", "deepep", "flashinfer")
+#: overrides.py: the MoE runners the FlashInfer all-to-all takes.
+FLASHINFER_A2A_RUNNERS = ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm", "flashinfer_trtllm_routed",
+                          "deep_gemm")
+#: DETERMINISTIC_ATTENTION_BACKEND_CHOICES (CUDA ones).
+DETERMINISTIC_ATTENTION = ("fa3", "fa4", "flashinfer", "triton")
+#: speculative_hook.py: the backends that take --speculative-eagle-topk > 1 with pages > 1.
+TOPK_PAGED_ATTENTION = ("flashinfer", "fa3", "triton")
+
+
+def _check_startup(spec: ModelSpec, flags: ServerFlags, attention: Attention, speculative, sm100: bool) -> None:
+    """SGLang 0.5.23's startup refusals that involve flags fi-autotune models (the flag probes in
+    tests/data/sglang-0.5.23/probes.json hold SGLang's own message for each)."""
+    a2a = flags.moe_a2a_backend
+    if a2a not in A2A_MODELLED:
+        raise UsageError(f"--moe-a2a-backend {a2a}: not modelled by fi-autotune (SGLang sizes its dispatch from "
+                         "its own capacities and kernels); use none, deepep or flashinfer")
+    if a2a == "flashinfer":
+        if not flags.dp_attention or flags.dp != flags.tp:
+            raise UsageError("--moe-a2a-backend flashinfer: SGLang 0.5.23 requires --attn-dp-size equal to --tp-size")
+    if flags.speculative_algorithm and flags.attention_backend == "flex_attention":
+        raise UsageError("--attention-backend flex_attention: SGLang 0.5.23 runs no speculative decoding with it")
+    if speculative is not None and speculative.eagle_topk > 1 and attention.page_size > 1 \
+            and attention.decode_backend not in TOPK_PAGED_ATTENTION:
+        raise UsageError(f"--speculative-eagle-topk {speculative.eagle_topk}: with page size {attention.page_size} "
+                         f"SGLang 0.5.23 takes it only on the {', '.join(TOPK_PAGED_ATTENTION)} attention backends, "
+                         f"not {attention.decode_backend}")
+    if flags.autotune_disabled_by and "deterministic" in flags.autotune_disabled_by:
+        chosen = flags.attention_backend or (attention.decode_backend if spec.mla is not None else None)
+        if chosen is None and spec.architecture == "GptOssForCausalLM" and sm100:
+            chosen = "trtllm_mha"  # model_override: gpt-oss on Blackwell
+        if chosen is not None and chosen not in DETERMINISTIC_ATTENTION:
+            raise UsageError(f"--enable-deterministic-inference: SGLang 0.5.23 takes the "
+                             f"{', '.join(DETERMINISTIC_ATTENTION)} attention backends only, and this "
+                             f"command resolves {chosen}")
+
+
 def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, worker: str = "target",
             draft_spec: ModelSpec | None = None) -> Resolution:
     """SGLang's resolution for the target worker, or (``worker="draft"``, ``draft_spec`` = the
@@ -253,6 +304,12 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
                          "(and plain servers); a prefill worker tunes in EXTEND shapes it does not model")
 
     sm100 = arch_major(arch) == 10
+    for name in ("moe_runner_backend", "speculative_moe_runner_backend"):
+        value = getattr(flags, name)
+        if value in BLACKWELL_ONLY_MOE and not sm100 and spec.moe is not None:
+            raise UsageError(f"--{name.replace('_', '-')} {value}: FlashInfer's {BLACKWELL_ONLY_MOE[value]} MoE kernels "
+                             f"are built for Blackwell (sm100/sm103); fi-autotune does not model this backend on "
+                             f"{arch} (SGLang 0.5.23 takes the flag there)")
     notes: list[str] = []
     reasons: list[str] = []
     if megamoe:
@@ -313,15 +370,24 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
             backend = "triton_kernel"
             notes.append("gpt-oss defaults to the triton_kernel MoE backend here (assuming triton_kernels is installed)")
 
+    backend = moe_backend_for(quantization, backend, sm100=sm100)
+    refuse_unmodelled(quantization)
+    check_backend_quantization(backend, quantization)
+    if flags.moe_a2a_backend == "flashinfer" and backend not in FLASHINFER_A2A_RUNNERS:
+        raise UsageError(f"--moe-a2a-backend flashinfer with --moe-runner-backend {backend}: SGLang 0.5.23 takes "
+                         f"{', '.join(FLASHINFER_A2A_RUNNERS)}")
     # ModelConfig._verify_quantization: the checkpoint's method unless the flag overrides it.
-    model_quant = quantization if quantization is not None else ckpt_quant
+    model_quant = layer_quantization(quantization, ckpt_quant)
     key_backend = backend  # the key hashes the target's backend, also in the draft's key
     draft_quant = None
     if worker == "draft":
-        # ModelConfig.from_server_args(is_draft_model=True): --speculative-draft-model-quantization
-        # (not modelled: unset) else the draft checkpoint's own method.
-        model_quant = spec.quant.method if spec.quant else None
-        draft_quant = spec.config_quantization or model_quant
+        # ModelConfig.from_server_args(is_draft_model=True): --speculative-draft-model-quantization,
+        # which defaults to the target's --quantization as given (serving_hook.py), against the
+        # draft checkpoint's own method; an MTP layer excluded from the checkpoint's quantization
+        # keeps the method in its config but runs unquantized layers.
+        draft_ckpt = spec.config_quantization or (spec.quant.method if spec.quant else None)
+        draft_quant = layer_quantization(flags.quantization, draft_ckpt)
+        model_quant = None if spec.config_quantization else draft_quant
         backend = flags.speculative_moe_runner_backend or backend
     fp4_backend = _fp4_backend(flags.fp4_gemm_backend, sm100) if model_quant in ("modelopt_fp4", "modelopt_mixed") \
         else None
@@ -394,6 +460,9 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
         page_size=flags.page_size, context_length=flags.context_length or target.max_position_embeddings,
         dsa_decode_backend=flags.dsa_decode_backend, speculative_attention_mode=flags.speculative_attention_mode)
     notes.extend(attention.notes)
+    _check_startup(spec, flags, attention, speculative, sm100)
+    # attention_hook.py: the torch-native and Flex attention backends turn decode CUDA graphs off.
+    decode_cuda_graph = flags.decode_cuda_graph and flags.attention_backend not in GRAPHLESS_ATTENTION
 
     # Sizes (memory_hook.py, speculative_hook.py, parallel_hook.py handle_data_parallelism).
     default_bs, default_chunk = _memory_defaults(arch, flags.tp)
@@ -420,7 +489,7 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
         width = speculative.num_draft_tokens if speculative is not None else 1
         passes.append(DummyPass("target_verify" if speculative else "decode", "EagerRunner",
                                 (eager(pool[0]), eager(pool[1])), width))
-    elif flags.decode_cuda_graph:
+    elif decode_cuda_graph:
         # Draft CUDA-graph runners tune at the first (largest) batch they capture:
         # get_batch_sizes_to_capture clamps the graph sizes to the request pool.
         batch = (min(decode_bs, pool[0]), min(decode_bs, pool[1]))

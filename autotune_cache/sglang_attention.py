@@ -66,6 +66,7 @@ def resolve_attention(spec: ModelSpec, arch_major: int, *, attention_backend: st
     if kv_cache_dtype not in KV_DTYPES:
         raise UsageError(f"--kv-cache-dtype {kv_cache_dtype!r}: SGLang 0.5.23 takes {', '.join(KV_DTYPES)}")
     explicit = (attention_backend, prefill_attention_backend, decode_attention_backend)
+    _check_startup(spec, arch_major, explicit, kv_cache_dtype, mla)
     if not mla:
         # GQA models: no attention entry point SGLang calls reaches FlashInfer's autotuner.
         backend = attention_backend or "default"
@@ -74,6 +75,15 @@ def resolve_attention(spec: ModelSpec, arch_major: int, *, attention_backend: st
                          prefill_attention_backend or backend, None)
     if attention_backend == "nsa":
         attention_backend = "dsa"  # the DSA backend's former name, still accepted
+    if "tokenspeed_mla" in (attention_backend, decode_attention_backend):
+        # serving_hook.py _handle_deprecated_args: cutedsl_mla under its old name, FP8 KV and
+        # verify on the decode kernel kept.
+        kv_cache_dtype = "fp8_e4m3"
+        speculative_attention_mode = "decode" if speculative_attention_mode == "prefill" else speculative_attention_mode
+    attention_backend, decode_attention_backend = (
+        "cutedsl_mla" if b == "tokenspeed_mla" else b for b in (attention_backend, decode_attention_backend))
+    if prefill_attention_backend in ("tokenspeed_mla", "cutedsl_mla"):
+        prefill_attention_backend = "trtllm_mla"  # cutedsl_mla is decode-only
     if dsa:
         # model_overrides/deepseek_v2.py: DSA models run the "dsa" backend (page 64 x index_kpool).
         backend = attention_backend or "dsa"
@@ -119,11 +129,47 @@ def resolve_attention(spec: ModelSpec, arch_major: int, *, attention_backend: st
         # overrides.py _dsa_split_backend_resolution: trtllm decode on Blackwell (both KV dtypes);
         # Hopper decodes with fa3 (a bf16 KV cache) - neither is a FlashInfer call on sm90.
         dsa_decode = dsa_decode_backend or ("trtllm" if arch_major >= 10 else "fa3")
+        if dsa_decode == "triton":
+            raise UsageError("--dsa-decode-backend triton: SGLang 0.5.23 runs it on ROCm only")
+        if dsa_decode == "tilelang" and kv == "fp8_e4m3":
+            raise UsageError("--dsa-decode-backend tilelang: with an FP8 KV cache SGLang 0.5.23 needs the DSA prefill "
+                             "backend on tilelang too (--dsa-prefill-backend is not modelled)")
     mla_backend = _tunable(decode, dsa_decode)
     uniform = decode == prefill
     verify = decode if uniform or speculative_attention_mode == "decode" else prefill
     return Attention(decode, prefill, kv, page, context_length or spec.max_position_embeddings, dsa_decode,
                      mla_backend, verify, _tunable(verify, dsa_decode), tuple(notes))
+
+
+#: model_hook.py: the attention backends gpt-oss runs on (CUDA ones; SGLang also lists AMD/Intel).
+GPT_OSS_BACKENDS = ("triton", "trtllm_mha", "fa3", "fa4", "ascend", "intel_amx", "intel_xpu", "aiter")
+#: Blackwell-only attention backends and KV dtypes (SGLang refuses them on sm90 at startup).
+BLACKWELL_BACKENDS = ("trtllm_mla", "cutedsl_mla", "tokenspeed_mla")
+BLACKWELL_KV = ("mxfp8", "nvfp4")
+#: KV4 (fp4_mx_block16) on an MHA model: the backends SGLang accepts (overrides.py).
+KV4_MHA_BACKENDS = ("triton", "torch_native", "flex_attention", "trtllm_mha")
+
+
+def _check_startup(spec: ModelSpec, arch_major: int, explicit: tuple, kv_cache_dtype: str, mla: bool) -> None:
+    """SGLang's startup refusals for attention flags fi-autotune models (each a UsageError naming
+    the flag, as SGLang would stop the server)."""
+    attention, prefill, decode = explicit
+    named = [(f, b) for f, b in (("--attention-backend", attention), ("--prefill-attention-backend", prefill),
+                                 ("--decode-attention-backend", decode)) if b is not None]
+    for flag, b in named:
+        if b in BLACKWELL_BACKENDS and arch_major < 10 and (mla or flag != "--prefill-attention-backend"):
+            raise UsageError(f"{flag} {b}: SGLang 0.5.23 runs it on Blackwell (sm100/sm103) only")
+        if spec.architecture == "GptOssForCausalLM" and b not in GPT_OSS_BACKENDS:
+            raise UsageError(f"{flag} {b}: SGLang 0.5.23 runs gpt-oss on {', '.join(GPT_OSS_BACKENDS[:4])} only")
+    if prefill == "cutedsl_mla":
+        raise UsageError("--prefill-attention-backend cutedsl_mla: SGLang 0.5.23's CuteDSL MLA backend decodes only")
+    if kv_cache_dtype in BLACKWELL_KV and arch_major < 10:
+        raise UsageError(f"--kv-cache-dtype {kv_cache_dtype}: SGLang 0.5.23 takes it on Blackwell (sm100/sm103) only")
+    if kv_cache_dtype == "fp4_mx_block16" and not mla:
+        used = attention or ("fa3" if arch_major == 9 else None)
+        if used is not None and used not in KV4_MHA_BACKENDS:
+            raise UsageError(f"--kv-cache-dtype fp4_mx_block16: SGLang 0.5.23 takes it with the "
+                             f"{', '.join(KV4_MHA_BACKENDS)} attention backends, not {used}")
 
 
 def _tunable(backend: str, dsa_decode: str | None) -> str | None:

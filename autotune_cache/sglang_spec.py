@@ -55,11 +55,8 @@ def resolve_speculative(architecture: str, model_path: str, *, algorithm: str | 
                         eagle_topk: int | None, num_draft_tokens: int | None, draft_model_path: str | None,
                         draft_moe_runner_backend: str | None) -> Speculative | None:
     if algorithm is None:
-        for name, value in (("--speculative-num-steps", num_steps), ("--speculative-eagle-topk", eagle_topk),
-                            ("--speculative-num-draft-tokens", num_draft_tokens),
-                            ("--speculative-draft-model-path", draft_model_path)):
-            if value is not None:
-                raise UsageError(f"{name} goes with --speculative-algorithm")
+        # SGLang 0.5.23 reads none of the --speculative-* values without an algorithm (the flag
+        # probes: same resolution with or without them); so does fi-autotune.
         return None
     algo = ALIASES.get(algorithm.upper(), algorithm.upper())
     if algo not in MODELLED:
@@ -68,8 +65,9 @@ def resolve_speculative(architecture: str, model_path: str, *, algorithm: str | 
     self_draft = architecture in MTP_ARCHS and algo == "EAGLE" and draft_model_path in (None, model_path)
     if draft_model_path is None:
         if architecture not in MTP_ARCHS:
-            raise UsageError(f"--speculative-algorithm {algorithm} on {architecture} needs "
-                             "--speculative-draft-model-path (its draft is a separate model)")
+            raise UsageError(f"--speculative-algorithm {algorithm} on {architecture} without "
+                             "--speculative-draft-model-path: not modelled (SGLang 0.5.23 would load the target "
+                             "checkpoint itself as the draft; an EAGLE draft is a separate model)")
         draft_model_path = model_path
     if num_steps is None:
         if eagle_topk is not None or num_draft_tokens is not None:

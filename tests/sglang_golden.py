@@ -65,8 +65,13 @@ def our_plan(golden: dict, cache_dir: Path) -> tuple[int, dict | str]:
     if config:
         args += ["--config", config]
     env = [f"{k}={v}" for k, v in (golden.get("env") or {}).items()]
-    result = CliRunner().invoke(cli, [*args, "--", *env, "python", "-m", "sglang.launch_server", *argv],
-                                catch_exceptions=False)
+    from autotune_cache.errors import FiAutotuneError
+
+    try:
+        result = CliRunner().invoke(cli, [*args, "--", *env, "python", "-m", "sglang.launch_server", *argv],
+                                    catch_exceptions=False)
+    except FiAutotuneError as e:  # what main() prints as one line (and its exit code)
+        return int(e.exit_code), f"fi-autotune: error: {e}"
     if result.exit_code != 0:
         return result.exit_code, (result.stderr if hasattr(result, "stderr") else result.output)
     return 0, json.loads(result.stdout)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -202,7 +203,10 @@ def test_sigint_mid_tuning_then_resume(tmp_path):
     while time.time() < deadline:
         line = proc.stderr.readline()
         seen += line
-        if "profiles (" in line and not line.startswith("fi-autotune: 0/"):
+        m = re.match(r"fi-autotune: tuning (\d+)/\d+ profiles \(", line)
+        if m and int(m.group(1)) > 0:  # at least one profile finished (not during the JIT build)
+            break
+        if not line and proc.poll() is not None:
             break
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
@@ -287,3 +291,35 @@ def test_vllm_layout_serves_vllms_own_call(tmp_path):
     assert s["metadata_accepted"] and s["profiled"] == 0 and s["lookups"] > 0 and s["hits"] == s["lookups"]
     assert r["serving"]["lookups"] > 0 and r["serving"]["hits"] == r["serving"]["lookups"], r["serving"]["misses"]
     assert r["control_other_file"]["profiled"] > 0
+
+
+GLM_EAGLE = ["--model", "zai-org/GLM-5.1", "--tp", "8", "--moe-runner-backend", "flashinfer_cutlass",
+             "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", "4"]
+
+
+def test_speculative_target_and_draft_entries(tmp_path):
+    """EAGLE (the checkpoint's MTP layer) on GLM-5.1 bf16: one warm writes the target's entry (tuned
+    in TARGET_VERIFY shapes) and the draft worker's (key string + ``|draft_quant=None``), both
+    verified by replaying the engine's passes, and ``check --strict`` passes on the serving command."""
+    root = tmp_path / "cache"
+    t0 = time.perf_counter()
+    r = warm(GLM_EAGLE, root, "--gpus", "1")
+    wall = time.perf_counter() - t0
+    by_name = {t["name"]: t for t in r["targets"]}
+    assert set(by_name) == {"target", "draft"} and all(t["status"] == "written" for t in by_name.values())
+    assert by_name["target"]["key_dir"] != by_name["draft"]["key_dir"]
+    verified = {}
+    for name, t in by_name.items():
+        files = sorted(Path(t["key_dir"]).glob("rank_*.json"))
+        assert len(files) == 8 and len({f.read_bytes() for f in files}) == 1
+        v = run_cli("verify", t["id"], "--cache-dir", str(root), "--json")
+        assert v.returncode == 0, v.stdout + v.stderr[-2000:]
+        rep = json.loads(v.stdout)
+        assert rep["ok"] and rep["hits"] == rep["lookups"] > 0
+        verified[name] = {"lookups": rep["lookups"], "hits": rep["hits"]}
+    serve = ["python", "-m", "sglang.launch_server", "--model-path", *GLM_EAGLE[1:]]
+    c = run_cli("check", "--strict", "--arch", "sm90", "--cache-dir", str(root), "--", *serve)
+    assert c.returncode == 0, c.stdout + c.stderr[-2000:]
+    record("speculative_glm51_eagle_1gpu", wall_s=round(wall, 2), profiles_total=r["profiles_total"],
+           profiles_tuned=r["profiles_tuned"], timings=r["timings"], verify=verified)

@@ -5,6 +5,7 @@ plan against SGLang's resolution for every probe of a flag it models."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -96,6 +97,23 @@ def _probe_cases():
                 yield pytest.param(base, o, id=f"{base}:{' '.join(o['argv'])}")
 
 
+#: SGLang startup refusals fi-autotune knowingly does not reproduce (it plans the command; SGLang
+#: would stop before serving it), each with why. Any other refusal must be reproduced.
+NOT_REPRODUCED = {
+    # The probe's made-up path: SGLang reads the draft's config.json even without an algorithm;
+    # fi-autotune reads a draft only for a speculative command.
+    r"Unrecognized model in fi-autotune-probe": "a draft path that does not exist",
+    # gpt-oss with one side of a split prefill/decode attention backend: SGLang's fill of the
+    # other side lands outside gpt-oss's list; no attention op of gpt-oss is tunable either way.
+    r"GptOssForCausalLM requires one of": "gpt-oss split attention backends",
+}
+
+
+def _no_gpu(name: str) -> str:
+    """flashinfer_megamoe names rank files after the GPU's UUID (the oracle's are made up)."""
+    return re.sub(r"_gpu[^.]*", "", name)
+
+
 def _worker_diffs(view: dict, plan: dict) -> list[str]:
     diffs = []
     for worker in ("target", "draft"):
@@ -105,11 +123,12 @@ def _worker_diffs(view: dict, plan: dict) -> list[str]:
             if (g is None) != (p is None):
                 diffs.append(f"{worker}: SGLang {'has' if g else 'has no'} such worker, ours {'has' if p else 'none'}")
             continue
-        if g["should_run"] != p["autotunes"]:
-            diffs.append(f"{worker}: should_run SGLang {g['should_run']} vs ours {p['autotunes']}")
+        ours = p["resolution"]["autotunes"]  # SGLang's gate, whether or not anything modelled is tuned
+        if g["should_run"] != ours:
+            diffs.append(f"{worker}: should_run SGLang {g['should_run']} vs ours {ours}")
         if g["key_string"] != p["key_string"]:
             diffs.append(f"{worker}: key string SGLang {g['key_string']} vs ours {p['key_string']}")
-        if sorted(g["rank_files"]) != sorted(p["rank_files"]):
+        if sorted(map(_no_gpu, g["rank_files"])) != sorted(map(_no_gpu, p["rank_files"])):
             diffs.append(f"{worker}: rank files differ ({len(g['rank_files'])} vs {len(p['rank_files'])})")
         if g["should_run"]:
             theirs = [(x["phase"], x["batch"], x["tokens_per_req"]) for x in g["passes"]]
@@ -127,11 +146,16 @@ def test_probe_of_a_modelled_flag_matches_sglang(base, probe, tmp_path):
     golden = {"arch": entry["arch"], "argv": argv}
     code, plan = our_plan(golden, tmp_path)
     if probe is not None and probe["outcome"] == "rejected":
+        if code == 0 and any(re.search(pattern, probe["error"]) for pattern in NOT_REPRODUCED):
+            return
         assert code != 0, f"SGLang rejects it ({probe['error'][:150]}) but fi-autotune plans it"
         return
     if code != 0:
+        # SGLang ran it: refusing is right only as "not modelled", naming the flag - never a
+        # claim that SGLang refuses it.
         line = str(plan).strip().splitlines()[-1]
         assert "--" in line, f"refused without naming a flag: {line}"
+        assert re.search(r"not model|does not model", line), f"SGLang runs it, but fi-autotune refuses it: {line}"
         return
     view = probe["view"] if probe else entry["view"]
     diffs = _worker_diffs(view, plan)

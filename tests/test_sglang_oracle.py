@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from .sglang_golden import DATA, REPO, compare_call, compare_keys, matching_op, our_plan
+from .sglang_golden import DATA, REPO, compare_call, compare_keys, matching_op, ops_of, our_plan
 
 MATRIX = json.loads((REPO / "tests" / "data" / "serving_matrix.json").read_text())
 GOLDEN = json.loads((DATA / "matrix.json").read_text())["cases"] if (DATA / "matrix.json").is_file() else {}
@@ -59,6 +59,21 @@ def diff_case(golden: dict, tmp_path) -> tuple[str, list[str]]:
             if theirs != mine:
                 diffs.append(f"{worker}: dummy passes SGLang {theirs} vs ours {mine}")
     calls = golden.get("calls") or []
+    if golden.get("call_errors"):
+        diffs.append("the oracle could not record every call (re-record): "
+                     + "; ".join(str(e.get("error"))[:120] for e in golden["call_errors"][:2]))
+    # Every op fi-autotune tunes for a dummy pass is one SGLang calls (the draft's attention and
+    # linear layers aside: the recorders build target models only).
+    for worker, p in ours.items():
+        if not p or golden.get(worker) is None:
+            continue
+        for op in ops_of(p):
+            phases = op.get("phases") or [x["phase"] for x in p["resolution"]["passes"]]
+            if "serving" in phases or (worker == "draft" and not op["id"].startswith("moe.")):
+                continue
+            if not any(c["worker"] == worker and matching_op(p, c) is op for c in calls):
+                diffs.append(f"{worker}: fi-autotune tunes {op['id']} ({op['api'].rsplit('.', 1)[-1]}), "
+                             "which SGLang's passes never call")
     keys = {k["call"]: k for k in golden.get("flashinfer_keys") or [] if "call" in k}
     for i, call in enumerate(calls):
         plan_w = ours.get(call["worker"])

@@ -18,6 +18,7 @@ attention.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -50,6 +51,8 @@ def main() -> None:
             try:
                 calls = _record(kind, sa, mr, worker, p, gather)
             except BaseException as e:  # noqa: BLE001 - reported, the other passes still run
+                if os.environ.get("FI_AUTOTUNE_ORACLE_TRACE"):
+                    traceback.print_exc()
                 out["errors"].append({"worker": worker, "phase": p["phase"],
                                       "error": "".join(traceback.format_exception_only(type(e), e)).strip()[:500]})
                 continue
@@ -76,18 +79,20 @@ def _record(kind: str, sa, mr, worker: str, p: dict, gather: int) -> list[dict]:
     batch, width = p["batch"], p["tokens_per_req"]
     if (kind, worker) in NOT_RECORDED:
         return []
+    _no_symmetric_memory()
     if kind == "moe":
         from sglang_moe_calls import record_moe_calls
-
-        _no_symmetric_memory()
 
         m = batch * width * gather
         return [dict(c, m=m) for c in record_moe_calls(sa, mr, m, capture_mode=worker == "draft")]
     if kind == "linear":
-        from sglang_linear_calls import record_linear_calls
+        import sglang_linear_calls as L
 
         m = batch * width
-        return [dict(c, m=m) for c in record_linear_calls(sa, mr, m) if c.get("tunable", True)]
+        calls = [dict(c, m=m) for c in L.record_linear_calls(sa, mr, m) if c.get("tunable", True)]
+        if L.LAST_RUN.get("errors"):  # a layer whose forward failed recorded nothing: say so
+            raise RuntimeError("; ".join(L.LAST_RUN["errors"][:3]))
+        return calls
     if kind == "attention":
         from sglang_attn_calls import record_attention_calls
 
