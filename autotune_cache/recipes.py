@@ -56,20 +56,6 @@ class Enum:
         return {"enum": self.qualname, "value": self.value}
 
 
-class _Repr:
-    """Renders like a torch dtype or a bool inside ``str(tuple)``, without importing torch."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def _td(name: str) -> _Repr:
-    return _Repr(f"torch.{name}")
-
-
 def encode(value: Any) -> Any:
     if hasattr(value, "to_dict"):
         return value.to_dict()

@@ -68,6 +68,7 @@ MODELLED: dict[str, str] = {
     "dsa_decode_backend": "dsa_decode_backend",
     "speculative_attention_mode": "speculative_attention_mode",
     "disable_cuda_graph": "disable_cuda_graph",
+    "disable_decode_cuda_graph": "disable_cuda_graph",  # the decode half of it: what the passes read
 }
 
 #: Abbreviations older SGLang releases (and many published recipes) accept that 0.5.23 finds

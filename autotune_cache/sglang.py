@@ -178,6 +178,9 @@ class Resolution:
     fp4_gemm_backend: str | None = None
     #: The MoE input is all-gathered over the attention-DP ranks (utils.require_mlp_tp_gather).
     mlp_gather: bool = False
+    #: Decode runs in CUDA graphs (not with --disable-cuda-graph, nor on the torch-native / Flex
+    #: attention backends, which turn them off).
+    decode_cuda_graph: bool = True
 
     @property
     def moe_tokens(self) -> int:
@@ -526,4 +529,5 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
         autotunes=autotunes, reasons=tuple(reasons), decode_batch=decode_bs, chunked_prefill_size=chunk,
         notes=tuple(notes), attention=attention, speculative=speculative, worker=worker, request_pool=pool,
         passes=tuple(passes), fp4_gemm_backend=fp4_backend, mlp_gather=mlp_gather,
+        decode_cuda_graph=decode_cuda_graph,
     )

@@ -330,7 +330,8 @@ def _print_sglang_header(plan, out: Output) -> None:
         out.line(f"Speculative {s.algorithm} steps={s.num_steps} topk={s.eagle_topk} draft_tokens={s.num_draft_tokens}"
                  f", draft {s.draft_model_path}" + (" (the checkpoint's MTP layer)" if s.self_draft else "")
                  + (" - this plan: the DRAFT worker" if r.is_draft else " - this plan: the target worker"))
-    out.line(f"Serving     chunked prefill {r.chunked_prefill_size} tokens per DP rank, decode CUDA graphs up to {r.decode_batch}")
+    graphs = f"decode CUDA graphs up to {r.decode_batch}" if r.decode_cuda_graph else "decode CUDA graphs off"
+    out.line(f"Serving     chunked prefill {r.chunked_prefill_size} tokens per DP rank, {graphs}")
     source = f", from {plan.request.schema_source}" if plan.request is not None and plan.request.schema_source else ""
     out.line(f"Key         {plan.key}  (schema {plan.schema}: {get_schema(plan.schema).description}{source})")
     out.line(f"Key string  {plan.key_string}")

@@ -14,6 +14,7 @@ import functools
 import importlib
 import inspect
 import json
+import re
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -187,4 +188,40 @@ def compare_keys(op: dict, flashinfer: dict) -> list[str]:
         if not set(theirs) <= set(ours):
             diffs.append(f"{k['custom_op']} bucket {k['bucket']}: FlashInfer {theirs[0][:300]} vs ours "
                          f"{(ours or ['<none>'])[0][:300]}")
+    return diffs
+
+
+# --- workers ------------------------------------------------------------------------------------
+
+def _no_gpu(name: str) -> str:
+    """flashinfer_megamoe names rank files after the GPU's UUID (the oracle's GPUs are made up)."""
+    return re.sub(r"_gpu[^.]*", "", name)
+
+
+def worker_diffs(golden: dict, plan: dict, *, gate: str = "plan") -> list[str]:
+    """SGLang's target and draft workers (``golden["target"]``, ``golden["draft"]``) against our
+    plan's: the gate, key string and key, rank files and dummy passes. ``gate="resolution"``
+    compares SGLang's gate with our resolution's (whether or not a modelled op is tuned)."""
+    diffs = []
+    for worker in ("target", "draft"):
+        g = golden.get(worker)
+        p = plan if worker == "target" else plan.get("draft")
+        if g is None or p is None:
+            if (g is None) != (p is None):
+                diffs.append(f"{worker}: SGLang {'has' if g else 'has no'} such worker, fi-autotune "
+                             f"{'plans one' if p else 'plans none'}")
+            continue
+        ours = p["resolution"]["autotunes"] if gate == "resolution" else p["autotunes"]
+        if g["should_run"] != ours:
+            diffs.append(f"{worker}: should_run SGLang {g['should_run']} vs ours {ours}")
+        for name in ("key_string", "key"):
+            if g[name] != p[name]:
+                diffs.append(f"{worker}: {name} SGLang {g[name]} vs ours {p[name]}")
+        if sorted(map(_no_gpu, g["rank_files"])) != sorted(map(_no_gpu, p["rank_files"])):
+            diffs.append(f"{worker}: rank files SGLang {g['rank_files'][:3]}... vs ours {p['rank_files'][:3]}...")
+        if g["should_run"]:
+            theirs = [(x["phase"], x["batch"], x["tokens_per_req"]) for x in g["passes"]]
+            mine = [(x["phase"], x["batch"][1], x["tokens_per_req"]) for x in p["resolution"]["passes"]]
+            if theirs != mine:
+                diffs.append(f"{worker}: dummy passes SGLang {theirs} vs ours {mine}")
     return diffs

@@ -13,7 +13,7 @@ from autotune_cache.errors import UsageError
 from autotune_cache.servecmd import FLAG_TABLE, MODELLED, flag_table, parse_serving_command
 
 from .conftest import run_cli
-from .sglang_golden import DATA, our_plan
+from .sglang_golden import DATA, our_plan, worker_diffs
 
 TABLE = json.loads(FLAG_TABLE.read_text())["flags"]
 PROBES = json.loads((DATA / "probes.json").read_text())["bases"] if (DATA / "probes.json").is_file() else {}
@@ -109,35 +109,6 @@ NOT_REPRODUCED = {
 }
 
 
-def _no_gpu(name: str) -> str:
-    """flashinfer_megamoe names rank files after the GPU's UUID (the oracle's are made up)."""
-    return re.sub(r"_gpu[^.]*", "", name)
-
-
-def _worker_diffs(view: dict, plan: dict) -> list[str]:
-    diffs = []
-    for worker in ("target", "draft"):
-        g = view.get(worker)
-        p = plan if worker == "target" else plan.get("draft")
-        if g is None or p is None:
-            if (g is None) != (p is None):
-                diffs.append(f"{worker}: SGLang {'has' if g else 'has no'} such worker, ours {'has' if p else 'none'}")
-            continue
-        ours = p["resolution"]["autotunes"]  # SGLang's gate, whether or not anything modelled is tuned
-        if g["should_run"] != ours:
-            diffs.append(f"{worker}: should_run SGLang {g['should_run']} vs ours {ours}")
-        if g["key_string"] != p["key_string"]:
-            diffs.append(f"{worker}: key string SGLang {g['key_string']} vs ours {p['key_string']}")
-        if sorted(map(_no_gpu, g["rank_files"])) != sorted(map(_no_gpu, p["rank_files"])):
-            diffs.append(f"{worker}: rank files differ ({len(g['rank_files'])} vs {len(p['rank_files'])})")
-        if g["should_run"]:
-            theirs = [(x["phase"], x["batch"], x["tokens_per_req"]) for x in g["passes"]]
-            mine = [(x["phase"], x["batch"][1], x["tokens_per_req"]) for x in p["resolution"]["passes"]]
-            if theirs != mine:
-                diffs.append(f"{worker}: passes SGLang {theirs} vs ours {mine}")
-    return diffs
-
-
 @pytest.mark.skipif(not PROBES, reason="no flag probes recorded")
 @pytest.mark.parametrize("base,probe", list(_probe_cases()) if PROBES else [])
 def test_probe_of_a_modelled_flag_matches_sglang(base, probe, tmp_path):
@@ -158,5 +129,5 @@ def test_probe_of_a_modelled_flag_matches_sglang(base, probe, tmp_path):
         assert re.search(r"not model|does not model", line), f"SGLang runs it, but fi-autotune refuses it: {line}"
         return
     view = probe["view"] if probe else entry["view"]
-    diffs = _worker_diffs(view, plan)
+    diffs = worker_diffs(view, plan, gate="resolution")
     assert not diffs, "\n".join(diffs)

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from .sglang_golden import DATA, REPO, compare_call, compare_keys, matching_op, ops_of, our_plan
+from .sglang_golden import DATA, REPO, compare_call, compare_keys, matching_op, ops_of, our_plan, worker_diffs
 
 MATRIX = json.loads((REPO / "tests" / "data" / "serving_matrix.json").read_text())
 GOLDEN = json.loads((DATA / "matrix.json").read_text())["cases"] if (DATA / "matrix.json").is_file() else {}
@@ -35,29 +35,8 @@ def diff_case(golden: dict, tmp_path) -> tuple[str, list[str]]:
     if code != 0:
         line = str(plan).strip().splitlines()[-1] if str(plan).strip() else ""
         return "refused", ([] if "--" in line else [f"refused without naming a flag: {line}"])
-    diffs: list[str] = []
     ours = _worker_plans(plan)
-    for worker in ("target", "draft"):
-        g, p = golden.get(worker), ours.get(worker)
-        if g is None:
-            if p is not None:
-                diffs.append(f"{worker}: fi-autotune plans a {worker} worker SGLang does not have")
-            continue
-        if p is None:
-            diffs.append(f"{worker}: SGLang has a {worker} worker, fi-autotune plans none")
-            continue
-        if g["should_run"] != p["autotunes"]:
-            diffs.append(f"{worker}: should_run SGLang {g['should_run']} vs ours {p['autotunes']}")
-        for name, ours_v in (("key_string", p["key_string"]), ("key", p["key"])):
-            if g[name] != ours_v:
-                diffs.append(f"{worker}: {name} SGLang {g[name]} vs ours {ours_v}")
-        if sorted(g["rank_files"]) != sorted(p["rank_files"]):
-            diffs.append(f"{worker}: rank files SGLang {g['rank_files'][:3]}... vs ours {p['rank_files'][:3]}...")
-        if g["should_run"]:
-            theirs = [(x["phase"], x["batch"], x["tokens_per_req"]) for x in g["passes"]]
-            mine = [(x["phase"], x["batch"][1], x["tokens_per_req"]) for x in p["resolution"]["passes"]]
-            if theirs != mine:
-                diffs.append(f"{worker}: dummy passes SGLang {theirs} vs ours {mine}")
+    diffs = worker_diffs(golden, plan)
     calls = golden.get("calls") or []
     if golden.get("call_errors"):
         diffs.append("the oracle could not record every call (re-record): "
@@ -103,3 +82,13 @@ def test_the_matrix_is_big_enough_and_sourced():
     public = [c for c in MATRIX if c["source"].startswith("http")]
     assert len(public) >= 30
     assert all(c["id"] in GOLDEN for c in MATRIX), sorted(c["id"] for c in MATRIX if c["id"] not in GOLDEN)
+
+
+def test_docs_show_the_current_matrix():
+    """docs/plan.md's matrix table is what tests/oracle/matrix_doc.py makes of the goldens now."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "oracle" / "matrix_doc.py"), "--check"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
