@@ -90,6 +90,18 @@ class TuningPlan:
         return self.resolution.autotunes and any(w.ops for w in self.workloads)
 
     @property
+    def reasons(self) -> tuple[str, ...]:
+        """Why there is (or is no) tuning, for messages: SGLang's gate; where the gate is open but
+        no call of the model is one fi-autotune tunes, that instead."""
+        r = self.resolution
+        if self.autotunes:
+            return r.reasons
+        if not r.autotunes:
+            return tuple(x for x in r.reasons if "is False" in x) or r.reasons
+        return ("SGLang 0.5.23 enters its autotune pass (" + "; ".join(r.reasons) + "), but none of the calls "
+                "it makes there has tactics to tune for this model: its file holds no tactics",)
+
+    @property
     def layout_obj(self):
         from .layouts import get_layout
 
@@ -239,9 +251,15 @@ def draft_spec(target: ModelSpec, flags: ServerFlags, served: str, *, revision: 
         raise UsageError("speculative decoding with --pp > 1: the draft runs on the last stage only, "
                          "which fi-autotune does not model")
     try:
-        return load_spec(path, config=None, revision=None, model_path=None)[1]
+        draft = load_spec(path, config=None, revision=None, model_path=None)[1]
     except UsageError as e:
         raise UsageError(f"--speculative-draft-model-path {path}: {e}") from None
+    if draft.architecture.startswith("LlamaForCausalLMEagle") and (draft.quant or flags.quantization):
+        # Its layers take 2 x hidden inputs (token embedding + fused target states): the dense
+        # recipes' shapes do not hold, and only a quantized draft would make them tunable.
+        raise UsageError(f"--speculative-draft-model-path {path}: a quantized {draft.architecture} draft is not "
+                         "modelled")
+    return draft
 
 
 def load_spec(model: str, *, config: str | None, revision: str | None, model_path: str | None) -> tuple[ConfigSource, ModelSpec]:

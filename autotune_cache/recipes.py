@@ -518,7 +518,8 @@ def _moe_recipe(spec: ModelSpec, res: Resolution, moe_layers: int) -> OpRecipe |
         return trtllm_fp8_block_moe(spec, res, moe_layers)
     if q is None:
         return trtllm_bf16_moe(spec, res, moe_layers)
-    raise UsageError(f"--moe-runner-backend flashinfer_trtllm with {q} weights: not modelled")
+    how = "" if res.flags.moe_runner_backend == backend else " (SGLang's default here)"
+    raise UsageError(f"--moe-runner-backend {backend}{how} with {q} weights: not modelled")
 
 
 def recipes_for(spec: ModelSpec, res: Resolution, layers: range) -> list[OpRecipe]:

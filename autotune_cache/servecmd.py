@@ -81,6 +81,15 @@ ENV_FLAGS = {"SGLANG_FLASHINFER_AUTOTUNE_EXTEND", "SGLANG_CACHE_DIR", "SGLANG_FL
              "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE"}
 
 _TRUE = ("1", "true", "yes", "y", "on")
+#: Environment variables SGLang's and FlashInfer's code read (environ.py registries); any other
+#: variable of the command (CUDA_VISIBLE_DEVICES, NCCL_*, HF_*) is outside their autotune path.
+ENV_PREFIXES = ("SGLANG_", "SGL_", "FLASHINFER_")
+_SECRET = re.compile(r"key|token|secret|password|passwd|credential", re.IGNORECASE)
+
+
+def _shown(name: str, value: str) -> str:
+    """A value as messages show it: never a credential's (``--api-key``, ``HF_TOKEN``)."""
+    return "***" if _SECRET.search(name) else value
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,20 @@ def flag_table() -> dict[str, Flag]:
         for opt in flag.options:
             by_option[opt] = flag
     return by_option
+
+
+def check_option_values(options: dict) -> None:
+    """fi-autotune's own serving options (click names -> values) against SGLang's choices: a value
+    SGLang's parser would reject (a typo such as ``--attention-backend flashinfr``) is a usage
+    error here too, not a plan for a server that cannot start."""
+    by_dest = {f.dest: f for f in flag_table().values()}
+    for dest, name in MODELLED.items():
+        flag, value = by_dest.get(dest), options.get(name)
+        if flag is None or flag.choices is None or not isinstance(value, str) or value in ("auto", "none", "null"):
+            continue
+        if value not in flag.choices:
+            raise UsageError(f"--{name.replace('_', '-')} {value!r}: SGLang 0.5.23 takes "
+                             f"{', '.join(flag.choices[:14])}{', ...' if len(flag.choices) > 14 else ''}")
 
 
 @dataclass
@@ -235,9 +258,18 @@ def split_launcher(argv: list[str] | tuple[str, ...]) -> tuple[dict[str, str], l
     if len(args) == 1 and " " in args[0]:
         args = shlex.split(args[0])
     env: dict[str, str] = {}
-    while args and "=" in args[0] and not args[0].startswith("-"):
-        name, _, value = args.pop(0).partition("=")
-        env[name] = value
+    while args:
+        if os.path.basename(args[0]) == "env":  # `env VAR=value ... python -m ...` (its options skipped)
+            args.pop(0)
+            while args and args[0].startswith("-"):
+                option = args.pop(0)
+                if option in ("-u", "--unset", "-C", "--chdir", "-S", "--split-string") and args:
+                    args.pop(0)
+        elif "=" in args[0] and not args[0].startswith("-"):
+            name, _, value = args.pop(0).partition("=")
+            env[name] = value
+        else:
+            break
     first = next((i for i, a in enumerate(args) if a.startswith("--")), len(args))
     return env, args[:first], args[first:]
 
@@ -249,8 +281,13 @@ def parse_serving_command(argv: list[str] | tuple[str, ...]) -> ServingCommand:
     for name, value in env.items():
         if name in ENV_FLAGS:
             cmd.env[name] = value
+        elif name.startswith(ENV_PREFIXES):
+            cmd.not_understood.append(f"{name}={_shown(name, value)} (environment: fi-autotune has no evidence on "
+                                      "what it does)")
         else:
-            cmd.not_understood.append(f"{name}={value} (environment: fi-autotune has no evidence on what it does)")
+            cmd.ignored.append(f"{name}={_shown(name, value)} (environment outside SGLang's and FlashInfer's own "
+                               "variables: their autotune path reads only " + ", ".join(p + "*" for p in ENV_PREFIXES)
+                               + ")")
     if launcher and not (any(a in ("sglang.launch_server", "serve") for a in launcher)
                          or os.path.basename(launcher[-1]).startswith("sglang")):
         cmd.notes.append(f"not a command fi-autotune knows ({' '.join(launcher)}): read as SGLang 0.5.23 flags")
@@ -281,7 +318,7 @@ def parse_serving_command(argv: list[str] | tuple[str, ...]) -> ServingCommand:
                 i += 1
             if not values and flag.takes in (1, "+"):
                 raise UsageError(f"serving command: {spelled} needs a value")
-        text = " ".join([spelled, *values]) if values else spelled
+        text = " ".join([spelled, *(_shown(flag.dest, v) for v in values)]) if values else spelled
         if flag.effect == "modelled":
             if flag.takes == 0:
                 cmd.values[flag.dest] = True

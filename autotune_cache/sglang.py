@@ -298,6 +298,9 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
             raise UsageError(f"unknown --{name.replace('_', '-')} {value!r}; known: {', '.join(MOE_BACKENDS)}")
     if flags.pp > spec.num_layers:
         raise UsageError(f"--pp {flags.pp} exceeds the model's {spec.num_layers} layers")
+    if flags.chunked_prefill_size == -1:
+        raise UsageError("--chunked-prefill-size -1 (chunked prefill off): not modelled; SGLang 0.5.23 then sizes "
+                         "its prefill passes by --max-prefill-tokens instead")
     for name in ("max_running_requests", "cuda_graph_max_bs", "chunked_prefill_size", "page_size", "context_length"):
         value = getattr(flags, name)
         if value is not None and value < 1:
@@ -375,7 +378,8 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
 
     backend = moe_backend_for(quantization, backend, sm100=sm100)
     refuse_unmodelled(quantization)
-    check_backend_quantization(backend, quantization)
+    check_backend_quantization(backend, quantization,
+                               from_checkpoint=flags.quantization is None and quantization is not None)
     if flags.moe_a2a_backend == "flashinfer" and backend not in FLASHINFER_A2A_RUNNERS:
         raise UsageError(f"--moe-a2a-backend flashinfer with --moe-runner-backend {backend}: SGLang 0.5.23 takes "
                          f"{', '.join(FLASHINFER_A2A_RUNNERS)}")
@@ -433,6 +437,10 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
             "should_run_flashinfer_autotune() is False: " + " ".join(why)
             + "; the server would not autotune, so there is nothing to cache"
         )
+    if autotunes and backend == "flashinfer_cutlass" and not sm100 and spec.quant and spec.quant.is_block_fp8 \
+            and model_quant == "fp8":
+        notes.append("flashinfer_cutlass with 128x128 block-FP8 experts on sm90: FlashInfer's CUTLASS MoE profiler "
+                     "has no tactics for them, so the pass tunes nothing")
     # A MoE backend that autotunes with a model without MoE layers (an EAGLE3 draft) still makes
     # SGLang enter the autotune context: the file it writes holds no tactics.
     if autotunes and moe_needs and spec.moe is None and not (fp8_gemm_needs or fp4_gemm_needs):
@@ -516,7 +524,9 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
         pp=flags.pp,
         attn_dp_size=attn_dp,
         ep=ep,
-        config_class=target.config_class if not flags.trust_remote_code else target.remote_config_class,
+        # flashinfer_autotune_cache_path hashes the running model's hf_config class: the draft
+        # runner's own for a draft worker (its config; the same as the target's for an MTP draft).
+        config_class=spec.config_class if not flags.trust_remote_code else spec.remote_config_class,
         skip_ops=tuple(sorted(set(flags.skip_ops))),
         draft_quantization=draft_quant,
         is_draft=worker == "draft",

@@ -63,6 +63,9 @@ def layer_quantization(flag: str | None, checkpoint: str | None, *, flag_name: s
 
     A mismatch SGLang refuses at startup is a UsageError naming the flag."""
     if checkpoint is None:
+        if flag in MODELOPT_METHODS or flag in ("modelopt", "petit_nvfp4"):
+            raise UsageError(f"{flag_name} {flag} on a checkpoint without a ModelOpt quantization config: not "
+                             "modelled (the method reads its scales and exclusions from that config)")
         return flag
     if flag not in REQUANTIZE and checkpoint in MODELOPT_METHODS:
         return checkpoint  # detected from the checkpoint, whatever the flag says
@@ -96,10 +99,13 @@ def moe_backend_for(quantization: str | None, backend: str, *, sm100: bool) -> s
     return backend
 
 
-def check_backend_quantization(backend: str, quantization: str | None) -> None:
-    """The asserts SGLang runs on the resolved MoE backend and --quantization at startup."""
+def check_backend_quantization(backend: str, quantization: str | None, *, from_checkpoint: bool = False) -> None:
+    """The asserts SGLang runs on the resolved MoE backend and --quantization at startup
+    (``from_checkpoint``: SGLang copied the checkpoint's method into --quantization)."""
     allowed = BACKEND_QUANTIZATIONS.get(backend)
     if allowed is not None and quantization not in allowed:
         names = ", ".join("bf16 (none)" if q is None else q for q in allowed)
-        raise UsageError(f"--moe-runner-backend {backend} with --quantization {quantization}: SGLang 0.5.23 refuses "
-                         f"it at startup (the runner takes {names})")
+        how = f"the checkpoint's {quantization}, which SGLang copies into --quantization" if from_checkpoint \
+            else f"--quantization {quantization}"
+        raise UsageError(f"--moe-runner-backend {backend} with {how}: SGLang 0.5.23 refuses it at startup "
+                         f"(the runner takes {names})")

@@ -51,6 +51,10 @@ class Speculative:
         return asdict(self)
 
 
+#: speculative/spec_info.py SpeculativeAlgorithm (NEXTN is an alias of EAGLE).
+BUILTIN = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP"})
+
+
 def resolve_speculative(architecture: str, model_path: str, *, algorithm: str | None, num_steps: int | None,
                         eagle_topk: int | None, num_draft_tokens: int | None, draft_model_path: str | None,
                         draft_moe_runner_backend: str | None) -> Speculative | None:
@@ -59,6 +63,9 @@ def resolve_speculative(architecture: str, model_path: str, *, algorithm: str | 
         # probes: same resolution with or without them); so does fi-autotune.
         return None
     algo = ALIASES.get(algorithm.upper(), algorithm.upper())
+    if algo not in BUILTIN:
+        raise UsageError(f"--speculative-algorithm {algorithm}: not one of SGLang 0.5.23's algorithms "
+                         f"({', '.join(sorted(BUILTIN))}; a plugin-registered one is not modelled)")
     if algo not in MODELLED:
         raise UsageError(f"--speculative-algorithm {algorithm}: fi-autotune models EAGLE (NEXTN, the MTP draft) "
                          f"and EAGLE3; SGLang 0.5.23 tunes {algorithm} differently and it is not modelled")

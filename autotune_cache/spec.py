@@ -28,6 +28,9 @@ class Family:
 # re-parses registered model types through its own aliases; the rest come from transformers 5.19).
 ARCHITECTURES = {
     "LlamaForCausalLM": Family.DENSE,
+    # EAGLE / EAGLE3 draft heads (models/llama_eagle*.py): one Llama decoder layer, bf16.
+    "LlamaForCausalLMEagle": Family.DENSE,
+    "LlamaForCausalLMEagle3": Family.DENSE,
     "MixtralForCausalLM": Family.GQA_MOE,
     "Qwen3MoeForCausalLM": Family.GQA_MOE,
     "GptOssForCausalLM": Family.GQA_MOE,

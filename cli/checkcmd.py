@@ -53,34 +53,36 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         plan = build_plan(r, root)
         report = run_check(plan, layout, layout_name, store_url, fingerprint, kw["cache_dir"])
         # A flag whose effect on the autotune path is not known: the verdict cannot be trusted.
-        for flag in kw.get("not_understood") or ():
-            (report.misses if strict else report.warnings).append(
-                f"the serving command's {flag} is not understood: fi-autotune cannot tell what it changes")
-        checks.append((r.worker, plan, report))
+        unknown = [f"the serving command's {flag} is not understood: fi-autotune cannot tell what it changes"
+                   for flag in kw.get("not_understood") or ()]
+        (report.misses if strict else report.warnings).extend(unknown)
+        checks.append((r.worker, plan, report, len(unknown) if strict else 0))
 
     def human() -> None:
-        for worker, plan, report in checks:
+        for worker, plan, report, n_unknown in checks:
             who = "" if len(checks) == 1 else f"{worker} worker: "
-            if not report.autotunes:
-                out.line(f"OK: {who}the server would not autotune ({'; '.join(plan.resolution.reasons)}): no cache needed")
-                continue
             for w in report.warnings:
                 out.note(f"warning: {who}{w}")
             for m in report.misses:
                 out.line(f"MISS: {who}{m}")
-            if report.ok:
+            if report.ok and not report.autotunes:
+                out.line(f"OK: {who}{'; '.join(plan.reasons)}")
+            elif report.ok:
                 out.line(f"OK: {who}{report.where}: {report.rank_files} rank files, {report.keys_checked} startup "
                          "lookups, all present")
-            else:
+            elif len(report.misses) > n_unknown:
                 out.line(f"{len(report.misses)} miss(es): {who}the engine would tune at startup")
+            else:
+                out.line(f"{len(report.misses)} miss(es): {who}not confirmed: the command has flags fi-autotune "
+                         "does not understand")
 
     def data() -> dict:
         if len(checks) == 1:
             return checks[0][2].to_dict()
-        return {"ok": all(r.ok for _, _, r in checks), **{w: r.to_dict() for w, _, r in checks}}
+        return {"ok": all(c[2].ok for c in checks), **{c[0]: c[2].to_dict() for c in checks}}
 
     out.emit(human=human, data=data)
-    if strict and not all(r.ok for _, _, r in checks):
+    if strict and not all(c[2].ok for c in checks):
         raise click.exceptions.Exit(int(ExitCode.FAILURE))
 
 

@@ -167,6 +167,9 @@ def pick_schema(kw: dict) -> tuple[str, str]:
 
 def request_from(kw: dict) -> TuneRequest:
     """The typed request behind the serving options (``kw``: the click keyword arguments)."""
+    from autotune_cache.servecmd import check_option_values
+
+    check_option_values(kw)
     model = kw["model"] or kw["model_path"]
     if model is None:
         raise UsageError("give --model (a hub id, preset or local model directory), or --model-path with --config")
@@ -296,13 +299,19 @@ def print_plan(plan, out: Output) -> None:
     if plan.autotunes:
         out.line(f"Key dir     {plan.key_dir}")
         out.line(f"Rank files  {len(plan.rank_files)}: {_compact(plan.rank_files)}")
+    elif r.autotunes:
+        out.line("Key dir     none needed: the server's autotune pass has nothing to tune")
     else:
         out.line("Key dir     none: the server would not autotune, so it neither reads nor writes a cache")
     from autotune_cache.vllm import VLLM_CHECKED
 
-    verdict = "YES" if plan.autotunes else "NO"
     engine = "SGLang 0.5.23" if plan.engine == "SGLang" else f"vLLM {', '.join(VLLM_CHECKED)}"
-    out.line(f"Autotune    {verdict}: {engine} {'would' if plan.autotunes else 'would not'} run FlashInfer autotune")
+    if plan.autotunes:
+        out.line(f"Autotune    YES: {engine} would run FlashInfer autotune")
+    elif r.autotunes:
+        out.line(f"Autotune    NOTHING TO TUNE: {engine} would run its autotune pass, with no tactics to find")
+    else:
+        out.line(f"Autotune    NO: {engine} would not run FlashInfer autotune")
     _print_body(plan, out)
 
 
@@ -339,7 +348,7 @@ def _print_sglang_header(plan, out: Output) -> None:
 
 def _print_body(plan, out: Output) -> None:
     r = plan.resolution
-    for reason in r.reasons:
+    for reason in plan.reasons:
         out.line(f"  - {reason}")
     for note in r.notes + plan.notes:
         out.line(f"  note: {note}")

@@ -37,12 +37,31 @@ def test_values_that_shape_the_plan():
 
 def test_flags_are_sorted_by_what_sglangs_code_showed_with_their_values():
     """Ignored only where the oracle showed the flag does not reach SGLang's autotune path; an
-    environment variable fi-autotune has no evidence on is "not understood", never ignored."""
-    cmd = parse_serving_command(["CUDA_X=1", "python", "-m", "sglang.launch_server", "--model-path", "m", "--host",
-                                 "0.0.0.0", "--trust-remote-code", "--port=30000", "--mem-fraction-static", "0.9"])
-    assert cmd.ignored == ["--host 0.0.0.0", "--port 30000", "--mem-fraction-static 0.9"]
+    SGLang or FlashInfer variable fi-autotune has no evidence on is "not understood", never ignored;
+    a variable outside their namespaces (CUDA_*, NCCL_*, HF_*) is one their code never reads."""
+    cmd = parse_serving_command(["SGLANG_X=1", "CUDA_X=1", "python", "-m", "sglang.launch_server", "--model-path", "m",
+                                 "--host", "0.0.0.0", "--trust-remote-code", "--port=30000", "--mem-fraction-static",
+                                 "0.9"])
+    assert cmd.ignored[1:] == ["--host 0.0.0.0", "--port 30000", "--mem-fraction-static 0.9"]
+    assert cmd.ignored[0].startswith("CUDA_X=1 (environment outside SGLang's and FlashInfer's")
     assert cmd.values["trust_remote_code"] is True  # modelled: it can change the key's config class
-    assert cmd.not_understood == ["CUDA_X=1 (environment: fi-autotune has no evidence on what it does)"]
+    assert cmd.not_understood == ["SGLANG_X=1 (environment: fi-autotune has no evidence on what it does)"]
+
+
+def test_a_flag_read_at_a_flashinfer_call_site_is_never_ignored():
+    """The probes compare SGLang's resolution, not its calls: a flag SGLang's MoE code reads (the
+    MXFP4 activation precision) is not understood even though no probe changed the plan."""
+    cmd = parse_serving_command(["--model-path", "m", "--flashinfer-mxfp4-moe-precision", "bf16"])
+    assert not cmd.ignored and "--flashinfer-mxfp4-moe-precision bf16" in cmd.not_understood[0]
+
+
+def test_env_prefix_and_credentials():
+    """`env VAR=... python -m ...` reads the variables as a shell would; credentials never echo."""
+    cmd = parse_serving_command(["env", "-u", "X", "SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1", "HF_TOKEN=hf_secret",
+                                 "python3", "-m", "sglang.launch_server", "--model-path", "m", "--api-key", "sk-1"])
+    assert cmd.env == {"SGLANG_FLASHINFER_AUTOTUNE_EXTEND": "1"}
+    shown = " ".join(cmd.ignored)
+    assert "HF_TOKEN=***" in shown and "--api-key ***" in shown and "secret" not in shown and "sk-1" not in shown
 
 
 def test_a_stray_argument_is_rejected_as_sglang_would():

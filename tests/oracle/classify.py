@@ -109,8 +109,44 @@ def classify(probes: dict) -> dict:
     return table
 
 
-def write_flag_table(probes: dict, probes_path: Path, table_path: Path) -> None:
+#: SGLang's FlashInfer call sites and the code that sizes their passes (relative to sglang/srt):
+#: a flag read here can change a call's arguments, which the probes (resolution only) do not see.
+CALL_SITES = ("layers/moe/moe_runner/**/*.py", "layers/moe/fused_moe_triton/layer.py", "layers/moe/topk.py",
+              "layers/moe/utils.py", "layers/quantization/*fp8*.py", "layers/quantization/*fp4*.py",
+              "layers/quantization/*mxfp*.py", "layers/quantization/modelopt*.py", "layers/quantization/unquant.py",
+              "layers/attention/trtllm_mla_backend.py", "layers/attention/dsa_backend.py",
+              "layers/attention/cutedsl_mla_backend.py", "model_executor/runner/flashinfer_autotune.py",
+              "model_executor/runner/base_runner.py", "model_executor/runner/eager_runner.py")
+
+
+def call_site_reads(srt: Path) -> dict[str, str]:
+    """{argument name: the first call-site file that reads it as ``.name``}."""
+    import re
+
+    texts = {}
+    for pattern in CALL_SITES:
+        for f in sorted(srt.glob(pattern)):
+            texts[str(f.relative_to(srt))] = f.read_text(errors="ignore")
+    found: dict[str, str] = {}
+    for name in sorted({m for t in texts.values() for m in re.findall(r"\.([a-z][a-z0-9_]+)\b", t)}):
+        found[name] = next(f for f, t in texts.items() if re.search(r"\." + name + r"\b", t))
+    return found
+
+
+def at_call_sites(table: dict, reads: dict[str, str]) -> dict:
+    """A flag the probes found inert ("none") but that a FlashInfer call site reads is "reaches":
+    never "ignored" on evidence that did not look at the calls."""
+    for dest, entry in table.items():
+        if entry["effect"] == "none" and dest in reads:
+            entry["effect"] = "reaches"
+            entry["evidence"] = f"read at SGLang's FlashInfer call site {reads[dest]}; " + entry["evidence"]
+    return table
+
+
+def write_flag_table(probes: dict, probes_path: Path, table_path: Path, srt: Path | None = None) -> None:
     table = classify(probes)
+    if srt is not None:
+        table = at_call_sites(table, call_site_reads(srt))
     compact = {"bases": {name: {"arch": e["arch"], "command": e["command"], "outcomes": e["outcomes"],
                                 "view": autotune_view(e["raw"]["base"])}
                          for name, e in probes["bases"].items()}}

@@ -44,7 +44,7 @@ def table() -> str:
                 sglang = "refuses: " + golden["error"][:90]
                 ours = diff_case(golden, Path(tmp))[0]
             elif "oracle_error" in golden:
-                sglang, ours = "oracle error (re-record)", "-"
+                sglang, ours = "not recorded: " + golden["oracle_error"][:100], "-"
             else:
                 t, d = golden["target"], golden.get("draft")
                 sglang = f"autotunes, key `{t['key']}`" if t["should_run"] else f"no autotune (key `{t['key']}`)"

@@ -2,6 +2,7 @@
 
     FI_AUTOTUNE_SGLANG_PYTHON=/path/to/oracle/bin/python python tests/oracle/record.py matrix [ID ...]
     FI_AUTOTUNE_SGLANG_PYTHON=... python tests/oracle/record.py flags [BASE ...]
+    FI_AUTOTUNE_SGLANG_PYTHON=... python tests/oracle/record.py reclassify
 
 ``matrix``: every serving command of tests/data/serving_matrix.json through SGLang's own code
 (``sglang_case.py``, with the MoE, linear and attention calls recorded) and FlashInfer's own key
@@ -200,10 +201,27 @@ def record_flags(only: list[str]) -> None:
         raw = run_oracle("sglang_flags.py", case, timeout=6 * 3600)
         old["bases"][name] = {"arch": arch, "command": command, "raw": raw}
         print(f"{name}: {len(raw.get('probes', []))} probes", file=sys.stderr)
-    write_flag_table(old, probes_path, FLAG_TABLE)
+    write_flag_table(old, probes_path, FLAG_TABLE, sglang_srt())
+
+
+def sglang_srt() -> Path:
+    """sglang/srt of the oracle interpreter (found, not imported)."""
+    out = subprocess.run([oracle_python(), "-c", "import importlib.util as u; "
+                          "print(u.find_spec('sglang').submodule_search_locations[0])"],
+                         capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip()) / "srt"
+
+
+def reclassify(_: list[str]) -> None:
+    """Apply the call-site rule (classify.at_call_sites) to the shipped flag table, no probing."""
+    from classify import at_call_sites, call_site_reads
+
+    data = json.loads(FLAG_TABLE.read_text())
+    data["flags"] = at_call_sites(data["flags"], call_site_reads(sglang_srt()))
+    FLAG_TABLE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
     what, rest = sys.argv[1], sys.argv[2:]
-    {"matrix": record_matrix, "flags": record_flags}[what](rest)
+    {"matrix": record_matrix, "flags": record_flags, "reclassify": reclassify}[what](rest)
