@@ -11,8 +11,8 @@ over, per worker). Prints ``{"calls": [{"worker", "phase", "m", "api", "kwargs",
 Per pass: the MoE block runs on ``batch x tokens_per_req x gather`` rows (eagerly for the target,
 in capture mode for the draft, as SGLang's passes run), the linear layers on ``batch x
 tokens_per_req`` rows, and the attention backend on ``batch`` requests of ``tokens_per_req``
-tokens (decode, or TARGET_VERIFY); the draft's extend pass (DRAFT_EXTEND_V2) is not recorded for
-attention.
+tokens (decode, or TARGET_VERIFY), for MLA models (no MHA entry point of FlashInfer is tunable);
+the draft's extend pass (DRAFT_EXTEND_V2) is not recorded for attention.
 """
 
 from __future__ import annotations
@@ -83,6 +83,10 @@ def _record(kind: str, sa, mr, worker: str, p: dict, gather: int) -> list[dict]:
     if kind == "moe":
         from sglang_moe_calls import record_moe_calls
 
+        hf = mr.model_config.hf_config
+        if not any(getattr(hf, n, None) for n in ("n_routed_experts", "num_experts", "num_local_experts")):
+            return []  # a dense model (no expert count in its config): no MoE block to build
+
         m = batch * width * gather
         return [dict(c, m=m) for c in record_moe_calls(sa, mr, m, capture_mode=worker == "draft")]
     if kind == "linear":
@@ -95,6 +99,12 @@ def _record(kind: str, sa, mr, worker: str, p: dict, gather: int) -> list[dict]:
         return calls
     if kind == "attention":
         from sglang_attn_calls import record_attention_calls
+
+        if getattr(mr.model_config, "kv_lora_rank", None) is None:
+            # Not an MLA model: FlashInfer 0.7.2.post1 enters its autotuner (AutoTuner.choose_one)
+            # from no MHA/GQA attention entry point (decode.py, prefill.py have none); only the
+            # MLA decode kernel (mla/_core.py) is tunable.
+            return []
 
         if p["phase"] == "draft_extend":
             return []
