@@ -150,8 +150,11 @@ def _round_up(x: int, m: int) -> int:
 
 
 def _moe_dims(spec: ModelSpec, res: Resolution) -> tuple[int, int, int, int]:
+    """(hidden, experts per rank, intermediate per rank, top-k): a fused shared expert is one more
+    expert every token also selects."""
     assert spec.moe is not None and res.experts_per_rank is not None and res.moe_intermediate_per_partition is not None
-    return spec.hidden_size, res.experts_per_rank, res.moe_intermediate_per_partition, spec.moe.top_k
+    return (spec.hidden_size, res.experts_per_rank, res.moe_intermediate_per_partition,
+            spec.moe.top_k + res.fused_shared_experts)
 
 
 def _gpt_oss_mxfp4_dims(spec: ModelSpec, res: Resolution) -> tuple[int, int]:

@@ -181,6 +181,8 @@ class Resolution:
     #: Decode runs in CUDA graphs (not with --disable-cuda-graph, nor on the torch-native / Flex
     #: attention backends, which turn them off).
     decode_cuda_graph: bool = True
+    #: Shared experts SGLang fuses into the routed-expert kernel (extra experts and top-k slots).
+    fused_shared_experts: int = 0
 
     @property
     def moe_tokens(self) -> int:
@@ -247,6 +249,32 @@ FLASHINFER_A2A_RUNNERS = ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfe
 DETERMINISTIC_ATTENTION = ("fa3", "fa4", "flashinfer", "triton")
 #: speculative_hook.py: the backends that take --speculative-eagle-topk > 1 with pages > 1.
 TOPK_PAGED_ATTENTION = ("flashinfer", "fa3", "triton")
+
+
+#: The model classes whose shared expert SGLang fuses into the routed experts, by the
+#: architecture their gate compares (``fused_shared_experts_architecture``): deepseek_v2.py,
+#: glm4_moe.py, deepseek_nextn.py. DeepseekV32ForCausalLM keeps DeepSeek-V3's name and so never fuses.
+FUSING_ARCHS = ("DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMNextN", "GlmMoeDsaForCausalLM",
+                "GlmMoeDsaForCausalLMNextN")
+#: overrides.py _moe_runner_fusion_disable / _a2a_fusion_adjustments: runners that turn it off.
+NO_FUSION_RUNNERS = ("flashinfer_cutedsl", "flashinfer_trtllm", "experimental_sgl_trtllm", "flashinfer_trtllm_routed",
+                     "lora_triton", "lora_cutedsl", "lora_marlin")
+
+
+def _fused_shared_experts(spec: ModelSpec, backend: str, flags: ServerFlags, ep: int, model_quant: str | None) -> int:
+    """moe/utils.py resolve_shared_experts_config with DeepseekV2ForCausalLM's
+    shared_experts_fusion_disable_reason, on a CUDA GPU of sm80+ (every target here)."""
+    moe = spec.moe
+    if moe is None or spec.architecture not in FUSING_ARCHS or backend in NO_FUSION_RUNNERS:
+        return 0
+    if flags.moe_a2a_backend != "none" or ep > 1:
+        return 0  # DeepEP-class and FlashInfer all-to-all; expert parallelism (CUDA)
+    if moe.num_experts != 256 or moe.num_shared_experts != 1:
+        return 0  # the validated configs (384 only for Quark MXFP4 checkpoints)
+    if model_quant in ("modelopt_fp4", "modelopt_mixed") and spec.quant and any(
+            "shared_expert" in m and "shared_expert_gate" not in m for m in spec.quant.modules_not_quantized):
+        return 0  # ModelOptFp4Config.can_fuse_shared_expert: a bf16 shared expert cannot join FP4 experts
+    return moe.num_shared_experts
 
 
 def _check_startup(spec: ModelSpec, flags: ServerFlags, attention: Attention, speculative, sm100: bool) -> None:
@@ -447,6 +475,10 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
         notes.append(f"SGLang enters its autotune pass ({backend!r}) but the {'draft ' if worker == 'draft' else ''}"
                      "model has no MoE layer: nothing is tuned")
 
+    fused_shared = _fused_shared_experts(spec, backend, flags, ep, model_quant)
+    if fused_shared:
+        notes.append(f"{spec.architecture}: SGLang fuses the shared expert into the routed experts "
+                     f"({spec.moe.num_experts}+{fused_shared} experts, top-{spec.moe.top_k}+{fused_shared})")
     attn_dp = topo.attn_dp_size
     attn_tp = flags.tp // attn_dp
     moe_ep = ep
@@ -459,7 +491,7 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
             raise UsageError(
                 f"MoE TP size {moe_tp} (tp/ep) does not divide the expert width {spec.moe.intermediate_size}"
             )
-        experts_per_rank = spec.moe.num_experts // moe_ep
+        experts_per_rank = spec.moe.num_experts // moe_ep + fused_shared
         inter_pp = spec.moe.intermediate_size // moe_tp
     if spec.num_attention_heads % attn_tp:
         raise UsageError(f"attention TP size {attn_tp} (tp/dp) does not divide {spec.num_attention_heads} heads")
@@ -532,6 +564,7 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
         is_draft=worker == "draft",
     )
     return Resolution(
+        fused_shared_experts=fused_shared,
         arch=arch, flags=flags, topology=topo, key_fields=key_fields, dtype=dtype,
         quantization=quantization, model_quantization=model_quant, moe_runner_backend=backend,
         attn_dp_size=attn_dp, attn_tp_size=attn_tp, moe_tp_size=moe_tp, moe_ep_size=moe_ep,

@@ -36,7 +36,7 @@ def diff_case(golden: dict, tmp_path) -> tuple[str, list[str]]:
         line = str(plan).strip().splitlines()[-1] if str(plan).strip() else ""
         return "refused", ([] if "--" in line else [f"refused without naming a flag: {line}"])
     ours = _worker_plans(plan)
-    diffs = worker_diffs(golden, plan)
+    diffs = worker_diffs(golden, plan, gate="resolution")
     calls = golden.get("calls") or []
     if golden.get("call_errors"):
         diffs.append("the oracle could not record every call (re-record): "
