@@ -62,7 +62,8 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         for worker, plan, report, n_unknown in checks:
             who = "" if len(checks) == 1 else f"{worker} worker: "
             for w in report.warnings:
-                out.note(f"warning: {who}{w}")
+                if "is not understood: fi-autotune cannot tell" not in w:  # printed once, by the command parser
+                    out.note(f"warning: {who}{w}")
             for m in report.misses:
                 out.line(f"MISS: {who}{m}")
             if report.ok and not report.autotunes:

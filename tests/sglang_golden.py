@@ -15,6 +15,7 @@ import importlib
 import inspect
 import json
 import re
+import shutil
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -42,15 +43,27 @@ IGNORED_ARGS = {
 }
 
 
-def served_config(model_path: str) -> str | None:
-    """The --config our plan uses for a served path that is not a preset by that name."""
+def served_config(model_path: str, workdir: Path) -> str | None:
+    """The --config our plan uses for a served path that is not a preset by that name: the file
+    the oracle served it from, as a model directory when a ModelOpt sidecar goes with it (the
+    layout a checkpoint has: config.json beside hf_quant_config.json)."""
     entry = MODELS.get(model_path)
     if entry is not None:
-        if "derived" not in entry:
+        if "derived" not in entry and entry["preset"] == model_path.replace("/", "--"):
+            return None  # a built-in preset by that very name
+        config = REPO / "autotune_cache" / "presets" / (entry["preset"] + ".json")
+    else:
+        config = REPO / "tests" / "data" / "configs" / (model_path.replace("/", "--") + ".json")
+        if not config.is_file():
             return None
-        return str(REPO / "autotune_cache" / "presets" / (entry["preset"] + ".json"))
-    derived = REPO / "tests" / "data" / "configs" / (model_path.replace("/", "--") + ".json")
-    return str(derived) if derived.is_file() else None
+    sidecar = config.with_suffix(".hf_quant_config.json")
+    if not sidecar.is_file():
+        return str(config)
+    model_dir = workdir / "served-model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(config, model_dir / "config.json")
+    shutil.copyfile(sidecar, model_dir / "hf_quant_config.json")
+    return str(model_dir)
 
 
 def our_plan(golden: dict, cache_dir: Path) -> tuple[int, dict | str]:
@@ -62,7 +75,7 @@ def our_plan(golden: dict, cache_dir: Path) -> tuple[int, dict | str]:
                       next((a.split("=", 1)[1] for a in argv if a.startswith(("--model-path=", "--model="))), None))
     args = ["plan", "--json", "--arch", golden["arch"], "--flashinfer-version", "0.7.2.post1",
             "--cache-dir", str(cache_dir)]
-    config = served_config(model_path) if model_path else None
+    config = served_config(model_path, cache_dir) if model_path else None
     if config:
         args += ["--config", config]
     env = [f"{k}={v}" for k, v in (golden.get("env") or {}).items()]

@@ -35,6 +35,8 @@ def table() -> str:
     from tests.test_sglang_oracle import GOLDEN, MATRIX, diff_case
 
     rows = ["| case | GPU | serving command | SGLang 0.5.23 | fi-autotune | source |", "|---|---|---|---|---|---|"]
+    tally = {"equal": 0, "refused": 0, "not recorded": 0, "other": 0}
+    n_calls = n_keys = 0
     with tempfile.TemporaryDirectory() as tmp:
         for case in MATRIX:
             golden = GOLDEN.get(case["id"])
@@ -62,12 +64,23 @@ def table() -> str:
                     ours = "refused: " + line.removeprefix("fi-autotune: error: ")[:140]
                 elif diffs:
                     ours = "DIFFERS: " + diffs[0][:140]
+            bucket = ours.split(":")[0] if ours != "-" else "not recorded"
+            tally[bucket if bucket in tally else "other"] += 1
+            if golden is not None and ours == "equal":
+                n_calls += len(golden.get("calls") or [])
+                n_keys += sum(len(k.get("candidates") or []) for c in golden.get("flashinfer_keys") or []
+                            for k in c.get("keys", []))
             source = case["source"]
             link = source.split()[0]
             source = f"[{link.split('//', 1)[-1][:48]}]({link})" if link.startswith("http") else source
             rows.append("| " + " | ".join(_cell(x) for x in (case["id"], case["gpu"], f"`{_flags(case['command'])}`",
                                                             sglang, ours, source)) + " |")
-    return "\n".join(rows)
+    public = sum(1 for c in MATRIX if c["source"].startswith("http"))
+    summary = (f"{len(MATRIX)} commands ({public} from public sources): {tally['equal']} equal ({n_calls} tunable "
+               f"FlashInfer calls compared argument by argument, {n_keys} FlashInfer keys key by key), "
+               f"{tally['refused']} refused naming the flag, {tally['not recorded']} not recorded"
+               + (f", {tally['other']} other" if tally["other"] else "") + ".")
+    return summary + "\n\n" + "\n".join(rows)
 
 
 def main() -> int:
