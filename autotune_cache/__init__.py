@@ -6,14 +6,14 @@ This package never imports torch or flashinfer at import time: the cache-tree co
 
 __version__ = "0.2.0"
 
-from .errors import EntryLocked, ExitCode, FiAutotuneError, UsageError  # noqa: E402
-from .keys import SCHEMAS, KeyFields, KeySchema, get_schema  # noqa: E402
-from .layouts import LAYOUTS, CacheLayout, EntryId, default_layout, get_layout  # noqa: E402
-from .lm_head import lm_head_stub, lm_head_stubbed  # noqa: E402
-from .manifest import Manifest  # noqa: E402
-from .scan import CacheEntry, CacheInfo, scan_cache  # noqa: E402
-from .status import EntryStatus  # noqa: E402
-from .topology import RankName, Topology  # noqa: E402
+from autotune_cache.errors import EntryLocked, ExitCode, FiAutotuneError, UsageError  # noqa: E402
+from autotune_cache.plan.keys import SCHEMAS, KeyFields, KeySchema, get_schema  # noqa: E402
+from autotune_cache.engines.layouts import LAYOUTS, CacheLayout, EntryId, default_layout, get_layout  # noqa: E402
+from autotune_cache.tune.lm_head import lm_head_stub, lm_head_stubbed  # noqa: E402
+from autotune_cache.tree.manifest import Manifest  # noqa: E402
+from autotune_cache.tree.scan import CacheEntry, CacheInfo, scan_cache  # noqa: E402
+from autotune_cache.tree.status import EntryStatus  # noqa: E402
+from autotune_cache.plan.topology import RankName, Topology  # noqa: E402
 
 __all__ = [
     "__version__",

@@ -18,11 +18,11 @@ import json
 import tarfile
 from dataclasses import dataclass, field
 
-from .fingerprint import Fingerprint
-from .keys import KeyFields
-from .layouts import CacheLayout, EntryId
-from .plan import TuningPlan
-from .rankfile import RESERVED_KEYS, parse_cache_bytes
+from autotune_cache.autotuner.fingerprint import Fingerprint
+from autotune_cache.plan.keys import KeyFields
+from autotune_cache.engines.layouts import CacheLayout, EntryId
+from autotune_cache.plan.tuning import TuningPlan
+from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes
 
 KEY_FIELD_LABELS = {
     "model_path": "model path (the server's --model-path: a hub id and a local path are different keys)",
@@ -180,7 +180,7 @@ def check_v2_store(plan: TuningPlan, report: CheckReport, fingerprint: Fingerpri
     entry for every lookup of the startup pass (each entry stands alone: no rank files)."""
     from pathlib import Path
 
-    from .v2store import ENTRIES, entry_name, env_hash, store_manifest
+    from autotune_cache.engines.flashinfer_v2.store import ENTRIES, entry_name, env_hash, store_manifest
 
     if any(not isinstance(v, str) or v in ("unknown", "None") for v in fingerprint.fields.values()):
         report.warnings.append("the fingerprint has unknown fields: FlashInfer there hashes exactly those values, "

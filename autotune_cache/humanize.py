@@ -6,7 +6,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from .errors import UsageError
+from autotune_cache.errors import UsageError
 
 _UNITS = ("B", "K", "M", "G", "T", "P")
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from .keys import KeyFields, get_schema
-from .layouts import EntryId, default_layout
-from .manifest import Manifest, utc_now_iso
-from .rankfile import cache_file_bytes
-from .topology import Topology
-from .writer import commit_entry
+from autotune_cache.plan.keys import KeyFields, get_schema
+from autotune_cache.engines.layouts import EntryId, default_layout
+from autotune_cache.tree.manifest import Manifest, utc_now_iso
+from autotune_cache.autotuner.rankfile import cache_file_bytes
+from autotune_cache.plan.topology import Topology
+from autotune_cache.tune.writer import commit_entry
 
 DEFAULT_METADATA = {
     "flashinfer_version": "0.7.2.post1",
@@ -97,7 +97,7 @@ def write_plan_entry(plan, metadata: dict | None = None, drop_buckets: tuple[int
     made-up tactics (``drop_buckets`` leaves those buckets out, as an incomplete tune would)."""
     import re
 
-    from .manifest import Manifest, utc_now_iso
+    from autotune_cache.tree.manifest import Manifest, utc_now_iso
 
     runner_of = re.compile(r"^\('[^']*', '([^']*)'")
     rng = random.Random(seed)
@@ -131,7 +131,7 @@ def write_vllm_entry(
     """Write an entry the way vLLM 0.33 leaves one: every rank saves its own file (plain writes,
     no manifest), named ``autotune_configs_dp{d}_rank{d*world+r}.json``. ``override_dir``: the
     ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` form (``root/<hash>``). Returns the entry dir."""
-    from .layouts.vllm import VllmRankName
+    from autotune_cache.engines.vllm.layout import VllmRankName
 
     meta = {**DEFAULT_METADATA, "flashinfer_version": flashinfer_version, **(metadata or {})}
     data = cache_file_bytes(meta, fake_configs(seed=seed))

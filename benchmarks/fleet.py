@@ -111,7 +111,7 @@ def main() -> None:
         print(table([row for p in args.report for row in json.loads(p.read_text())["rows"]]))
         return
     sys.path.insert(0, str(REPO))
-    from autotune_cache.targets import parse_targets
+    from autotune_cache.plan.targets import parse_targets
 
     targets = parse_targets(TARGETS, "fleet")
     counts = [int(x) for x in args.gpus.split(",")]

@@ -239,9 +239,9 @@ def floor_sweep(r: dict, work: Path, thresholds=SWEEP_THRESHOLDS) -> dict:
     time is the re-measured time of the cache that holds that same assignment. A choice that no
     cache holds was not re-measured: it is counted as unknown, never guessed."""
     sys.path.insert(0, str(REPO))
-    from autotune_cache.diff import op_slots, slot_of
-    from autotune_cache.quality import DEFAULT_TACTIC, Candidate, choose
-    from autotune_cache.rankfile import RESERVED_KEYS
+    from autotune_cache.tree.diff import op_slots, slot_of
+    from autotune_cache.tune.quality import DEFAULT_TACTIC, Candidate, choose
+    from autotune_cache.autotuner.rankfile import RESERVED_KEYS
 
     ops = json.loads((work / "plan.json").read_text())["workloads"][0]["ops"]
     paths, labels, costs = existing_caches(work, r["k"])

@@ -6,9 +6,9 @@ import click
 
 from autotune_cache.check import Candidate, CheckReport, check_files, files_of_bundle, nearest_difference
 from autotune_cache.errors import ExitCode, UsageError
-from autotune_cache.fingerprint import Fingerprint
-from autotune_cache.layouts import default_layout
-from autotune_cache.rankfile import read_regular_file
+from autotune_cache.autotuner.fingerprint import Fingerprint
+from autotune_cache.engines.layouts import default_layout
+from autotune_cache.autotuner.rankfile import read_regular_file
 
 from .output import Output
 from .params import env_from_option, json_option, resolve_root, targets_option
@@ -96,7 +96,7 @@ def run_check(plan, layout, layout_name: str, store_url: str | None, fingerprint
             raise UsageError("--layout flashinfer-v2 checks a local store against --env-from (the serving image's "
                              "fingerprint names its directory)")
         from autotune_cache.check import check_v2_store
-        from autotune_cache.layouts import get_layout
+        from autotune_cache.engines.layouts import get_layout
 
         v2root = cache_dir or get_layout("flashinfer-v2").default_root().path
         check_v2_store(plan, report, fingerprint, v2root)
@@ -109,7 +109,7 @@ def run_check(plan, layout, layout_name: str, store_url: str | None, fingerprint
 
 
 def _check_tree(plan, layout, report: CheckReport, fingerprint) -> None:
-    from autotune_cache.scan import scan_cache
+    from autotune_cache.tree.scan import scan_cache
 
     kdir = plan.key_dir
     if not kdir.is_dir():
@@ -131,8 +131,8 @@ def _check_tree(plan, layout, report: CheckReport, fingerprint) -> None:
 
 
 def _check_store(plan, layout, report: CheckReport, fingerprint, url: str) -> None:
-    from autotune_cache.keys import KeyFields
-    from autotune_cache.store import Store
+    from autotune_cache.plan.keys import KeyFields
+    from autotune_cache.tree.store import Store
 
     store = Store(url)
     rec = store.record(layout.name, plan.entry_id)

@@ -7,10 +7,10 @@ from pathlib import Path
 import click
 
 from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.layouts import default_layout, get_layout
-from autotune_cache.rankfile import read_regular_file
-from autotune_cache.scan import scan_cache
-from autotune_cache.status import EntryStatus
+from autotune_cache.engines.layouts import default_layout, get_layout
+from autotune_cache.autotuner.rankfile import read_regular_file
+from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.status import EntryStatus
 
 from .output import Output
 from .params import cache_dir_option, json_option, resolve_root
@@ -20,7 +20,7 @@ TARGETS = ("flashinfer-v2",)
 
 def convert_entry(entry, target: str, to_root: Path):
     """Write one complete SGLang entry into ``target`` under ``to_root``."""
-    from autotune_cache.v2store import merge_rank_files, write_store
+    from autotune_cache.engines.flashinfer_v2.store import merge_rank_files, write_store
 
     if target != "flashinfer-v2":
         raise UsageError(f"cannot convert to {target!r}; converts to: {', '.join(TARGETS)}")

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import click
 
-from autotune_cache.diff import CacheUnit, DiffReport, describe_value, diff_units
+from autotune_cache.tree.diff import CacheUnit, DiffReport, describe_value, diff_units
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
-from autotune_cache.fingerprint import FIELDS
-from autotune_cache.layouts import LAYOUTS, default_layout
-from autotune_cache.layouts.base import MANIFEST_NAME, NameKind
-from autotune_cache.rankfile import parse_cache_bytes, read_regular_file
-from autotune_cache.store import is_store_url
+from autotune_cache.autotuner.fingerprint import FIELDS
+from autotune_cache.engines.layouts import LAYOUTS, default_layout
+from autotune_cache.tree.layout import MANIFEST_NAME, NameKind
+from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
+from autotune_cache.tree.store import is_store_url
 
 from .output import Output
 from .params import json_option
@@ -48,7 +48,7 @@ FLAT_LAYOUTS = tuple(layout for layout in LAYOUTS.values() if layout.archivable)
 def _unit_of_dir(path: Path) -> CacheUnit | None:
     """An entry directory read as it is (not under a tree we scan): its rank files, its manifest.
     Whose it is (SGLang's ``rank_*.json``, vLLM's ``autotune_configs_*.json``) the names say."""
-    from autotune_cache.manifest import Manifest
+    from autotune_cache.tree.manifest import Manifest
 
     names = [(p, p.is_dir()) for p in sorted(path.iterdir())]
     layout = next((lo for lo in FLAT_LAYOUTS if any(lo.classify(p.name, d) is NameKind.DATA for p, d in names)),
@@ -68,7 +68,7 @@ def _unit_of_dir(path: Path) -> CacheUnit | None:
 
 def _tree_units(root: Path) -> list[CacheUnit]:
     """Every entry of every flat layout under ``root`` (an SGLang root, a vLLM root, ...)."""
-    from autotune_cache.scan import scan_cache
+    from autotune_cache.tree.scan import scan_cache
 
     return [_unit_of_entry(e) for layout in FLAT_LAYOUTS for e in scan_cache(root, layout).entries]
 
@@ -103,8 +103,8 @@ def load_side(text: str, cache_dir: str | None, scratch: Path) -> tuple[str, lis
 
 def _store_side(url: str, scratch: Path) -> tuple[str, list[CacheUnit], bool]:
     """A store, pulled into a scratch tree through the same verified import as ``pull``."""
-    from autotune_cache.archive import import_archives
-    from autotune_cache.store import Store
+    from autotune_cache.tree.archive import import_archives
+    from autotune_cache.tree.store import Store
 
     store = Store(url)
     root = scratch / f"store{len(list(scratch.iterdir()))}"
@@ -209,7 +209,7 @@ def _print(out: Output, report: DiffReport, show_all: bool) -> None:
 
 
 def _measure(report: DiffReport, units: list[CacheUnit], runs: int) -> list[dict]:
-    from autotune_cache.diffmeasure import measure
+    from autotune_cache.tune.diffmeasure import measure
 
     from .plancmd import build_plan
     from .warmcmd import _request_of

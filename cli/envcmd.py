@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from autotune_cache.fingerprint import this_host
+from autotune_cache.autotuner.fingerprint import this_host
 
 from .output import Output
 from .params import json_option

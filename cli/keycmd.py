@@ -5,11 +5,11 @@ from __future__ import annotations
 import click
 
 from autotune_cache.errors import UsageError
-from autotune_cache.installed import installed_flashinfer_version
-from autotune_cache.keys import DEFAULT_SCHEMA, SCHEMAS, KeyFields, get_schema, render_dtype
-from autotune_cache.layouts import default_layout
-from autotune_cache.layouts.sglang import ARCH_RE, VERSION_RE
-from autotune_cache.topology import Topology, TopologyError
+from autotune_cache.autotuner.installed import installed_flashinfer_version
+from autotune_cache.plan.keys import DEFAULT_SCHEMA, SCHEMAS, KeyFields, get_schema, render_dtype
+from autotune_cache.engines.layouts import default_layout
+from autotune_cache.engines.sglang.layout import ARCH_RE, VERSION_RE
+from autotune_cache.plan.topology import Topology, TopologyError
 
 from .output import Output
 from .params import POSITIVE, cache_dir_option, json_option, quiet_option, resolve_root

@@ -9,11 +9,11 @@ import click
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import Duration, parse_duration
-from autotune_cache.layouts import LAYOUTS, CacheLayout, RootChoice, default_layout, get_layout
-from autotune_cache.layouts.base import DEFAULT_LAYOUT_NAME
-from autotune_cache.layouts.sglang import VERSION_RE
-from autotune_cache.prune import EntryFilter
-from autotune_cache.status import EntryStatus
+from autotune_cache.engines.layouts import LAYOUTS, CacheLayout, RootChoice, default_layout, get_layout
+from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
+from autotune_cache.engines.sglang.layout import VERSION_RE
+from autotune_cache.tree.prune import EntryFilter
+from autotune_cache.tree.status import EntryStatus
 
 
 class DurationType(click.ParamType):
@@ -208,7 +208,7 @@ def staleness_fingerprint(env_from: str | None, check_env: bool, flt: EntryFilte
     ``--env-from`` wins; ``--check-env`` or ``--status stale`` mean this host, which must have a
     GPU: a host without one is no serving environment, so nothing is called stale there.
     """
-    from autotune_cache.fingerprint import NO_GPU_STALENESS, fingerprint_for_staleness
+    from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, fingerprint_for_staleness
 
     wants_stale = EntryStatus.STALE in flt.statuses
     if not (env_from or check_env or wants_stale):

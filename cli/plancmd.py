@@ -7,9 +7,9 @@ import functools
 import click
 
 from autotune_cache.errors import UsageError
-from autotune_cache.keys import DEFAULT_SCHEMA, SCHEMAS, get_schema, schema_for_sglang
-from autotune_cache.request import TuneRequest
-from autotune_cache.sglang import ServerFlags
+from autotune_cache.plan.keys import DEFAULT_SCHEMA, SCHEMAS, get_schema, schema_for_sglang
+from autotune_cache.plan.request import TuneRequest
+from autotune_cache.engines.sglang.resolve import ServerFlags
 
 from .output import Output
 from .params import POSITIVE, cache_dir_option, json_option, resolve_root, shard_option, targets_option
@@ -43,7 +43,7 @@ def vllm_request(request: TuneRequest, kw: dict, layout: str) -> TuneRequest:
     """``request`` aimed at vLLM's tree ``layout`` (vllm or vllm-dir)."""
     from dataclasses import replace
 
-    from autotune_cache.vllm import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash
+    from autotune_cache.engines.vllm.planner import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash
 
     if kw.get("vllm_config_hash") is None:
         raise UsageError(f"--layout {layout} needs --vllm-config-hash: vLLM names its cache dir by a hash of its "
@@ -129,12 +129,12 @@ def serving_options(fn=None, *, model_required: bool = True):  # noqa: ARG001 - 
 
 def _gpu_uuids(value: str | None) -> tuple[str, ...]:
     """``--gpu-uuids``: a list, or ``auto``: this machine's GPUs in index order (NVML/nvidia-smi)."""
-    from autotune_cache.topology import TopologyError, normalize_gpu_uuid
+    from autotune_cache.plan.topology import TopologyError, normalize_gpu_uuid
 
     if not value:
         return ()
     if value == "auto":
-        from autotune_cache.warm import detect_gpu_uuids
+        from autotune_cache.tune.warm import detect_gpu_uuids
 
         uuids = detect_gpu_uuids()
         if not uuids:
@@ -149,7 +149,7 @@ def _gpu_uuids(value: str | None) -> tuple[str, ...]:
 def pick_schema(kw: dict) -> tuple[str, str]:
     """(key schema, where it came from): --schema, else --engine sglang==X.Y.Z, else the sglang
     installed in this Python (importlib.metadata: no import), else SGLang 0.5.23's."""
-    from autotune_cache.installed import installed_version
+    from autotune_cache.autotuner.installed import installed_version
 
     if kw.get("schema"):
         return get_schema(kw["schema"]).name, "--schema"
@@ -167,7 +167,7 @@ def pick_schema(kw: dict) -> tuple[str, str]:
 
 def request_from(kw: dict) -> TuneRequest:
     """The typed request behind the serving options (``kw``: the click keyword arguments)."""
-    from autotune_cache.servecmd import check_option_values
+    from autotune_cache.engines.sglang.serving_command import check_option_values
 
     check_option_values(kw)
     model = kw["model"] or kw["model_path"]
@@ -214,7 +214,7 @@ def apply_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
     argv = kw.pop("serving_command", ())
     if not argv:
         return kw
-    from autotune_cache.servecmd import parse_serving_command
+    from autotune_cache.engines.sglang.serving_command import parse_serving_command
 
     cmd = parse_serving_command(argv)
     cmd.check_refused()
@@ -237,7 +237,7 @@ def apply_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
 def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = None):
     """The plan for ``request`` under the cache root ``cache_dir`` names (made if missing), else the
     root of the engine's layout."""
-    from autotune_cache.layouts import get_layout
+    from autotune_cache.engines.layouts import get_layout
 
     if request.arch is None:
         request = request.with_arch(arch or local_arch())
@@ -247,7 +247,7 @@ def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = N
 
 def local_arch() -> str:
     """This machine's GPU arch (NVML, no CUDA context); a usage error when there is none."""
-    from autotune_cache.warm import detect_gpus
+    from autotune_cache.tune.warm import detect_gpus
 
     arch = detect_gpus().arch
     if arch is None:
@@ -256,7 +256,7 @@ def local_arch() -> str:
 
 
 def _fmt_kwarg(value) -> str:
-    from autotune_cache.recipes import T, encode
+    from autotune_cache.engines.sglang.recipes import T, encode
 
     if isinstance(value, T):
         dims = "x".join(str(d) for d in value.shape)
@@ -303,7 +303,7 @@ def print_plan(plan, out: Output) -> None:
         out.line("Key dir     none needed: the server's autotune pass has nothing to tune")
     else:
         out.line("Key dir     none: the server would not autotune, so it neither reads nor writes a cache")
-    from autotune_cache.vllm import VLLM_CHECKED
+    from autotune_cache.engines.vllm.planner import VLLM_CHECKED
 
     engine = "SGLang 0.5.23" if plan.engine == "SGLang" else f"vLLM {', '.join(VLLM_CHECKED)}"
     if plan.autotunes:

@@ -7,13 +7,13 @@ import time
 
 import click
 
-from autotune_cache.archive import import_archives
+from autotune_cache.tree.archive import import_archives
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
-from autotune_cache.fingerprint import Fingerprint
-from autotune_cache.layouts.base import DEFAULT_LAYOUT_NAME
-from autotune_cache.scan import scan_cache
-from autotune_cache.status import EntryStatus
-from autotune_cache.store import Store, bundle_of, is_store_url
+from autotune_cache.autotuner.fingerprint import Fingerprint
+from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
+from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.status import EntryStatus
+from autotune_cache.tree.store import Store, bundle_of, is_store_url
 
 from .output import Output
 from .params import archive_layout_option, cache_dir_option, entry_filter, env_from_option, filter_options, json_option, resolve_root
@@ -86,7 +86,7 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
 
 def _local_gpu_name() -> str | None:
     """This machine's GPU model (NVML or nvidia-smi; no CUDA context, no torch), if any."""
-    from autotune_cache.warm import detect_gpus
+    from autotune_cache.tune.warm import detect_gpus
 
     info = detect_gpus()
     return info.names[0] if info.count else None

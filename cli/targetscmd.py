@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from autotune_cache.errors import UsageError
-from autotune_cache.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
+from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
 
 from .plancmd import build_plan, request_from, serving_options
 
@@ -113,9 +113,9 @@ def load_fleet(path: str, cache_dir: str | None, arch: str | None, shard: str | 
 
 def coverage(plan, store=None) -> str:
     """A target's state where the engine (or the pull) will look: covered, partly, missing."""
-    from autotune_cache.layouts import default_layout
-    from autotune_cache.scan import scan_entry
-    from autotune_cache.status import EntryStatus
+    from autotune_cache.engines.layouts import default_layout
+    from autotune_cache.tree.scan import scan_entry
+    from autotune_cache.tree.status import EntryStatus
 
     if not plan.autotunes:
         return "not tuned by the engine"
@@ -131,15 +131,15 @@ def coverage(plan, store=None) -> str:
 
 
 def fleet_items(loaded) -> list:
-    from autotune_cache.fleet import FleetItem
+    from autotune_cache.tune.fleet import FleetItem
 
     return [FleetItem(t.name, plan, layouts) for t, plan, layouts in loaded]
 
 
 def plan_targets(out, loaded, shard, total: int, store_url: str | None) -> None:
     """``plan --targets``: per target its id, work and coverage; the work once merged."""
-    from autotune_cache.fleet import merge_work
-    from autotune_cache.store import Store
+    from autotune_cache.tune.fleet import merge_work
+    from autotune_cache.tree.store import Store
 
     store = Store(store_url) if store_url else None
     items = fleet_items(loaded)
@@ -188,8 +188,8 @@ def run_fleet(load, n: int | None, force: bool, push_url: str | None, out, t0: f
     import time
 
     from autotune_cache.errors import ExitCode, FiAutotuneError
-    from autotune_cache.fleet import warm_fleet
-    from autotune_cache.warm import WorkerPool
+    from autotune_cache.tune.fleet import warm_fleet
+    from autotune_cache.tune.warm import WorkerPool
 
     from .warmcmd import _Progress, _also_v2, _writable_store, gpus_for_warm, push_entry
 
@@ -282,7 +282,7 @@ def check_targets(ctx, out, targets_file: str, kw: dict, store_url: str | None, 
                   strict: bool) -> None:
     """``check --targets``: which targets the tree (or store) covers; --strict fails on any miss."""
     from autotune_cache.errors import ExitCode
-    from autotune_cache.layouts import default_layout
+    from autotune_cache.engines.layouts import default_layout
 
     from .checkcmd import run_check
     from .params import resolve_root

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import click
 
-from autotune_cache.archive import export_entries, import_archive
+from autotune_cache.tree.archive import export_entries, import_archive
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
-from autotune_cache.scan import scan_cache
+from autotune_cache.tree.scan import scan_cache
 
 from .output import Output
 from .params import archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root

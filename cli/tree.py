@@ -8,11 +8,11 @@ import click
 
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.humanize import format_size, plural
-from autotune_cache.layouts import get_layout
-from autotune_cache.quality import selection_summary
-from autotune_cache.scan import CacheEntry, map_entries, scan_cache
-from autotune_cache.status import EntryStatus
-from autotune_cache.txn import recover_journals
+from autotune_cache.engines.layouts import get_layout
+from autotune_cache.tune.quality import selection_summary
+from autotune_cache.tree.scan import CacheEntry, map_entries, scan_cache
+from autotune_cache.tree.status import EntryStatus
+from autotune_cache.tree.txn import recover_journals
 
 from .output import Output
 from .params import (
@@ -138,8 +138,8 @@ STORE_HEADERS = ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "SIZE", "PUSHED", "S
 
 def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
     """``ls URL``: the entries published in a store (from its index records)."""
-    from autotune_cache.fingerprint import Fingerprint
-    from autotune_cache.store import Store
+    from autotune_cache.autotuner.fingerprint import Fingerprint
+    from autotune_cache.tree.store import Store
 
     store = Store(url)
     records = store.records()
@@ -179,7 +179,7 @@ def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
 
 def recover_journals_quietly(root, layout=None) -> list[str]:
     """Finish interrupted multi-entry writes when this tree is writable (a no-op otherwise)."""
-    from autotune_cache.layouts import default_layout
+    from autotune_cache.engines.layouts import default_layout
 
     try:
         return recover_journals(layout or default_layout(), root)
@@ -190,7 +190,7 @@ def recover_journals_quietly(root, layout=None) -> list[str]:
 def scan_trees(cache_dir, layouts, refs, fingerprint=None):
     """Scan the trees the ids name (a ``<layout>:`` prefix names its layout; ``--layout`` or
     ``--cache-dir`` otherwise) and resolve the ids there: [(entry, CacheInfo)]."""
-    from autotune_cache.layouts import LAYOUTS
+    from autotune_cache.engines.layouts import LAYOUTS
 
     names = list(flatten(layouts))
     for ref in refs:
@@ -228,7 +228,7 @@ def entry_view(e: CacheEntry, ops) -> dict:
 
 
 def _ops_of(e: CacheEntry):
-    from autotune_cache.rankfile import summarize_ops
+    from autotune_cache.autotuner.rankfile import summarize_ops
 
     if e.layout == "flashinfer-v2":
         return []  # one key per file: listed by show --json

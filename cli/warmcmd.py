@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
-from autotune_cache.request import TuneRequest
+from autotune_cache.plan.request import TuneRequest
 
 from .output import Output
 from .params import json_option, resolve_root, shard_option, targets_option
@@ -103,11 +103,11 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     --targets, a whole list of targets on one pool of workers: identical calls tuned once, each
     target written (and pushed) as soon as its last bucket is done (docs/fleet.md).
     """
-    from autotune_cache.quality import DEFAULT_THRESHOLD, QualitySettings
+    from autotune_cache.tune.quality import DEFAULT_THRESHOLD, QualitySettings
 
     import time
 
-    from autotune_cache.warm import WorkerPool, warm
+    from autotune_cache.tune.warm import WorkerPool, warm
 
     t0 = time.perf_counter()
     n = _gpus(gpus)
@@ -214,7 +214,7 @@ def warm_engines(request: TuneRequest, vllm_req: TuneRequest, kw: dict, n, force
                  out: Output, t0: float) -> None:
     """``--layout sglang,vllm``: both engines' calls (they differ in their keys) tuned in one run on
     one pool of workers - a fleet of two targets - each written as soon as its buckets are done."""
-    from autotune_cache.fleet import FleetItem
+    from autotune_cache.tune.fleet import FleetItem
 
     from .targetscmd import run_fleet
 
@@ -231,7 +231,7 @@ def warm_engines(request: TuneRequest, vllm_req: TuneRequest, kw: dict, n, force
 def warm_workers(request: TuneRequest, kw: dict, n, force: bool, push_url, wanted: list[str], out: Output,
                  t0: float) -> None:
     """A speculative-decoding command: the target's and the draft worker's entries, as a fleet of two."""
-    from autotune_cache.fleet import FleetItem
+    from autotune_cache.tune.fleet import FleetItem
 
     from .targetscmd import run_fleet
 
@@ -246,7 +246,7 @@ def warm_workers(request: TuneRequest, kw: dict, n, force: bool, push_url, wante
 
 def gpus_for_warm(n: int | None, plan_hint: str):
     """This machine's GPUs, or a usage error: none at all, or fewer than ``--gpus`` asks for."""
-    from autotune_cache.warm import detect_gpus
+    from autotune_cache.tune.warm import detect_gpus
 
     info = detect_gpus()
     if info.count == 0:
@@ -260,7 +260,7 @@ def _writable_store(url: str | None):
     """The --push store, checked before any tuning (a typo costs nothing then)."""
     if url is None:
         return None
-    from autotune_cache.store import Store, is_store_url
+    from autotune_cache.tree.store import Store, is_store_url
 
     if not is_store_url(url):
         raise UsageError(f"--push {url!r}: give a store URL (s3://, gs://, file://)")
@@ -271,8 +271,8 @@ def _writable_store(url: str | None):
 
 def push_entry(store, plan):
     """One written entry to the store (bundle first, then its record)."""
-    from autotune_cache.scan import scan_entry
-    from autotune_cache.store import bundle_of
+    from autotune_cache.tree.scan import scan_entry
+    from autotune_cache.tree.store import bundle_of
 
     layout = plan.layout_obj
     entry = scan_entry(layout, plan.key_dir, plan.entry_id)
@@ -290,8 +290,8 @@ def describe_summary(s: dict) -> str:
 
 def _also_v2(plan, out: Output):
     """The tuning just committed (or already there), written into FlashInfer's own store too."""
-    from autotune_cache.layouts import get_layout
-    from autotune_cache.scan import scan_entry
+    from autotune_cache.engines.layouts import get_layout
+    from autotune_cache.tree.scan import scan_entry
 
     from .convertcmd import convert_entry
 
@@ -328,8 +328,8 @@ def verify_cmd(ctx, ref, as_json, **kw):
     flags from the manifest warm wrote), by --model alone (the entry warm wrote for that model),
     or by --model with the server's flags (any entry those flags map to, engine-written ones included).
     """
-    from autotune_cache.scan import scan_cache
-    from autotune_cache.verify import verify
+    from autotune_cache.tree.scan import scan_cache
+    from autotune_cache.tune.verify import verify
 
     flags_given = [k for k in kw if k not in ("model", "cache_dir")
                    and ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE]

@@ -1,4 +1,4 @@
-"""Stands in for autotune_cache.worker where no GPU exists: same protocol (task path, then
+"""Stands in for autotune_cache.tune.worker where no GPU exists: same protocol (task path, then
 "<op> <bucket>" items on stdin until it closes; JSON events on stdout; per-op FlashInfer-format
 files and done files), behaviour chosen by FAKE_WORKER_MODE:
 
@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 
-from autotune_cache.rankfile import cache_file_bytes, parse_file_key
+from autotune_cache.autotuner.rankfile import cache_file_bytes, parse_file_key
 from autotune_cache.testing import DEFAULT_METADATA
 
 META = {**DEFAULT_METADATA, "gpu": os.environ.get("FAKE_GPU", "NVIDIA H200")}
@@ -32,7 +32,7 @@ META = {**DEFAULT_METADATA, "gpu": os.environ.get("FAKE_GPU", "NVIDIA H200")}
 def keys_of(op, bucket):
     """The keys FlashInfer would store for this op at this bucket: what the plan's recipe
     predicts (``check`` and ``verify`` look for exactly these)."""
-    from autotune_cache.recipes import OpRecipe
+    from autotune_cache.engines.sglang.recipes import OpRecipe
 
     return OpRecipe.from_dict(op).file_keys(bucket)
 

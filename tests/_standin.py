@@ -33,7 +33,7 @@ def main() -> int:
         import os
         from pathlib import Path
 
-        from autotune_cache.warm import TEST_GPUS_ENV, TEST_WORKER_ENV
+        from autotune_cache.tune.warm import TEST_GPUS_ENV, TEST_WORKER_ENV
 
         os.environ[TEST_GPUS_ENV] = "2xNVIDIA H200@sm90"
         os.environ[TEST_WORKER_ENV] = str(Path(__file__).resolve().parent / "_fake_worker.py")

@@ -25,8 +25,8 @@ def main() -> None:
     from flashinfer.autotuner import AutoTuner, autotune
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from autotune_cache.lm_head import lm_head_stub
-    from autotune_cache.skeleton import SkeletonModel
+    from autotune_cache.tune.lm_head import lm_head_stub
+    from autotune_cache.tune.skeleton import SkeletonModel
 
     plan = json.loads(Path(plan_path).read_text())
     spec, res = plan["spec"], plan["resolution"]
@@ -36,7 +36,7 @@ def main() -> None:
     model = SkeletonModel(ops, hidden=spec["hidden_size"], vocab=spec["vocab_size"], tp=res["flags"]["tp"],
                           dp=res["attn_dp_size"], dtype=res["dtype"], device=dev)
 
-    from autotune_cache.plan import dummy_tokens
+    from autotune_cache.plan.tuning import dummy_tokens
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _fi_counters import count_tuner

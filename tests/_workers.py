@@ -6,12 +6,12 @@ import random
 import sys
 from pathlib import Path
 
-from autotune_cache.archive import import_archive
+from autotune_cache.tree.archive import import_archive
 from autotune_cache.errors import EntryLocked
-from autotune_cache.layouts import default_layout
-from autotune_cache.prune import EntryFilter, plan_prune
-from autotune_cache.scan import scan_cache
-from autotune_cache.status import EntryStatus
+from autotune_cache.engines.layouts import default_layout
+from autotune_cache.tree.prune import EntryFilter, plan_prune
+from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.status import EntryStatus
 from autotune_cache.testing import default_fields, write_fake_entry
 
 MODELS = ("zai-org/GLM-5.1-FP8", "deepseek-ai/DeepSeek-V3", "moonshotai/Kimi-K2-Instruct")

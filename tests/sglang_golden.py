@@ -51,7 +51,7 @@ def served_config(model_path: str, workdir: Path) -> str | None:
     if entry is not None:
         if "derived" not in entry and entry["preset"] == model_path.replace("/", "--"):
             return None  # a built-in preset by that very name
-        config = REPO / "autotune_cache" / "presets" / (entry["preset"] + ".json")
+        config = REPO / "autotune_cache" / "plan" / "presets" / (entry["preset"] + ".json")
     else:
         config = REPO / "tests" / "data" / "configs" / (model_path.replace("/", "--") + ".json")
         if not config.is_file():
@@ -187,7 +187,7 @@ def matching_op(plan: dict, call: dict) -> dict | None:
 
 def compare_keys(op: dict, flashinfer: dict) -> list[str]:
     """FlashInfer's own keys for SGLang's call against our recipe's, bucket by bucket."""
-    from autotune_cache.recipes import OpRecipe
+    from autotune_cache.engines.sglang.recipes import OpRecipe
 
     recipe = OpRecipe.from_dict(op)
     diffs = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune_cache import buckets as B
+from autotune_cache.autotuner import buckets as B
 
 utils = pytest.importorskip("flashinfer.fused_moe.utils")
 fi_utils = pytest.importorskip("flashinfer.utils")

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.config_source import load_model_config, preset_ids
+from autotune_cache.plan.config_source import load_model_config, preset_ids
 from autotune_cache.errors import UsageError
-from autotune_cache.spec import Family, build_spec
+from autotune_cache.plan.spec import Family, build_spec
 
-from autotune_cache.config_source import PRESETS_DIR as REF  # copies of shared/reference/model_configs
+from autotune_cache.plan.config_source import PRESETS_DIR as REF  # copies of shared/reference/model_configs
 
 
 def ref(name: str) -> dict:
@@ -125,7 +125,7 @@ def test_families_and_config_classes(tmp_path, name, family, cls, dtype):
 def test_spec_pitfalls():
     def spec(name, **patch):
         cfg = {**ref(name), **patch}
-        from autotune_cache.config_source import ConfigSource
+        from autotune_cache.plan.config_source import ConfigSource
 
         return build_spec(ConfigSource("config-file", name, cfg))
 

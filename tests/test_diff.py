@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autotune_cache.diff import compare_configs, token_positions
-from autotune_cache.rankfile import cache_file_bytes
+from autotune_cache.tree.diff import compare_configs, token_positions
+from autotune_cache.autotuner.rankfile import cache_file_bytes
 from autotune_cache.testing import DEFAULT_METADATA, default_fields, entry_path, fake_configs, write_fake_entry
 
 from .conftest import run_cli
@@ -30,7 +30,7 @@ def configs(**tactics) -> dict:
 
 
 def test_keys_with_bare_dtype_extras_parse():
-    from autotune_cache.rankfile import parse_file_key
+    from autotune_cache.autotuner.rankfile import parse_file_key
 
     p = parse_file_key(GEMM.format(m=64))
     assert (p.custom_op, p.runner, p.profile[0]) == ("fp8_gemm", "CublasFp8GemmRunner", (1, 64, 8192))
@@ -168,10 +168,10 @@ def test_what_the_engine_would_notice_is_never_identical(tmp_path, root):
 
 
 def test_a_file_against_an_entry_whose_ranks_differ(tmp_path):
-    from autotune_cache.layouts import default_layout
+    from autotune_cache.engines.layouts import default_layout
     from autotune_cache.testing import make_manifest
-    from autotune_cache.topology import Topology
-    from autotune_cache.writer import commit_entry
+    from autotune_cache.plan.topology import Topology
+    from autotune_cache.tune.writer import commit_entry
 
     fields = default_fields("org/m", tp=2, dp=1)
     topo = Topology(tp=2, pp=1, dp=1)

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from autotune_cache.errors import UsageError
-from autotune_cache.fingerprint import FIELDS, Fingerprint
+from autotune_cache.autotuner.fingerprint import FIELDS, Fingerprint
 from autotune_cache.testing import DEFAULT_METADATA
 
 flashinfer_autotuner = pytest.importorskip("flashinfer.autotuner.autotuner")

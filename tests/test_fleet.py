@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.errors import UsageError
-from autotune_cache.targets import MAX_TARGETS, assign, load_targets, parse_shard, parse_targets, shard_from_env
+from autotune_cache.plan.targets import MAX_TARGETS, assign, load_targets, parse_shard, parse_targets, shard_from_env
 
 from .conftest import REPO, run_cli
 
@@ -147,7 +147,7 @@ def test_plan_targets_merges_identical_calls_and_shows_coverage(fleet, tmp_path)
     assert {t["coverage"] for t in data["targets"]} == {"missing"}
     assert data["profiles_one_by_one"] == 294 and data["profiles_merged"] == 252
     from autotune_cache.testing import entry_path, write_plan_entry
-    from autotune_cache.request import TuneRequest
+    from autotune_cache.plan.request import TuneRequest
 
     plan = TuneRequest.from_dict(data["targets"][2]["plan"]["request"]).plan(root)
     write_plan_entry(plan)

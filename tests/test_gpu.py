@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.layouts import default_layout
-from autotune_cache.layouts.base import MANIFEST_NAME
-from autotune_cache.rankfile import RESERVED_KEYS
-from autotune_cache.recipes import OpRecipe
+from autotune_cache.engines.layouts import default_layout
+from autotune_cache.tree.layout import MANIFEST_NAME
+from autotune_cache.autotuner.rankfile import RESERVED_KEYS
+from autotune_cache.engines.sglang.recipes import OpRecipe
 
 from .conftest import REPO, run_cli, run_json
 
@@ -226,7 +226,7 @@ def test_lm_head_stub_peak_memory_glm51_dims():
     import torch
 
     from autotune_cache import lm_head_stub
-    from autotune_cache.skeleton import SkeletonModel
+    from autotune_cache.tune.skeleton import SkeletonModel
 
     dev = torch.device("cuda", 0)
     model = SkeletonModel([], hidden=6144, vocab=154880, tp=8, dp=8, dtype="bfloat16", device=dev)
@@ -251,7 +251,7 @@ def test_lm_head_stub_peak_memory_glm51_dims():
 
 def test_verify_reports_missing_keys(tmp_path):
     """Drop one bucket from every rank file (byte-identical still): verify must see the engine re-tune it."""
-    from autotune_cache.rankfile import cache_file_bytes
+    from autotune_cache.autotuner.rankfile import cache_file_bytes
 
     root = tmp_path / "cache"
     r = warm(QWEN, root, "--gpus", "1")

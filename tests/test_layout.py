@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.layouts import DEFAULT_LAYOUT, EntryId, NameKind, default_layout, get_layout
-from autotune_cache.layouts.base import MANIFEST_NAME
-from autotune_cache.layouts.sglang import arch_from_capability
+from autotune_cache.engines.layouts import DEFAULT_LAYOUT, EntryId, NameKind, default_layout, get_layout
+from autotune_cache.tree.layout import MANIFEST_NAME
+from autotune_cache.engines.sglang.layout import arch_from_capability
 from autotune_cache.errors import UsageError
-from autotune_cache.topology import MAX_PARALLEL, RankName, Topology, TopologyError
+from autotune_cache.plan.topology import MAX_PARALLEL, RankName, Topology, TopologyError
 
 SG = default_layout()
 

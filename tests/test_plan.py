@@ -7,13 +7,13 @@ import json
 import pytest
 
 from autotune_cache.errors import UsageError
-from autotune_cache.plan import make_plan, pp_layer_ranges
-from autotune_cache.recipes import T
-from autotune_cache.sglang import ServerFlags
+from autotune_cache.plan.tuning import make_plan, pp_layer_ranges
+from autotune_cache.engines.sglang.recipes import T
+from autotune_cache.engines.sglang.resolve import ServerFlags
 
 from .conftest import run_cli
 
-from autotune_cache.config_source import PRESETS_DIR as REF  # copies of shared/reference/model_configs
+from autotune_cache.plan.config_source import PRESETS_DIR as REF  # copies of shared/reference/model_configs
 
 
 def plan(model, arch, tmp_path, **flags):

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.errors import FiAutotuneError
-from autotune_cache.quality import (DEFAULT_THRESHOLD, Candidate, QualitySettings, SlotRecord, apply_selection,
+from autotune_cache.tune.quality import (DEFAULT_THRESHOLD, Candidate, QualitySettings, SlotRecord, apply_selection,
                                     candidates, choose)
-from autotune_cache.rankfile import RESERVED_KEYS, parse_file_key
-from autotune_cache.request import TuneRequest
-from autotune_cache.scan import scan_cache
-from autotune_cache.sglang import ServerFlags
-from autotune_cache.warm import GpuInfo, WorkerPool, warm
+from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_file_key
+from autotune_cache.plan.request import TuneRequest
+from autotune_cache.tree.scan import scan_cache
+from autotune_cache.engines.sglang.resolve import ServerFlags
+from autotune_cache.tune.warm import GpuInfo, WorkerPool, warm
 
 from .conftest import REPO
 
@@ -198,7 +198,7 @@ def test_careful_resume_keeps_finished_races(plan, monkeypatch, tmp_path):
 
 
 def test_quick_and_careful_work_never_mix(plan, monkeypatch):
-    from autotune_cache.warm import work_dir
+    from autotune_cache.tune.warm import work_dir
 
     assert work_dir(plan) != work_dir(plan, QualitySettings("careful"))
     assert work_dir(plan) == work_dir(plan, QualitySettings())

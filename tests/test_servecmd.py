@@ -7,7 +7,7 @@ import json
 import pytest
 
 from autotune_cache.errors import UsageError
-from autotune_cache.servecmd import parse_serving_command
+from autotune_cache.engines.sglang.serving_command import parse_serving_command
 
 from .conftest import run_cli, run_json
 
@@ -118,7 +118,7 @@ def test_served_path_is_not_where_the_config_comes_from(tmp_path):
     preset = run_json("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100",
                       "--cache-dir", str(tmp_path))
     assert preset["key"] == "d99390dfa961185d"
-    from autotune_cache.config_source import PRESETS_DIR
+    from autotune_cache.plan.config_source import PRESETS_DIR
 
     (config / "config.json").write_bytes((PRESETS_DIR / "zai-org--GLM-5.1-FP8.json").read_bytes())
     from_config = run_json("plan", "--model-path", "/models/GLM-5.1-FP8", "--config", str(config), "--tp", "8",

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from autotune_cache.errors import UsageError
-from autotune_cache.servecmd import FLAG_TABLE, MODELLED, flag_table, parse_serving_command
+from autotune_cache.engines.sglang.serving_command import FLAG_TABLE, MODELLED, flag_table, parse_serving_command
 
 from .conftest import run_cli
 from .sglang_golden import DATA, our_plan, worker_diffs

@@ -12,12 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from autotune_cache import lm_head_stub, lm_head_stubbed  # noqa: E402
-from autotune_cache.plan import make_plan  # noqa: E402
-from autotune_cache.sglang import ServerFlags  # noqa: E402
-from autotune_cache.skeleton import LMHead, OpLayer, SkeletonModel, resolve_api  # noqa: E402
-from autotune_cache.warm import merge_cache_files, work_queue  # noqa: E402
+from autotune_cache.plan.tuning import make_plan  # noqa: E402
+from autotune_cache.engines.sglang.resolve import ServerFlags  # noqa: E402
+from autotune_cache.tune.skeleton import LMHead, OpLayer, SkeletonModel, resolve_api  # noqa: E402
+from autotune_cache.tune.warm import merge_cache_files, work_queue  # noqa: E402
 from autotune_cache.errors import FiAutotuneError  # noqa: E402
-from autotune_cache.rankfile import cache_file_bytes  # noqa: E402
+from autotune_cache.autotuner.rankfile import cache_file_bytes  # noqa: E402
 
 
 class Recorder:
@@ -57,7 +57,7 @@ def test_glm51_fp8_block_moe_arguments_sm100():
 
 
 def test_synthetic_fp8_and_bf16_values_are_finite():
-    from autotune_cache.skeleton import _fill
+    from autotune_cache.tune.skeleton import _fill
 
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.float8_e4m3fn, torch.bfloat16):
@@ -163,7 +163,7 @@ def test_merge_refuses_mixed_environments(tmp_path):
 
 
 def test_recipe_roundtrips_through_plan_json():
-    from autotune_cache.recipes import OpRecipe
+    from autotune_cache.engines.sglang.recipes import OpRecipe
 
     _, ops = ops_of("Qwen/Qwen3-30B-A3B", "sm90", tp=2, moe_runner_backend="flashinfer_cutlass")
     r = OpRecipe.from_dict(ops[0])

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.layouts import get_layout
-from autotune_cache.layouts.vllm import VllmRankName, arch_dir
+from autotune_cache.engines.layouts import get_layout
+from autotune_cache.engines.vllm.layout import VllmRankName, arch_dir
 from autotune_cache.testing import write_vllm_entry
 
 from .conftest import REPO, run_cli, run_json
@@ -41,7 +41,7 @@ def test_golden_names_of_vllm_0_33():
     assert layout.parse_id(f"0.7.2.post1/90a_100a/{H1}") is not None  # a mixed-arch host
     assert layout.parse_id(f"0.7.2.post1/sm90/{H1}") is None  # SGLang's arch form is not vLLM's
     # DP rank d of world size W holds world ranks d*W .. d*W+W-1.
-    from autotune_cache.topology import Topology
+    from autotune_cache.plan.topology import Topology
 
     assert layout.expected_files(Topology(tp=2, pp=1, dp=2, dp_attention=False)) == [
         "autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json",
@@ -116,7 +116,7 @@ def test_vllm_temp_files_are_temp_not_data(tmp_path):
     root = tmp_path / "vllm"
     path = write_vllm_entry(root, H1, world=1)
     (path / ".autotune_configs_dp0_rank0.json.k3j2.tmp").write_text("{")
-    from autotune_cache.scan import scan_entry
+    from autotune_cache.tree.scan import scan_entry
 
     layout = get_layout("vllm")
     e = scan_entry(layout, path, layout.make_id(("0.7.2.post1", "90a", H1)))
@@ -226,7 +226,7 @@ def test_other_versions_never_takes_an_entry_whose_version_it_cannot_read(tmp_pa
     assert run_cli("ls", "--layout", "vllm-dir", "--flashinfer-version", "0.7.2.post1", "-q", env=env).stdout.split() \
         == [f"vllm-dir:{H1}"]
     # Files without a readable version: never "another version" than the installed one.
-    from autotune_cache.rankfile import cache_file_bytes
+    from autotune_cache.autotuner.rankfile import cache_file_bytes
     from autotune_cache.testing import DEFAULT_METADATA, fake_configs
 
     meta = {k: v for k, v in DEFAULT_METADATA.items() if k != "flashinfer_version"}
@@ -239,7 +239,7 @@ def test_other_versions_never_takes_an_entry_whose_version_it_cannot_read(tmp_pa
 def test_metadata_that_differs_across_ranks_is_diverged(tmp_path):
     root = tmp_path / "vllm"
     path = write_vllm_entry(root, H1, world=2)
-    from autotune_cache.rankfile import cache_file_bytes
+    from autotune_cache.autotuner.rankfile import cache_file_bytes
     from autotune_cache.testing import DEFAULT_METADATA, fake_configs
 
     (path / "autotune_configs_dp0_rank1.json").write_bytes(
@@ -299,8 +299,8 @@ def test_two_layouts_in_one_root_keep_their_own_digest_index(tmp_path):
     the records it used, so a shared index file would lose the other layout's every time."""
     import os as _os
 
-    from autotune_cache.digestindex import DigestIndex, stat_key
-    from autotune_cache.scan import scan_cache
+    from autotune_cache.tree.digestindex import DigestIndex, stat_key
+    from autotune_cache.tree.scan import scan_cache
     from autotune_cache.testing import entry_path, write_fake_entry
 
     root = tmp_path / "shared-root"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache import buckets as B
+from autotune_cache.autotuner import buckets as B
 from autotune_cache.errors import UsageError
-from autotune_cache.request import TuneRequest
-from autotune_cache.sglang import ServerFlags
-from autotune_cache.vllm import VllmTarget, parse_config_hash
+from autotune_cache.plan.request import TuneRequest
+from autotune_cache.engines.sglang.resolve import ServerFlags
+from autotune_cache.engines.vllm.planner import VllmTarget, parse_config_hash
 
 from .conftest import REPO, run_cli
 from .test_fleet import gpu_env
@@ -40,7 +40,7 @@ def the_op(plan):
 
 def per_tensor_fp8_config(tmp_path: Path) -> str:
     """Qwen3-30B-A3B's config with a per-tensor static FP8 quantization_config (no block size)."""
-    cfg = json.loads((REPO / "autotune_cache" / "presets" / "Qwen--Qwen3-30B-A3B.json").read_text())
+    cfg = json.loads((REPO / "autotune_cache" / "plan" / "presets" / "Qwen--Qwen3-30B-A3B.json").read_text())
     cfg = cfg.get("config", cfg)
     cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "static"}
     p = tmp_path / "fp8" / "config.json"
@@ -74,7 +74,7 @@ def test_plan_tp2_dp2_is_vllms_split_buckets_and_names(tmp_path):
 def test_vllm_keys_are_not_sglangs(tmp_path):
     """Same model and flags: the keys differ (use_fused_finalize, and the tp x dp flattening), so
     one engine's file is of no use to the other - each is tuned."""
-    from autotune_cache.request import TuneRequest as R
+    from autotune_cache.plan.request import TuneRequest as R
 
     sg = R(QWEN, ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass"), arch="sm90",
            flashinfer_version="0.7.2.post1").plan(tmp_path / "sg")

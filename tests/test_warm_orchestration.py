@@ -1,6 +1,6 @@
 """warm's orchestration on CPU with real worker processes speaking the worker protocol.
 
-No GPU exists here, so tests/_fake_worker.py stands in for the GPU part of autotune_cache.worker;
+No GPU exists here, so tests/_fake_worker.py stands in for the GPU part of autotune_cache.tune.worker;
 it receives exactly the task files warm writes. The real worker runs in tests/test_gpu.py.
 """
 
@@ -15,12 +15,12 @@ import pytest
 from dataclasses import replace
 
 from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.rankfile import RESERVED_KEYS
-from autotune_cache.request import TuneRequest
-from autotune_cache.scan import scan_cache
-from autotune_cache.sglang import ServerFlags
+from autotune_cache.autotuner.rankfile import RESERVED_KEYS
+from autotune_cache.plan.request import TuneRequest
+from autotune_cache.tree.scan import scan_cache
+from autotune_cache.engines.sglang.resolve import ServerFlags
 from autotune_cache.testing import default_fields, write_fake_entry
-from autotune_cache.warm import GpuInfo, WorkerPool, warm
+from autotune_cache.tune.warm import GpuInfo, WorkerPool, warm
 
 from .conftest import REPO
 
@@ -136,7 +136,7 @@ def test_a_second_warm_of_the_same_target_is_refused_while_one_runs(plan, monkey
     import subprocess
 
     from autotune_cache.errors import EntryLocked
-    from autotune_cache.warm import work_dir
+    from autotune_cache.tune.warm import work_dir
 
     wd = work_dir(plan)
     wd.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""From the flag probes to the flag table fi-autotune ships (autotune_cache/data/sglang-0.5.23-flags.json).
+"""From the flag probes to the flag table fi-autotune ships (autotune_cache/engines/sglang/data/sglang-0.5.23-flags.json).
 
 Each probe (a base command with one flag added, resolved and evaluated by SGLang's own code) is
 compared with its base:
@@ -45,7 +45,7 @@ def diff(a, b, path: str = "") -> list[str]:
 
 
 def outcome(probe: dict, base_view: dict, base_resolved: dict, read: set[str]) -> dict:
-    from autotune_cache.servecmd import MODELLED
+    from autotune_cache.engines.sglang.serving_command import MODELLED
 
     r = probe["result"]
     out = {"dest": probe["dest"], "argv": probe["argv"]}
@@ -69,7 +69,7 @@ def outcome(probe: dict, base_view: dict, base_resolved: dict, read: set[str]) -
 
 def classify(probes: dict) -> dict:
     """{dest: {"effect", "evidence"}} over every base."""
-    from autotune_cache.servecmd import MODELLED
+    from autotune_cache.engines.sglang.serving_command import MODELLED
 
     verdicts: dict[str, dict] = {}
     facts: dict[str, dict] = {}

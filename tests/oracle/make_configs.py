@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PRESETS = REPO / "autotune_cache" / "presets"
+PRESETS = REPO / "autotune_cache" / "plan" / "presets"
 OUT = REPO / "tests" / "data" / "configs"
 
 

@@ -9,7 +9,7 @@
 construction (``flashinfer_keys.py``), reduced to what fi-autotune's plan must equal, into
 ``matrix.json``. ``flags``: every SGLang flag tried against each base command of ``BASES``
 (``sglang_flags.py``) into ``probes.json`` (the per-probe outcomes) and the flag table
-``autotune_cache/data/sglang-0.5.23-flags.json`` (``classify``). Runs with any Python 3.10+;
+``autotune_cache/engines/sglang/data/sglang-0.5.23-flags.json`` (``classify``). Runs with any Python 3.10+;
 only the oracle interpreter needs SGLang (README.md here says how to make one).
 """
 
@@ -28,8 +28,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DATA = REPO / "tests" / "data" / "sglang-0.5.23"
 MATRIX = REPO / "tests" / "data" / "serving_matrix.json"
-FLAG_TABLE = REPO / "autotune_cache" / "data" / "sglang-0.5.23-flags.json"
-PRESETS = REPO / "autotune_cache" / "presets"
+FLAG_TABLE = REPO / "autotune_cache" / "engines" / "sglang" / "data" / "sglang-0.5.23-flags.json"
+PRESETS = REPO / "autotune_cache" / "plan" / "presets"
 CONFIGS = REPO / "tests" / "data" / "configs"
 
 #: Base commands every flag is tried against: one per kind of tuning fi-autotune models.

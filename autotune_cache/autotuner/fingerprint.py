@@ -1,0 +1,200 @@
+"""Environment fingerprints: which FlashInfer would accept a cache file's ``_metadata``.
+
+FlashInfer (0.7.2.post1, ``AutoTuner.load_configs``) ignores a whole cache file when any field
+of its ``_metadata`` disagrees with ``_collect_metadata()`` of the process loading it. Whether an
+entry is *stale* is therefore a question about the environment that will load it - the serving
+image on its GPU - not about whatever machine runs ``ls``:
+
+* ``fi-autotune env --json`` captures a fingerprint (exactly FlashInfer's fields, read by
+  FlashInfer itself); it is the only place here that imports flashinfer (and so torch).
+* ``--env-from FILE`` compares entries with a fingerprint captured elsewhere, on any machine,
+  without flashinfer.
+* A field the fingerprint could not read (``unknown``) never makes an entry stale: we report it
+  as unknown instead. A host without a GPU cannot stand for any serving environment at all, so
+  staleness is refused there unless a fingerprint is given.
+
+The comparison mirrors ``_classify_metadata_mismatches`` (tests/test_fingerprint.py checks it
+against FlashInfer's own function, case by case).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune_cache.errors import UsageError
+
+#: ``_collect_metadata()``'s fields, in its order.
+FIELDS = (
+    "flashinfer_version",
+    "cuda_version",
+    "cublas_version",
+    "cudnn_version",
+    "cudnn_frontend_version",
+    "cutlass_dsl_version",
+    "gpu",
+)
+#: FlashInfer's ``_INDETERMINATE_META_VALUES``: a field the writer could not read.
+INDETERMINATE = (None, "unknown", "None")
+WILDCARD = "*"
+FORMAT = 1
+
+
+def is_known(value: object) -> bool:
+    return value not in INDETERMINATE
+
+
+@dataclass(frozen=True)
+class EnvVerdict:
+    """How one file's ``_metadata`` fares against a fingerprint."""
+
+    #: field -> (saved, target): FlashInfer in the target environment ignores the file for these.
+    mismatched: dict = field(default_factory=dict)
+    #: field -> (saved, target) where the target's value is unknown: cannot tell.
+    unknown: dict = field(default_factory=dict)
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.mismatched)
+
+    def describe(self) -> str:
+        parts = [f"{k}: {saved!r} vs {target!r}" for k, (saved, target) in self.mismatched.items()]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """One environment's values of FlashInfer's metadata fields, and where they came from."""
+
+    fields: dict
+    source: str  # "this host", "--env-from FILE"
+    arch: str | None = None
+    gpus: tuple = ()
+    host: str | None = None
+    captured: str | None = None
+
+    @property
+    def has_gpu(self) -> bool:
+        return is_known(self.fields.get("gpu"))
+
+    @property
+    def gpu(self) -> str | None:
+        value = self.fields.get("gpu")
+        return value if is_known(value) else None
+
+    def compare(self, saved: object) -> EnvVerdict:
+        """What FlashInfer with this fingerprint would say of a file's ``_metadata``.
+
+        A file without ``_metadata`` is loaded without a check. A corrupt (non-object) one counts
+        as every field missing, as in FlashInfer.
+        """
+        if saved is None or saved == {}:
+            return EnvVerdict()
+        if not isinstance(saved, dict):
+            saved = {}
+        mismatched, unknown = {}, {}
+        for name, target in self.fields.items():
+            value = saved.get(name)
+            if value == target or value == WILDCARD:
+                continue
+            (mismatched if is_known(target) else unknown)[name] = (value, target)
+        return EnvVerdict(mismatched, unknown)
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "tool": "fi-autotune env",
+            "fingerprint": dict(self.fields),
+            "arch": self.arch,
+            "gpus": list(self.gpus),
+            "host": self.host,
+            "captured": self.captured,
+        }
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Fingerprint":
+        """From ``fi-autotune env --json`` output, a rank file (its ``_metadata``), or a plain
+        object of FlashInfer's fields. Anything else is a usage error (exit 2)."""
+        p = Path(path)
+        try:
+            obj = json.loads(p.read_bytes())
+        except OSError as e:
+            raise UsageError(f"--env-from {path}: {e.strerror or e}") from None
+        except (ValueError, RecursionError):
+            raise UsageError(f"--env-from {path}: not JSON (expected `fi-autotune env --json` output)") from None
+        source = f"--env-from {path}"
+        if isinstance(obj, dict) and isinstance(obj.get("fingerprint"), dict):
+            if obj.get("format", FORMAT) > FORMAT:
+                raise UsageError(f"--env-from {path}: written by a newer fi-autotune (format {obj.get('format')})")
+            return cls(_checked(obj["fingerprint"], path), source, obj.get("arch"), tuple(obj.get("gpus") or ()),
+                       obj.get("host"), obj.get("captured"))
+        if isinstance(obj, dict) and isinstance(obj.get("_metadata"), dict):
+            return cls(_checked(obj["_metadata"], path), source)
+        if isinstance(obj, dict):
+            return cls(_checked(obj, path), source)
+        raise UsageError(f"--env-from {path}: not a fingerprint (expected `fi-autotune env --json` output)")
+
+
+def _checked(fields: dict, path) -> dict:
+    missing = [f for f in FIELDS if f not in fields]
+    if missing:
+        raise UsageError(f"--env-from {path}: not a fingerprint, lacks {', '.join(missing)}")
+    return {f: fields[f] for f in FIELDS}
+
+
+def this_host(gpu_index: int = 0) -> Fingerprint:
+    """This host's fingerprint, read by FlashInfer's own ``_collect_metadata`` (imports torch).
+
+    Raises UsageError when flashinfer cannot be imported: there is no FlashInfer here whose
+    verdict we could report.
+    """
+    try:
+        import torch
+        from flashinfer.autotuner.autotuner import _collect_metadata
+    except Exception as e:  # noqa: BLE001 - ImportError, or a CUDA library failing to load
+        raise UsageError(
+            f"flashinfer is not importable here ({type(e).__name__}: {str(e)[:120]}): run `fi-autotune env` "
+            "in the serving image, or compare with a captured fingerprint (--env-from)"
+        ) from None
+    from datetime import datetime, timezone
+
+    meta = _collect_metadata()
+    gpus = []
+    arch = None
+    try:
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(i)
+                uuid = getattr(props, "uuid", None)
+                gpus.append({"index": i, "name": props.name, "uuid": str(uuid) if uuid is not None else None})
+            major, minor = torch.cuda.get_device_capability(gpu_index)
+            arch = f"sm{major}{minor}"
+    except Exception:  # noqa: BLE001 - a broken driver leaves the fields as FlashInfer read them
+        pass
+    return Fingerprint({f: meta.get(f) for f in FIELDS}, "this host", arch, tuple(gpus), socket.gethostname(),
+                       datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def fingerprint_for_staleness(env_from: str | None, *, required: bool) -> Fingerprint | None:
+    """The fingerprint ``ls``/``show``/``prune`` judge staleness against, or None.
+
+    ``env_from`` wins. Otherwise this host, if it has a GPU; a host without one is no serving
+    environment: ``required`` (``--status stale`` asks for a verdict) makes that a usage error,
+    else None and the caller says why nothing is marked stale.
+    """
+    if env_from:
+        return Fingerprint.load(env_from)
+    fp = this_host()
+    if fp.has_gpu:
+        return fp
+    if required:
+        raise UsageError(NO_GPU_STALENESS)
+    return None
+
+
+NO_GPU_STALENESS = (
+    "this host has no GPU, so no engine loads these caches here and nothing can be called stale; "
+    "run `fi-autotune env --json > env.json` in the serving image on the target GPU and pass --env-from env.json"
+)

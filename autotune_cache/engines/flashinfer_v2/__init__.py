@@ -1,0 +1,1 @@
+"""engines.flashinfer_v2"""

@@ -1,0 +1,23 @@
+"""FlashInfer's own managed autotune store (``flashinfer.autotune_v2``) as an engine: written
+from another engine's tuned entry, read by any engine that enters ``autotune_v2``."""
+
+from __future__ import annotations
+
+from autotune_cache.engines.base import Engine
+from autotune_cache.engines.flashinfer_v2.layout import FlashInferV2Layout
+
+
+class FlashInferV2(Engine):
+    name = "flashinfer-v2"
+    title = "FlashInfer's managed store"
+    plans = False
+
+    def __init__(self) -> None:
+        self._layouts = (FlashInferV2Layout(),)
+
+    @property
+    def layouts(self):
+        return self._layouts
+
+
+ENGINE = FlashInferV2()

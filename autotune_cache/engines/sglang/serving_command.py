@@ -1,0 +1,340 @@
+"""Reading a pasted SGLang serving command exactly as SGLang 0.5.23's argument parser reads it.
+
+``fi-autotune plan|warm|check -- python -m sglang.launch_server --model-path ... --tp 8 ...``
+
+Every flag SGLang 0.5.23 accepts is in ``data/sglang-0.5.23-flags.json``, recorded from SGLang's
+own parser (``ServerArgs.add_cli_args``) with what the oracle (tests/oracle) found each one does
+to the autotune path: ``modelled`` (fi-autotune reads it), ``none`` (resolved with and without it
+on every base command, nothing the autotune path reads changed), ``matters`` (it changed what
+SGLang tunes, and fi-autotune does not model it: refused, naming the flag), ``reaches`` (it
+changed a resolved argument the autotune path reads, though not the outcome on the bases tried)
+and ``unknown`` (SGLang rejected every probe). The last two are "not understood": a warning in
+``plan`` and ``warm``, a miss under ``check --strict``; never "ignored".
+
+Parsing follows argparse (which SGLang uses): exact spellings first, then a unique prefix
+(``--tp`` is ``--tp-size``); an ambiguous prefix (``--pp``, ``--cuda-graph-max-bs``), an unknown
+flag or a missing value is an error, as SGLang's parser would make it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from autotune_cache.errors import UsageError
+
+FLAG_TABLE = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-flags.json"
+
+#: SGLang flags fi-autotune reads (by argparse dest) -> the ``plan``/``warm`` option they set.
+MODELLED: dict[str, str] = {
+    "model_path": "model_path",
+    "revision": "revision",
+    "tp_size": "tp",
+    "pp_size": "pp",
+    "dp_size": "dp",
+    "attn_dp_size": "dp",
+    "enable_dp_attention": "no_dp_attention",
+    "ep_size": "ep",
+    "dtype": "dtype",
+    "quantization": "quantization",
+    "trust_remote_code": "trust_remote_code",
+    "moe_runner_backend": "moe_runner_backend",
+    "moe_a2a_backend": "moe_a2a_backend",
+    "flashinfer_autotune_skip_ops": "skip_ops",
+    "disable_flashinfer_autotune": "autotune_disabled_by",
+    "enable_deterministic_inference": "autotune_disabled_by",
+    "max_running_requests": "max_running_requests",
+    "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
+    "chunked_prefill_size": "chunked_prefill_size",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "page_size": "page_size",
+    "context_length": "context_length",
+    "attention_backend": "attention_backend",
+    "decode_attention_backend": "decode_attention_backend",
+    "speculative_algorithm": "speculative_algorithm",
+    "speculative_num_steps": "speculative_num_steps",
+    "speculative_eagle_topk": "speculative_eagle_topk",
+    "speculative_num_draft_tokens": "speculative_num_draft_tokens",
+    "speculative_moe_runner_backend": "speculative_moe_runner_backend",
+    "speculative_draft_model_path": "speculative_draft_model_path",
+    "fp4_gemm_runner_backend": "fp4_gemm_backend",
+    "disaggregation_mode": "disaggregation_mode",
+    "prefill_attention_backend": "prefill_attention_backend",
+    "dsa_decode_backend": "dsa_decode_backend",
+    "speculative_attention_mode": "speculative_attention_mode",
+    "disable_cuda_graph": "disable_cuda_graph",
+    "disable_decode_cuda_graph": "disable_cuda_graph",  # the decode half of it: what the passes read
+}
+
+#: Abbreviations older SGLang releases (and many published recipes) accept that 0.5.23 finds
+#: ambiguous, and the spelling they meant.
+RENAMED = {"--pp": "--pp-size", "--quant": "--quantization", "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
+           "--cuda-graph-bs": "--cuda-graph-bs-decode"}
+
+#: Environment assignments before the command that fi-autotune models.
+ENV_FLAGS = {"SGLANG_FLASHINFER_AUTOTUNE_EXTEND", "SGLANG_CACHE_DIR", "SGLANG_FLASHINFER_AUTOTUNE_CACHE",
+             "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE"}
+
+_TRUE = ("1", "true", "yes", "y", "on")
+#: Environment variables SGLang's and FlashInfer's code read (environ.py registries); any other
+#: variable of the command (CUDA_VISIBLE_DEVICES, NCCL_*, HF_*) is outside their autotune path.
+ENV_PREFIXES = ("SGLANG_", "SGL_", "FLASHINFER_")
+_SECRET = re.compile(r"key|token|secret|password|passwd|credential", re.IGNORECASE)
+
+
+def _shown(name: str, value: str) -> str:
+    """A value as messages show it: never a credential's (``--api-key``, ``HF_TOKEN``)."""
+    return "***" if _SECRET.search(name) else value
+
+
+@dataclass(frozen=True)
+class Flag:
+    dest: str
+    options: tuple[str, ...]
+    takes: object  # 0, 1, "+", "*", "?"
+    choices: tuple[str, ...] | None
+    effect: str  # modelled | none | matters | reaches | unknown
+    evidence: str
+
+    @property
+    def spelling(self) -> str:
+        return max(self.options, key=len)
+
+
+@lru_cache(maxsize=1)
+def flag_table() -> dict[str, Flag]:
+    """Every SGLang 0.5.23 flag by option string (``--tp-size`` and ``--tensor-parallel-size`` both)."""
+    data = json.loads(FLAG_TABLE.read_text())["flags"]
+    by_option: dict[str, Flag] = {}
+    for dest, f in data.items():
+        effect = "modelled" if dest in MODELLED else f["effect"]
+        flag = Flag(dest, tuple(f["options"]), f["takes"], tuple(f["choices"]) if f["choices"] else None, effect,
+                    f["evidence"])
+        for opt in flag.options:
+            by_option[opt] = flag
+    return by_option
+
+
+def check_option_values(options: dict) -> None:
+    """fi-autotune's own serving options (click names -> values) against SGLang's choices: a value
+    SGLang's parser would reject (a typo such as ``--attention-backend flashinfr``) is a usage
+    error here too, not a plan for a server that cannot start."""
+    by_dest = {f.dest: f for f in flag_table().values()}
+    for dest, name in MODELLED.items():
+        flag, value = by_dest.get(dest), options.get(name)
+        if flag is None or flag.choices is None or not isinstance(value, str) or value in ("auto", "none", "null"):
+            continue
+        if value not in flag.choices:
+            raise UsageError(f"--{name.replace('_', '-')} {value!r}: SGLang 0.5.23 takes "
+                             f"{', '.join(flag.choices[:14])}{', ...' if len(flag.choices) > 14 else ''}")
+
+
+@dataclass
+class ServingCommand:
+    """A serving command as SGLang would parse it: the modelled values, and every other flag sorted
+    by what the oracle knows of it."""
+
+    values: dict = field(default_factory=dict)  # argparse dest -> value, modelled flags only
+    env: dict = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)  # proven not to reach the autotune path
+    not_understood: list[str] = field(default_factory=list)  # "flag: why"
+    refused: list[str] = field(default_factory=list)  # "flag: why" (they matter; not modelled)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def autotune_disabled(self) -> str | None:
+        if self.values.get("disable_flashinfer_autotune"):
+            return "--disable-flashinfer-autotune"
+        if self.values.get("enable_deterministic_inference"):
+            return "--enable-deterministic-inference"
+        if str(self.env.get("SGLANG_FLASHINFER_AUTOTUNE_CACHE", "1")).lower() in ("0", "false", "no", "n", "off"):
+            return "SGLANG_FLASHINFER_AUTOTUNE_CACHE=0 (SGLang tunes but neither reads nor writes the cache)"
+        return None
+
+    def check_refused(self) -> None:
+        """A flag that changes what SGLang tunes and that fi-autotune cannot model: one line."""
+        if self.refused:
+            raise UsageError("serving command: " + self.refused[0]
+                             + (f" (and {len(self.refused) - 1} more such flags)" if len(self.refused) > 1 else ""))
+
+    def serving_kwargs(self) -> dict:
+        """The modelled values as ``fi-autotune plan`` options (the click keyword names)."""
+        v = self.values
+        out: dict = {}
+        for dest, value in v.items():
+            name = MODELLED[dest]
+            if name in ("dp", "no_dp_attention", "autotune_disabled_by"):
+                continue
+            if name == "skip_ops":
+                value = tuple(value)  # SGLang keeps each token whole (nargs="+", no comma splitting)
+            out[name] = value
+        if "attn_dp_size" in v or "dp_size" in v:
+            # parallel_hook.py: --dp-size N counts replicas; the deprecated --enable-dp-attention
+            # turns it into --attn-dp-size N when --attn-dp-size is left at 1; both above 1 is refused.
+            attn, dp = v.get("attn_dp_size", 1), v.get("dp_size", 1)
+            if v.get("enable_dp_attention", False) and attn == 1:
+                attn, dp = dp, 1
+            if attn > 1 and dp > 1:
+                raise UsageError(f"--dp-size {dp} with --attn-dp-size {attn}: SGLang 0.5.23 refuses data-parallel "
+                                 "replicas combined with attention data parallelism")
+            out["dp"], out["no_dp_attention"] = (attn, False) if attn > 1 else (dp, True)
+        if self.autotune_disabled:
+            out["autotune_disabled_by"] = self.autotune_disabled
+        if str(self.env.get("SGLANG_FLASHINFER_AUTOTUNE_EXTEND", "")).lower() in _TRUE:
+            out["autotune_extend"] = True
+        if str(self.env.get("SGLANG_FLASHINFER_MOE_FUSED_FINALIZE", "")).lower() in _TRUE:
+            out["moe_fused_finalize"] = True
+        if "SGLANG_CACHE_DIR" in self.env:
+            out["cache_dir"] = self.env["SGLANG_CACHE_DIR"]
+        return out
+
+
+def _match(token: str) -> tuple[Flag | None, str, str | None]:
+    """argparse's _parse_optional: (flag, the spelling as typed, an inline ``=value``)."""
+    table = flag_table()
+    name, eq, inline = token.partition("=")
+    if token in table:
+        return table[token], token, None
+    if eq and name in table:
+        return table[name], name, inline
+    prefix = name if eq else token
+    spellings = sorted(o for o in table if o.startswith(prefix))
+    if len(spellings) > 1:  # argparse: more than one option string starts with it
+        hint = f"; write {RENAMED[prefix]}" if prefix in RENAMED else ""
+        raise UsageError(f"serving command: SGLang 0.5.23 rejects {prefix} as ambiguous (it could be "
+                         f"{', '.join(spellings[:4])}{', ...' if len(spellings) > 4 else ''}){hint}")
+    if spellings:
+        return table[spellings[0]], prefix, inline if eq else None
+    return None, prefix, inline if eq else None
+
+
+def _convert(flag: Flag, spelled: str, raw: str):
+    """The value as SGLang's parser types it; an invalid one is SGLang's usage error."""
+    if flag.choices is not None and raw not in flag.choices:
+        raise UsageError(f"serving command: {spelled} {raw!r} is not one of SGLang's choices "
+                         f"({', '.join(flag.choices[:12])}{', ...' if len(flag.choices) > 12 else ''})")
+    kind = _TYPES.get(flag.dest)
+    if kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise UsageError(f"serving command: {spelled} takes an integer, got {raw!r}") from None
+    if kind == "human_int":
+        return _human_int(spelled, raw)
+    return raw
+
+
+def _human_int(spelled: str, raw: str) -> int:
+    """sglang/srt/utils/common.py human_readable_int: 32768, 32k, 1M, 32Ki."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?", raw.strip())
+    if not m or (m[2] and m[2].endswith("i") and "." in m[1]) or (not m[2] and "." in m[1]):
+        raise UsageError(f"serving command: {spelled} takes an integer such as 32768, 32k or 32Ki, got {raw!r}")
+    mult = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    from decimal import Decimal
+
+    return int(Decimal(m[1]) * mult.get(m[2] or "", 1))
+
+
+#: Value types of the modelled flags (the rest are kept as the strings SGLang was given).
+_TYPES = {"tp_size": int, "pp_size": int, "dp_size": int, "attn_dp_size": int, "ep_size": int,
+          "max_running_requests": int, "cuda_graph_max_bs_decode": int, "chunked_prefill_size": int,
+          "page_size": int, "context_length": "human_int", "speculative_num_steps": int,
+          "speculative_eagle_topk": int, "speculative_num_draft_tokens": int}
+
+
+def _is_value(token: str) -> bool:
+    """argparse treats a token as a value unless it looks like an option (``-x``, not ``-1``)."""
+    return not token.startswith("-") or bool(re.fullmatch(r"-\d+(\.\d+)?", token))
+
+
+def split_launcher(argv: list[str] | tuple[str, ...]) -> tuple[dict[str, str], list[str], list[str]]:
+    """(environment assignments, the launcher, the flags) of a pasted command."""
+    args = list(argv)
+    if len(args) == 1 and " " in args[0]:
+        args = shlex.split(args[0])
+    env: dict[str, str] = {}
+    while args:
+        if os.path.basename(args[0]) == "env":  # `env VAR=value ... python -m ...` (its options skipped)
+            args.pop(0)
+            while args and args[0].startswith("-"):
+                option = args.pop(0)
+                if option in ("-u", "--unset", "-C", "--chdir", "-S", "--split-string") and args:
+                    args.pop(0)
+        elif "=" in args[0] and not args[0].startswith("-"):
+            name, _, value = args.pop(0).partition("=")
+            env[name] = value
+        else:
+            break
+    first = next((i for i, a in enumerate(args) if a.startswith("--")), len(args))
+    return env, args[:first], args[first:]
+
+
+def parse_serving_command(argv: list[str] | tuple[str, ...]) -> ServingCommand:
+    """Parse a serving command given as arguments (or one shell-quoted string)."""
+    env, launcher, args = split_launcher(argv)
+    cmd = ServingCommand()
+    for name, value in env.items():
+        if name in ENV_FLAGS:
+            cmd.env[name] = value
+        elif name.startswith(ENV_PREFIXES):
+            cmd.not_understood.append(f"{name}={_shown(name, value)} (environment: fi-autotune has no evidence on "
+                                      "what it does)")
+        else:
+            cmd.ignored.append(f"{name}={_shown(name, value)} (environment outside SGLang's and FlashInfer's own "
+                               "variables: their autotune path reads only " + ", ".join(p + "*" for p in ENV_PREFIXES)
+                               + ")")
+    if launcher and not (any(a in ("sglang.launch_server", "serve") for a in launcher)
+                         or os.path.basename(launcher[-1]).startswith("sglang")):
+        cmd.notes.append(f"not a command fi-autotune knows ({' '.join(launcher)}): read as SGLang 0.5.23 flags")
+    i = 0
+    while i < len(args):
+        token = args[i]
+        i += 1
+        if _is_value(token):
+            raise UsageError(f"serving command: SGLang 0.5.23 takes no argument {token!r} here "
+                             "(is a flag before it missing its '--'?)")
+        flag, spelled, inline = _match(token)
+        if flag is None:
+            raise UsageError(f"serving command: SGLang 0.5.23 has no flag {spelled}")
+        values: list[str] = []
+        if flag.takes == 0:
+            if inline is not None:
+                raise UsageError(f"serving command: {spelled} takes no value (got {spelled}={inline})")
+        elif inline is not None:
+            values = [inline]
+            if flag.takes in ("+", "*"):
+                while i < len(args) and _is_value(args[i]):
+                    values.append(args[i])
+                    i += 1
+        else:
+            limit = {1: 1, "?": 1}.get(flag.takes, len(args))
+            while i < len(args) and _is_value(args[i]) and len(values) < limit:
+                values.append(args[i])
+                i += 1
+            if not values and flag.takes in (1, "+"):
+                raise UsageError(f"serving command: {spelled} needs a value")
+        text = " ".join([spelled, *(_shown(flag.dest, v) for v in values)]) if values else spelled
+        if flag.effect == "modelled":
+            if flag.takes == 0:
+                cmd.values[flag.dest] = True
+            elif flag.takes in ("+", "*"):
+                cmd.values[flag.dest] = [_convert(flag, spelled, v) for v in values]
+            else:
+                cmd.values[flag.dest] = _convert(flag, spelled, values[0]) if values else None
+        elif flag.effect == "none":
+            cmd.ignored.append(text)
+        elif flag.effect == "matters":
+            cmd.refused.append(f"{text} changes what SGLang 0.5.23 autotunes and fi-autotune does not model it "
+                               f"(oracle: {flag.evidence.split(';')[0]})")
+        else:
+            why = ("it changes a resolved argument SGLang's autotune path reads" if flag.effect == "reaches"
+                   else "SGLang rejected every probe of it, so its effect is not known")
+            cmd.not_understood.append(f"{text} ({why})")
+    if "model_path" not in cmd.values:
+        raise UsageError("serving command: no --model-path")
+    return cmd

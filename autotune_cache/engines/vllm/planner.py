@@ -1,0 +1,234 @@
+"""What vLLM tunes at startup, and where it keeps the result: the plan behind ``warm --layout vllm``.
+
+Read from the vLLM 0.33.0 wheel (``VLLM_CHECKED``), and checked against vLLM's own code on CPU
+by ``tests/test_vllm_plan.py`` (vLLM's ``FlashInferExperts.apply`` records the call it makes):
+
+* ``model_executor/warmup/kernel_warmup.py``: with FlashInfer usable on sm90+, every rank runs
+  its dummy passes inside ``autotune(tuning_buckets=get_hybrid_num_tokens_buckets(
+  max_num_batched_tokens), round_up=True)``. Each bucket is stored under its own value, as
+  warm's one-bucket tunes are, so the buckets here are exactly those. When every rank finds a
+  file with the same ``_metadata`` and entry count, vLLM loads them and skips tuning entirely:
+  the keys must be right, because a wrong one is never re-tuned, only served by a heuristic.
+* ``layers/fused_moe/experts/flashinfer_cutlass_moe.py`` (``--moe-backend flashinfer_cutlass``):
+  the one FlashInfer tunable call vLLM makes on Hopper. It passes neither
+  ``use_fused_finalize`` nor ``enable_pdl`` (FlashInfer's defaults: True, and PDL on sm90), so
+  its key differs from SGLang's (which passes ``use_fused_finalize=False``): an SGLang tuning
+  cannot be re-keyed for vLLM; it is tuned again here, in the same run.
+* ``layers/fused_moe/config.py`` ``FusedMoEParallelConfig.make``: the experts are sharded over
+  every rank of tp x dp (the MoE tp size is tp x dp), or, with ``--enable-expert-parallel``,
+  split whole over them (ep size tp x dp, tp 1).
+* The directory's hash is ``sha256(vllm_config.compute_hash())`` taken after the model is loaded
+  (loading appends every MoE layer's name to the hashed config): only the engine can compute it,
+  so it is given (``--vllm-config-hash``, as the engine's startup line prints it).
+
+Dense FP8 models tune nothing in vLLM on Hopper (per-tensor FP8 linears run vLLM's own CUTLASS
+``scaled_mm`` below sm100), and a single-rank vLLM reads FlashInfer's managed store instead of
+these files: both are refused with the reason, never written on a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autotune_cache.autotuner import buckets as B
+from autotune_cache.errors import UsageError
+from autotune_cache.plan.keys import KeyFields, render_dtype
+from autotune_cache.engines.sglang.recipes import OpRecipe, cutlass_moe
+from autotune_cache.engines.sglang.resolve import Resolution, ServerFlags, arch_major
+from autotune_cache.plan.topology import Topology, TopologyError
+
+if TYPE_CHECKING:
+    from autotune_cache.plan.tuning import TuningPlan
+    from autotune_cache.plan.request import TuneRequest
+    from autotune_cache.plan.spec import ModelSpec
+
+#: The vLLM releases whose call sites, buckets and file names this module was checked against.
+VLLM_CHECKED = ("0.33.0",)
+SCHEMA = "vllm-0.33"
+#: ``SchedulerConfig.max_num_batched_tokens`` of ``vllm serve`` on an 80-141 GB GPU.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+#: The largest CUDA graph vLLM captures by default below Blackwell (``min(2 x max_num_seqs, 512)``).
+_DEFAULT_MAX_GRAPH = 512
+_HASH_IN_TEXT = re.compile(r"(?<![0-9a-z])([0-9a-f]{64})(?![0-9a-z])")
+
+
+@dataclass(frozen=True)
+class VllmTarget:
+    """What only the vLLM side of a request has: its config hash, its token budget, its tree."""
+
+    config_hash: str
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    layout: str = "vllm"  # or vllm-dir ($VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR)
+
+    def to_dict(self) -> dict:
+        return {"config_hash": self.config_hash, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "layout": self.layout}
+
+    @classmethod
+    def from_dict(cls, d: object) -> "VllmTarget":
+        if not isinstance(d, dict):
+            raise ValueError("request.vllm is not an object")
+        h, n, layout = d.get("config_hash"), d.get("max_num_batched_tokens"), d.get("layout", "vllm")
+        if not isinstance(h, str) or not re.fullmatch("[0-9a-f]{64}", h):
+            raise ValueError("request.vllm.config_hash is not 64 hex digits")
+        if type(n) is not int or n < 1 or layout not in ("vllm", "vllm-dir"):
+            raise ValueError("request.vllm has an invalid max_num_batched_tokens or layout")
+        return cls(h, n, layout)
+
+
+def parse_config_hash(text: str) -> str:
+    """The 64-hex config hash from what the user pasted: the hash itself, the cache file path, or
+    vLLM's whole startup line ("Using FlashInfer autotune cache file: .../<hash>/autotune_...")."""
+    found = set(_HASH_IN_TEXT.findall(text.strip().lower()))
+    if len(found) != 1:
+        raise UsageError(
+            f"--vllm-config-hash {text[:80]!r}: give the 64-hex hash vLLM prints at startup (\"Using FlashInfer "
+            "autotune cache file: .../<hash>/autotune_configs_dp0_rank0.json\"), or that path")
+    return found.pop()
+
+
+def other_config_refusal(manifest, plan: "TuningPlan") -> str | None:
+    """Why an entry at a vLLM hash must not be taken as this plan's: the hash is given, not derived
+    from the flags, so a hash copied from another server names another configuration's entry."""
+    if manifest is None or plan.engine != "vLLM":
+        return None
+    res = plan.resolution
+    recorded = ((manifest.request or {}).get("vllm") or {}).get("max_num_batched_tokens")
+    diffs = [f"{name} {theirs} there, {ours} here" for name, theirs, ours in (
+        ("model", manifest.key_fields.model_path, res.key_fields.model_path),
+        ("dtype", manifest.key_fields.dtype, res.key_fields.dtype),
+        ("topology", manifest.topology.describe, res.topology.describe),
+        ("ep", manifest.key_fields.ep, res.key_fields.ep),
+        ("max_num_batched_tokens", recorded, res.chunked_prefill_size)) if theirs != ours]
+    if not diffs:
+        return None
+    return (f"holds tuning for another configuration ({'; '.join(diffs)}): vLLM's config hash names one "
+            "configuration - give the hash this server prints (or --force to replace the entry)")
+
+
+def _moe_split(spec: "ModelSpec", flags: ServerFlags) -> tuple[int, int]:
+    """(moe tp size, moe ep size) as ``FusedMoEParallelConfig.make`` flattens tp x dp."""
+    world = flags.tp * flags.dp
+    if flags.ep not in (1, world):
+        raise UsageError(f"--ep {flags.ep}: vLLM's expert parallelism (--enable-expert-parallel) spans every rank "
+                         f"of tp x dp: give --ep {world}, or --ep 1 for none")
+    return (1, world) if flags.ep > 1 and world > 1 else (world, 1)
+
+
+def resolve_vllm(spec: "ModelSpec", arch: str, flags: ServerFlags, model_path: str,
+                 max_num_batched_tokens: int) -> Resolution:
+    """vLLM's view of the target, in the fields the planner and warm read."""
+    try:
+        topology = Topology(tp=flags.tp, pp=flags.pp, dp=flags.dp, dp_attention=False)
+    except TopologyError as e:
+        raise UsageError(str(e)) from None
+    if flags.tp * flags.pp * flags.dp == 1:
+        raise UsageError("a single-GPU vLLM (tp x pp x dp = 1) reads FlashInfer's managed store, not per-rank "
+                         "files; fi-autotune does not write that store with vLLM's keys yet")
+    if flags.pp > spec.num_layers:
+        raise UsageError(f"--pp {flags.pp} exceeds the model's {spec.num_layers} layers")
+    if spec.num_attention_heads % flags.tp:
+        raise UsageError(f"--tp {flags.tp} does not divide the model's {spec.num_attention_heads} attention heads "
+                         "(vLLM refuses it)")
+    dtype = spec.dtype if flags.dtype == "auto" else render_dtype(flags.dtype)[len("torch."):]
+    model_quant = flags.quantization or (spec.quant.method if spec.quant else None)
+    backend = flags.moe_runner_backend
+    moe_tp, moe_ep = _moe_split(spec, flags)
+    experts = inter = None
+    reasons: list[str] = []
+    notes = [f"checked against vLLM {', '.join(VLLM_CHECKED)}"]
+    if spec.moe is not None:
+        if spec.moe.num_experts % moe_ep:
+            raise UsageError(f"ep {moe_ep} does not divide the model's {spec.moe.num_experts} experts")
+        if spec.moe.intermediate_size % moe_tp:
+            raise UsageError(f"vLLM's MoE tp size {moe_tp} (tp x dp) does not divide the expert width "
+                             f"{spec.moe.intermediate_size}")
+        experts, inter = spec.moe.num_experts // moe_ep, spec.moe.intermediate_size // moe_tp
+    block_fp8 = bool(spec.quant and spec.quant.is_block_fp8)
+    per_tensor_fp8 = model_quant in ("fp8", "modelopt", "modelopt_fp8") and not block_fp8 and (
+        model_quant != "fp8" or (spec.quant is not None and spec.quant.activation_scheme == "static"))
+    why = None
+    if spec.moe is None:
+        why = ("the model has no MoE layers, and vLLM runs dense layers on its own kernels below sm100 "
+               "(per-tensor FP8: its CUTLASS scaled_mm)")
+    elif backend != "flashinfer_cutlass":
+        why = (f"MoE backend {backend!r}: vLLM tunes FlashInfer's MoE only when the server runs --moe-backend "
+               "flashinfer_cutlass (pass --moe-runner-backend flashinfer_cutlass if it does)")
+    elif arch_major(arch) != 9:
+        why = f"{arch}: only Hopper's vLLM call (cutlass_fused_moe) is modelled for vLLM"
+    elif block_fp8:
+        why = "128x128 block FP8: FlashInfer's CUTLASS MoE has no tactics to tune for block scales on sm90"
+    elif model_quant is not None and not per_tensor_fp8:
+        why = f"{model_quant} weights on vLLM's flashinfer_cutlass path are not modelled"
+    if why:
+        reasons.append(f"vLLM would not run FlashInfer autotune: {why}; nothing to cache")
+    else:
+        reasons.append("MoE backend 'flashinfer_cutlass' on sm90: vLLM tunes cutlass_fused_moe at startup")
+    key_fields = KeyFields(model_path=model_path, dtype=render_dtype(dtype), quantization=flags.quantization,
+                           moe_runner_backend=backend, tp=flags.tp, pp=flags.pp, attn_dp_size=flags.dp, ep=moe_ep,
+                           config_class=spec.config_class)
+    return Resolution(
+        arch=arch, flags=flags, topology=topology, key_fields=key_fields, dtype=dtype,
+        quantization=flags.quantization, model_quantization=("fp8" if per_tensor_fp8 else model_quant),
+        moe_runner_backend=backend, attn_dp_size=flags.dp, attn_tp_size=flags.tp, moe_tp_size=moe_tp,
+        moe_ep_size=moe_ep, experts_per_rank=experts, moe_intermediate_per_partition=inter, autotunes=why is None,
+        reasons=tuple(reasons), decode_batch=min(_DEFAULT_MAX_GRAPH, max_num_batched_tokens),
+        chunked_prefill_size=max_num_batched_tokens, notes=tuple(notes),
+    )
+
+
+def vllm_cutlass_moe(spec: "ModelSpec", res: Resolution, layers: int) -> OpRecipe:
+    """``FlashInferExperts.apply``'s call: SGLang's shapes with vLLM's split, FlashInfer's defaults
+    for what vLLM leaves out (``use_fused_finalize``, ``enable_pdl``, ``tune_max_num_tokens``),
+    an empty ``quant_scales`` list for unquantized weights."""
+    base = cutlass_moe(spec, res, layers)
+    kwargs = dict(base.kwargs)
+    kwargs["use_fused_finalize"] = True  # FlashInfer 0.7.2.post1's default; vLLM does not pass it
+    if kwargs["quant_scales"] is None:
+        kwargs["quant_scales"] = []
+    return replace(base, kwargs=kwargs,
+                   mirrors="vllm/model_executor/layers/fused_moe/experts/flashinfer_cutlass_moe.py:"
+                           "FlashInferExperts.apply (vLLM 0.33.0)")
+
+
+def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> "TuningPlan":
+    """The plan of ``request`` for vLLM. Every rank makes the same call (ranks and layer counts
+    never reach a key), so one workload holds every rank file, named as vLLM names them: world
+    rank ``d*W + p*tp + t``, W = tp x pp."""
+    from autotune_cache.engines.vllm.layout import VllmRankName
+    from autotune_cache.plan.tuning import OpPlan, TuningPlan, Workload, flashinfer_version_of, load_spec, pp_layer_ranges
+    from autotune_cache.engines.sglang.recipes import moe_layers_in
+
+    target = request.vllm
+    assert target is not None and request.arch is not None
+    flags = request.flags
+    n = target.max_num_batched_tokens
+    source, spec = load_spec(request.model, config=request.config, revision=request.revision,
+                             model_path=request.model_path)
+    res = resolve_vllm(spec, request.arch, flags, request.served_path, n)
+    version = flashinfer_version_of(request.flashinfer_version)
+    stages = pp_layer_ranges(spec.num_layers, flags.pp)
+    ops: tuple = ()
+    if res.autotunes:
+        counts = [moe_layers_in(spec, range(start, end)) for start, end in stages]
+        if not all(counts):
+            p = counts.index(0)
+            raise UsageError(f"pipeline stage {p} (layers {stages[p][0]}-{stages[p][1] - 1}) has no MoE layer: vLLM "
+                             "writes no file for its ranks; this split is not modelled")
+        buckets = B.hybrid_buckets(n)
+        ops = (OpPlan(vllm_cutlass_moe(spec, res, counts[0]), buckets, buckets, (), n),)
+    w = flags.tp * flags.pp
+    ranks = tuple(VllmRankName(d, d * w + p * flags.tp + t).filename
+                  for d in range(flags.dp) for p in range(flags.pp) for t in range(flags.tp))
+    notes = (f"buckets: get_hybrid_num_tokens_buckets({n}) as vLLM's --max-num-batched-tokens {n} makes them "
+             "(a speculative decoder raises it: not modelled)",)
+    return TuningPlan(
+        model=request.model, source=source, spec=spec, resolution=res, schema=SCHEMA, key=target.config_hash,
+        key_string="vLLM's config hash, given (vLLM computes it from its whole config after loading the model)",
+        flashinfer_version=version, cache_root=Path(cache_root), workloads=(Workload(ranks, ops, tuple(stages)),),
+        max_tokens_override=None, notes=notes, request=replace(request, flashinfer_version=version, schema=SCHEMA),
+        layout=target.layout,
+    )

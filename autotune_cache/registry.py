@@ -1,0 +1,101 @@
+"""The engines fi-autotune knows, by name: the one place that lists them.
+
+In the manner of fsspec's ``known_implementations``: each engine is named here by the import
+path of its object (``"package.module:ATTRIBUTE"``), imported the first time someone asks for
+it. The registry therefore sits on the lowest floor of the package - it imports no engine - and
+everything above (the tree scanner, the planner, the CLI) asks it for an engine or a layout
+instead of comparing names. Adding an engine is one module (an ``engines.base.Engine``) plus one
+line below, or ``register_engine`` at run time (what the tests' stand-in engine does).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from autotune_cache.errors import UsageError
+
+if TYPE_CHECKING:
+    from autotune_cache.engines.base import Engine
+    from autotune_cache.tree.layout import CacheLayout
+
+#: name -> "module:attribute" of the engine object. The first is the default engine.
+KNOWN_ENGINES: dict[str, str] = {
+    "sglang": "autotune_cache.engines.sglang.engine:ENGINE",
+    "flashinfer-v2": "autotune_cache.engines.flashinfer_v2.engine:ENGINE",
+    "vllm": "autotune_cache.engines.vllm.engine:ENGINE",
+}
+
+_loaded: dict[str, "Engine"] = {}
+
+
+def register_engine(name: str, target: "str | Engine", *, clobber: bool = False) -> None:
+    """Add an engine by import path or object. A name already taken needs ``clobber``."""
+    if not clobber and (name in KNOWN_ENGINES or name in _loaded):
+        raise ValueError(f"engine {name!r} is already registered")
+    _loaded.pop(name, None)
+    if isinstance(target, str):
+        KNOWN_ENGINES[name] = target
+    else:
+        KNOWN_ENGINES[name] = f"<object {type(target).__name__}>"
+        _loaded[name] = target
+
+
+def unregister_engine(name: str) -> None:
+    KNOWN_ENGINES.pop(name, None)
+    _loaded.pop(name, None)
+
+
+def get_engine(name: str) -> "Engine":
+    if name in _loaded:
+        return _loaded[name]
+    try:
+        path = KNOWN_ENGINES[name]
+    except KeyError:
+        raise UsageError(f"unknown engine {name!r}; known: {', '.join(KNOWN_ENGINES)}") from None
+    module, _, attribute = path.partition(":")
+    engine = getattr(importlib.import_module(module), attribute)
+    if engine.name != name:
+        raise RuntimeError(f"{path} is engine {engine.name!r}, registered as {name!r}")
+    _loaded[name] = engine
+    return engine
+
+
+def engines() -> list["Engine"]:
+    """Every known engine, in registration order."""
+    return [get_engine(name) for name in list(KNOWN_ENGINES)]
+
+
+def layouts() -> dict[str, "CacheLayout"]:
+    """Every tree layout of every engine, by layout name (a name is unique across engines)."""
+    out: dict[str, CacheLayout] = {}
+    for engine in engines():
+        for layout in engine.layouts:
+            if layout.name in out:
+                raise RuntimeError(f"layout {layout.name!r} is claimed by two engines")
+            out[layout.name] = layout
+    return out
+
+
+def get_layout(name: str) -> "CacheLayout":
+    known = layouts()
+    try:
+        return known[name]
+    except KeyError:
+        raise UsageError(f"unknown layout {name!r}; known: {', '.join(sorted(known))}") from None
+
+
+def default_engine() -> "Engine":
+    return get_engine(next(iter(KNOWN_ENGINES)))
+
+
+def default_layout() -> "CacheLayout":
+    """The layout a bare id (``<version>/<arch>/<key>``) and ``--cache-dir`` refer to."""
+    return default_engine().layouts[0]
+
+
+def engine_of_layout(name: str) -> "Engine":
+    for engine in engines():
+        if any(layout.name == name for layout in engine.layouts):
+            return engine
+    raise UsageError(f"unknown layout {name!r}; known: {', '.join(sorted(layouts()))}")

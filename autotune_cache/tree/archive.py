@@ -1,0 +1,361 @@
+"""Moving entries between machines as ``.tar.gz`` bundles (tune on a GPU box, copy into an image).
+
+Export writes a *reproducible* bundle: the same entries always give the same bytes (members
+sorted, mtime/uid/gid/mode fixed, gzip header without name or time), so a Docker layer that
+``ADD``s it is reused as long as the cache is unchanged. Entries are read without locks (a
+read-only tree exports too): each entry dir is opened once and its files read through that
+handle, and the read is retried if the entry was swapped meanwhile.
+
+Import treats the archive as hostile: every member is checked (layout name, no absolute path,
+no ``..``, regular files only, per-member, total and compression-ratio caps, JSON that is a
+FlashInfer cache or our manifest, manifest consistent with its entry) while it is streamed into
+staging dirs, and the whole archive is then committed all-or-nothing (``txn.Transaction``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import stat as stat_mod
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import BinaryIO
+
+from autotune_cache.errors import FiAutotuneError, os_error_message
+from autotune_cache.plan.keys import SCHEMAS
+from autotune_cache.engines.layouts import CacheLayout, EntryId
+from autotune_cache.tree.layout import JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE, NameKind
+from autotune_cache.tree.manifest import Manifest, NewerManifest
+from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, parse_cache_bytes, read_regular_file
+from autotune_cache.tree.scan import CacheEntry, manifest_names_other_entry
+from autotune_cache.tree.txn import Transaction
+from autotune_cache.tune.writer import replace_policy
+
+#: Members in one archive: 8 files per entry for ~12,000 entries.
+MAX_MEMBERS = 100_000
+#: Uncompressed bytes in one archive. Real entries are 0.1-1 MB (8 rank files of 15-110 KB).
+MAX_TOTAL_BYTES = 4 << 30
+#: Uncompressed / compressed. Real bundles compress 5-15x (JSON with repeated keys; gzip's
+#: 32 KB window cannot share bytes across 100 KB rank files); whitespace bombs reach 1000x.
+MAX_RATIO = 100
+#: The ratio is checked once this much has been decompressed (small archives are never bombs).
+RATIO_GRACE_BYTES = 8 << 20
+
+
+# --- export ----------------------------------------------------------------------------------
+
+def _snapshot(layout: CacheLayout, entry: CacheEntry, attempts: int = 5) -> dict[str, bytes] | None:
+    """The entry's data files and manifest, read through one handle on its dir; None if it
+    vanished. Retried while a writer swaps the entry in between (then we read the new one)."""
+    for _ in range(attempts):
+        try:
+            dfd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        try:
+            before = os.fstat(dfd).st_ino
+            files: dict[str, bytes] = {}
+            for name in sorted(os.listdir(dfd)):
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if not stat_mod.S_ISREG(st.st_mode):
+                    continue
+                kind = layout.classify(name, False)
+                if kind is NameKind.DATA:
+                    files[name] = read_regular_file(name, dir_fd=dfd)
+                elif kind is NameKind.MANIFEST:
+                    files[name] = read_regular_file(name, dir_fd=dfd)
+            try:
+                still = os.lstat(entry.path).st_ino
+            except FileNotFoundError:
+                return None
+            if still == before:
+                return files
+        except FileNotFoundError:
+            continue  # a file vanished under us: the entry was replaced or deleted; look again
+        finally:
+            os.close(dfd)
+    return None
+
+
+def _source_date_epoch() -> int:
+    try:
+        return max(0, int(os.environ.get("SOURCE_DATE_EPOCH", "0")))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    entries: tuple[str, ...]
+    members: tuple[str, ...]
+    vanished: tuple[str, ...] = ()
+    size: int = 0
+
+    def to_dict(self) -> dict:
+        return {"entries": list(self.entries), "members": list(self.members), "vanished": list(self.vanished),
+                "size": self.size}
+
+
+def export_entries(layout: CacheLayout, entries: list[CacheEntry], out: BinaryIO) -> ExportResult:
+    """Write a reproducible .tar.gz of ``entries`` to ``out``. Entries that vanished since they
+    were listed (a concurrent prune) are skipped and reported, never an error."""
+    mtime = _source_date_epoch()
+    members: list[tuple[str, bytes]] = []
+    exported, vanished = [], []
+    for e in sorted(entries, key=lambda e: e.id):
+        files = _snapshot(layout, e)
+        if files is None or not any(layout.classify(n, False) is NameKind.DATA for n in files):
+            vanished.append(str(e.id))
+            continue
+        exported.append(str(e.id))
+        members.extend((layout.member_name(e.id, name), data) for name, data in files.items())
+    members.sort()
+    with tempfile.SpooledTemporaryFile(max_size=64 << 20) as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=mtime, compresslevel=9) as gz:
+            with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                for name, data in members:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    info.mtime = mtime
+                    info.mode = 0o644
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    tar.addfile(info, io.BytesIO(data))
+        size = raw.tell()
+        raw.seek(0)
+        while chunk := raw.read(1 << 20):
+            out.write(chunk)
+    return ExportResult(tuple(exported), tuple(n for n, _ in members), tuple(vanished), size)
+
+
+# --- import ----------------------------------------------------------------------------------
+
+class _Counting(io.RawIOBase):
+    """Counts the compressed bytes the tar reader pulls, for the ratio cap."""
+
+    def __init__(self, f: BinaryIO):
+        self.f = f
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self.f.read(len(b))
+        n = len(data)
+        b[:n] = data
+        self.count += n
+        return n
+
+
+@dataclass
+class ImportPlan:
+    """What reading an archive found: staged entries plus members skipped with a note."""
+
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    incomplete: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    imported: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
+    refused: tuple[tuple[str, str], ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()  # (member, why) left out of the archive with a note
+    incomplete: tuple[tuple[str, str], ...] = ()  # (entry, what) imported though incomplete
+
+    def to_dict(self) -> dict:
+        return {
+            "imported": list(self.imported),
+            "unchanged": list(self.unchanged),
+            "refused": [{"entry": e, "reason": r} for e, r in self.refused],
+            "skipped_members": [{"member": m, "reason": r} for m, r in self.skipped],
+            "incomplete": [{"entry": e, "reason": r} for e, r in self.incomplete],
+        }
+
+
+def _ours_to_skip(parts: tuple[str, ...], base: tuple[str, ...]) -> str | None:
+    """Why a member of a plain ``tar czf x.tgz -C ROOT flashinfer`` is left out, or None."""
+    rest = parts[len(base):] if parts[: len(base)] == base else ()
+    if not rest:
+        return None
+    if rest[0] in (LOCKS_DIRNAME, JOURNAL_DIRNAME):
+        return "fi-autotune's lock or journal file, not a cache file"
+    if any(STAGE_DIR_RE.match(p) or TRASH_DIR_RE.match(p) for p in rest):
+        return "part of an interrupted write, not a cache file"
+    if TEMP_FILE_RE.match(rest[-1]):
+        return "a temporary file"
+    if len(rest) >= 2 and rest[-2] == "runs":
+        return "the engine's per-run record, which it never reads back"
+    return None
+
+
+def _check_name(name: str) -> None:
+    if name.startswith("/") or "\\" in name or "\x00" in name:
+        raise FiAutotuneError(f"archive member {name!r}: absolute or malformed path")
+    parts = PurePosixPath(name).parts
+    if ".." in parts or "." in parts:
+        raise FiAutotuneError(f"archive member {name!r}: path traversal")
+
+
+def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label: str, *, finish: bool = True) -> ImportPlan:
+    """Validate the archive member by member into ``txn``'s staging dirs; raise on the first
+    bad member (the caller discards the transaction: nothing reaches the tree). Manifests are
+    kept in the transaction until ``finish_staged`` checks and writes them."""
+    counting = _Counting(stream)
+    buffered = io.BufferedReader(counting, buffer_size=1 << 16)
+    plan = ImportPlan()
+    manifests: dict[EntryId, bytes] = {}
+    total = count = 0
+    base = layout.base_parts()
+    try:
+        tar = tarfile.open(fileobj=buffered, mode="r|*")
+    except (OSError, tarfile.TarError, EOFError) as e:
+        raise FiAutotuneError(f"cannot read {label}: {e}") from None
+    try:
+        with tar:
+            for member in tar:
+                count += 1
+                if count > MAX_MEMBERS:
+                    raise FiAutotuneError(f"{label}: more than {MAX_MEMBERS} members")
+                name = member.name[2:] if member.name.startswith("./") else member.name
+                _check_name(name)
+                if member.isdir():
+                    continue
+                skip = _ours_to_skip(PurePosixPath(name).parts, base)
+                if skip is not None:
+                    plan.skipped.append((name, skip))
+                    continue
+                if not member.isreg():
+                    kind = "link" if (member.issym() or member.islnk()) else "special file"
+                    raise FiAutotuneError(f"archive member {name!r}: {kind}, only regular files are allowed")
+                parsed = layout.parse_member(name)
+                if parsed is None:
+                    raise FiAutotuneError(f"archive member {name!r}: not in the {layout.name} cache layout"
+                                          + _other_layout_hint(layout, name))
+                eid, fname = parsed
+                kind = layout.classify(fname, False)
+                if kind not in (NameKind.DATA, NameKind.MANIFEST):
+                    raise FiAutotuneError(f"archive member {name!r}: not a cache file or manifest")
+                if member.size > MAX_RANK_FILE_BYTES:
+                    raise FiAutotuneError(f"archive member {name!r}: {member.size} bytes, over the {MAX_RANK_FILE_BYTES} limit")
+                total += member.size
+                if total > MAX_TOTAL_BYTES:
+                    raise FiAutotuneError(f"{label}: contents exceed {MAX_TOTAL_BYTES} bytes")
+                f = tar.extractfile(member)
+                data = f.read(member.size + 1) if f else b""
+                if len(data) != member.size:
+                    raise FiAutotuneError(f"archive member {name!r}: truncated")
+                if total > RATIO_GRACE_BYTES and total > MAX_RATIO * counting.count:
+                    raise FiAutotuneError(
+                        f"{label}: decompresses more than {MAX_RATIO}x (a real cache bundle is 5-15x): refusing it"
+                    )
+                if kind is NameKind.MANIFEST:
+                    if eid in manifests:
+                        raise FiAutotuneError(f"archive member {name!r} appears twice")
+                    manifests[eid] = data
+                    continue
+                try:
+                    parse_cache_bytes(data)
+                except ValueError as e:
+                    raise FiAutotuneError(f"{eid}/{fname}: not a FlashInfer cache file ({str(e)[:80]})") from None
+                try:
+                    txn.add_file(eid, fname, data)
+                except FiAutotuneError as e:
+                    raise FiAutotuneError(f"archive member {name!r}: {e}") from None
+    except (tarfile.TarError, EOFError, ValueError) as e:
+        raise FiAutotuneError(f"cannot read {label}: {e}") from None
+    except OSError as e:
+        raise FiAutotuneError(f"cannot import {label}: {os_error_message(e)}; nothing was written") from None
+
+    for eid in manifests:
+        if eid not in txn.staged:
+            raise FiAutotuneError(f"{eid}: a manifest but no rank files")
+    if not txn.staged:
+        raise FiAutotuneError(f"{label}: no cache entries in the archive")
+    for eid, data in manifests.items():
+        if eid in txn.manifest_bytes:
+            raise FiAutotuneError(f"{eid}: in two archives")
+        txn.manifest_bytes[eid] = data
+    if finish:
+        plan.incomplete.extend(finish_staged(layout, txn))
+    return plan
+
+
+def finish_staged(layout: CacheLayout, txn: Transaction) -> list[tuple[str, str]]:
+    """Check each staged entry's manifest against its entry and key, write it; return the
+    entries that are incomplete by their manifest."""
+    incomplete = []
+    for eid, s in sorted(txn.staged.items()):
+        if s.finished:
+            continue
+        manifest = _manifest_for(eid, txn.manifest_bytes.get(eid), layout)
+        txn.finish_entry(eid, manifest)
+        expected = layout.expected_files(manifest.topology) if manifest else None
+        if expected is not None:
+            missing = [n for n in expected if n not in s.records]
+            if missing:
+                incomplete.append((str(eid), f"{len(expected) - len(missing)} of {len(expected)} rank files"))
+    return incomplete
+
+
+def _manifest_for(eid: EntryId, data: bytes | None, layout: CacheLayout) -> Manifest | None:
+    if data is None:
+        return None
+    try:
+        manifest = Manifest.from_bytes(data)
+    except NewerManifest as e:
+        raise FiAutotuneError(f"{eid}: manifest {e}") from None
+    except ValueError as e:
+        raise FiAutotuneError(f"{eid}: {e}") from None
+    ids = layout.id_fields(eid)
+    if manifest_names_other_entry(manifest, ids, eid):
+        raise FiAutotuneError(f"{eid}: manifest describes another entry")
+    schema = SCHEMAS.get(manifest.schema)
+    if schema is not None and schema.key(manifest.key_fields) != eid.name:
+        raise FiAutotuneError(f"{eid}: key does not match the manifest's key fields")
+    return manifest
+
+
+def import_archive(layout: CacheLayout, root, stream: BinaryIO, label: str, *, force: bool = False) -> ImportResult:
+    """Import every entry of an archive, or none (see the module doc)."""
+    return import_archives(layout, root, [(stream, label)], force=force)
+
+
+def import_archives(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str]], *, force: bool = False) -> ImportResult:
+    """Import every entry of several archives (``pull``'s bundles) in one transaction: all or none."""
+    txn = Transaction(layout, root)
+    skipped: list = []
+    incomplete: list = []
+    try:
+        for stream, label in sources:
+            plan = stage_archive(layout, txn, stream, label, finish=False)
+            skipped += plan.skipped
+        incomplete = finish_staged(layout, txn)
+        result = txn.commit(replace_policy(layout, root, force))
+    except OSError as e:
+        raise FiAutotuneError(f"cannot import {sources[0][1] if len(sources) == 1 else 'the bundles'}: "
+                              f"{os_error_message(e)}; nothing was written") from None
+    finally:
+        txn.discard()
+    return ImportResult(
+        tuple(map(str, result.committed)), tuple(map(str, result.unchanged)),
+        tuple((str(e), why) for e, why in result.refused), tuple(skipped), tuple(incomplete),
+    )
+
+
+def _other_layout_hint(layout: CacheLayout, name: str) -> str:
+    """'; it is in the sglang layout: --layout sglang' when another layout's archives hold it."""
+    from autotune_cache.engines.layouts import LAYOUTS
+
+    fits = [other.name for other in LAYOUTS.values()
+            if other.name != layout.name and other.archivable and other.parse_member(name) is not None]
+    return f" (it is a member of a {fits[0]} archive: --layout {fits[0]})" if fits else ""
+
+
+def digest_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,249 @@
+"""What every engine cache layout answers, in the manner of platformdirs' ``PlatformDirsABC``.
+
+A layout is the shape of one engine's cache tree: where its root is by default, how deep the
+directories go down to one *entry* (the unit that is written, listed, exported and deleted
+whole), how the files inside an entry are named, which of them the engine expects for a
+topology and which must be byte-identical. Scanning, pruning, writing and archiving are written
+once against this interface; each engine gets one small module.
+
+Key derivation (which hash names an entry) is not a layout's business: see ``keys.py``.
+
+fi-autotune's own names (manifest, locks, journals, staging and trash dirs, temp files) are the
+same in every layout and live here too.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import ClassVar
+
+from autotune_cache.plan.topology import Topology
+
+#: The layout a bare id (``<version>/<arch>/<key>``) names (``layouts.DEFAULT_LAYOUT``).
+DEFAULT_LAYOUT_NAME = "sglang"
+#: fi-autotune's record in each entry it writes; engines read only their own file names.
+MANIFEST_NAME = "fi-autotune.manifest.json"
+#: Per-entry lock files, outside the entry dirs so that deleting an entry never unlinks a lock
+#: a waiting writer already holds open.
+LOCKS_DIRNAME = ".fi-autotune-locks"
+#: Commit records of multi-entry writes (import of an archive): see ``txn.py``.
+JOURNAL_DIRNAME = ".fi-autotune-journal"
+#: Our hidden names all start with this; engines never read a dot-file.
+OUR_PREFIX = ".fi-autotune-"
+#: Temp files: ours (``atomic.py``) and FlashInfer's own ``save_configs`` (``.autotuner_*.tmp``).
+TEMP_FILE_RE = re.compile(r"^(?:\.fi-autotune-.*\.tmp|\.autotuner_.*\.tmp)$")
+#: Staging and trash dirs sit beside the entry they replace or remove, named by the owner
+#: (a token whose lock is held while the owning command runs) and the entry's last id part.
+STAGE_DIR_RE = re.compile(r"^\.fi-autotune-stage-(?P<owner>[0-9a-f]{12})-(?P<name>.+)$")
+TRASH_DIR_RE = re.compile(r"^\.fi-autotune-trash-(?P<owner>[0-9a-f]{12})-(?P<name>.+)$")
+
+
+def stage_name(owner: str, entry_name: str) -> str:
+    return f"{OUR_PREFIX}stage-{owner}-{entry_name}"
+
+
+def trash_name(owner: str, entry_name: str) -> str:
+    return f"{OUR_PREFIX}trash-{owner}-{entry_name}"
+
+
+class NameKind(enum.Enum):
+    """What a name directly inside an entry dir is."""
+
+    DATA = "data"  # a file the engine reads (SGLang: a rank file)
+    MANIFEST = "manifest"  # ours
+    TEMP = "temp"  # a temp file of an interrupted write (ours or the engine's)
+    ENGINE_SIDE = "engine-side"  # a directory the engine keeps beside its files (SGLang: runs/)
+    FOREIGN = "foreign"  # not part of any cache
+
+
+@dataclass(frozen=True, order=True)
+class EntryId:
+    """One entry of one layout: the directory names from the layout's base down to the entry.
+
+    Printed (and accepted) as ``<version>/<arch>/<key>`` for the default layout, and as
+    ``<layout>:<parts>`` for the others.
+    """
+
+    layout: str
+    parts: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """The entry dir's own name (SGLang: the key)."""
+        return self.parts[-1]
+
+    @property
+    def path_str(self) -> str:
+        return "/".join(self.parts)
+
+    def __str__(self) -> str:
+        return self.path_str if self.layout == DEFAULT_LAYOUT_NAME else f"{self.layout}:{self.path_str}"
+
+
+@dataclass(frozen=True)
+class Level:
+    """One directory level between a layout's base and its entries."""
+
+    field: str  # the attribute it gives an entry: "flashinfer_version", "arch", "key"
+    name: str  # what the level holds, for messages: "flashinfer version", "arch", "cache key"
+    pattern: re.Pattern
+
+    def valid(self, name: str) -> bool:
+        return not name.startswith(".") and bool(self.pattern.match(name))
+
+
+@dataclass(frozen=True)
+class RootChoice:
+    """The cache root a command works on, and where that choice came from (for messages)."""
+
+    path: Path
+    source: str  # "--cache-dir", "$SGLANG_CACHE_DIR", "the default ~/.cache/sglang"
+
+    def describe(self) -> str:
+        return f"{self.path} (from {self.source})"
+
+
+class CacheLayout(ABC):
+    """The shape of one engine's cache tree. Subclasses are stateless singletons."""
+
+    #: Registry name, used in ids (``vllm:...``) and ``--layout``.
+    name: ClassVar[str]
+    #: Who reads it, for messages ("SGLang would not autotune...").
+    engine: ClassVar[str]
+    #: Who reads this tree, for help texts and docs.
+    description: ClassVar[str]
+    #: Directory levels from ``base(root)`` down to an entry dir.
+    levels: ClassVar[tuple[Level, ...]]
+    #: Entries are flat directories of files (export, import, push, pull move them as bundles).
+    archivable: ClassVar[bool] = True
+    #: Names directly in ``base(root)`` that belong to another layout sharing the directory.
+    skip_names: ClassVar[frozenset[str]] = frozenset()
+
+    # --- where -------------------------------------------------------------------------------
+    @abstractmethod
+    def default_root(self) -> RootChoice:
+        """The engine's own root, exactly as the engine computes it."""
+
+    def configured(self) -> bool:
+        """False where the engine has no root at all until the user names one (an unset variable)."""
+        return True
+
+    @abstractmethod
+    def base_parts(self) -> tuple[str, ...]:
+        """Directory names from the root to the managed subtree (SGLang: flashinfer/autotune)."""
+
+    def base(self, root: Path) -> Path:
+        return Path(root).joinpath(*self.base_parts())
+
+    def entry_dir(self, root: Path, eid: EntryId) -> Path:
+        return self.base(root).joinpath(*eid.parts)
+
+    def lock_path(self, root: Path, eid: EntryId) -> Path:
+        *dirs, last = eid.parts
+        return self.base(root).joinpath(LOCKS_DIRNAME, *dirs, f"{last}.lock")
+
+    def journal_dir(self, root: Path) -> Path:
+        return self.base(root) / JOURNAL_DIRNAME
+
+    # --- ids ---------------------------------------------------------------------------------
+    def make_id(self, parts: tuple[str, ...]) -> EntryId:
+        if len(parts) != len(self.levels) or not all(level.valid(p) for level, p in zip(self.levels, parts)):
+            raise ValueError(f"{'/'.join(parts)!r} is not an entry of the {self.name} layout")
+        return EntryId(self.name, tuple(parts))
+
+    def parse_id(self, text: str) -> EntryId | None:
+        """``0.7.2.post1/sm90/1ed66338588e9974`` (or with a ``<layout>:`` prefix); None if not one."""
+        prefix, sep, rest = text.partition(":")
+        if sep and prefix == self.name:
+            text = rest
+        parts = tuple(text.strip("/").split("/"))
+        try:
+            return self.make_id(parts)
+        except ValueError:
+            return None
+
+    def id_fields(self, eid: EntryId) -> dict[str, str]:
+        """``{"flashinfer_version": ..., "arch": ..., "key": ...}`` from an id's parts."""
+        return {level.field: part for level, part in zip(self.levels, eid.parts)}
+
+    def is_entry_name(self, name: str) -> bool:
+        """Could ``name`` be an entry dir's own name (a bare key a user typed)?"""
+        return self.levels[-1].valid(name)
+
+    # --- inside an entry ---------------------------------------------------------------------
+    @abstractmethod
+    def classify(self, name: str, is_dir: bool) -> NameKind:
+        """What a name found directly in an entry dir is."""
+
+    @abstractmethod
+    def expected_files(self, topology: Topology) -> list[str]:
+        """The data files an engine of this topology reads from one entry."""
+
+    @abstractmethod
+    def infer_topology(self, names: list[str]) -> Topology | None:
+        """Best guess of the topology from data file names alone (entries without a manifest).
+        Raises ``TopologyError`` for names beyond the bounds (the entry is then corrupt)."""
+
+    @abstractmethod
+    def identical_groups(self, names: list[str], topology: Topology | None) -> list[tuple[str, list[str]]]:
+        """Groups of data files that must hold the same bytes, each with a label for messages."""
+
+    def arch_level(self, arch: str) -> str:
+        """How the path spells the ``sm<XY>`` arch a plan targets (the inverse of ``sm_archs``)."""
+        return arch
+
+    def sm_archs(self, arch: str | None) -> set[str]:
+        """The ``sm<XY>`` archs an entry's arch field stands for (what ``--arch`` filters match)."""
+        return {arch} if arch else set()
+
+    def describe_topology(self, topology: Topology) -> str:
+        return topology.describe
+
+    def parallel_str(self, topology: Topology | None, ep: int | None) -> str:
+        """``tp8 dp8a ep1`` for ``ls``: dp with ``a`` under dp-attention, ``r`` for replicas; ep is
+        ``ep?`` when not recorded (an engine-written entry has no manifest to say)."""
+        if topology is None:
+            return "-"
+        parts = [f"tp{topology.tp}"]
+        if topology.pp > 1:
+            parts.append(f"pp{topology.pp}")
+        if topology.dp > 1:
+            parts.append(f"dp{topology.dp}{'a' if topology.dp_attention else 'r'}")
+        parts.append(f"ep{ep}" if ep is not None else "ep?")
+        return " ".join(parts)
+
+    def disagreement(self, rank_files: list, notes: list[str]) -> str | None:
+        """Why the engine would not use these files together although each is fine (beyond the
+        byte-identical groups above), or None. May add notes for what cannot be decided."""
+        return None
+
+    # --- archives ----------------------------------------------------------------------------
+    def member_name(self, eid: EntryId, name: str) -> str:
+        """Path of an entry's file inside an archive or bundle, relative to the root."""
+        return "/".join((*self.base_parts(), *eid.parts, name))
+
+    def parse_member(self, member: str) -> tuple[EntryId, str] | None:
+        """(entry, file name) for a member path of this layout, else None."""
+        parts = PurePosixPath(member).parts
+        base = self.base_parts()
+        depth = len(base) + len(self.levels) + 1
+        if len(parts) != depth or parts[: len(base)] != base:
+            return None
+        try:
+            eid = self.make_id(tuple(parts[len(base) : -1]))
+        except ValueError:
+            return None
+        return eid, parts[-1]
+
+
+def env_root(var: str, default: str) -> RootChoice:
+    """A root taken verbatim from ``$var`` when set (as engines do), else ``expanduser(default)``."""
+    value = os.environ.get(var)
+    if value is None:
+        return RootChoice(Path(os.path.expanduser(default)), f"the default {default}")
+    return RootChoice(Path(value), f"${var}")

@@ -1,0 +1,245 @@
+"""Careful tuning: which tactic to write when several tunes disagree - the selection rules.
+
+An engine tunes each (op, bucket) once, a few runs per tactic, on a GPU busy starting a server,
+and keeps whatever won: two fresh tunes of one model disagree on many entries, and a tactic 2x
+slower than FlashInfer's default can win. A cache made ahead of time can do better:
+
+1. tune every (op, bucket) ``R`` times (independent FlashInfer tunes, spread over the GPUs);
+2. the distinct winners race head to head on one GPU with FlashInfer's default, interleaved,
+   many timed runs each, the median kept (``race.py``);
+3. the fastest is written, unless it beats the default by less than ``threshold``: then the
+   default stays (a floor against noise and against tactics that only win on a busy GPU).
+
+What a tune chooses for one (op, bucket) is an *assignment*: for every *slot* - one lookup the
+call makes, e.g. a MoE call's two GEMMs - the cache key and value FlashInfer stored. FlashInfer
+stores a winner under the key of the runner that won, so two tunes that pick different runners
+(fp8_gemm on Hopper has a cuBLAS and a cuDNN runner) write different keys for one slot. A slot
+is therefore named by its *default key*: the key of ``runners[0]``, the runner FlashInfer falls
+back to with tactic -1 when nothing is cached - which is what "the default" means here.
+
+This module holds steps 2's inputs and 3 - no torch, so it is tested on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autotune_cache.autotuner.rankfile import parse_file_key
+
+#: Keep FlashInfer's default unless a tuned tactic is at least this much faster (median vs median).
+#: Others use 3-4% (tokenspeed#1338: 4%), for one noisy startup measurement. Here the default is
+#: raced head to head with the winners, so the floor only has to break ties the race cannot
+#: resolve: replaying the careful races of 10 caches against a 100-run re-measurement
+#: (docs/quality.md, "The floor") put 99.5% of dense FP8 choices within 2% of the best at 1%,
+#: and 93.3% at 3%, where the floor kept defaults that were really 2-3% slower.
+DEFAULT_THRESHOLD = 0.01
+
+#: FlashInfer's fallback tactic (``runners[0]`` with this tactic when a lookup misses).
+DEFAULT_TACTIC = -1
+
+
+@dataclass(frozen=True)
+class SlotRecord:
+    """What one tune stored for one slot of one bucket (the worker records it as it tunes)."""
+
+    slot: str  # the default key: runners[0]'s key for this lookup
+    key: str  # the key the winner was stored under
+    default_runner: str  # runners[0]'s class name
+
+    def to_dict(self) -> dict:
+        return {"slot": self.slot, "key": self.key, "default_runner": self.default_runner}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SlotRecord":
+        return cls(str(d["slot"]), str(d["key"]), str(d["default_runner"]))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One assignment: slot -> (key, value) for every slot of an (op, bucket)."""
+
+    values: dict  # slot -> (key, [runner, tactic, policy?])
+    sources: tuple[int, ...] = ()  # the tunes (0-based) that chose it
+    default: bool = False
+
+    def signature(self) -> tuple:
+        return tuple(sorted((s, k, v[0], repr(v[1])) for s, (k, v) in self.values.items()))
+
+    def entries(self) -> dict:
+        """The cache entries this assignment writes (key -> value)."""
+        return {k: list(v) for k, v in self.values.values()}
+
+    def describe(self) -> str:
+        """``gemm1=MoERunner:41 gemm2=MoERunner:83``: each lookup's op (last part), runner, tactic."""
+        if self.default:
+            return f"default (tactic {DEFAULT_TACTIC})"
+        return " ".join(f"{_short_op(slot)}={v[0]}:{v[1]}" for slot, (_, v) in sorted(self.values.items()))
+
+
+def _short_op(slot: str) -> str:
+    parsed = parse_file_key(slot)
+    return parsed.custom_op.rsplit("::", 1)[-1] if parsed else "?"
+
+
+def candidates(records: list[list[SlotRecord] | None], tunes: list[dict]) -> list[Candidate]:
+    """Distinct assignments that the tunes chose for one (op, bucket), most chosen first, then
+    FlashInfer's default unless a tune chose it. ``records[r]`` is what tune ``r`` stored for
+    this bucket (None: not recorded), ``tunes[r]`` its cache entries (key -> value). A tune that
+    misses a slot another tune filled (no tactic of any runner ran for it) offers nothing."""
+    slots: dict[str, str] = {}  # slot -> default runner
+    for recs in records:
+        for rec in recs or ():
+            slots.setdefault(rec.slot, rec.default_runner)
+    by_sig: dict[tuple, Candidate] = {}
+    order: list[tuple] = []
+    policy = None
+    for i, (recs, tune) in enumerate(zip(records, tunes)):
+        if not recs:
+            continue
+        values = {rec.slot: (rec.key, list(tune[rec.key])) for rec in recs if rec.key in tune}
+        if set(values) != set(slots):
+            continue
+        policy = policy or next((v[2] for _, v in values.values() if len(v) > 2), None)
+        c = Candidate(values, (i,))
+        sig = c.signature()
+        if sig in by_sig:
+            prev = by_sig[sig]
+            by_sig[sig] = Candidate(prev.values, prev.sources + (i,))
+        else:
+            by_sig[sig] = c
+            order.append(sig)
+    out = sorted((by_sig[s] for s in order), key=lambda c: -len(c.sources))
+    if not slots:
+        return out
+    default = default_candidate(slots, policy)
+    sig = default.signature()
+    if sig in by_sig:  # a tune chose the default itself
+        return [Candidate(c.values, c.sources, default=c.signature() == sig) for c in out]
+    return out + [default]
+
+
+def default_candidate(slots: dict[str, str], policy=None) -> Candidate:
+    """FlashInfer's fallback for every slot, written explicitly (so the engine finds an entry and
+    does not tune again), with the tunes' measurement policy (which the engine's lookup checks)."""
+    values = {s: (s, [runner, DEFAULT_TACTIC] + ([policy] if policy is not None else []))
+              for s, runner in slots.items()}
+    return Candidate(values, default=True)
+
+
+@dataclass(frozen=True)
+class Selection:
+    winner: int  # index into the candidates
+    medians_ms: tuple[float, ...]
+    margin_runner_up: float | None  # runner-up / winner - 1 (None: no runner-up measured)
+    margin_default: float | None  # default / winner - 1 (None: the default won or was not measured)
+    kept_default: bool  # the fastest tuned tactic was under the threshold: the default stays
+    reason: str = ""
+    tunes_agreeing: int = 0  # how many of the tunes chose the winner
+
+    def to_dict(self, cands: list[Candidate], tunes: int) -> dict:
+        return {
+            "winner": cands[self.winner].describe(), "default": cands[self.winner].default,
+            "candidates": [c.describe() for c in cands],
+            "medians_ms": [None if not math.isfinite(m) else round(m, 5) for m in self.medians_ms],
+            "margin_runner_up": _round(self.margin_runner_up), "margin_default": _round(self.margin_default),
+            "kept_default": self.kept_default, "tunes": tunes, "tunes_agreeing": self.tunes_agreeing,
+            **({"reason": self.reason} if self.reason else {}),
+        }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def choose(cands: list[Candidate], medians_ms: list[float], threshold: float = DEFAULT_THRESHOLD) -> Selection:
+    """The fastest candidate by median; the default unless the fastest beats it by ``threshold``.
+    A candidate that failed to run has an infinite median and never wins."""
+    if len(cands) != len(medians_ms) or not cands:
+        raise ValueError("one median per candidate")
+    if not (math.isfinite(threshold) and threshold >= 0):
+        raise ValueError(f"threshold must be a finite fraction >= 0, not {threshold}")
+    finite = [i for i, m in enumerate(medians_ms) if math.isfinite(m) and m > 0]
+    if not finite:
+        first = next((i for i, c in enumerate(cands) if not c.default), 0)
+        return Selection(first, tuple(medians_ms), None, None, False,
+                         "no candidate could be measured: the most chosen one is written", len(cands[first].sources))
+    ranked = sorted(finite, key=lambda i: (medians_ms[i], i))
+    best = ranked[0]
+    runner_up = medians_ms[ranked[1]] / medians_ms[best] - 1 if len(ranked) > 1 else None
+    d = next((i for i, c in enumerate(cands) if c.default), None)
+    if d is not None and best != d and d in finite:
+        gain = medians_ms[d] / medians_ms[best] - 1
+        if gain < threshold:
+            return Selection(d, tuple(medians_ms), None, None, True,
+                             f"fastest tuned tactic only {gain:.1%} faster than the default (< {threshold:.0%})",
+                             len(cands[d].sources))
+        return Selection(best, tuple(medians_ms), runner_up, gain, False, "", len(cands[best].sources))
+    reason = "the default was fastest" if best == d else ("the default failed to run" if d is not None else "")
+    return Selection(best, tuple(medians_ms), runner_up, None, False, reason, len(cands[best].sources))
+
+
+def apply_selection(entries: dict, records: list[list[SlotRecord] | None], winner: Candidate) -> dict:
+    """``entries`` with every key any tune stored for this bucket replaced by the winner's: a
+    slot keeps exactly one key, so no other runner's entry shadows the winner at lookup."""
+    out = dict(entries)
+    for recs in records:
+        for rec in recs or ():
+            out.pop(rec.key, None)
+            out.pop(rec.slot, None)
+    out.update(winner.entries())
+    return out
+
+
+def selection_summary(selection: dict) -> dict:
+    """Counts over the per-bucket records of a careful run (``{op: {bucket: record}}``, as the
+    manifest keeps them), for ``stats``, ``warm``'s last line and ``show``."""
+    rows = [r for per_op in selection.values() if isinstance(per_op, dict) for r in per_op.values() if isinstance(r, dict)]
+
+    def median(values):
+        values = sorted(v for v in values if isinstance(v, (int, float)))
+        return values[len(values) // 2] if values else None
+
+    return {
+        "buckets": len(rows), "raced": sum(bool(r.get("raced")) for r in rows),
+        "tuned_written": sum(not r.get("default") for r in rows),
+        "default_kept_by_floor": sum(bool(r.get("kept_default")) for r in rows),
+        "default_fastest": sum(bool(r.get("default")) and not r.get("kept_default") for r in rows),
+        "tunes_unanimous": sum(r.get("tunes_agreeing") == r.get("tunes") for r in rows),
+        "median_margin_over_default": median(r.get("margin_default") for r in rows),
+        "median_margin_over_runner_up": median(r.get("margin_runner_up") for r in rows if not r.get("default")),
+    }
+
+
+@dataclass(frozen=True)
+class QualitySettings:
+    """How carefully ``warm`` tunes: ``quick`` is one FlashInfer tune per (op, bucket), as an
+    engine does at startup; ``careful`` is ``repeats`` tunes and a race of their winners."""
+
+    mode: str = "quick"  # quick | careful
+    repeats: int = 3
+    threshold: float = DEFAULT_THRESHOLD
+    race_rounds: int = 50  # timed runs per candidate in a race (interleaved)
+    race_warmup: int = 5
+    cold_l2: bool = True  # flush L2 before each timed run: between layers, weights come from HBM
+    graph_max_tokens: int = 0  # buckets up to this run as CUDA-graph replays in the race (decode sizes)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def careful(self) -> bool:
+        return self.mode == "careful"
+
+    @property
+    def tunes(self) -> int:
+        return self.repeats if self.careful else 1
+
+    def race_settings(self, bucket: int) -> dict:
+        return {"rounds": self.race_rounds, "warmup": self.race_warmup, "cold_l2": self.cold_l2,
+                "graph": bucket <= self.graph_max_tokens}
+
+    def to_dict(self) -> dict:
+        d = {"mode": self.mode, "tunes": self.tunes}
+        if self.careful:
+            d.update(threshold=self.threshold, race_rounds=self.race_rounds, race_warmup=self.race_warmup,
+                     cold_l2=self.cold_l2, graph_max_tokens=self.graph_max_tokens)
+        return d

@@ -1,0 +1,163 @@
+"""Racing candidate tactics head to head on one GPU (careful tuning, ``diff --measure``).
+
+Each candidate is an *assignment* of (runner, tactic) to the keys one call looks up. The op is
+run exactly as the engine runs it - FlashInfer's public API, the tactic taken from a loaded
+cache file (``AutoTuner.load_configs``), not forced through private hooks:
+
+* buckets the engine runs under CUDA graphs (decode sizes): each candidate is captured once in
+  a graph (its tactic baked in) and the graphs are replayed;
+* larger buckets (prefill chunks, run eagerly by the engine): each timed call follows a load of
+  that candidate's file, outside the timed window, and a stream delay (FlashInfer's own delay
+  kernel, as its tuner does) that keeps the host's work for the call out of the window: without
+  it, eager medians of 0.2-0.5 ms MoE calls spread by 20-50% (interquartile) on an H200.
+
+Candidates are interleaved in a new random order every round, so drift (clocks, temperature,
+other tenants) hits all alike; with ``cold_l2`` a 2x-L2 buffer is zeroed before every timed run
+(untimed), as between layers the weights come from HBM. The median of each candidate's runs is
+its time. Needs torch, flashinfer and a GPU; imported by the worker only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import statistics
+from pathlib import Path
+
+
+def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, rounds: int = 50, warmup: int = 5,
+         cold_l2: bool = True, graph: bool = True, workdir: Path, seed: int = 0) -> dict:
+    import torch
+    from flashinfer.autotuner import AutoTuner, autotune
+
+    from autotune_cache.autotuner.rankfile import cache_file_bytes
+
+    tuner = AutoTuner.get()
+    device = torch.device("cuda", torch.cuda.current_device())
+    kwargs = layer.call_kwargs(bucket)
+    n = len(assignments)
+    paths = []
+    for i, values in enumerate(assignments):
+        p = Path(workdir) / f"race-{os.getpid()}-{bucket}-{i}.json"
+        # No _metadata (``diff --measure``): FlashInfer loads the file without an environment
+        # check - the tactics are measured on this GPU whatever the caches were tuned on.
+        p.write_bytes(cache_file_bytes(metadata, values) if metadata is not None else json.dumps(values).encode())
+        paths.append(p)
+
+    def use(i: int) -> bool:
+        tuner.clear_cache()
+        return bool(tuner.load_configs(str(paths[i])))
+
+    def call() -> None:
+        layer.api(**kwargs)
+
+    errors: list[str | None] = [None] * n
+    graphs: list = [None] * n
+    with autotune(False):
+        for i in range(n):
+            try:
+                if not use(i):
+                    errors[i] = "FlashInfer here rejected the file's _metadata"
+                    continue
+                call()
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - a tactic that fails to run is not a winner
+                errors[i] = f"{type(e).__name__}: {str(e)[:200]}"
+                _recover(torch)
+        if graph:
+            # All candidates as graph replays, or none: timing one as a replay and another with
+            # its launch overhead would not compare like with like.
+            for i in range(n):
+                if errors[i] is not None:
+                    continue
+                try:
+                    use(i)
+                    graphs[i] = _capture(torch, call)
+                except Exception:  # noqa: BLE001 - not capturable: every candidate runs eagerly
+                    _recover(torch)
+                    graphs = [None] * n
+                    graph = False
+                    break
+        flush = None
+        if cold_l2:
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+            flush = torch.empty(2 * l2, dtype=torch.uint8, device=device)
+        live = [i for i in range(n) if errors[i] is None]
+        delay = _delay_kernel() if not graph else None
+        samples: list[list[float]] = [[] for _ in range(n)]
+        rng = random.Random(seed)
+        for r in range(warmup + rounds):
+            order = list(live)
+            rng.shuffle(order)
+            events = []
+            for i in order:
+                if graphs[i] is None and not use(i):
+                    continue
+                if flush is not None:
+                    flush.zero_()
+                if graphs[i] is None and delay is not None:
+                    # As FlashInfer's own tuner times eager calls: the stream waits in a delay
+                    # kernel while the host prepares the call, so the timed window holds the
+                    # kernels alone, not the host's argument handling and lookup.
+                    delay(EAGER_DELAY_US)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                if graphs[i] is not None:
+                    graphs[i].replay()
+                else:
+                    call()
+                end.record()
+                events.append((i, start, end))
+            torch.cuda.synchronize()
+            if r >= warmup:
+                for i, start, end in events:
+                    samples[i].append(start.elapsed_time(end))
+    tuner.clear_cache()
+    for p in paths:
+        p.unlink(missing_ok=True)
+    medians = [statistics.median(s) if s else math.inf for s in samples]
+    spread = [(_iqr(s) / statistics.median(s)) if len(s) >= 4 and statistics.median(s) > 0 else None for s in samples]
+    return {"bucket": bucket, "medians_ms": medians, "relative_iqr": spread, "runs": [len(s) for s in samples],
+            "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2)}
+
+
+#: Stream delay before each eager timed call (FlashInfer's tuner uses 5000 us before a batch of
+#: samples; one call's host work - argument handling, the cache lookup, launches - fits in 1 ms).
+EAGER_DELAY_US = 1000
+
+
+def _delay_kernel():
+    """FlashInfer's stream delay kernel (what its autotuner queues before timed samples)."""
+    try:
+        from flashinfer.tllm_utils import delay_kernel
+    except ImportError:
+        return None
+    return delay_kernel
+
+
+def _capture(torch, call):
+    """One call captured in a CUDA graph, as the engine captures its decode batches."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # warm-up on a side stream, as torch.cuda.graphs recommends
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call()
+    torch.cuda.synchronize()
+    return g
+
+
+def _recover(torch) -> None:
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - a sticky error is the caller's to report
+        pass
+
+
+def _iqr(samples: list[float]) -> float:
+    q = statistics.quantiles(samples, n=4)
+    return q[2] - q[0]
