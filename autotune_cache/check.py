@@ -17,12 +17,18 @@ import io
 import json
 import tarfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from autotune_cache import registry
 from autotune_cache.autotuner.fingerprint import Fingerprint
+from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes, read_regular_file
+from autotune_cache.engines.flashinfer_v2.store import ENTRIES, entry_name, env_hash, store_manifest
+from autotune_cache.errors import UsageError
 from autotune_cache.plan.keys import KeyFields
-from autotune_cache.engines.layouts import CacheLayout, EntryId
 from autotune_cache.plan.tuning import TuningPlan
-from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes
+from autotune_cache.tree.layout import CacheLayout, EntryId
+from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.store import Store
 
 KEY_FIELD_LABELS = {
     "model_path": "model path (the server's --model-path: a hub id and a local path are different keys)",
@@ -178,10 +184,6 @@ def check_files(plan: TuningPlan, layout: CacheLayout, report: CheckReport, file
 def check_v2_store(plan: TuningPlan, report: CheckReport, fingerprint: Fingerprint, root) -> None:
     """FlashInfer's managed store: the directory the serving environment hashes to must hold an
     entry for every lookup of the startup pass (each entry stands alone: no rank files)."""
-    from pathlib import Path
-
-    from autotune_cache.engines.flashinfer_v2.store import ENTRIES, entry_name, env_hash, store_manifest
-
     if any(not isinstance(v, str) or v in ("unknown", "None") for v in fingerprint.fields.values()):
         report.warnings.append("the fingerprint has unknown fields: FlashInfer there hashes exactly those values, "
                                "so the directory below is only right if the serving image reads them the same way")
@@ -212,3 +214,70 @@ def check_v2_store(plan: TuningPlan, report: CheckReport, fingerprint: Fingerpri
                 report.keys_missing += len(lacking)
                 report.misses.append(f"{len(lacking)} of {len(wanted)} {op.recipe.id} lookups have no entry "
                                      f"(e.g. {lacking[0][:120]})")
+
+
+def run_check(plan: TuningPlan, reader: CacheLayout, store_url: str | None, fingerprint: Fingerprint | None,
+              cache_dir: str | None) -> CheckReport:
+    """One target's check, as ``reader`` (a layout) would read it: the tree at the plan's root, a
+    store, or - for a layout whose directories the serving environment names (FlashInfer's
+    managed store) - that environment's directory."""
+    eid = plan.entry_id
+    report = CheckReport(str(eid), str(plan.key_dir) if store_url is None else f"{store_url} {eid}", plan.autotunes)
+    if not plan.autotunes:
+        return report
+    layout = registry.default_layout()
+    if reader.env_keyed:
+        if fingerprint is None or store_url is not None:
+            raise UsageError(f"--layout {reader.name} checks a local store against --env-from (the serving image's "
+                             "fingerprint names its directory)")
+        check_v2_store(plan, report, fingerprint, cache_dir or reader.default_root().path)
+    elif store_url is None:
+        check_tree(plan, layout, report, fingerprint)
+    else:
+        check_store(plan, layout, report, fingerprint, store_url)
+    return report
+
+
+def check_tree(plan: TuningPlan, layout: CacheLayout, report: CheckReport, fingerprint: Fingerprint | None) -> None:
+    kdir = plan.key_dir
+    if not kdir.is_dir():
+        root = plan.cache_root
+        info = scan_cache(root) if root.exists() else None
+        candidates = [Candidate(e.id, e.manifest.key_fields if e.manifest else None, e.gpu)
+                      for e in (info.entries if info else ())]
+        why = nearest_difference(plan, layout, candidates)
+        report.misses.append(f"no entry at {kdir}" + (f": {why}" if why else " (and no other entry to compare with)"))
+        return
+    report.found = True
+    files = {}
+    for name in plan.rank_files:
+        try:
+            files[name] = read_regular_file(kdir / name)
+        except OSError:
+            continue
+    check_files(plan, layout, report, files, fingerprint)
+
+
+def check_store(plan: TuningPlan, layout: CacheLayout, report: CheckReport, fingerprint: Fingerprint | None,
+                url: str) -> None:
+    store = Store(url)
+    rec = store.record(layout.name, plan.entry_id)
+    if rec is None:
+        candidates = []
+        try:
+            records = store.records(layout.name)
+        except Exception:  # noqa: BLE001 - an HTTP store may not list; the miss stands without a neighbour
+            records = []
+        for r in records:
+            kf = None
+            if r.key_fields:
+                try:
+                    kf = KeyFields.from_dict(r.key_fields)
+                except ValueError:
+                    kf = None
+            candidates.append(Candidate(r.id, kf, r.gpu))
+        why = nearest_difference(plan, layout, candidates)
+        report.misses.append(f"no entry {plan.entry_id} in {store}" + (f": {why}" if why else ""))
+        return
+    report.found = True
+    check_files(plan, layout, report, files_of_bundle(store.fetch(rec), layout, plan.entry_id), fingerprint)

@@ -119,8 +119,7 @@ def write_plan_entry(plan, metadata: dict | None = None, drop_buckets: tuple[int
     manifest = Manifest(plan.key, plan.schema, plan.key_string, res.key_fields, res.topology, plan.flashinfer_version,
                         res.arch, meta, {}, now, now,
                         request=plan.request.to_dict() if plan.request is not None else None)
-    layout = default_layout()
-    commit_entry(layout, plan.cache_root, plan.entry_id, files, manifest)
+    commit_entry(plan.layout_obj, plan.cache_root, plan.entry_id, files, manifest)
     return plan.entry_id
 
 

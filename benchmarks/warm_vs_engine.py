@@ -108,8 +108,8 @@ def stats(values: list[float]) -> dict:
 
 def measure(gpu_counts: list[int], repeat: int, workloads: list[str], startup_pass: bool = True, out: Path | None = None,
             tp: int = TARGET_TP) -> dict:
-    from autotune_cache.plan.tuning import make_plan
-    from autotune_cache.engines.sglang.resolve import ServerFlags
+    from autotune_cache.engines.sglang.planner import make_plan
+    from autotune_cache.plan.flags import ServerFlags
     import torch
 
     available = torch.cuda.device_count()

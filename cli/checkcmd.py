@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import click
 
-from autotune_cache.check import Candidate, CheckReport, check_files, files_of_bundle, nearest_difference
-from autotune_cache.errors import ExitCode, UsageError
+from autotune_cache import registry
 from autotune_cache.autotuner.fingerprint import Fingerprint
-from autotune_cache.engines.layouts import default_layout
-from autotune_cache.autotuner.rankfile import read_regular_file
+from autotune_cache.check import run_check
+from autotune_cache.errors import ExitCode
 
 from .output import Output
 from .params import env_from_option, json_option, resolve_root, targets_option
-from .plancmd import apply_serving_command, build_plan, request_from, serving_command_argument, serving_options
+from .serving import LayoutName, build_plan, fold_serving_command, request_of, serving_command_argument, serving_options
+from .targetscmd import check_targets
+
+
+def _readers() -> list[str]:
+    return [layout.name for engine in registry.engines() if engine.checks for layout in engine.layouts]
 
 
 @click.command("check")
 @serving_options
 @click.option("--store", "store_url", default=None, help="Check a store (s3://, gs://, file://, https://) instead of a tree.")
-@click.option("--layout", "layout_name", type=click.Choice(["sglang", "flashinfer-v2"]), default="sglang", show_default=True,
+@click.option("--layout", "layout_name", type=LayoutName(_readers), default=lambda: _readers()[0], show_default="sglang",
               help="The reader to check for: SGLang's rank files, or FlashInfer's managed store (needs --env-from: "
                    "its directory is named by the serving environment).")
 @env_from_option
@@ -38,20 +42,18 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
     targets file (the gate an image build runs).
     """
     out = Output(as_json)
-    layout = default_layout()
+    reader = registry.get_layout(layout_name)
     fingerprint = Fingerprint.load(env_from) if env_from else None
     if targets_file:
-        from .targetscmd import check_targets
-
         check_targets(ctx, out, targets_file, kw, store_url, layout_name, fingerprint, strict)
         return
-    kw = apply_serving_command(ctx, kw, out)
-    request = request_from(kw).for_target(fingerprint)
+    kw = fold_serving_command(ctx, kw, out)
+    request = request_of(kw).for_target(fingerprint)
     root = str(resolve_root(kw["cache_dir"], must_exist=False).path) if store_url is None else kw["cache_dir"]
     checks = []
     for r in request.workers():
         plan = build_plan(r, root)
-        report = run_check(plan, layout, layout_name, store_url, fingerprint, kw["cache_dir"])
+        report = run_check(plan, reader, store_url, fingerprint, kw["cache_dir"])
         # A flag whose effect on the autotune path is not known: the verdict cannot be trusted.
         unknown = [f"the serving command's {flag} is not understood: fi-autotune cannot tell what it changes"
                    for flag in kw.get("not_understood") or ()]
@@ -85,73 +87,3 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
     out.emit(human=human, data=data)
     if strict and not all(c[2].ok for c in checks):
         raise click.exceptions.Exit(int(ExitCode.FAILURE))
-
-
-def run_check(plan, layout, layout_name: str, store_url: str | None, fingerprint, cache_dir: str | None) -> CheckReport:
-    """One target's check: the tree, a store, or FlashInfer's v2 store."""
-    eid = plan.entry_id
-    report = CheckReport(str(eid), str(plan.key_dir) if store_url is None else f"{store_url} {eid}", plan.autotunes)
-    if plan.autotunes and layout_name == "flashinfer-v2":
-        if fingerprint is None or store_url is not None:
-            raise UsageError("--layout flashinfer-v2 checks a local store against --env-from (the serving image's "
-                             "fingerprint names its directory)")
-        from autotune_cache.check import check_v2_store
-        from autotune_cache.engines.layouts import get_layout
-
-        v2root = cache_dir or get_layout("flashinfer-v2").default_root().path
-        check_v2_store(plan, report, fingerprint, v2root)
-    elif plan.autotunes:
-        if store_url is None:
-            _check_tree(plan, layout, report, fingerprint)
-        else:
-            _check_store(plan, layout, report, fingerprint, store_url)
-    return report
-
-
-def _check_tree(plan, layout, report: CheckReport, fingerprint) -> None:
-    from autotune_cache.tree.scan import scan_cache
-
-    kdir = plan.key_dir
-    if not kdir.is_dir():
-        root = plan.cache_root
-        info = scan_cache(root) if root.exists() else None
-        candidates = [Candidate(e.id, e.manifest.key_fields if e.manifest else None, e.gpu)
-                      for e in (info.entries if info else ())]
-        why = nearest_difference(plan, layout, candidates)
-        report.misses.append(f"no entry at {kdir}" + (f": {why}" if why else " (and no other entry to compare with)"))
-        return
-    report.found = True
-    files = {}
-    for name in plan.rank_files:
-        try:
-            files[name] = read_regular_file(kdir / name)
-        except OSError:
-            continue
-    check_files(plan, layout, report, files, fingerprint)
-
-
-def _check_store(plan, layout, report: CheckReport, fingerprint, url: str) -> None:
-    from autotune_cache.plan.keys import KeyFields
-    from autotune_cache.tree.store import Store
-
-    store = Store(url)
-    rec = store.record(layout.name, plan.entry_id)
-    if rec is None:
-        candidates = []
-        try:
-            records = store.records(layout.name)
-        except Exception:  # noqa: BLE001 - an HTTP store may not list; the miss stands without a neighbour
-            records = []
-        for r in records:
-            kf = None
-            if r.key_fields:
-                try:
-                    kf = KeyFields.from_dict(r.key_fields)
-                except ValueError:
-                    kf = None
-            candidates.append(Candidate(r.id, kf, r.gpu))
-        why = nearest_difference(plan, layout, candidates)
-        report.misses.append(f"no entry {plan.entry_id} in {store}" + (f": {why}" if why else ""))
-        return
-    report.found = True
-    check_files(plan, layout, report, files_of_bundle(store.fetch(rec), layout, plan.entry_id), fingerprint)

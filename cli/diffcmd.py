@@ -211,7 +211,7 @@ def _print(out: Output, report: DiffReport, show_all: bool) -> None:
 def _measure(report: DiffReport, units: list[CacheUnit], runs: int) -> list[dict]:
     from autotune_cache.tune.diffmeasure import measure
 
-    from .plancmd import build_plan
+    from .serving import build_plan
     from .warmcmd import _request_of
 
     with_manifest = next((u for u in units if u.manifest is not None and getattr(u.manifest, "request", None)), None)

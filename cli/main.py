@@ -6,6 +6,7 @@ Every error is one line on stderr; ``--debug`` (or ``FI_AUTOTUNE_DEBUG=1``) adds
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -15,13 +16,41 @@ import click
 from autotune_cache import __version__
 from autotune_cache.errors import ExitCode, FiAutotuneError, Interrupted, os_error_message
 
-from . import checkcmd, cleanup, convertcmd, diffcmd, envcmd, keycmd, plancmd, storecmd, transfer, tree, warmcmd
 from .output import PROG
 
 EPILOG = "Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted (Ctrl-C). --debug shows tracebacks."
 
 
+#: Each command by name -> "module:function", imported only when that command runs (or help lists
+#: them): ``ls`` must not pay for the planner's or the tuner's imports.
+COMMANDS = {
+    "plan": "plancmd:plan_cmd", "warm": "warmcmd:warm_cmd", "verify": "warmcmd:verify_cmd",
+    "check": "checkcmd:check_cmd", "ls": "tree:ls_cmd", "show": "tree:show_cmd", "prune": "cleanup:prune_cmd",
+    "rm": "cleanup:rm_cmd", "export": "transfer:export_cmd", "import": "transfer:import_cmd",
+    "push": "storecmd:push_cmd", "pull": "storecmd:pull_cmd", "convert": "convertcmd:convert_cmd",
+    "diff": "diffcmd:diff_cmd", "env": "envcmd:env_cmd", "key": "keycmd:key_cmd",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported when used (click's documented lazy-loading pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attribute = target.partition(":")
+        command = getattr(importlib.import_module(f"{__package__}.{module}"), attribute)
+        if command.name != cmd_name:
+            raise RuntimeError(f"{target} is command {command.name!r}, listed as {cmd_name!r}")
+        return command
+
+
 @click.group(
+    cls=LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     invoke_without_command=True,
     epilog=EPILOG,
@@ -33,15 +62,6 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Ahead-of-time FlashInfer autotune caches where serving engines look for them."""
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
-
-
-for command in (
-    plancmd.plan_cmd, warmcmd.warm_cmd, warmcmd.verify_cmd, checkcmd.check_cmd,
-    tree.ls_cmd, tree.show_cmd, cleanup.prune_cmd, cleanup.rm_cmd,
-    transfer.export_cmd, transfer.import_cmd, storecmd.push_cmd, storecmd.pull_cmd, convertcmd.convert_cmd,
-    diffcmd.diff_cmd, envcmd.env_cmd, keycmd.key_cmd,
-):
-    cli.add_command(command)
 
 
 def _fail(message: str, code: int, debug: bool) -> int:

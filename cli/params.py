@@ -11,7 +11,7 @@ from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import Duration, parse_duration
 from autotune_cache.engines.layouts import LAYOUTS, CacheLayout, RootChoice, default_layout, get_layout
 from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
-from autotune_cache.engines.sglang.layout import VERSION_RE
+from autotune_cache.autotuner.installed import VERSION_RE
 from autotune_cache.tree.prune import EntryFilter
 from autotune_cache.tree.status import EntryStatus
 

@@ -1,77 +1,61 @@
 """``--targets FILE`` on ``plan``, ``warm`` and ``check``: a fleet's targets from one file.
 
-Each target's fields are parsed by the very options ``warm`` declares (``serving_options``), so
-a field means in the file what its flag means on the command line, with the same checks.
+Each target's fields are checked against the very table the command-line options are made
+from (``plan.options.SERVING_OPTIONS``), so a field means in the file what its flag means on the
+command line, with the same checks - and becomes a typed request directly.
 """
 
 from __future__ import annotations
 
 import click
 
-from autotune_cache.errors import UsageError
+from autotune_cache import registry
+from autotune_cache.check import run_check
+from autotune_cache.engines.requests import build_request
+from autotune_cache.errors import ExitCode, UsageError
+from autotune_cache.plan.options import SERVING_OPTIONS, ServingOptions
 from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
+from autotune_cache.tree.store import Store
+from autotune_cache.tune.fleet import merge_work
+from autotune_cache.tune.warm import detect_gpu_uuids
 
-from .plancmd import build_plan, request_from, serving_options
+from .params import resolve_root
+from .serving import build_plan
 
-LAYOUT_NAMES = ("sglang", "flashinfer-v2")
-
-@click.command("target", add_help_option=False)
-@serving_options
-def _target_parser(**kw):  # parses one target's fields into warm's keyword arguments
-    return kw
-
-
-_PARAMS = {p.name: p for p in _target_parser.params}
-_BY_FLAG = {opt.lstrip("-").replace("-", "_"): p for p in _target_parser.params for opt in p.opts}
 #: Fields a target may not set: one command works on one tree.
 _GLOBAL_ONLY = {"cache_dir"}
 
 
-def target_kwargs(target: Target) -> tuple[dict, tuple[str, ...]]:
-    """(warm's keyword arguments, the layouts to write) for one target."""
-    argv: list[str] = []
-    layouts: tuple[str, ...] = ("sglang",)
-    for name, value in target.fields.items():
-        if name == "layouts":
-            values = value.split(",") if isinstance(value, str) else list(value or [])
-            layouts = tuple(str(v).strip() for v in values if str(v).strip())
-            bad = [v for v in layouts if v not in LAYOUT_NAMES]
-            if bad or "sglang" not in layouts:
-                raise UsageError(f"{target.source}: layouts {list(layouts)}: sglang, plus flashinfer-v2 if wanted")
-            continue
-        if name == "dp_attention":
-            if not isinstance(value, bool):
-                raise UsageError(f"{target.source}: dp_attention is true or false, not {value!r}")
-            if not value:
-                argv.append("--no-dp-attention")
-            continue
-        param = _BY_FLAG.get(name) or _PARAMS.get(name)
-        if param is None or param.name in _GLOBAL_ONLY:
-            known = sorted({*_BY_FLAG, "layouts", "dp_attention", "name"} - _GLOBAL_ONLY - {"no_dp_attention"})
-            raise UsageError(f"{target.source}: unknown field {name!r} (known: {', '.join(known)})")
-        flag = max(param.opts, key=len)
-        if getattr(param, "is_flag", False):
-            if not isinstance(value, bool):
-                raise UsageError(f"{target.source}: {name} is true or false, not {value!r}")
-            if value:
-                argv.append(flag)
-            continue
-        if value is None:
-            continue
-        if isinstance(value, list):
-            value = ",".join(str(v) for v in value)
-        argv += [flag, str(value)]
-    try:
-        ctx = _target_parser.make_context("target", argv)
-    except click.ClickException as e:
-        raise UsageError(f"{target.source}: {e.format_message()}") from None
-    return ctx.params, layouts
+def target_layouts() -> tuple[str, ...]:
+    """What a target's ``layouts`` may hold: the default engine's tree, plus the stores written
+    from its entries (FlashInfer's managed store)."""
+    default = registry.default_engine()
+    return tuple(x.name for e in registry.engines() if e is default or not e.plans for x in e.layouts)
+
+
+def target_options(target: Target) -> tuple[ServingOptions, tuple[str, ...]]:
+    """(the serving options, the layouts to write) of one target, checked as the flags are."""
+    fields = dict(target.fields)
+    layouts: tuple[str, ...] = (registry.default_layout().name,)
+    if "layouts" in fields:
+        value = fields.pop("layouts")
+        values = value.split(",") if isinstance(value, str) else list(value or [])
+        layouts = tuple(str(v).strip() for v in values if str(v).strip())
+        allowed = target_layouts()
+        if [v for v in layouts if v not in allowed] or allowed[0] not in layouts:
+            raise UsageError(f"{target.source}: layouts {list(layouts)}: {allowed[0]}, plus "
+                             f"{' or '.join(allowed[1:])} if wanted")
+    for name in fields:
+        if name in _GLOBAL_ONLY:
+            raise UsageError(f"{target.source}: unknown field {name!r} (set --{name.replace('_', '-')} on the command line)")
+    return ServingOptions.from_fields(fields, target.source), layouts
 
 
 def reject_serving_flags(ctx: click.Context, allowed: tuple[str, ...] = ("cache_dir", "arch")) -> None:
     """With --targets, a target's fields live in the file (its ``defaults`` for shared ones)."""
-    given = [p.name for p in _target_parser.params if p.name not in allowed and p.name in ctx.params
-             and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
+    names = [o.name for o in SERVING_OPTIONS]
+    given = [n for n in names if n not in allowed and n in ctx.params
+             and ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
     if given:
         flags = ", ".join("--" + g.replace("_", "-") for g in given)
         raise UsageError(f"{flags}: with --targets, put target fields in the file (its 'defaults' for all of them)")
@@ -87,11 +71,11 @@ def load_fleet(path: str, cache_dir: str | None, arch: str | None, shard: str | 
     targets = load_targets(path)
     out = []
     for t in targets:
-        kw, layouts = target_kwargs(t)
-        if kw["arch"] is None and arch is not None:
-            kw["arch"] = arch
+        options, layouts = target_options(t)
+        if options.arch is None and arch is not None:
+            options = options.replace(arch=arch)
         try:
-            request = request_from(kw)
+            request = build_request(options, detect_gpu_uuids=detect_gpu_uuids)
             if fingerprint is not None:  # the serving image's: its GPU's arch, its FlashInfer
                 request = request.for_target(fingerprint)
             plan = build_plan(request, cache_dir)
@@ -138,9 +122,6 @@ def fleet_items(loaded) -> list:
 
 def plan_targets(out, loaded, shard, total: int, store_url: str | None) -> None:
     """``plan --targets``: per target its id, work and coverage; the work once merged."""
-    from autotune_cache.tune.fleet import merge_work
-    from autotune_cache.tree.store import Store
-
     store = Store(store_url) if store_url else None
     items = fleet_items(loaded)
     rows = [(i, coverage(i.plan, store)) for i in items]
@@ -281,20 +262,13 @@ def run_fleet(load, n: int | None, force: bool, push_url: str | None, out, t0: f
 def check_targets(ctx, out, targets_file: str, kw: dict, store_url: str | None, layout_name: str, fingerprint,
                   strict: bool) -> None:
     """``check --targets``: which targets the tree (or store) covers; --strict fails on any miss."""
-    from autotune_cache.errors import ExitCode
-    from autotune_cache.engines.layouts import default_layout
-
-    from .checkcmd import run_check
-    from .params import resolve_root
-
     reject_serving_flags(ctx)
+    reader = registry.get_layout(layout_name)
     cache_dir = kw["cache_dir"]
-    if store_url is None and layout_name == "sglang":
+    if store_url is None and not reader.env_keyed:
         cache_dir = str(resolve_root(cache_dir, must_exist=False).path)
     loaded, _, total = load_fleet(targets_file, cache_dir, kw["arch"], fingerprint=fingerprint)
-    layout = default_layout()
-    reports = [(t, plan, run_check(plan, layout, layout_name, store_url, fingerprint, kw["cache_dir"]))
-               for t, plan, _ in loaded]
+    reports = [(t, plan, run_check(plan, reader, store_url, fingerprint, kw["cache_dir"])) for t, plan, _ in loaded]
     bad = [r for _, _, r in reports if r.autotunes and not r.ok]
 
     def human() -> None:

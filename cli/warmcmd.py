@@ -7,13 +7,14 @@ from pathlib import Path
 
 import click
 
+from autotune_cache import registry
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.plan.request import TuneRequest
 
 from .output import Output
 from .params import json_option, resolve_root, shard_option, targets_option
-from .plancmd import (apply_serving_command, build_plan, reject_vllm_only, request_from, serving_command_argument,
-                       serving_options, vllm_options, vllm_request)
+from .serving import (build_plan, engine_option_values, engine_options, fold_serving_command, request_of,
+                      serving_command_argument, serving_options)
 
 
 def _gpus(value: str | None) -> int | None:
@@ -76,7 +77,7 @@ class _Progress:
                    "from the sglang tuning), vllm (vLLM's rank files under $VLLM_CACHE_ROOT; vllm-dir: under "
                    "$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR). vLLM's calls differ from SGLang's, so with both each is "
                    "tuned, in one run. --cache-dir is the root of sglang if listed, else of vllm.")
-@vllm_options
+@engine_options
 @click.option("--quality", type=click.Choice(["quick", "careful"]), default="quick", show_default=True,
               help="quick: one FlashInfer tune per (op, bucket), as the engine does at startup. careful: --repeats "
                    "tunes, then their winners race FlashInfer's default head to head (interleaved, many runs, "
@@ -124,7 +125,7 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
         from .targetscmd import reject_serving_flags, warm_targets
 
         reject_serving_flags(ctx)
-        reject_vllm_only(kw)
+        registry.default_engine().refuse_foreign_options(engine_option_values(dict(kw)))
         if quality != "quick" or ctx.get_parameter_source("layouts") == click.core.ParameterSource.COMMANDLINE:
             raise UsageError("with --targets: quick mode, and each target's layouts in the file")
         warm_targets(kw, n, force, targets_file, shard, push_url, Output(as_json), t0)
@@ -132,10 +133,9 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     if shard:
         raise UsageError("--shard goes with --targets")
     store = _writable_store(push_url)
-    kw = apply_serving_command(ctx, kw, Output(as_json))
-    request = request_from(kw)
+    kw = fold_serving_command(ctx, kw, Output(as_json))
     if vllm_layout is None:
-        reject_vllm_only(kw)
+        request = request_of(kw)
         if len(request.workers()) > 1:
             # Speculative decoding: the target and the draft worker tune into two entries, both
             # from one run on one pool of workers (each written when its buckets are done).
@@ -145,8 +145,9 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
             warm_workers(request, kw, n, force, push_url, wanted, Output(as_json), t0)
             return
     else:
-        vllm_req = vllm_request(request, kw, vllm_layout)
+        vllm_req = request_of(kw, vllm_layout)
         if "sglang" in wanted:
+            request = request_of(kw, engine_options=False)
             if quality != "quick":
                 raise UsageError("--quality careful tunes one engine's calls at a time: give --layout sglang or "
                                  f"--layout {vllm_layout}")
@@ -218,7 +219,7 @@ def warm_engines(request: TuneRequest, vllm_req: TuneRequest, kw: dict, n, force
 
     from .targetscmd import run_fleet
 
-    vllm_layout = vllm_req.vllm.layout
+    vllm_layout = vllm_req.engine.layout
 
     def load(info):
         sglang_layouts = tuple(x for x in wanted if not x.startswith("vllm"))
@@ -336,7 +337,7 @@ def verify_cmd(ctx, ref, as_json, **kw):
     if ref is None and kw["model"] is None:
         raise UsageError("give an entry ID or --model")
     if ref is None and flags_given:
-        plan = build_plan(request_from(kw), kw["cache_dir"])
+        plan = build_plan(request_of(kw), kw["cache_dir"])
         key_dir = plan.key_dir
         if not key_dir.is_dir():
             raise FiAutotuneError(f"no cache entry at {key_dir} (id {plan.entry_id} for these flags)")

@@ -32,7 +32,7 @@ META = {**DEFAULT_METADATA, "gpu": os.environ.get("FAKE_GPU", "NVIDIA H200")}
 def keys_of(op, bucket):
     """The keys FlashInfer would store for this op at this bucket: what the plan's recipe
     predicts (``check`` and ``verify`` look for exactly these)."""
-    from autotune_cache.engines.sglang.recipes import OpRecipe
+    from autotune_cache.autotuner.recipe import OpRecipe
 
     return OpRecipe.from_dict(op).file_keys(bucket)
 

@@ -187,7 +187,7 @@ def matching_op(plan: dict, call: dict) -> dict | None:
 
 def compare_keys(op: dict, flashinfer: dict) -> list[str]:
     """FlashInfer's own keys for SGLang's call against our recipe's, bucket by bucket."""
-    from autotune_cache.engines.sglang.recipes import OpRecipe
+    from autotune_cache.autotuner.recipe import OpRecipe
 
     recipe = OpRecipe.from_dict(op)
     diffs = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.plan.request import TuneRequest
-from autotune_cache.engines.sglang.resolve import ServerFlags
+from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.testing import DEFAULT_METADATA, entry_path, write_plan_entry
 
 from .conftest import run_cli

@@ -21,7 +21,7 @@ import pytest
 from autotune_cache.engines.layouts import default_layout
 from autotune_cache.tree.layout import MANIFEST_NAME
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS
-from autotune_cache.engines.sglang.recipes import OpRecipe
+from autotune_cache.autotuner.recipe import OpRecipe
 
 from .conftest import REPO, run_cli, run_json
 

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from autotune_cache.errors import UsageError
-from autotune_cache.plan.tuning import make_plan, pp_layer_ranges
-from autotune_cache.engines.sglang.recipes import T
-from autotune_cache.engines.sglang.resolve import ServerFlags
+from autotune_cache.plan.tuning import pp_layer_ranges
+from autotune_cache.engines.sglang.planner import make_plan
+from autotune_cache.autotuner.recipe import T
+from autotune_cache.plan.flags import ServerFlags
 
 from .conftest import run_cli
 

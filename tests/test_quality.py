@@ -16,7 +16,7 @@ from autotune_cache.tune.quality import (DEFAULT_THRESHOLD, Candidate, QualitySe
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_file_key
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.tree.scan import scan_cache
-from autotune_cache.engines.sglang.resolve import ServerFlags
+from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.tune.warm import GpuInfo, WorkerPool, warm
 
 from .conftest import REPO

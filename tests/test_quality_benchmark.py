@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.engines.sglang.recipes import OpRecipe
+from autotune_cache.autotuner.recipe import OpRecipe
 
 from .conftest import REPO, run_cli
 

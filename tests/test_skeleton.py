@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from autotune_cache import lm_head_stub, lm_head_stubbed  # noqa: E402
-from autotune_cache.plan.tuning import make_plan  # noqa: E402
-from autotune_cache.engines.sglang.resolve import ServerFlags  # noqa: E402
+from autotune_cache.engines.sglang.planner import make_plan  # noqa: E402
+from autotune_cache.plan.flags import ServerFlags  # noqa: E402
 from autotune_cache.tune.skeleton import LMHead, OpLayer, SkeletonModel, resolve_api  # noqa: E402
 from autotune_cache.tune.warm import merge_cache_files, work_queue  # noqa: E402
 from autotune_cache.errors import FiAutotuneError  # noqa: E402
@@ -163,7 +163,7 @@ def test_merge_refuses_mixed_environments(tmp_path):
 
 
 def test_recipe_roundtrips_through_plan_json():
-    from autotune_cache.engines.sglang.recipes import OpRecipe
+    from autotune_cache.autotuner.recipe import OpRecipe
 
     _, ops = ops_of("Qwen/Qwen3-30B-A3B", "sm90", tp=2, moe_runner_backend="flashinfer_cutlass")
     r = OpRecipe.from_dict(ops[0])

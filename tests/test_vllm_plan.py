@@ -14,8 +14,8 @@ import pytest
 from autotune_cache.autotuner import buckets as B
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.request import TuneRequest
-from autotune_cache.engines.sglang.resolve import ServerFlags
-from autotune_cache.engines.vllm.planner import VllmTarget, parse_config_hash
+from autotune_cache.plan.flags import ServerFlags
+from autotune_cache.engines.vllm.target import VllmTarget, parse_config_hash
 
 from .conftest import REPO, run_cli
 from .test_fleet import gpu_env
@@ -28,7 +28,7 @@ VLLM_PYTHON = os.environ.get("FI_AUTOTUNE_VLLM_PYTHON")
 def vllm_plan(tmp_path: Path, model: str = QWEN, config: str | None = None, layout: str = "vllm", n: int = 8192, **flags):
     flags = {"moe_runner_backend": "flashinfer_cutlass", **flags}
     r = TuneRequest(model, ServerFlags(**flags), arch="sm90", config=config, flashinfer_version="0.7.2.post1",
-                    vllm=VllmTarget(H, n, layout))
+                    engine=VllmTarget.of(H, n, layout))
     return r.plan(tmp_path / "root")
 
 
@@ -140,7 +140,7 @@ def test_config_hash_from_what_vllm_prints():
 def test_request_round_trips_with_its_vllm_target(tmp_path):
     r = vllm_plan(tmp_path, tp=2).request
     again = TuneRequest.from_dict(json.loads(json.dumps(r.to_dict())))
-    assert again == r and again.vllm == VllmTarget(H, 8192, "vllm")
+    assert again == r and again.engine == VllmTarget.of(H, 8192, "vllm")
     with pytest.raises(ValueError):
         TuneRequest.from_dict({**r.to_dict(), "vllm": {"config_hash": "x", "max_num_batched_tokens": 1}})
 

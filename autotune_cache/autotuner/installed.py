@@ -6,6 +6,13 @@ instant, and the serving engine's version must be readable in an image without s
 
 from __future__ import annotations
 
+import re
+
+from autotune_cache.errors import UsageError
+
+#: A version as it may stand in a cache path (FlashInfer's, in every engine's tree): one path
+#: component, no separators, bounded.
+VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}$")
 
 
 def installed_version(distribution: str) -> str | None:
@@ -19,3 +26,13 @@ def installed_version(distribution: str) -> str | None:
 
 def installed_flashinfer_version() -> str | None:
     return installed_version("flashinfer-python")
+
+
+def flashinfer_version_of(given: str | None) -> str:
+    """The FlashInfer version in the entry's path: ``--flashinfer-version``, else the installed one."""
+    version = given or installed_flashinfer_version()
+    if not version:
+        raise UsageError("flashinfer-python is not installed: pass --flashinfer-version")
+    if not VERSION_RE.match(version):
+        raise UsageError(f"invalid --flashinfer-version {version!r}")
+    return version

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from autotune_cache.engines.sglang.recipes import OpRecipe
+    from autotune_cache.autotuner.recipe import OpRecipe
 
 
 class _Repr:

@@ -13,11 +13,13 @@ One module (or small package) per engine under ``engines/``; one line in the reg
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from autotune_cache import registry
 from autotune_cache.errors import UsageError
+from autotune_cache.plan.engine_target import EngineTarget
+from autotune_cache.plan.options import Option
 
 if TYPE_CHECKING:
     from autotune_cache.plan.request import TuneRequest
@@ -25,29 +27,22 @@ if TYPE_CHECKING:
     from autotune_cache.tree.layout import CacheLayout
 
 
-@dataclass(frozen=True)
-class EngineTarget:
-    """Which engine a request is for, the tree layout it writes, and that engine's own options.
-
-    Engines with options of their own (vLLM's config hash) subclass it; ``to_dict`` /
-    ``Engine.target_from_dict`` carry it through a manifest and back.
-    """
-
-    engine: str
-    layout: str
-
-    def to_dict(self) -> dict:
-        return {"engine": self.engine, "layout": self.layout}
-
-
 class Engine(ABC):
     #: Registry name (``registry.KNOWN_ENGINES``).
     name: ClassVar[str]
-    #: For messages: which engine, which version's behaviour fi-autotune reproduces.
+    #: For messages: the engine (``SGLang``), and which version's behaviour fi-autotune reproduces.
+    label: ClassVar[str]
     title: ClassVar[str]
     #: Whether fi-autotune plans and tunes for this engine (FlashInfer's managed store is only
     #: ever written from another engine's tuned entry).
     plans: ClassVar[bool] = True
+    #: Whether ``check`` can say if this engine will find an entry (``check --layout``).
+    checks: ClassVar[bool] = False
+    #: Options only this engine's targets take (``plan.options.Option``); the CLI offers them.
+    cli_options: ClassVar[tuple[Option, ...]] = ()
+
+    def __str__(self) -> str:
+        return self.label
 
     @property
     @abstractmethod
@@ -65,11 +60,18 @@ class Engine(ABC):
     def target(self, layout: str | None = None, options: dict | None = None) -> EngineTarget:
         """The request's engine part for ``layout``, from the engine's own command-line options
         (``options``: name -> value, ``None`` where the user gave none)."""
-        given = {k: v for k, v in (options or {}).items() if v is not None}
-        if given:
-            raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in sorted(given))} "
-                             f"{'does' if len(given) == 1 else 'do'} not apply to {self.title}")
+        self.refuse_foreign_options(options)
         return EngineTarget(self.name, self.layout(layout).name)
+
+    def refuse_foreign_options(self, options: dict | None) -> None:
+        """An option of another engine's, given for this one, is a usage error naming its layouts."""
+        mine = {o.name for o in self.cli_options}
+        for name, value in (options or {}).items():
+            if value is None or name in mine:
+                continue
+            owner = next((e for e in registry.engines() if any(o.name == name for o in e.cli_options)), None)
+            where = " (or ".join(x.name for x in owner.layouts) + ")" * (len(owner.layouts) - 1) if owner else "?"
+            raise UsageError(f"--{name.replace('_', '-')} goes with --layout {where}")
 
     def target_from_dict(self, d: dict) -> EngineTarget:
         """Raises ValueError for a record this version cannot read."""
@@ -81,6 +83,14 @@ class Engine(ABC):
 
     def plan(self, request: "TuneRequest", cache_root: Path) -> "TuningPlan":
         raise UsageError(f"fi-autotune does not plan for {self.title}; it writes it from another engine's entry")
+
+    def existing_entry_refusal(self, manifest, plan: "TuningPlan") -> str | None:
+        """Why an entry already at the plan's path must not be taken as this plan's (None: it may)."""
+        return None
+
+    def describe(self, plan: "TuningPlan") -> list[tuple[str, str]]:
+        """Rows (label, text) a printed plan shows for this engine: its startup pass, its key."""
+        return [("Key", f"{plan.key}  ({plan.key_string})")]
 
     def describe_files(self, count: int) -> str:
         """What ``count`` data files of an entry are, for summaries (``8 rank files``)."""

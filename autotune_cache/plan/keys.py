@@ -11,6 +11,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from autotune_cache.autotuner.installed import installed_version
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.topology import MAX_PARALLEL as _MAX_SIZE
 
@@ -214,3 +215,19 @@ def get_schema(name: str) -> KeySchema:
         raise UsageError(
             f"unknown key schema {name!r}; known: {', '.join(sorted(SCHEMAS))}"
         ) from None
+
+
+def pick_schema(schema: str | None, sglang_release: str | None) -> tuple[str, str]:
+    """(key schema, where it came from): ``--schema``, else ``--engine sglang==X.Y.Z``, else the
+    sglang installed in this Python (package metadata: no import), else SGLang 0.5.23's."""
+    if schema:
+        return get_schema(schema).name, "--schema"
+    if sglang_release:
+        name, sep, version = sglang_release.partition("==")
+        if name.strip().lower() != "sglang" or not sep:
+            raise UsageError(f"--engine {sglang_release!r}: expected sglang==X.Y.Z")
+        return schema_for_sglang(version), f"--engine {sglang_release}"
+    here = installed_version("sglang")
+    if here:
+        return schema_for_sglang(here), f"sglang {here} installed here"
+    return DEFAULT_SCHEMA, "SGLang 0.5.23 (no sglang installed here; --engine sglang==X.Y.Z picks another)"

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from autotune_cache import registry
+from autotune_cache.plan.engine_target import EngineTarget
+from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.plan.keys import DEFAULT_SCHEMA
-from autotune_cache.engines.sglang.resolve import ServerFlags
-from autotune_cache.engines.vllm.planner import VllmTarget
 
 REQUEST_FORMAT = 1
 
@@ -21,6 +22,15 @@ def _worker(value: object) -> str:
     if value not in ("target", "draft"):
         raise ValueError(f"request.worker {value!r} is not target or draft")
     return str(value)
+
+
+def _engine_target(d: dict) -> EngineTarget:
+    """The engine part of a recorded request: under the engine's own name (``"vllm": {...}``);
+    none for the default engine (every request recorded before engines had names)."""
+    for engine in registry.engines():
+        if d.get(engine.name) is not None:
+            return engine.target_from_dict(d[engine.name])
+    return registry.default_engine().target()
 
 
 @dataclass(frozen=True)
@@ -36,18 +46,17 @@ class TuneRequest:
     model_path: str | None = None  # the server's --model-path, hashed into the key; None: ``model``
     #: Where ``schema`` came from (``--engine sglang==0.5.20``, the installed sglang...), for messages.
     schema_source: str = field(default="", compare=False)
-    #: Set when the entry is vLLM's (``warm --layout vllm``): ``schema`` then does not apply.
-    vllm: VllmTarget | None = None
+    #: The engine (and its tree layout and own options) the entry is for; ``schema`` applies to
+    #: SGLang's only.
+    engine: EngineTarget = field(default_factory=lambda: registry.default_engine().target())
     #: "target", or "draft": the speculative draft worker of the same serving command, which
     #: SGLang tunes into an entry of its own (key ``...|draft_quant=<quant>``).
     worker: str = "target"
 
     def workers(self) -> list["TuneRequest"]:
-        """This request per SGLang worker that tunes: the target, and with speculative decoding
-        the draft worker too."""
-        if self.vllm is not None or not self.flags.speculative_algorithm:
-            return [self]
-        return [replace(self, worker="target"), replace(self, worker="draft")]
+        """This request per engine process that tunes into an entry of its own (SGLang: the
+        target, and with speculative decoding the draft worker too)."""
+        return registry.get_engine(self.engine.name).workers(self)
 
     @property
     def served_path(self) -> str:
@@ -70,20 +79,10 @@ class TuneRequest:
         )
 
     def plan(self, cache_root: Path):
-        """The tuning plan (imports the planner: CPU only, no GPU)."""
-        from autotune_cache.plan.tuning import make_plan
-
+        """The tuning plan, by this request's engine (CPU only, no GPU)."""
         if self.arch is None:
             raise ValueError("a plan needs a target arch")
-        if self.vllm is not None:
-            from autotune_cache.engines.vllm.planner import make_vllm_plan
-
-            return make_vllm_plan(self, cache_root)
-        return make_plan(
-            self.model, self.flags, self.arch, config=self.config, revision=self.revision, schema=self.schema,
-            flashinfer_version=self.flashinfer_version, cache_root=cache_root, max_tokens=self.max_tokens,
-            model_path=self.model_path, request=self, worker=self.worker,
-        )
+        return registry.get_engine(self.engine.name).plan(self, cache_root)
 
     def to_dict(self) -> dict:
         return {
@@ -97,7 +96,7 @@ class TuneRequest:
             "flashinfer_version": self.flashinfer_version,
             "max_tokens": self.max_tokens,
             "flags": self.flags.to_dict(),
-            **({"vllm": self.vllm.to_dict()} if self.vllm is not None else {}),
+            **self.engine.record(),
             **({"worker": self.worker} if self.worker != "target" else {}),
         }
 
@@ -121,7 +120,7 @@ class TuneRequest:
             config=d.get("config"), revision=d.get("revision"), schema=str(d.get("schema") or DEFAULT_SCHEMA),
             flashinfer_version=d.get("flashinfer_version"), max_tokens=d.get("max_tokens"),
             model_path=d.get("model_path"),
-            vllm=VllmTarget.from_dict(d["vllm"]) if d.get("vllm") is not None else None,
+            engine=_engine_target(d),
             worker=_worker(d.get("worker", "target")),
         )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from autotune_cache.plan.config_source import ConfigSource
+from autotune_cache.plan.config_source import ConfigSource, load_model_config
 from autotune_cache.errors import UsageError
 
 
@@ -257,28 +257,8 @@ def _yarn_mscale_squared(cfg: dict) -> float:
     return mscale * mscale
 
 
-def build_spec(source: ConfigSource) -> ModelSpec:
-    cfg = source.config
-    archs = cfg.get("architectures") or []
-    arch = archs[0] if archs else None
-    if arch not in ARCHITECTURES:
-        raise UsageError(
-            f"unsupported architecture {arch!r} (from {source.describe()}); supported: "
-            + ", ".join(sorted(ARCHITECTURES))
-        )
-    family = ARCHITECTURES[arch]
-    model_type = str(cfg.get("model_type"))
-    config_class = CONFIG_CLASSES.get(model_type)
-    if config_class is None:
-        raise UsageError(f"unsupported model_type {model_type!r} for {arch}; supported: {', '.join(sorted(CONFIG_CLASSES))}")
-    try:
-        hidden = int(cfg["hidden_size"])
-        layers = int(cfg["num_hidden_layers"])
-        heads = int(cfg["num_attention_heads"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UsageError(f"config is missing a required field: {e}") from None
-    kv_heads = int(_first(cfg, "num_key_value_heads", default=heads))
-
+def _moe_spec(cfg: dict, arch: str, family: Family, model_type: str) -> tuple[MoESpec | None, int | None]:
+    """(the MoE layers' spec, the dense MLP width) - which config names mean what, per family."""
     moe = None
     dense_inter: int | None = int(cfg["intermediate_size"]) if cfg.get("intermediate_size") else None
     num_experts = _first(cfg, "n_routed_experts", "num_experts", "num_local_experts")
@@ -311,6 +291,10 @@ def build_spec(source: ConfigSource) -> ModelSpec:
             swiglu_limit=_first(cfg, "swiglu_limit"),
         )
 
+    return moe, dense_inter
+
+
+def _mla_spec(cfg: dict, family: Family) -> MLASpec | None:
     mla = None
     if family in (Family.MLA_MOE, Family.MLA_DSA_MOE):
         mla = MLASpec(
@@ -324,6 +308,33 @@ def build_spec(source: ConfigSource) -> ModelSpec:
             index_n_heads=_first(cfg, "index_n_heads") if family == Family.MLA_DSA_MOE else None,
             yarn_mscale_squared=_yarn_mscale_squared(cfg),
         )
+    return mla
+
+
+def build_spec(source: ConfigSource) -> ModelSpec:
+    cfg = source.config
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in ARCHITECTURES:
+        raise UsageError(
+            f"unsupported architecture {arch!r} (from {source.describe()}); supported: "
+            + ", ".join(sorted(ARCHITECTURES))
+        )
+    family = ARCHITECTURES[arch]
+    model_type = str(cfg.get("model_type"))
+    config_class = CONFIG_CLASSES.get(model_type)
+    if config_class is None:
+        raise UsageError(f"unsupported model_type {model_type!r} for {arch}; supported: {', '.join(sorted(CONFIG_CLASSES))}")
+    try:
+        hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"config is missing a required field: {e}") from None
+    kv_heads = int(_first(cfg, "num_key_value_heads", default=heads))
+
+    moe, dense_inter = _moe_spec(cfg, arch, family, model_type)
+    mla = _mla_spec(cfg, family)
     head_dim = mla.qk_head_dim if mla else int(_first(cfg, "head_dim", default=hidden // heads))
 
     auto_config = str((cfg.get("auto_map") or {}).get("AutoConfig") or "")
@@ -349,3 +360,9 @@ def build_spec(source: ConfigSource) -> ModelSpec:
         mla=mla,
         quant=_quant(cfg, source.quant_sidecar),
     )
+
+
+def load_spec(model: str, *, config: str | None, revision: str | None, model_path: str | None) -> tuple[ConfigSource, ModelSpec]:
+    """The model's config and what the planners read from it (no engine's view yet)."""
+    source = load_model_config(model, config=config, revision=revision, model_path=model_path)
+    return source, build_spec(source)

@@ -70,7 +70,7 @@ def op_slots(op: dict, bucket: int) -> set[tuple[str, str]]:
     """The (custom op, shapes) lookups one planned op makes at ``bucket`` - from the keys its
     recipe predicts, whichever runner wins them. Several ops can share a custom op (a dense
     model's four fp8 GEMMs); their shapes tell them apart."""
-    from autotune_cache.engines.sglang.recipes import OpRecipe
+    from autotune_cache.autotuner.recipe import OpRecipe
 
     out = set()
     for key in OpRecipe.from_dict(op).file_keys(bucket):

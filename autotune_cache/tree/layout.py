@@ -121,6 +121,9 @@ class CacheLayout(ABC):
     levels: ClassVar[tuple[Level, ...]]
     #: Entries are flat directories of files (export, import, push, pull move them as bundles).
     archivable: ClassVar[bool] = True
+    #: Directories named by the serving environment's hash (FlashInfer's managed store): a
+    #: reader of this layout is checked against the serving image's fingerprint (``--env-from``).
+    env_keyed: ClassVar[bool] = False
     #: Names directly in ``base(root)`` that belong to another layout sharing the directory.
     skip_names: ClassVar[frozenset[str]] = frozenset()
 

@@ -24,7 +24,7 @@ from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.humanize import format_age, format_size
 from autotune_cache.engines.layouts import LAYOUTS, CacheLayout, EntryId, NameKind, default_layout, get_layout
-from autotune_cache.engines.sglang.layout import VERSION_RE
+from autotune_cache.autotuner.installed import VERSION_RE
 from autotune_cache.tree.layout import JOURNAL_DIRNAME, LOCKS_DIRNAME, MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from autotune_cache.tree.manifest import Manifest, NewerManifest
 from autotune_cache.autotuner.rankfile import RankFile, read_regular_file

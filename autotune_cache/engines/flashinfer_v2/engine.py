@@ -9,7 +9,9 @@ from autotune_cache.engines.flashinfer_v2.layout import FlashInferV2Layout
 
 class FlashInferV2(Engine):
     name = "flashinfer-v2"
+    label = "FlashInfer"
     title = "FlashInfer's managed store"
+    checks = True
     plans = False
 
     def __init__(self) -> None:

@@ -26,6 +26,7 @@ FI_TEMP_RE = re.compile(r"^\.autotune_.*\.tmp$")
 class FlashInferV2Layout(CacheLayout):
     name = "flashinfer-v2"
     engine = "FlashInfer"
+    env_keyed = True
     description = "FlashInfer's managed store (autotune_v2; vLLM single-rank): <root>/v2/<env hash>/entries/*.json"
     levels = (Level("env_hash", "environment hash", ENV_RE),)
     archivable = False  # entries/ holds the data: made by `convert` (or warm) where it is read

@@ -97,6 +97,27 @@ def resolve_attention(spec: ModelSpec, arch_major: int, *, attention_backend: st
         prefill = "trtllm_mla"  # overrides.py _cutedsl_prefill_backend_fill
     if arch_major == 9 and "trtllm_mla" in (decode, prefill):
         raise UsageError("--attention-backend trtllm_mla: SGLang 0.5.23 runs it on Blackwell only")
+    kv, page = _kv_and_page(dsa, decode, prefill, kv_cache_dtype, page_size, arch_major, notes)
+    dsa_decode = None
+    if dsa:
+        # overrides.py _dsa_split_backend_resolution: trtllm decode on Blackwell (both KV dtypes);
+        # Hopper decodes with fa3 (a bf16 KV cache) - neither is a FlashInfer call on sm90.
+        dsa_decode = dsa_decode_backend or ("trtllm" if arch_major >= 10 else "fa3")
+        if dsa_decode == "triton":
+            raise UsageError("--dsa-decode-backend triton: SGLang 0.5.23 runs it on ROCm only")
+        if dsa_decode == "tilelang" and kv == "fp8_e4m3":
+            raise UsageError("--dsa-decode-backend tilelang: with an FP8 KV cache SGLang 0.5.23 needs the DSA prefill "
+                             "backend on tilelang too (--dsa-prefill-backend is not modelled)")
+    mla_backend = _tunable(decode, dsa_decode)
+    uniform = decode == prefill
+    verify = decode if uniform or speculative_attention_mode == "decode" else prefill
+    return Attention(decode, prefill, kv, page, context_length or spec.max_position_embeddings, dsa_decode,
+                     mla_backend, verify, _tunable(verify, dsa_decode), tuple(notes))
+
+
+def _kv_and_page(dsa: bool, decode: str, prefill: str, kv_cache_dtype: str, page_size: int | None, arch_major: int,
+                 notes: list[str]) -> tuple[str, int]:
+    """The KV dtype and page size the MLA backends run with."""
     # KV dtype (overrides.py _dsa_kv_cache_dtype_default, _mla_kv_cache_dtype_checks).
     kv = kv_cache_dtype
     if dsa and decode == "dsa":
@@ -124,21 +145,7 @@ def resolve_attention(spec: ModelSpec, arch_major: int, *, attention_backend: st
         page = 64
     elif page is None:
         page = 1
-    dsa_decode = None
-    if dsa:
-        # overrides.py _dsa_split_backend_resolution: trtllm decode on Blackwell (both KV dtypes);
-        # Hopper decodes with fa3 (a bf16 KV cache) - neither is a FlashInfer call on sm90.
-        dsa_decode = dsa_decode_backend or ("trtllm" if arch_major >= 10 else "fa3")
-        if dsa_decode == "triton":
-            raise UsageError("--dsa-decode-backend triton: SGLang 0.5.23 runs it on ROCm only")
-        if dsa_decode == "tilelang" and kv == "fp8_e4m3":
-            raise UsageError("--dsa-decode-backend tilelang: with an FP8 KV cache SGLang 0.5.23 needs the DSA prefill "
-                             "backend on tilelang too (--dsa-prefill-backend is not modelled)")
-    mla_backend = _tunable(decode, dsa_decode)
-    uniform = decode == prefill
-    verify = decode if uniform or speculative_attention_mode == "decode" else prefill
-    return Attention(decode, prefill, kv, page, context_length or spec.max_position_embeddings, dsa_decode,
-                     mla_backend, verify, _tunable(verify, dsa_decode), tuple(notes))
+    return kv, page
 
 
 #: model_hook.py: the attention backends gpt-oss runs on (CUDA ones; SGLang also lists AMD/Intel).

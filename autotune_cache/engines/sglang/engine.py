@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 from autotune_cache.engines.base import Engine
 from autotune_cache.engines.sglang.layout import SGLangLayout
+from autotune_cache.engines.sglang.planner import make_plan
+from autotune_cache.plan.keys import get_schema
+from autotune_cache.plan.request import TuneRequest
+from autotune_cache.plan.tuning import TuningPlan
 
 
 class SGLang(Engine):
     name = "sglang"
+    label = "SGLang"
     title = "SGLang 0.5.23"
+    checks = True
 
     def __init__(self) -> None:
         self._layouts = (SGLangLayout(),)
@@ -16,6 +25,50 @@ class SGLang(Engine):
     @property
     def layouts(self):
         return self._layouts
+
+    def workers(self, request: TuneRequest) -> list[TuneRequest]:
+        """The target, and with speculative decoding the draft worker, which SGLang tunes into an
+        entry of its own (key ``...|draft_quant=<quant>``)."""
+        if not request.flags.speculative_algorithm:
+            return [request]
+        return [replace(request, worker="target"), replace(request, worker="draft")]
+
+    def plan(self, request: TuneRequest, cache_root: Path) -> TuningPlan:
+        return make_plan(
+            request.model, request.flags, request.arch, config=request.config, revision=request.revision,
+            schema=request.schema, flashinfer_version=request.flashinfer_version, cache_root=cache_root,
+            max_tokens=request.max_tokens, model_path=request.model_path, request=request, worker=request.worker,
+        )
+
+    def describe(self, plan: TuningPlan) -> list[tuple[str, str]]:
+        """SGLang's startup passes, attention, speculative workers, serving sizes and key."""
+        r = plan.resolution
+        rows = []
+        for p in r.passes:
+            batch = (f"{p.batch[0]}" if p.batch[0] == p.batch[1]
+                     else f"{p.batch[0]}-{p.batch[1]} (the request pool SGLang sizes from KV memory)")
+            gather = f", x{r.attn_dp_size} at each MoE layer (dp gather)" if plan.spec.moe and r.gather > 1 else ""
+            rows.append(("Dummy pass", f"{p.phase} ({p.runner}): batch {batch} x {p.tokens_per_req} token(s) per "
+                                       f"request{gather}"))
+        if not r.passes:
+            rows.append(("Dummy pass", "none"))
+        a = r.attention
+        if a is not None and plan.spec.mla is not None:
+            dsa = f" (DSA decode {a.dsa_decode_backend})" if a.dsa_decode_backend else ""
+            rows.append(("Attention", f"decode {a.decode_backend}{dsa}, KV {a.kv_cache_dtype}, page {a.page_size}, "
+                                      f"context {a.context_length}"))
+        if r.speculative is not None:
+            s = r.speculative
+            rows.append(("Speculative", f"{s.algorithm} steps={s.num_steps} topk={s.eagle_topk} draft_tokens="
+                                        f"{s.num_draft_tokens}, draft {s.draft_model_path}"
+                         + (" (the checkpoint's MTP layer)" if s.self_draft else "")
+                         + (" - this plan: the DRAFT worker" if r.is_draft else " - this plan: the target worker")))
+        graphs = f"decode CUDA graphs up to {r.decode_batch}" if r.decode_cuda_graph else "decode CUDA graphs off"
+        rows.append(("Serving", f"chunked prefill {r.chunked_prefill_size} tokens per DP rank, {graphs}"))
+        source = f", from {plan.request.schema_source}" if plan.request is not None and plan.request.schema_source else ""
+        rows.append(("Key", f"{plan.key}  (schema {plan.schema}: {get_schema(plan.schema).description}{source})"))
+        rows.append(("Key string", plan.key_string))
+        return rows
 
 
 ENGINE = SGLang()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from autotune_cache.autotuner.installed import VERSION_RE
 from autotune_cache.plan.topology import RankName, Topology
 from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, CacheLayout, Level, NameKind, RootChoice, env_root
 
@@ -24,7 +25,6 @@ KEY_RE = re.compile(r"^[0-9a-f]{16}$")
 ARCH_RE = re.compile(r"^sm\d{2,3}[a-z]?$")
 # FlashInfer versions are PEP 440 strings ("0.7.2.post1", "0.8.0rc1+cu130"); "unknown" is what
 # SGLang writes when flashinfer has no __version__.
-VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}$")
 
 
 def arch_from_capability(major: int, minor: int) -> str:

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from autotune_cache.engines.base import Engine
 from autotune_cache.engines.vllm.layout import VllmDirLayout, VllmLayout
+from autotune_cache.engines.vllm.planner import VLLM_CHECKED, make_vllm_plan, other_config_refusal
+from autotune_cache.engines.vllm.target import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash
+from autotune_cache.errors import UsageError
+from autotune_cache.plan.options import Option
+from autotune_cache.plan.request import TuneRequest
+from autotune_cache.plan.tuning import TuningPlan
 
 
 class Vllm(Engine):
     name = "vllm"
-    title = "vLLM 0.33"
+    label = "vLLM"
+    title = f"vLLM {', '.join(VLLM_CHECKED)}"
+    cli_options = (
+        Option("vllm_config_hash", "str", help="vllm layouts: the 64-hex hash vLLM names its cache dir by (computed "
+               "by vLLM after it loads the model); its startup line 'Using FlashInfer autotune cache file: ...' or "
+               "that path may be pasted whole."),
+        Option("max_num_batched_tokens", "positive", help="vllm layouts: the server's --max-num-batched-tokens "
+               "[default: 8192, vllm serve's on an H100/H200]."),
+    )
 
     def __init__(self) -> None:
         self._layouts = (VllmLayout(), VllmDirLayout())
@@ -16,6 +32,36 @@ class Vllm(Engine):
     @property
     def layouts(self):
         return self._layouts
+
+    def target(self, layout: str | None = None, options: dict | None = None) -> VllmTarget:
+        """From ``--vllm-config-hash`` (required: only vLLM can compute it) and
+        ``--max-num-batched-tokens``."""
+        layout = self.layout(layout).name
+        options = options or {}
+        self.refuse_foreign_options(options)
+        if options.get("vllm_config_hash") is None:
+            raise UsageError(f"--layout {layout} needs --vllm-config-hash: vLLM names its cache dir by a hash of "
+                             "its whole resolved config, taken after it loads the model, so only vLLM can say it; "
+                             "copy it from its startup line 'Using FlashInfer autotune cache file: .../<hash>/...'")
+        n = options.get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        return VllmTarget.of(parse_config_hash(options["vllm_config_hash"]), n, layout)
+
+    def target_from_dict(self, d: dict) -> VllmTarget:
+        return VllmTarget.from_dict(d)
+
+    def plan(self, request: TuneRequest, cache_root: Path) -> TuningPlan:
+        return make_vllm_plan(request, cache_root)
+
+    def existing_entry_refusal(self, manifest, plan: TuningPlan) -> str | None:
+        """The hash is given, not derived from the flags: one copied from another server names
+        another configuration's entry."""
+        return other_config_refusal(manifest, plan)
+
+    def describe(self, plan: TuningPlan) -> list[tuple[str, str]]:
+        n = plan.resolution.chunked_prefill_size
+        return [("Tuning pass", f"vLLM's autotune(tuning_buckets=get_hybrid_num_tokens_buckets({n}), round_up=True); "
+                                "vLLM loads the files and skips it when every rank has one"),
+                ("Key", f"{plan.key}  ({plan.key_string})")]
 
 
 ENGINE = Vllm()

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from autotune_cache.plan.topology import MAX_PARALLEL, MAX_RANK_FILES, Topology, TopologyError
 from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, CacheLayout, Level, NameKind, RootChoice
-from autotune_cache.engines.sglang.layout import VERSION_RE
+from autotune_cache.autotuner.installed import VERSION_RE
 
 HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 #: ``90a``, ``100a``, ``120f``, ``80``, joined by ``_`` on hosts with several archs.

@@ -28,72 +28,39 @@ these files: both are refused with the reason, never written on a guess.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune_cache.autotuner import buckets as B
+from autotune_cache.autotuner.installed import flashinfer_version_of
+from autotune_cache.autotuner.recipe import OpRecipe
+from autotune_cache.engines.sglang.recipes import moe_layers_in
+from autotune_cache.engines.sglang.moe_recipes import cutlass_moe
+from autotune_cache.engines.vllm.layout import VllmRankName
+from autotune_cache.engines.vllm.target import VllmTarget
 from autotune_cache.errors import UsageError
+from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.plan.keys import KeyFields, render_dtype
-from autotune_cache.engines.sglang.recipes import OpRecipe, cutlass_moe
-from autotune_cache.engines.sglang.resolve import Resolution, ServerFlags, arch_major
+from autotune_cache.plan.resolution import Resolution, arch_major
+from autotune_cache.plan.spec import ModelSpec, load_spec
 from autotune_cache.plan.topology import Topology, TopologyError
+from autotune_cache.plan.tuning import OpPlan, TuningPlan, Workload, pp_layer_ranges
 
 if TYPE_CHECKING:
-    from autotune_cache.plan.tuning import TuningPlan
     from autotune_cache.plan.request import TuneRequest
-    from autotune_cache.plan.spec import ModelSpec
 
 #: The vLLM releases whose call sites, buckets and file names this module was checked against.
 VLLM_CHECKED = ("0.33.0",)
 SCHEMA = "vllm-0.33"
-#: ``SchedulerConfig.max_num_batched_tokens`` of ``vllm serve`` on an 80-141 GB GPU.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 #: The largest CUDA graph vLLM captures by default below Blackwell (``min(2 x max_num_seqs, 512)``).
 _DEFAULT_MAX_GRAPH = 512
-_HASH_IN_TEXT = re.compile(r"(?<![0-9a-z])([0-9a-f]{64})(?![0-9a-z])")
-
-
-@dataclass(frozen=True)
-class VllmTarget:
-    """What only the vLLM side of a request has: its config hash, its token budget, its tree."""
-
-    config_hash: str
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    layout: str = "vllm"  # or vllm-dir ($VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR)
-
-    def to_dict(self) -> dict:
-        return {"config_hash": self.config_hash, "max_num_batched_tokens": self.max_num_batched_tokens,
-                "layout": self.layout}
-
-    @classmethod
-    def from_dict(cls, d: object) -> "VllmTarget":
-        if not isinstance(d, dict):
-            raise ValueError("request.vllm is not an object")
-        h, n, layout = d.get("config_hash"), d.get("max_num_batched_tokens"), d.get("layout", "vllm")
-        if not isinstance(h, str) or not re.fullmatch("[0-9a-f]{64}", h):
-            raise ValueError("request.vllm.config_hash is not 64 hex digits")
-        if type(n) is not int or n < 1 or layout not in ("vllm", "vllm-dir"):
-            raise ValueError("request.vllm has an invalid max_num_batched_tokens or layout")
-        return cls(h, n, layout)
-
-
-def parse_config_hash(text: str) -> str:
-    """The 64-hex config hash from what the user pasted: the hash itself, the cache file path, or
-    vLLM's whole startup line ("Using FlashInfer autotune cache file: .../<hash>/autotune_...")."""
-    found = set(_HASH_IN_TEXT.findall(text.strip().lower()))
-    if len(found) != 1:
-        raise UsageError(
-            f"--vllm-config-hash {text[:80]!r}: give the 64-hex hash vLLM prints at startup (\"Using FlashInfer "
-            "autotune cache file: .../<hash>/autotune_configs_dp0_rank0.json\"), or that path")
-    return found.pop()
 
 
 def other_config_refusal(manifest, plan: "TuningPlan") -> str | None:
     """Why an entry at a vLLM hash must not be taken as this plan's: the hash is given, not derived
     from the flags, so a hash copied from another server names another configuration's entry."""
-    if manifest is None or plan.engine != "vLLM":
+    if manifest is None or plan.engine.name != "vllm":
         return None
     res = plan.resolution
     recorded = ((manifest.request or {}).get("vllm") or {}).get("max_num_batched_tokens")
@@ -194,16 +161,12 @@ def vllm_cutlass_moe(spec: "ModelSpec", res: Resolution, layers: int) -> OpRecip
                            "FlashInferExperts.apply (vLLM 0.33.0)")
 
 
-def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> "TuningPlan":
+def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> TuningPlan:
     """The plan of ``request`` for vLLM. Every rank makes the same call (ranks and layer counts
     never reach a key), so one workload holds every rank file, named as vLLM names them: world
     rank ``d*W + p*tp + t``, W = tp x pp."""
-    from autotune_cache.engines.vllm.layout import VllmRankName
-    from autotune_cache.plan.tuning import OpPlan, TuningPlan, Workload, flashinfer_version_of, load_spec, pp_layer_ranges
-    from autotune_cache.engines.sglang.recipes import moe_layers_in
-
-    target = request.vllm
-    assert target is not None and request.arch is not None
+    target = request.engine
+    assert isinstance(target, VllmTarget) and request.arch is not None
     flags = request.flags
     n = target.max_num_batched_tokens
     source, spec = load_spec(request.model, config=request.config, revision=request.revision,

@@ -1,0 +1,54 @@
+"""From the serving options a user gave to the typed request every command shares.
+
+The options are spelled as SGLang's flags whatever the engine (vLLM's topology and backend
+fields read the same), so their values are checked against SGLang's choices for every engine;
+the engine of the layout asked for adds its own part (``Engine.target``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from autotune_cache import registry
+from autotune_cache.engines.sglang.serving_command import check_option_values
+from autotune_cache.errors import UsageError
+from autotune_cache.plan.keys import pick_schema
+from autotune_cache.plan.options import ServingOptions
+from autotune_cache.plan.request import TuneRequest
+from autotune_cache.plan.topology import TopologyError, normalize_gpu_uuid
+
+
+def gpu_uuids_of(value: str | tuple | None, detect: Callable[[], list[str]] | None) -> tuple[str, ...]:
+    """``--gpu-uuids``: a list, or ``auto``: this machine's GPUs in index order (``detect``)."""
+    if not value:
+        return ()
+    if isinstance(value, tuple):
+        return value
+    if value == "auto":
+        uuids = detect() if detect is not None else []
+        if not uuids:
+            raise UsageError("--gpu-uuids auto: no GPU found here (give the serving machine's UUIDs)")
+        return tuple(uuids)
+    try:
+        return tuple(normalize_gpu_uuid(u) for u in value.split(",") if u.strip())
+    except TopologyError as e:
+        raise UsageError(f"--gpu-uuids: {e}") from None
+
+
+def build_request(options: ServingOptions, *, layout: str | None = None, engine_options: dict | None = None,
+                  detect_gpu_uuids: Callable[[], list[str]] | None = None) -> TuneRequest:
+    """The request for ``options``, for the engine whose tree ``layout`` is (default: the default
+    engine's); ``engine_options``: that engine's own options (name -> value or None)."""
+    check_option_values(options.__dict__)
+    model = options.model or options.model_path
+    if model is None:
+        raise UsageError("give --model (a hub id, preset or local model directory), or --model-path with --config")
+    engine = registry.engine_of_layout(layout) if layout else registry.default_engine()
+    schema, schema_source = pick_schema(options.schema, options.engine)
+    return TuneRequest(
+        model=model, flags=options.flags(gpu_uuids_of(options.gpu_uuids, detect_gpu_uuids)),
+        schema_source=schema_source, arch=options.arch.lower() if options.arch else None,
+        config=options.config_path, revision=options.revision, schema=schema,
+        flashinfer_version=options.flashinfer_version, max_tokens=options.max_tokens, model_path=options.model_path,
+        engine=engine.target(layout, engine_options),
+    )

@@ -1,0 +1,53 @@
+"""The vLLM part of a request: vLLM's config hash (its cache dir's name), its token budget, its tree."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from autotune_cache.errors import UsageError
+from autotune_cache.plan.engine_target import EngineTarget
+
+#: ``SchedulerConfig.max_num_batched_tokens`` of ``vllm serve`` on an 80-141 GB GPU.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+_HASH_IN_TEXT = re.compile(r"(?<![0-9a-z])([0-9a-f]{64})(?![0-9a-z])")
+LAYOUTS = ("vllm", "vllm-dir")  # vllm-dir: $VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR
+
+
+@dataclass(frozen=True)
+class VllmTarget(EngineTarget):
+    """What only the vLLM side of a request has."""
+
+    config_hash: str = ""
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+    @classmethod
+    def of(cls, config_hash: str, max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+           layout: str = "vllm") -> "VllmTarget":
+        return cls("vllm", layout, config_hash, max_num_batched_tokens)
+
+    def options(self) -> dict:
+        return {"config_hash": self.config_hash, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "layout": self.layout}
+
+    @classmethod
+    def from_dict(cls, d: object) -> "VllmTarget":
+        if not isinstance(d, dict):
+            raise ValueError("request.vllm is not an object")
+        h, n, layout = d.get("config_hash"), d.get("max_num_batched_tokens"), d.get("layout", "vllm")
+        if not isinstance(h, str) or not re.fullmatch("[0-9a-f]{64}", h):
+            raise ValueError("request.vllm.config_hash is not 64 hex digits")
+        if type(n) is not int or n < 1 or layout not in LAYOUTS:
+            raise ValueError("request.vllm has an invalid max_num_batched_tokens or layout")
+        return cls.of(h, n, layout)
+
+
+def parse_config_hash(text: str) -> str:
+    """The 64-hex config hash from what the user pasted: the hash itself, the cache file path, or
+    vLLM's whole startup line ("Using FlashInfer autotune cache file: .../<hash>/autotune_...")."""
+    found = set(_HASH_IN_TEXT.findall(text.strip().lower()))
+    if len(found) != 1:
+        raise UsageError(
+            f"--vllm-config-hash {text[:80]!r}: give the 64-hex hash vLLM prints at startup (\"Using FlashInfer "
+            "autotune cache file: .../<hash>/autotune_configs_dp0_rank0.json\"), or that path")
+    return found.pop()

@@ -1,0 +1,137 @@
+"""The serving options plan, warm, verify, check and pull share, and the request they make.
+
+The options are declared once, in the library (``plan.options.SERVING_OPTIONS``, and each
+engine's own in ``Engine.cli_options``); this module turns them into click options, folds a
+pasted serving command into them, and hands a typed ``ServingOptions`` to the library's request
+builder. Commands never build requests themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import click
+
+from autotune_cache import registry
+from autotune_cache.engines.requests import build_request
+from autotune_cache.engines.sglang.serving_command import parse_serving_command
+from autotune_cache.errors import UsageError
+from autotune_cache.plan.keys import SCHEMAS
+from autotune_cache.plan.options import SERVING_OPTIONS, Option, ServingOptions
+from autotune_cache.plan.request import TuneRequest
+from autotune_cache.tune.warm import detect_gpu_uuids, detect_gpus
+
+from .output import Output
+from .params import POSITIVE, cache_dir_option, resolve_root
+
+
+def _click_option(option: Option):
+    kw: dict = {"help": option.help or None, "show_default": option.show_default}
+    if option.kind == "flag":
+        return click.option(option.spelling, option.name, is_flag=True, **kw)
+    kind = {"positive": POSITIVE, "choice": click.Choice(list(option.choices))}.get(option.kind)
+    help_text = option.help
+    if option.name == "schema":
+        help_text = f"{option.help[:-1]} ({', '.join(SCHEMAS)})."
+    kw["help"] = help_text or None
+    return click.option(option.spelling, option.name, type=kind, default=option.default, **kw)
+
+
+def serving_options(fn=None, *, model_required: bool = True):  # noqa: ARG001 - --model or --model-path, checked by the builder
+    """The model and server flags (named as SGLang names them), and ``--cache-dir``."""
+    if fn is None:
+        return functools.partial(serving_options, model_required=model_required)
+    for option in reversed((*(_click_option(o) for o in SERVING_OPTIONS), cache_dir_option)):
+        fn = option(fn)
+    return fn
+
+
+def engine_options(fn):
+    """What only one engine's target needs (vLLM: its config hash and token budget)."""
+    for engine in reversed(registry.engines()):
+        for option in reversed(engine.cli_options):
+            fn = _click_option(option)(fn)
+    return fn
+
+
+def engine_option_values(kw: dict) -> dict:
+    """The engine options out of a command's keyword arguments (removed from ``kw``)."""
+    names = [o.name for engine in registry.engines() for o in engine.cli_options]
+    return {name: kw.pop(name, None) for name in names}
+
+
+def planned_layouts() -> list[str]:
+    """The layouts of the engines fi-autotune plans for (``--layout`` of plan)."""
+    return [layout.name for engine in registry.engines() if engine.plans for layout in engine.layouts]
+
+
+class LayoutName(click.ParamType):
+    """A layout name, checked against the registry when the command runs (an engine registered
+    after the CLI was imported is known too)."""
+
+    name = "layout"
+
+    def __init__(self, offered) -> None:
+        self.offered = offered  # () -> the names this option takes
+
+    def get_metavar(self, param, ctx=None) -> str:  # noqa: ARG002 - click's signature
+        return "[" + "|".join(self.offered()) + "]"
+
+    def convert(self, value, param, ctx) -> str:
+        if value in self.offered():
+            return value
+        self.fail(f"{value!r} is not one of {', '.join(map(repr, self.offered()))}.", param, ctx)
+
+
+serving_command_argument = click.argument("serving_command", nargs=-1, type=click.UNPROCESSED,
+                                          metavar="[-- SERVING COMMAND]")
+
+
+def fold_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
+    """Fold a pasted serving command (after ``--``) into the command's keyword arguments. A flag
+    given both ways with two values is a usage error; flags the key and the plan do not use are
+    listed."""
+    argv = kw.pop("serving_command", ())
+    if not argv:
+        return kw
+    cmd = parse_serving_command(argv)
+    cmd.check_refused()
+    for name, value in cmd.serving_kwargs().items():
+        given = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE if name in kw else False
+        if given and kw[name] != value:
+            raise UsageError(f"--{name.replace('_', '-')} is {kw[name]!r} here but {value!r} in the serving command")
+        kw[name] = value
+    for note in cmd.notes:
+        out.note(f"serving command: {note}")
+    if cmd.ignored:
+        out.note("serving command: ignored (SGLang's own code showed they do not reach its autotune path): "
+                 + ", ".join(cmd.ignored))
+    for flag in cmd.not_understood:
+        out.note(f"warning: serving command: not understood: {flag}")
+    kw["not_understood"] = tuple(cmd.not_understood)
+    return kw
+
+
+def request_of(kw: dict, layout: str | None = None, *, engine_options: bool = True) -> TuneRequest:
+    """The typed request behind a command's serving (and engine) options. ``engine_options``
+    False: leave the engine options out (one command writing two engines' trees)."""
+    options = engine_option_values(dict(kw)) if engine_options else {}
+    return build_request(ServingOptions.pick(kw), layout=layout, engine_options=options,
+                         detect_gpu_uuids=detect_gpu_uuids)
+
+
+def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = None):
+    """The plan for ``request`` under the cache root ``cache_dir`` names (made if missing), else the
+    root of the engine's layout."""
+    if request.arch is None:
+        request = request.with_arch(arch or local_arch())
+    layout = registry.get_layout(request.engine.layout)
+    return request.plan(resolve_root(cache_dir, must_exist=False, layout=layout).path)
+
+
+def local_arch() -> str:
+    """This machine's GPU arch (NVML, no CUDA context); a usage error when there is none."""
+    arch = detect_gpus().arch
+    if arch is None:
+        raise UsageError("no GPU found to take the target arch from: pass --arch sm90 or --arch sm100")
+    return arch

@@ -1,0 +1,54 @@
+"""A test-only engine: the whole of what adding an engine takes (this module, and one
+``registry.register_engine`` line in the test that uses it).
+
+It reads SGLang's rank files from a tree of its own (``$TOY_CACHE_DIR/toy-autotune/...``) and
+tunes what SGLang's startup pass tunes; nothing of fi-autotune names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from autotune_cache.engines.base import Engine
+from autotune_cache.engines.sglang.layout import SGLangLayout
+from autotune_cache.engines.sglang.planner import make_plan
+from autotune_cache.tree.layout import RootChoice, env_root
+
+
+class ToyLayout(SGLangLayout):
+    name = "toy"
+    engine = "Toy"
+    description = "Toy: $TOY_CACHE_DIR/toy-autotune/<version>/<arch>/<key>/rank_*.json"
+
+    def default_root(self) -> RootChoice:
+        return env_root("TOY_CACHE_DIR", "~/.cache/toy")
+
+    def base_parts(self) -> tuple[str, ...]:
+        return ("toy-autotune",)
+
+
+class Toy(Engine):
+    name = "toy"
+    label = "Toy"
+    title = "Toy 1.0"
+
+    def __init__(self) -> None:
+        self._layouts = (ToyLayout(),)
+
+    @property
+    def layouts(self):
+        return self._layouts
+
+    def plan(self, request, cache_root: Path):
+        r = request
+        plan = make_plan(r.model, r.flags, r.arch, config=r.config, revision=r.revision, schema=r.schema,
+                         flashinfer_version=r.flashinfer_version, cache_root=cache_root, max_tokens=r.max_tokens,
+                         model_path=r.model_path, request=request)
+        return replace(plan, layout=self.layouts[0].name)
+
+    def describe(self, plan):
+        return [("Toy pass", f"{plan.profiles} profiles, key {plan.key}")]
+
+
+ENGINE = Toy()

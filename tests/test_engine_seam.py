@@ -1,0 +1,84 @@
+"""The engine seam: an engine fi-autotune has never heard of, added by one module
+(tests/_toy_engine.py) and one registry line, works with plan, ls, show and rm - no command
+and no library module names it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune_cache import registry
+from autotune_cache.errors import UsageError
+from autotune_cache.plan.flags import ServerFlags
+from autotune_cache.plan.request import TuneRequest
+from autotune_cache.testing import write_plan_entry
+from fi_autotune_cli.main import main
+
+QWEN = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass",
+        "--arch", "sm90", "--flashinfer-version", "0.7.2.post1"]
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    registry.register_engine("toy", "tests._toy_engine:ENGINE")  # the one line
+    root = tmp_path / "toy-root"
+    root.mkdir()
+    monkeypatch.setenv("TOY_CACHE_DIR", str(root))
+    yield root
+    registry.unregister_engine("toy")
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_registry_finds_the_toy_engine_and_its_layout(toy):
+    assert registry.get_engine("toy").title == "Toy 1.0"
+    assert registry.engine_of_layout("toy").name == "toy"
+    assert "toy" in registry.layouts()
+    registry.unregister_engine("toy")
+    with pytest.raises(UsageError, match="unknown layout 'toy'"):
+        registry.get_layout("toy")
+    registry.register_engine("toy", "tests._toy_engine:ENGINE")
+
+
+def test_a_name_taken_is_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_engine("sglang", "tests._toy_engine:ENGINE")
+
+
+def test_plan_for_the_toy_engine(toy, capsys):
+    code, out, err = cli(capsys, "plan", "--layout", "toy", *QWEN, "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["layout"] == "toy" and plan["key_dir"].startswith(str(toy / "toy-autotune" / "0.7.2.post1" / "sm90"))
+    code, out, err = cli(capsys, "plan", "--layout", "toy", *QWEN)
+    assert code == 0, err
+    assert "Toy pass" in out and "Toy 1.0 would run FlashInfer autotune" in out
+
+
+def test_ls_show_rm_on_the_toy_tree(toy, capsys):
+    request = TuneRequest("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass"),
+                          arch="sm90", flashinfer_version="0.7.2.post1", engine=registry.get_engine("toy").target())
+    plan = request.plan(toy)
+    eid = write_plan_entry(plan)
+    assert plan.key_dir.is_dir() and plan.key_dir.parent.parent.parent == toy / "toy-autotune"
+
+    code, out, err = cli(capsys, "ls", "--layout", "toy", "--cache-dir", str(toy), "-q")
+    assert (code, out.split()) == (0, [str(eid)]), err
+    listed = out.strip()
+    assert listed.startswith("toy:")
+    code, out, err = cli(capsys, "show", listed, "--layout", "toy", "--cache-dir", str(toy), "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["status"] == "complete"
+    code, out, err = cli(capsys, "rm", listed, "--layout", "toy", "--cache-dir", str(toy), "-y")
+    assert code == 0, err
+    assert not plan.key_dir.exists()
+
+
+def test_an_unregistered_layout_is_a_usage_error(capsys):
+    code, out, err = cli(capsys, "plan", "--layout", "toy", *QWEN)
+    assert code == 2 and "toy" in err
