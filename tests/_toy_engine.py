@@ -33,12 +33,7 @@ class Toy(Engine):
     label = "Toy"
     title = "Toy 1.0"
 
-    def __init__(self) -> None:
-        self._layouts = (ToyLayout(),)
-
-    @property
-    def layouts(self):
-        return self._layouts
+    layouts = (ToyLayout(),)
 
     def plan(self, request, cache_root: Path):
         r = request

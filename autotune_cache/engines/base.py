@@ -12,7 +12,7 @@ One module (or small package) per engine under ``engines/``; one line in the reg
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -44,10 +44,8 @@ class Engine(ABC):
     def __str__(self) -> str:
         return self.label
 
-    @property
-    @abstractmethod
-    def layouts(self) -> "tuple[CacheLayout, ...]":
-        """The trees this engine reads, the default first."""
+    #: The trees this engine reads, the default first.
+    layouts: ClassVar["tuple[CacheLayout, ...]"]
 
     def layout(self, name: str | None = None) -> "CacheLayout":
         if name is None:

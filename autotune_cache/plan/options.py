@@ -31,64 +31,12 @@ class Option:
         return self.flag or "--" + self.name.replace("_", "-")
 
 
-def _o(name: str, kind: str = "str", default: Any = None, help: str = "", **kw) -> Option:  # noqa: A002
+def _o(name: str, kind: str = "str", help: str = "", **kw) -> Option:  # noqa: A002
+    """An option whose default is ``ServingOptions``'s (declared once, there)."""
+    default = ServingOptions.__dataclass_fields__[name].default
     return Option(name, kind, default, help, show_default=default not in (None, "", False), **kw)
 
 
-SERVING_OPTIONS: tuple[Option, ...] = (
-    _o("model", help="Where the config comes from: a hub id, a built-in preset, or a local model directory "
-                     "(default: --model-path)."),
-    _o("model_path", help="The server's --model-path exactly as it will be launched (hashed into the key), "
-                          "e.g. /models/GLM-5.1-FP8 in an image (default: --model)."),
-    _o("config_path", flag="--config", help="A config.json (or a directory holding one) to use instead of looking it up."),
-    _o("revision", help="Hub revision of the config."),
-    _o("arch", help="Target arch: sm90, sm100 or sm103 (default: this machine's GPU)."),
-    _o("tp", "positive", 1),
-    _o("pp", "positive", 1),
-    _o("dp", "positive", 1, help="Attention DP size (--enable-dp-attention), or replicas with --no-dp-attention."),
-    _o("no_dp_attention", "flag", False, help="--dp means independent replicas."),
-    _o("ep", "positive", 1),
-    _o("dtype", default="auto"),
-    _o("quantization", help="The server's --quantization (default: unset)."),
-    _o("moe_runner_backend", default="auto"),
-    _o("skip_ops", default="", help="Comma-separated --flashinfer-autotune-skip-ops."),
-    _o("max_running_requests", "positive"),
-    _o("cuda_graph_max_bs", "positive"),
-    _o("chunked_prefill_size", "positive"),
-    _o("autotune_extend", "flag", False, help="The server runs with SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1."),
-    _o("moe_fused_finalize", "flag", False,
-       help="The server runs with SGLANG_FLASHINFER_MOE_FUSED_FINALIZE=1 (in the cutlass MoE's key)."),
-    _o("trust_remote_code", "flag", False,
-       help="The server runs with --trust-remote-code (the key then hashes config.json's auto_map class)."),
-    _o("moe_a2a_backend", default="none"),
-    _o("kv_cache_dtype", default="auto"),
-    _o("page_size", "positive"),
-    _o("context_length", "positive"),
-    _o("attention_backend"),
-    _o("decode_attention_backend"),
-    _o("prefill_attention_backend"),
-    _o("dsa_decode_backend"),
-    _o("fp4_gemm_backend", default="auto", help="The server's --fp4-gemm-backend (NVFP4 linear layers)."),
-    _o("speculative_algorithm", help="EAGLE (NEXTN) or EAGLE3: SGLang then tunes a draft worker too, into an "
-                                     "entry of its own."),
-    _o("speculative_num_steps", "positive"),
-    _o("speculative_eagle_topk", "positive"),
-    _o("speculative_num_draft_tokens", "positive"),
-    _o("speculative_moe_runner_backend"),
-    _o("speculative_draft_model_path"),
-    _o("speculative_attention_mode"),
-    _o("disaggregation_mode", "choice", "null", help="decode: a PD-disaggregated decode worker.",
-       choices=("null", "decode")),
-    _o("disable_cuda_graph", "flag", False, help="The server runs with --disable-cuda-graph."),
-    _o("max_tokens", "positive", help="Tune buckets up to this many tokens instead of the engine's maximum."),
-    _o("gpu_uuids", help="flashinfer_megamoe only: the serving GPUs' UUIDs in tp-rank order (comma-separated, as "
-                         "nvidia-smi -L prints them), or 'auto' for this machine's (rank t on GPU t)."),
-    _o("engine", help="The SGLang release that will serve: picks its cache-key schema (default: the sglang "
-                      "installed here, read without importing it; else 0.5.23).", flag="--engine"),
-    _o("schema", help="Key schema by name, overriding --engine."),
-    _o("flashinfer_version", help="Default: the installed flashinfer-python."),
-)
-BY_NAME = {o.name: o for o in SERVING_OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -196,6 +144,62 @@ class ServingOptions:
             disaggregation_mode=self.disaggregation_mode or "null", decode_cuda_graph=not self.disable_cuda_graph,
             moe_fused_finalize=self.moe_fused_finalize,
         )
+
+
+SERVING_OPTIONS: tuple[Option, ...] = (
+    _o("model", help="Where the config comes from: a hub id, a built-in preset, or a local model directory "
+                     "(default: --model-path)."),
+    _o("model_path", help="The server's --model-path exactly as it will be launched (hashed into the key), "
+                          "e.g. /models/GLM-5.1-FP8 in an image (default: --model)."),
+    _o("config_path", flag="--config", help="A config.json (or a directory holding one) to use instead of looking it up."),
+    _o("revision", help="Hub revision of the config."),
+    _o("arch", help="Target arch: sm90, sm100 or sm103 (default: this machine's GPU)."),
+    _o("tp", "positive"),
+    _o("pp", "positive"),
+    _o("dp", "positive", help="Attention DP size (--enable-dp-attention), or replicas with --no-dp-attention."),
+    _o("no_dp_attention", "flag", help="--dp means independent replicas."),
+    _o("ep", "positive"),
+    _o("dtype"),
+    _o("quantization", help="The server's --quantization (default: unset)."),
+    _o("moe_runner_backend"),
+    _o("skip_ops", help="Comma-separated --flashinfer-autotune-skip-ops."),
+    _o("max_running_requests", "positive"),
+    _o("cuda_graph_max_bs", "positive"),
+    _o("chunked_prefill_size", "positive"),
+    _o("autotune_extend", "flag", help="The server runs with SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1."),
+    _o("moe_fused_finalize", "flag",
+       help="The server runs with SGLANG_FLASHINFER_MOE_FUSED_FINALIZE=1 (in the cutlass MoE's key)."),
+    _o("trust_remote_code", "flag",
+       help="The server runs with --trust-remote-code (the key then hashes config.json's auto_map class)."),
+    _o("moe_a2a_backend"),
+    _o("kv_cache_dtype"),
+    _o("page_size", "positive"),
+    _o("context_length", "positive"),
+    _o("attention_backend"),
+    _o("decode_attention_backend"),
+    _o("prefill_attention_backend"),
+    _o("dsa_decode_backend"),
+    _o("fp4_gemm_backend", help="The server's --fp4-gemm-backend (NVFP4 linear layers)."),
+    _o("speculative_algorithm", help="EAGLE (NEXTN) or EAGLE3: SGLang then tunes a draft worker too, into an "
+                                     "entry of its own."),
+    _o("speculative_num_steps", "positive"),
+    _o("speculative_eagle_topk", "positive"),
+    _o("speculative_num_draft_tokens", "positive"),
+    _o("speculative_moe_runner_backend"),
+    _o("speculative_draft_model_path"),
+    _o("speculative_attention_mode"),
+    _o("disaggregation_mode", "choice", help="decode: a PD-disaggregated decode worker.",
+       choices=("null", "decode")),
+    _o("disable_cuda_graph", "flag", help="The server runs with --disable-cuda-graph."),
+    _o("max_tokens", "positive", help="Tune buckets up to this many tokens instead of the engine's maximum."),
+    _o("gpu_uuids", help="flashinfer_megamoe only: the serving GPUs' UUIDs in tp-rank order (comma-separated, as "
+                         "nvidia-smi -L prints them), or 'auto' for this machine's (rank t on GPU t)."),
+    _o("engine", help="The SGLang release that will serve: picks its cache-key schema (default: the sglang "
+                      "installed here, read without importing it; else 0.5.23).", flag="--engine"),
+    _o("schema", help="Key schema by name, overriding --engine."),
+    _o("flashinfer_version", help="Default: the installed flashinfer-python."),
+)
+BY_NAME = {o.name: o for o in SERVING_OPTIONS}
 
 
 def split_list(value: str | tuple | list | None) -> tuple[str, ...]:

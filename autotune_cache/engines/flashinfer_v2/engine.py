@@ -14,12 +14,7 @@ class FlashInferV2(Engine):
     checks = True
     plans = False
 
-    def __init__(self) -> None:
-        self._layouts = (FlashInferV2Layout(),)
-
-    @property
-    def layouts(self):
-        return self._layouts
+    layouts = (FlashInferV2Layout(),)
 
 
 ENGINE = FlashInferV2()

@@ -19,12 +19,7 @@ class SGLang(Engine):
     title = "SGLang 0.5.23"
     checks = True
 
-    def __init__(self) -> None:
-        self._layouts = (SGLangLayout(),)
-
-    @property
-    def layouts(self):
-        return self._layouts
+    layouts = (SGLangLayout(),)
 
     def workers(self, request: TuneRequest) -> list[TuneRequest]:
         """The target, and with speculative decoding the draft worker, which SGLang tunes into an

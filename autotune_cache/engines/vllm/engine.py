@@ -26,12 +26,7 @@ class Vllm(Engine):
                "[default: 8192, vllm serve's on an H100/H200]."),
     )
 
-    def __init__(self) -> None:
-        self._layouts = (VllmLayout(), VllmDirLayout())
-
-    @property
-    def layouts(self):
-        return self._layouts
+    layouts = (VllmLayout(), VllmDirLayout())
 
     def target(self, layout: str | None = None, options: dict | None = None) -> VllmTarget:
         """From ``--vllm-config-hash`` (required: only vLLM can compute it) and
