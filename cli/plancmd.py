@@ -134,7 +134,7 @@ def _gpu_uuids(value: str | None) -> tuple[str, ...]:
     if not value:
         return ()
     if value == "auto":
-        from autotune_cache.tune.warm import detect_gpu_uuids
+        from autotune_cache.tune.gpus import detect_gpu_uuids
 
         uuids = detect_gpu_uuids()
         if not uuids:
@@ -247,7 +247,7 @@ def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = N
 
 def local_arch() -> str:
     """This machine's GPU arch (NVML, no CUDA context); a usage error when there is none."""
-    from autotune_cache.tune.warm import detect_gpus
+    from autotune_cache.tune.gpus import detect_gpus
 
     arch = detect_gpus().arch
     if arch is None:

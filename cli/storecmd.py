@@ -86,7 +86,7 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
 
 def _local_gpu_name() -> str | None:
     """This machine's GPU model (NVML or nvidia-smi; no CUDA context, no torch), if any."""
-    from autotune_cache.tune.warm import detect_gpus
+    from autotune_cache.tune.gpus import detect_gpus
 
     info = detect_gpus()
     return info.names[0] if info.count else None
