@@ -16,11 +16,13 @@ from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
 from autotune_cache.tree.scan import scan_entry
 from autotune_cache.tree.status import EntryStatus
-from autotune_cache.tune.fleet import FleetItem
+from autotune_cache.tree.store import Store
+from autotune_cache.tune.fleet import FleetItem, merge_work
 from autotune_cache.tune.publish import writable_store
 from autotune_cache.tune.session import FleetRunResult, WarmOptions, run_fleet
 
 from .output import Output
+from .params import resolve_root
 from .plancmd import build_plan, request_from, serving_options
 from .progress import Progress
 
@@ -143,9 +145,6 @@ def fleet_items(loaded) -> list[FleetItem]:
 
 def plan_targets(out, loaded, shard, total: int, store_url: str | None) -> None:
     """``plan --targets``: per target its id, work and coverage; the work once merged."""
-    from autotune_cache.tune.fleet import merge_work
-    from autotune_cache.tree.store import Store
-
     store = Store(store_url) if store_url else None
     items = fleet_items(loaded)
     rows = [(i, coverage(i.plan, store)) for i in items]
@@ -246,11 +245,7 @@ def _emit_fleet(out: Output, run: FleetRunResult, opts: WarmOptions, chosen) -> 
 def check_targets(ctx, out, targets_file: str, kw: dict, store_url: str | None, layout_name: str, fingerprint,
                   strict: bool) -> None:
     """``check --targets``: which targets the tree (or store) covers; --strict fails on any miss."""
-    from autotune_cache.errors import ExitCode
-    from autotune_cache.engines.layouts import default_layout
-
     from .checkcmd import run_check
-    from .params import resolve_root
 
     reject_serving_flags(ctx)
     cache_dir = kw["cache_dir"]
