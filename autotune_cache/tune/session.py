@@ -91,46 +91,48 @@ class FleetRunResult:
 
 class _Publisher:
     """Each written target converted at once and pushed beside the tuning (uploads one at a
-    time, in order); a failure there fails that target alone."""
+    time, in order); a failure there fails that target alone. Each entry is scanned once."""
 
-    def __init__(self, store: Store | None, out: FleetRunResult):
-        self.store, self.out = store, out
+    def __init__(self, store: Store | None):
+        self.store = store
+        self.pushed: list = []
+        self.failed: list = []
+        self.converted: dict = {}
         self.lock = threading.Lock()
         self.pushes: list[threading.Thread] = []
 
-    def push(self, item: FleetItem, entry) -> None:
+    def _push(self, item: FleetItem, entry) -> None:
         try:
             r = push_entry(self.store, item.plan, entry)
             with self.lock:
-                self.out.pushed.append((item.name, bool(r.pushed)))
+                self.pushed.append((item.name, bool(r.pushed)))
         except FiAutotuneError as e:
             with self.lock:
-                self.out.failed_after_writing.append((item.name, str(e)))
+                self.failed.append((item.name, str(e)))
 
-    def convert(self, item: FleetItem, entry) -> None:
+    def _convert(self, item: FleetItem, entry) -> None:
         if "flashinfer-v2" not in item.layouts:
             return
         try:
-            self.out.converted[item.name] = write_v2(entry)[0].to_dict()
+            self.converted[item.name] = write_v2(entry)[0].to_dict()
         except FiAutotuneError as e:
-            self.out.failed_after_writing.append((item.name, f"flashinfer-v2: {e}"))
+            self.failed.append((item.name, f"flashinfer-v2: {e}"))
 
-    def written(self, item: FleetItem) -> None:
-        entry = written_entry(item.plan) if self.store is not None or "flashinfer-v2" in item.layouts else None
-        self.convert(item, entry)
-        if self.store is not None:
-            t = threading.Thread(target=self.push, args=(item, entry), daemon=True)
-            if self.pushes:
-                previous = self.pushes[-1]
-                t = threading.Thread(target=lambda prev=previous, it=item: (prev.join(), self.push(it, entry)), daemon=True)
-            self.pushes.append(t)
-            t.start()
-
-    def complete(self, item: FleetItem) -> None:
-        entry = written_entry(item.plan) if self.store is not None or "flashinfer-v2" in item.layouts else None
-        self.convert(item, entry)
-        if self.store is not None:
-            self.push(item, entry)
+    def publish(self, item: FleetItem, *, beside: bool) -> None:
+        """``beside``: push in a thread while the tuning goes on (after the previous push)."""
+        if self.store is None and "flashinfer-v2" not in item.layouts:
+            return
+        entry = written_entry(item.plan)
+        self._convert(item, entry)
+        if self.store is None:
+            return
+        if not beside:
+            self._push(item, entry)
+            return
+        previous = self.pushes[-1] if self.pushes else None
+        t = threading.Thread(target=lambda: (previous and previous.join(), self._push(item, entry)), daemon=True)
+        self.pushes.append(t)
+        t.start()
 
     def join(self) -> None:
         for t in self.pushes:
@@ -143,13 +145,13 @@ def run_fleet(load: Callable[[GpuInfo], list[FleetItem]], opts: WarmOptions, *, 
     ``on_committed`` (the command prints there) as soon as it is written or has failed, then
     converted to the layouts it lists and pushed; complete ones already there are too."""
     early = _EarlyPool(opts)
-    publisher = _Publisher(opts.store, FleetRunResult(FleetResult([], 0, 0, 0, 0, {})))
+    publisher = _Publisher(opts.store)
 
     def committed(item: FleetItem) -> None:
         if on_committed:
             on_committed(item)
         if item.status == "written":
-            publisher.written(item)
+            publisher.publish(item, beside=True)
 
     try:
         info = opts.machine.usable_gpus(opts.gpus, opts.plan_hint)
@@ -161,7 +163,6 @@ def run_fleet(load: Callable[[GpuInfo], list[FleetItem]], opts: WarmOptions, *, 
         early.close()
     for item in result.items:  # complete ones already there: convert and push them too
         if item.status == "complete":
-            publisher.complete(item)
+            publisher.publish(item, beside=False)
     publisher.join()
-    publisher.out.result = result
-    return publisher.out
+    return FleetRunResult(result, publisher.pushed, publisher.failed, publisher.converted)
