@@ -38,7 +38,7 @@ def main() -> None:
     from autotune_cache.autotuner.rankfile import RESERVED_KEYS
     from autotune_cache.plan.request import TuneRequest
     from autotune_cache.tune.skeleton import OpLayer
-    from autotune_cache.tune.warm import distinct_ops
+    from autotune_cache.tune.work import distinct_ops
 
     plan_json = json.loads(Path(args.plan).read_text())
     plan = TuneRequest.from_dict(plan_json["request"]).plan(Path(tempfile.mkdtemp()))

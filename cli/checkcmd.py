@@ -11,7 +11,7 @@ from autotune_cache.errors import ExitCode
 
 from .output import Output
 from .params import env_from_option, json_option, resolve_root, targets_option
-from .serving import LayoutName, build_plan, fold_serving_command, request_of, serving_command_argument, serving_options
+from .serving import LayoutName, build_plan, fold_serving_command, request_from, serving_command_argument, serving_options
 from .targetscmd import check_targets
 
 
@@ -48,7 +48,7 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         check_targets(ctx, out, targets_file, kw, store_url, layout_name, fingerprint, strict)
         return
     kw = fold_serving_command(ctx, kw, out)
-    request = request_of(kw).for_target(fingerprint)
+    request = request_from(kw).for_target(fingerprint)
     root = str(resolve_root(kw["cache_dir"], must_exist=False).path) if store_url is None else kw["cache_dir"]
     checks = []
     for r in request.workers():

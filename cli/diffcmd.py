@@ -14,10 +14,16 @@ from autotune_cache.autotuner.fingerprint import FIELDS
 from autotune_cache.engines.layouts import LAYOUTS, default_layout
 from autotune_cache.tree.layout import MANIFEST_NAME, NameKind
 from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
-from autotune_cache.tree.store import is_store_url
+from autotune_cache.tree.archive import import_archives
+from autotune_cache.tree.manifest import Manifest
+from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.store import Store, is_store_url
+from autotune_cache.tune.recorded import request_of
 
 from .output import Output
 from .params import json_option
+from .serving import build_plan
+from .tree import scan_trees
 
 
 def _unit_of_entry(e) -> CacheUnit:
@@ -48,8 +54,6 @@ FLAT_LAYOUTS = tuple(layout for layout in LAYOUTS.values() if layout.archivable)
 def _unit_of_dir(path: Path) -> CacheUnit | None:
     """An entry directory read as it is (not under a tree we scan): its rank files, its manifest.
     Whose it is (SGLang's ``rank_*.json``, vLLM's ``autotune_configs_*.json``) the names say."""
-    from autotune_cache.tree.manifest import Manifest
-
     names = [(p, p.is_dir()) for p in sorted(path.iterdir())]
     layout = next((lo for lo in FLAT_LAYOUTS if any(lo.classify(p.name, d) is NameKind.DATA for p, d in names)),
                   default_layout())
@@ -68,8 +72,6 @@ def _unit_of_dir(path: Path) -> CacheUnit | None:
 
 def _tree_units(root: Path) -> list[CacheUnit]:
     """Every entry of every flat layout under ``root`` (an SGLang root, a vLLM root, ...)."""
-    from autotune_cache.tree.scan import scan_cache
-
     return [_unit_of_entry(e) for layout in FLAT_LAYOUTS for e in scan_cache(root, layout).entries]
 
 
@@ -91,8 +93,6 @@ def load_side(text: str, cache_dir: str | None, scratch: Path) -> tuple[str, lis
         if not units:
             raise FiAutotuneError(f"{text}: neither an entry directory nor a cache tree with entries")
         return text, units, True
-    from .tree import scan_trees
-
     if default_layout().parse_id(text) is None and (text.startswith(("/", "./", "../", "~")) or text.endswith(".json")):
         raise FiAutotuneError(f"{text}: no such file or directory")
     found = scan_trees(cache_dir, (), [text])
@@ -103,9 +103,6 @@ def load_side(text: str, cache_dir: str | None, scratch: Path) -> tuple[str, lis
 
 def _store_side(url: str, scratch: Path) -> tuple[str, list[CacheUnit], bool]:
     """A store, pulled into a scratch tree through the same verified import as ``pull``."""
-    from autotune_cache.tree.archive import import_archives
-    from autotune_cache.tree.store import Store
-
     store = Store(url)
     root = scratch / f"store{len(list(scratch.iterdir()))}"
     root.mkdir()
@@ -209,17 +206,18 @@ def _print(out: Output, report: DiffReport, show_all: bool) -> None:
 
 
 def _measure(report: DiffReport, units: list[CacheUnit], runs: int) -> list[dict]:
-    from autotune_cache.tune.diffmeasure import measure
-
-    from .serving import build_plan
-    from .warmcmd import _request_of
+    # diffmeasure imports torch (the skeleton): only ``diff --measure`` pays for it.
+    try:
+        from autotune_cache.tune.diffmeasure import measure
+    except ImportError as e:
+        raise UsageError(f"--measure needs torch and flashinfer in this Python ({e})") from None
 
     with_manifest = next((u for u in units if u.manifest is not None and getattr(u.manifest, "request", None)), None)
     if with_manifest is None:
         raise UsageError("--measure builds the layers from the request fi-autotune warm recorded: neither side has one")
 
-    class _Entry:  # what _request_of reads
+    class _Entry:  # what request_of reads
         id, manifest = with_manifest.label, with_manifest.manifest
 
-    plan = build_plan(_request_of(_Entry), None)
+    plan = build_plan(request_of(_Entry), None)
     return measure(plan, report.comparisons, rounds=runs)

@@ -71,12 +71,13 @@ def _fail(message: str, code: int, debug: bool) -> int:
     return int(code)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, obj: object = None) -> int:
+    """``obj``: click's context object for every command (a test launcher's fake machine)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("FI_AUTOTUNE_DEBUG") == "1"
     try:
         # Without standalone mode click returns the code of a ``click.exceptions.Exit``.
-        rv = cli.main(args=argv, prog_name=PROG, standalone_mode=False)
+        rv = cli.main(args=argv, prog_name=PROG, standalone_mode=False, obj=obj)
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.exceptions.Abort:

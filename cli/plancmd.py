@@ -10,7 +10,7 @@ from autotune_cache.errors import UsageError
 
 from .output import Output
 from .params import json_option, shard_option, targets_option
-from .serving import (LayoutName, build_plan, engine_options, fold_serving_command, planned_layouts, request_of,
+from .serving import (LayoutName, build_plan, engine_options, fold_serving_command, planned_layouts, request_from,
                       serving_command_argument, serving_options)
 from .targetscmd import load_fleet, plan_targets, reject_serving_flags
 
@@ -126,7 +126,7 @@ def plan_cmd(ctx, layout, targets_file, shard, store_url, as_json, **kw):
     if shard or store_url:
         raise UsageError("--shard and --store go with --targets")
     kw = fold_serving_command(ctx, kw, out)
-    request = request_of(kw, layout)
+    request = request_from(kw, layout)
     plans = [build_plan(r, kw["cache_dir"]) for r in request.workers()]
 
     def human() -> None:

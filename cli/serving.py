@@ -19,7 +19,8 @@ from autotune_cache.errors import UsageError
 from autotune_cache.plan.keys import SCHEMAS
 from autotune_cache.plan.options import SERVING_OPTIONS, Option, ServingOptions
 from autotune_cache.plan.request import TuneRequest
-from autotune_cache.tune.warm import detect_gpu_uuids, detect_gpus
+from autotune_cache.tune.gpus import detect_gpu_uuids
+from autotune_cache.tune.machine import THIS_MACHINE, Machine
 
 from .output import Output
 from .params import POSITIVE, cache_dir_option, resolve_root
@@ -112,7 +113,13 @@ def fold_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
     return kw
 
 
-def request_of(kw: dict, layout: str | None = None, *, engine_options: bool = True) -> TuneRequest:
+def machine_of(ctx: click.Context | None = None) -> Machine:
+    """The machine given as click's context object (a test launcher's fake GPUs), else this one."""
+    ctx = ctx or click.get_current_context(silent=True)
+    return (ctx.find_object(Machine) if ctx is not None else None) or THIS_MACHINE
+
+
+def request_from(kw: dict, layout: str | None = None, *, engine_options: bool = True) -> TuneRequest:
     """The typed request behind a command's serving (and engine) options. ``engine_options``
     False: leave the engine options out (one command writing two engines' trees)."""
     options = engine_option_values(dict(kw)) if engine_options else {}
@@ -131,7 +138,7 @@ def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = N
 
 def local_arch() -> str:
     """This machine's GPU arch (NVML, no CUDA context); a usage error when there is none."""
-    arch = detect_gpus().arch
+    arch = machine_of().detect_gpus().arch
     if arch is None:
         raise UsageError("no GPU found to take the target arch from: pass --arch sm90 or --arch sm100")
     return arch

@@ -17,7 +17,7 @@ from autotune_cache.tree.store import Store, bundle_of, is_store_url
 
 from .output import Output
 from .params import archive_layout_option, cache_dir_option, entry_filter, env_from_option, filter_options, json_option, resolve_root
-from .serving import build_plan, request_of, serving_options
+from .serving import build_plan, request_from, serving_options
 from .tree import recover_journals_quietly
 
 
@@ -86,7 +86,7 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
 
 def _local_gpu_name() -> str | None:
     """This machine's GPU model (NVML or nvidia-smi; no CUDA context, no torch), if any."""
-    from autotune_cache.tune.warm import detect_gpus
+    from autotune_cache.tune.gpus import detect_gpus
 
     info = detect_gpus()
     return info.names[0] if info.count else None
@@ -119,7 +119,7 @@ def pull_cmd(url, refs, layout, env_from, force, any_env, as_json, **kw):
                              "itself): pull by id")
         if refs:
             raise UsageError("name entries by ID or by serving flags, not both")
-        request = request_of(kw).for_target(fingerprint)
+        request = request_from(kw).for_target(fingerprint)
         plan = build_plan(request, str(root.path))
         if not plan.autotunes:
             out.note("the server would not autotune with these flags: nothing to pull")

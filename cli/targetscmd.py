@@ -7,6 +7,9 @@ command line, with the same checks - and becomes a typed request directly.
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import click
 
 from autotune_cache import registry
@@ -15,11 +18,17 @@ from autotune_cache.engines.requests import build_request
 from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.plan.options import SERVING_OPTIONS, ServingOptions
 from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
+from autotune_cache.tree.scan import scan_entry
+from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store import Store
-from autotune_cache.tune.fleet import merge_work
-from autotune_cache.tune.warm import detect_gpu_uuids
+from autotune_cache.tune.fleet import FleetItem, merge_work
+from autotune_cache.tune.gpus import detect_gpu_uuids
+from autotune_cache.tune.publish import writable_store
+from autotune_cache.tune.session import FleetRunResult, WarmOptions, run_fleet
 
+from .output import Output
 from .params import resolve_root
+from .progress import Progress
 from .serving import build_plan
 
 #: Fields a target may not set: one command works on one tree.
@@ -97,13 +106,9 @@ def load_fleet(path: str, cache_dir: str | None, arch: str | None, shard: str | 
 
 def coverage(plan, store=None) -> str:
     """A target's state where the engine (or the pull) will look: covered, partly, missing."""
-    from autotune_cache.engines.layouts import default_layout
-    from autotune_cache.tree.scan import scan_entry
-    from autotune_cache.tree.status import EntryStatus
-
     if not plan.autotunes:
         return "not tuned by the engine"
-    layout = default_layout()
+    layout = plan.layout_obj
     if store is not None:
         return "covered (store)" if store.record(layout.name, plan.entry_id) is not None else "missing (store)"
     if not plan.key_dir.is_dir():
@@ -114,9 +119,7 @@ def coverage(plan, store=None) -> str:
     return f"partly ({e.status}, {e.ranks_str} rank files)"
 
 
-def fleet_items(loaded) -> list:
-    from autotune_cache.tune.fleet import FleetItem
-
+def fleet_items(loaded) -> list[FleetItem]:
     return [FleetItem(t.name, plan, layouts) for t, plan, layouts in loaded]
 
 
@@ -148,8 +151,8 @@ def plan_targets(out, loaded, shard, total: int, store_url: str | None) -> None:
         "profiles_one_by_one": alone, "profiles_merged": merged, "distinct_calls": len(work.ops)})
 
 
-def warm_targets(kw: dict, n: int | None, force: bool, targets_file: str, shard: str | None, push_url: str | None,
-                 out, t0: float) -> None:
+def warm_targets(kw: dict, opts: WarmOptions, targets_file: str, shard: str | None, push_url: str | None,
+                 out: Output, t0: float) -> None:
     """``warm --targets``: one pool for the whole list; each target written (then converted and
     pushed) as soon as its last bucket is done."""
     def load(info):
@@ -158,85 +161,46 @@ def warm_targets(kw: dict, n: int | None, force: bool, targets_file: str, shard:
             out.note(f"{chosen.describe()}: {len(loaded)} of {total} targets")
         return fleet_items(loaded), chosen
 
-    run_fleet(load, n, force, push_url, out, t0, "`fi-autotune plan --targets`")
+    fleet_command(load, replace(opts, plan_hint="`fi-autotune plan --targets`"), push_url, out, t0)
 
 
-def run_fleet(load, n: int | None, force: bool, push_url: str | None, out, t0: float, plan_hint: str) -> None:
-    """Tune ``load(gpu_info) -> (FleetItems, shard or None)`` on one pool of workers; convert each
-    written item to the layouts it lists and push it, report, exit 1 if any failed. Shared by
-    ``warm --targets`` and ``warm --layout sglang,vllm`` (two targets: one per engine)."""
-    import threading
-    import time
-
-    from autotune_cache.errors import ExitCode, FiAutotuneError
-    from autotune_cache.tune.fleet import warm_fleet
-    from autotune_cache.tune.warm import WorkerPool
-
-    from .warmcmd import _Progress, _also_v2, _writable_store, gpus_for_warm, push_entry
-
-    store = _writable_store(push_url)
-    pool = WorkerPool(n) if n is not None else None  # start-up overlaps the planning
-    pushes: list[threading.Thread] = []
-    lock = threading.Lock()
-    pushed, failed_pushes, converted = [], [], {}
+def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0: float) -> None:
+    """Tune ``load(gpu_info) -> (FleetItems, shard or None)`` on one pool of workers
+    (``tune.session.run_fleet``: each written item converted to the layouts it lists and pushed);
+    report, exit 1 if any failed. Shared by ``warm --targets``, ``warm --layout sglang,vllm``
+    (two targets: one per engine) and speculative decoding (target and draft)."""
+    opts = replace(opts, store=writable_store(push_url))
+    shard: list = [None]
     written = [0]
-    try:
-        info = gpus_for_warm(n, plan_hint)
-        items, chosen = load(info)
+    count = [0]
+
+    def load_items(info) -> list[FleetItem]:
+        items, shard[0] = load(info)
+        count[0] = len(items)
         if not items:
             out.note("nothing in this shard")
-        pool = pool or WorkerPool(info.count)
-        progress = _Progress(out.mode.value == "human")
+        return items
 
-        def push(item) -> None:
-            try:
-                r = push_entry(store, item.plan)
-                with lock:
-                    pushed.append((item.name, bool(r.pushed)))
-            except FiAutotuneError as e:
-                with lock:
-                    failed_pushes.append((item.name, str(e)))
+    def on_committed(item: FleetItem) -> None:
+        if item.status != "written":
+            out.error(f"{item.name}: {item.message}")
+            return
+        written[0] += 1
+        out.note(f"written {item.name} ({item.plan.entry_id}), {written[0]} of {count[0]}")
 
-        def convert(item) -> None:
-            if "flashinfer-v2" not in item.layouts:
-                return
-            try:
-                converted[item.name] = _also_v2(item.plan, out).to_dict()
-            except FiAutotuneError as e:
-                failed_pushes.append((item.name, f"flashinfer-v2: {e}"))
-
-        def on_committed(item) -> None:
-            if item.status != "written":
-                out.error(f"{item.name}: {item.message}")
-                return
-            written[0] += 1
-            out.note(f"written {item.name} ({item.plan.entry_id}), {written[0]} of {len(items)}")
-            convert(item)
-            if store is not None:  # uploads run beside the tuning, one at a time
-                t = threading.Thread(target=push, args=(item,), daemon=True)
-                if pushes:
-                    previous = pushes[-1]
-                    t = threading.Thread(target=lambda prev=previous, it=item: (prev.join(), push(it)), daemon=True)
-                pushes.append(t)
-                t.start()
-
-        try:
-            result = warm_fleet(items, gpus=n, info=info, pool=pool, force=force, progress=progress,
-                                on_committed=on_committed)
-        finally:
-            progress.close()  # before main() prints an interruption (exit 130)
+    progress = Progress(out.mode.value == "human")
+    try:
+        run = run_fleet(load_items, opts, progress=progress, on_committed=on_committed)
     finally:
-        if pool is not None:
-            pool.close()
-    for item in result.items:  # complete ones already there: convert and push them too
-        if item.status == "complete":
-            convert(item)
-            if store is not None:
-                push(item)
-    for t in pushes:
-        t.join()
-    result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
-    failed = [i for i in result.items if i.status == "failed"]
+        progress.close()  # before main() prints an interruption (exit 130)
+    run.result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
+    _emit_fleet(out, run, opts, shard[0])
+    if run.failed:
+        raise click.exceptions.Exit(int(ExitCode.FAILURE))
+
+
+def _emit_fleet(out: Output, run: FleetRunResult, opts: WarmOptions, chosen) -> None:
+    result = run.result
 
     def human() -> None:
         out.table(["TARGET", "ID", "STATUS"], [[i.name, str(i.plan.entry_id), i.status + (f": {i.message}" if i.message and i.status != "written" else "")]
@@ -244,19 +208,18 @@ def run_fleet(load, n: int | None, force: bool, push_url: str | None, out, t0: f
         if result.profiles_total:
             merged = 1 - result.profiles_distinct / result.profiles_total
             out.line(f"{result.profiles_tuned} profiles tuned on {result.gpus} GPU(s) in {result.timings['command_wall_s']:.1f} s "
-                     f"for {len(items)} targets ({result.profiles_total} one by one, {result.profiles_distinct} once "
+                     f"for {len(result.items)} targets ({result.profiles_total} one by one, {result.profiles_distinct} once "
                      f"identical calls are merged: {merged:.0%} less)")
-        for name, ok in pushed:
-            out.line(f"{'pushed' if ok else 'unchanged in'} {store}: {name}")
-        for name, why in failed_pushes:
+        for name, ok in run.pushed:
+            out.line(f"{'pushed' if ok else 'unchanged in'} {opts.store}: {name}")
+        for name, why in run.failed_after_writing:
             out.line(f"failed after writing: {name}: {why}")
 
-    out.emit(human=human, data=lambda: {**result.to_dict(), "pushed": [n for n, _ in pushed],
-                                        "failed_after_writing": dict(failed_pushes), "converted": converted,
+    out.emit(human=human, data=lambda: {**result.to_dict(), "pushed": [n for n, _ in run.pushed],
+                                        "failed_after_writing": dict(run.failed_after_writing),
+                                        "converted": run.converted,
                                         "shard": None if chosen is None else {"index": chosen.index, "count": chosen.count,
                                                                               "source": chosen.source}})
-    if failed or failed_pushes:
-        raise click.exceptions.Exit(int(ExitCode.FAILURE))
 
 
 def check_targets(ctx, out, targets_file: str, kw: dict, store_url: str | None, layout_name: str, fingerprint,

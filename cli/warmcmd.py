@@ -1,8 +1,15 @@
-"""``warm`` and ``verify``: the GPU commands."""
+"""``warm`` and ``verify``: the GPU commands.
+
+Each parses its options into typed requests, calls one library function (``tune.session``:
+``run_warm``, ``run_fleet``; ``tune.verify``) and prints the result. The machine - its GPUs and
+the worker command - comes from click's context object when one is given (tests/_fake_gpu_cli.py
+runs the real command on fake GPUs that way), else it is this machine.
+"""
 
 from __future__ import annotations
 
-import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -10,12 +17,19 @@ import click
 from autotune_cache import registry
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.plan.request import TuneRequest
+from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tune.fleet import FleetItem
+from autotune_cache.tune.publish import WARM_LAYOUTS, writable_store
+from autotune_cache.tune.quality import DEFAULT_THRESHOLD, QualitySettings
+from autotune_cache.tune.recorded import request_of
+from autotune_cache.tune.session import WarmOptions, WarmRun, run_warm
 
 from .output import Output
 from .params import json_option, resolve_root, shard_option, targets_option
-from .serving import (build_plan, engine_option_values, engine_options, fold_serving_command, request_of,
+from .progress import Progress
+from .serving import (build_plan, engine_option_values, engine_options, fold_serving_command, machine_of, request_from,
                       serving_command_argument, serving_options)
-
+from .targetscmd import fleet_command, reject_serving_flags, warm_targets
 
 def _gpus(value: str | None) -> int | None:
     if value in (None, "all"):
@@ -29,42 +43,14 @@ def _gpus(value: str | None) -> int | None:
     return n
 
 
-class _Progress:
-    """One overall bar on a TTY; a line per 10% otherwise."""
-
-    UNITS = {"tuning": "profile", "racing": "race"}
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.tty = sys.stderr.isatty()
-        self.bar = None
-        self.phase = None
-        self.last_decile = -1
-
-    def __call__(self, done: int, total: int, what: str, phase: str = "tuning") -> None:
-        if not self.enabled:
-            return
-        unit = self.UNITS.get(phase, "item")
-        if phase != self.phase:  # careful mode races after tuning: a bar (or decile count) each
-            self.close()
-            self.phase, self.last_decile = phase, -1
-        if self.tty:
-            if self.bar is None:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total, initial=done, unit=unit, desc=phase, file=sys.stderr)
-            self.bar.n = done
-            self.bar.set_postfix_str(what[:40], refresh=True)
-            return
-        decile = 10 * done // max(total, 1)
-        if decile != self.last_decile:
-            self.last_decile = decile
-            click.echo(f"fi-autotune: {phase} {done}/{total} {unit}s ({what})", err=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | None, race_runs: int) -> QualitySettings:
+    for name in ("repeats", "threshold", "race_runs"):
+        if quality == "quick" and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise UsageError(f"--{name.replace('_', '-')} applies to --quality careful only")
+    if threshold is not None and threshold != threshold:
+        raise UsageError("--threshold nan: give a fraction between 0 and 1, e.g. 0.01")
+    return QualitySettings(quality, repeats=repeats, race_rounds=race_runs,
+                           threshold=DEFAULT_THRESHOLD if threshold is None else threshold)
 
 
 @click.command("warm")
@@ -104,83 +90,63 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     --targets, a whole list of targets on one pool of workers: identical calls tuned once, each
     target written (and pushed) as soon as its last bucket is done (docs/fleet.md).
     """
-    from autotune_cache.tune.quality import DEFAULT_THRESHOLD, QualitySettings
-
-    import time
-
-    from autotune_cache.tune.warm import WorkerPool, warm
-
     t0 = time.perf_counter()
     n = _gpus(gpus)
-    for name in ("repeats", "threshold", "race_runs"):
-        if quality == "quick" and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
-            raise UsageError(f"--{name.replace('_', '-')} applies to --quality careful only")
-    if threshold is not None and threshold != threshold:
-        raise UsageError("--threshold nan: give a fraction between 0 and 1, e.g. 0.01")
-    settings = QualitySettings(quality, repeats=repeats, race_rounds=race_runs,
-                               threshold=DEFAULT_THRESHOLD if threshold is None else threshold)
+    out = Output(as_json)
+    settings = _quality(ctx, quality, repeats, threshold, race_runs)
     wanted = warm_layouts(layouts)
-    vllm_layout = next((x for x in wanted if x.startswith("vllm")), None)
+    opts = WarmOptions(n, force, None, machine_of(ctx))
     if targets_file:
-        from .targetscmd import reject_serving_flags, warm_targets
-
         reject_serving_flags(ctx)
         registry.default_engine().refuse_foreign_options(engine_option_values(dict(kw)))
         if quality != "quick" or ctx.get_parameter_source("layouts") == click.core.ParameterSource.COMMANDLINE:
             raise UsageError("with --targets: quick mode, and each target's layouts in the file")
-        warm_targets(kw, n, force, targets_file, shard, push_url, Output(as_json), t0)
+        warm_targets(kw, opts, targets_file, shard, push_url, out, t0)
         return
     if shard:
         raise UsageError("--shard goes with --targets")
-    store = _writable_store(push_url)
-    kw = fold_serving_command(ctx, kw, Output(as_json))
+    opts = replace(opts, store=writable_store(push_url))
+    kw = fold_serving_command(ctx, kw, out)
+    vllm_layout = next((x for x in wanted if x.startswith("vllm")), None)
     if vllm_layout is None:
-        request = request_of(kw)
+        request = request_from(kw)
         if len(request.workers()) > 1:
             # Speculative decoding: the target and the draft worker tune into two entries, both
             # from one run on one pool of workers (each written when its buckets are done).
             if quality != "quick":
                 raise UsageError("--quality careful tunes one entry at a time; with speculative decoding "
                                  "warm writes two (target and draft): use --quality quick")
-            warm_workers(request, kw, n, force, push_url, wanted, Output(as_json), t0)
+            warm_workers(request, kw, opts, push_url, wanted, out, t0)
             return
     else:
-        vllm_req = request_of(kw, vllm_layout)
+        vllm_req = request_from(kw, vllm_layout)
         if "sglang" in wanted:
-            request = request_of(kw, engine_options=False)
+            request = request_from(kw, engine_options=False)
             if quality != "quick":
                 raise UsageError("--quality careful tunes one engine's calls at a time: give --layout sglang or "
                                  f"--layout {vllm_layout}")
-            warm_engines(request, vllm_req, kw, n, force, push_url, wanted, Output(as_json), t0)
+            warm_engines(request, vllm_req, kw, opts, push_url, wanted, out, t0)
             return
         request = vllm_req
-    # Workers import torch and flashinfer and create their CUDA contexts while this process
-    # plans; with --gpus N they start before even the GPU count is checked.
-    pool = WorkerPool(n) if n is not None else None
-    out = Output(as_json)
+    progress = Progress(not as_json)
     try:
-        info = gpus_for_warm(n, "`fi-autotune plan`")
-        pool = pool or WorkerPool(info.count)
-        progress = _Progress(not as_json)
-        try:
-            plan = build_plan(request, kw["cache_dir"], arch=info.arch)
-            result = warm(plan, gpus=n, force=force, progress=progress, gpu_info=info, pool=pool, quality=settings)
-        finally:
-            progress.close()  # before main() prints an interruption (exit 130)
+        run = run_warm(lambda info: build_plan(request, kw["cache_dir"], arch=info.arch), opts, layouts=tuple(wanted),
+                       quality=settings, progress=progress)
     finally:
-        if pool is not None:
-            pool.close()
-    extra = {}
-    if "flashinfer-v2" in wanted and result.status in ("written", "complete"):
-        extra["flashinfer-v2"] = _also_v2(plan, out)
-    pushed = push_entry(store, plan) if store is not None and result.status in ("written", "complete") else None
-    result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
+        progress.close()  # before main() prints an interruption (exit 130)
+    run.result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
+    _emit_warm(out, run, opts)
+
+
+def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
+    result, v2, pushed = run.result, run.published.v2, run.published.pushed
+    extra = {"flashinfer-v2": v2} if v2 is not None else {}
 
     def human() -> None:
         for name, r in extra.items():
             out.line(f"{name}: {r.written} entries written, {r.unchanged} unchanged in {r.env_dir}")
         if pushed is not None:
-            out.line(f"{'pushed' if pushed.pushed else 'unchanged in'} {store}: {plan.entry_id}")
+            out.line(f"{'pushed' if pushed.pushed else 'unchanged in'} {opts.store}: {run.plan.entry_id}")
         if result.status != "written":
             out.line(f"{result.message}: {result.key_dir}")
             return
@@ -200,10 +166,9 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
 def warm_layouts(text: str) -> list[str]:
     """``--layout`` of warm, checked: which trees one tuning run writes."""
     wanted = [x.strip() for x in text.split(",") if x.strip()]
-    known = ("sglang", "flashinfer-v2", "vllm", "vllm-dir")
-    unknown = [x for x in wanted if x not in known]
+    unknown = [x for x in wanted if x not in WARM_LAYOUTS]
     if unknown or not wanted:
-        raise UsageError(f"--layout {text!r}: warm writes {', '.join(known)} (comma-separated)")
+        raise UsageError(f"--layout {text!r}: warm writes {', '.join(WARM_LAYOUTS)} (comma-separated)")
     if "vllm" in wanted and "vllm-dir" in wanted:
         raise UsageError("--layout: vllm or vllm-dir (vLLM reads one of them), not both")
     if "flashinfer-v2" in wanted and "sglang" not in wanted:
@@ -211,14 +176,10 @@ def warm_layouts(text: str) -> list[str]:
     return wanted
 
 
-def warm_engines(request: TuneRequest, vllm_req: TuneRequest, kw: dict, n, force: bool, push_url, wanted: list[str],
+def warm_engines(request: TuneRequest, vllm_req: TuneRequest, kw: dict, opts: WarmOptions, push_url, wanted: list[str],
                  out: Output, t0: float) -> None:
     """``--layout sglang,vllm``: both engines' calls (they differ in their keys) tuned in one run on
     one pool of workers - a fleet of two targets - each written as soon as its buckets are done."""
-    from autotune_cache.tune.fleet import FleetItem
-
-    from .targetscmd import run_fleet
-
     vllm_layout = vllm_req.engine.layout
 
     def load(info):
@@ -226,95 +187,28 @@ def warm_engines(request: TuneRequest, vllm_req: TuneRequest, kw: dict, n, force
         return [FleetItem("sglang", build_plan(request, kw["cache_dir"], arch=info.arch), sglang_layouts),
                 FleetItem(vllm_layout, build_plan(vllm_req, None, arch=info.arch), (vllm_layout,))], None
 
-    run_fleet(load, n, force, push_url, out, t0, "`fi-autotune plan`")
+    fleet_command(load, opts, push_url, out, t0)
 
 
-def warm_workers(request: TuneRequest, kw: dict, n, force: bool, push_url, wanted: list[str], out: Output,
+def warm_workers(request: TuneRequest, kw: dict, opts: WarmOptions, push_url, wanted: list[str], out: Output,
                  t0: float) -> None:
     """A speculative-decoding command: the target's and the draft worker's entries, as a fleet of two."""
-    from autotune_cache.tune.fleet import FleetItem
-
-    from .targetscmd import run_fleet
-
     layouts = tuple(wanted)
 
     def load(info):
         return [FleetItem(r.worker, build_plan(r, kw["cache_dir"], arch=info.arch), layouts)
                 for r in request.workers()], None
 
-    run_fleet(load, n, force, push_url, out, t0, "`fi-autotune plan`")
-
-
-def gpus_for_warm(n: int | None, plan_hint: str):
-    """This machine's GPUs, or a usage error: none at all, or fewer than ``--gpus`` asks for."""
-    from autotune_cache.tune.warm import detect_gpus
-
-    info = detect_gpus()
-    if info.count == 0:
-        raise UsageError(f"no CUDA GPU found: warm needs one ({plan_hint} shows the plan without a GPU)")
-    if n is not None and n > info.count:
-        raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
-    return info
-
-
-def _writable_store(url: str | None):
-    """The --push store, checked before any tuning (a typo costs nothing then)."""
-    if url is None:
-        return None
-    from autotune_cache.tree.store import Store, is_store_url
-
-    if not is_store_url(url):
-        raise UsageError(f"--push {url!r}: give a store URL (s3://, gs://, file://)")
-    store = Store(url)
-    store.check_writable()
-    return store
-
-
-def push_entry(store, plan):
-    """One written entry to the store (bundle first, then its record)."""
-    from autotune_cache.tree.scan import scan_entry
-    from autotune_cache.tree.store import bundle_of
-
-    layout = plan.layout_obj
-    entry = scan_entry(layout, plan.key_dir, plan.entry_id)
-    return store.push(layout, [(entry, bundle_of(layout, entry))])
+    fleet_command(load, opts, push_url, out, t0)
 
 
 def describe_summary(s: dict) -> str:
-    """One line over a careful run's per-bucket choices (``warm.selection_summary``)."""
+    """One line over a careful run's per-bucket choices (``quality.selection_summary``)."""
     margin = s.get("median_margin_over_default")
     return (f"{s['buckets']} (op, bucket): {s['tuned_written']} tuned tactics written"
             + (f" (median {margin:.1%} faster than the default)" if margin is not None else "")
             + f", {s['default_kept_by_floor']} kept the default (under the threshold), {s['default_fastest']} default "
               f"fastest; tunes unanimous on {s['tunes_unanimous']}")
-
-
-def _also_v2(plan, out: Output):
-    """The tuning just committed (or already there), written into FlashInfer's own store too."""
-    from autotune_cache.engines.layouts import get_layout
-    from autotune_cache.tree.scan import scan_entry
-
-    from .convertcmd import convert_entry
-
-    entry = scan_entry(get_layout("sglang"), plan.key_dir, plan.entry_id)
-    result, _ = convert_entry(entry, "flashinfer-v2", get_layout("flashinfer-v2").default_root().path)
-    return result
-
-
-def _request_of(entry) -> TuneRequest:
-    """The request warm recorded in an entry's manifest (format 2), or its raw flags (format 1)."""
-    m = entry.manifest
-    if m is None:
-        raise UsageError(f"{entry.id} was not written by fi-autotune warm: give --model and the server's flags")
-    try:
-        if m.request is not None:
-            return TuneRequest.from_dict(m.request)
-        if "plan_args" in m.extra:
-            return TuneRequest.from_plan_args(dict(m.extra["plan_args"]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise FiAutotuneError(f"{entry.id}: its manifest's request cannot be replayed here ({e}); "
-                              "give --model and the server's flags") from None
-    raise UsageError(f"{entry.id} was not written by fi-autotune warm: give --model and the server's flags")
 
 
 @click.command("verify")
@@ -329,7 +223,7 @@ def verify_cmd(ctx, ref, as_json, **kw):
     flags from the manifest warm wrote), by --model alone (the entry warm wrote for that model),
     or by --model with the server's flags (any entry those flags map to, engine-written ones included).
     """
-    from autotune_cache.tree.scan import scan_cache
+    # tune.verify imports torch (the skeleton): only ``verify`` pays for it.
     from autotune_cache.tune.verify import verify
 
     flags_given = [k for k in kw if k not in ("model", "cache_dir")
@@ -354,7 +248,7 @@ def verify_cmd(ctx, ref, as_json, **kw):
                 raise UsageError(f"{kw['model']!r} has {len(entries)} entries; give one id: "
                                  + ", ".join(str(e.id) for e in entries))
         entry = entries[0]
-        plan = build_plan(_request_of(entry), str(root))
+        plan = build_plan(request_of(entry), str(root))
         if plan.key != entry.key:
             raise FiAutotuneError(f"the recorded request now maps to key {plan.key}, not {entry.key}")
         key_dir = entry.path

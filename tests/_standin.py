@@ -5,8 +5,9 @@
 * ``warm ARGS``: parses ARGS with the real ``warm`` command's options and writes the entry
   ``warm`` would write for them (every key the plan's recipes predict, that fingerprint as
   ``_metadata``), through the real writer;
-* ``warm --targets ...``: the real command, with two H200s and tests/_fake_worker.py standing
-  in for the GPUs and the GPU worker (it writes the same keys and fingerprint).
+* ``warm --targets ...``: the real command (tests/_fake_gpu_cli.py), with two H200s and
+  tests/_fake_worker.py standing in for the GPUs and the GPU worker (it writes the same keys and
+  fingerprint).
 
 Only what cannot exist in CI (a GPU) is faked; every other step of a recipe runs for real.
 """
@@ -17,6 +18,10 @@ import json
 import sys
 
 from autotune_cache.testing import DEFAULT_METADATA, write_plan_entry
+from fi_autotune_cli.plancmd import build_plan, request_from
+from fi_autotune_cli.warmcmd import warm_cmd
+
+from ._fake_gpu_cli import fake_machine, run
 
 H200 = {"format": 1, "tool": "fi-autotune env", "fingerprint": DEFAULT_METADATA, "arch": "sm90",
         "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": None}], "host": "gpu-box", "captured": None}
@@ -30,17 +35,7 @@ def main() -> int:
     if cmd != "warm":
         raise SystemExit(f"no stand-in for {cmd}")
     if "--targets" in args:
-        import os
-        from pathlib import Path
-
-        from autotune_cache.tune.warm import TEST_GPUS_ENV, TEST_WORKER_ENV
-
-        os.environ[TEST_GPUS_ENV] = "2xNVIDIA H200@sm90"
-        os.environ[TEST_WORKER_ENV] = str(Path(__file__).resolve().parent / "_fake_worker.py")
-        os.execv(sys.executable, [sys.executable, "-m", "fi_autotune_cli", "warm", *args])
-    from fi_autotune_cli.plancmd import build_plan, request_from
-    from fi_autotune_cli.warmcmd import warm_cmd
-
+        return run(["warm", *args], fake_machine())
     ctx = warm_cmd.make_context("warm", [*args, "--arch", "sm90"])
     kw = {k: v for k, v in ctx.params.items() if k not in ("gpus", "force", "as_json", "serving_command")}
     plan = build_plan(request_from(kw), kw["cache_dir"])

@@ -1,7 +1,7 @@
 """Fleets: targets files, plan/warm/check --targets, sharding - with real processes and real trees.
 
-No GPU exists here: FI_AUTOTUNE_TEST_GPUS and FI_AUTOTUNE_TEST_WORKER make the real ``warm``
-command see two H200s and run tests/_fake_worker.py as its workers (it writes the keys the plan's
+No GPU exists here: ``warm`` runs through tests/_fake_gpu_cli.py, the real command line on a
+machine of two H200s whose workers run tests/_fake_worker.py (it writes the keys the plan's
 recipes predict, with an H200 fingerprint). Everything else - planning, the work queue, the
 commits, the stores, the shard split - is the real thing.
 """
@@ -9,6 +9,7 @@ commits, the stores, the shard split - is the real thing.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -53,9 +54,18 @@ def fleet(tmp_path):
 
 
 def gpu_env(tmp_path: Path, **extra) -> dict:
-    return {"FI_AUTOTUNE_TEST_GPUS": "2xNVIDIA H200@sm90", "FI_AUTOTUNE_TEST_WORKER": str(REPO / "tests" / "_fake_worker.py"),
-            "XDG_CACHE_HOME": str(tmp_path / "xdg"), "FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "v2"),
+    return {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "v2"),
             "PYTHONPATH": str(REPO), **extra}
+
+
+#: The real command line on two stand-in H200s (tests/_fake_gpu_cli.py).
+FAKE_GPU_CLI = [sys.executable, str(REPO / "tests" / "_fake_gpu_cli.py")]
+
+
+def run_gpu_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``run_cli`` on the stand-in GPUs: a real process, as a user runs it on a GPU machine."""
+    return subprocess.run([*FAKE_GPU_CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env={**os.environ, **(env or {})})
 
 
 # -- the file ----------------------------------------------------------------------------------
@@ -178,7 +188,7 @@ def test_targets_usage_errors(fleet, tmp_path):
 # -- warm --targets ------------------------------------------------------------------------------
 
 def warm_targets(fleet: Path, tmp_path: Path, *args, env: dict | None = None, xdg: str = "xdg") -> subprocess.CompletedProcess:
-    return run_cli("warm", "--targets", str(fleet), "--cache-dir", str(tmp_path / "root"), *args,
+    return run_gpu_cli("warm", "--targets", str(fleet), "--cache-dir", str(tmp_path / "root"), *args,
                    env=gpu_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / xdg), **(env or {})))
 
 
@@ -195,7 +205,7 @@ def test_warm_targets_tunes_identical_calls_once_and_writes_what_warm_alone_writ
     for line in ("written qwen3-moe", "written Llama-3.1-70B-Instruct-FP8-tp4"):
         assert line in proc.stderr
     # the same target warmed alone (same stand-in measurements): the same rank files, byte for byte
-    alone = run_cli("warm", "--model", "Qwen/Qwen3-30B-A3B", "--model-path", "/models/Qwen3-30B-A3B", "--tp", "2",
+    alone = run_gpu_cli("warm", "--model", "Qwen/Qwen3-30B-A3B", "--model-path", "/models/Qwen3-30B-A3B", "--tp", "2",
                     "--moe-runner-backend", "flashinfer_cutlass", "--cache-dir", str(tmp_path / "alone"), "--json",
                     env=gpu_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg-alone")))
     assert alone.returncode == 0, alone.stderr[-2000:]
@@ -235,7 +245,7 @@ def test_indexed_job_shards_meet_in_one_store(fleet, tmp_path):
     Indexed Job sets; together they cover every target in the store."""
     store = f"file://{tmp_path / 'store'}"
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "fi_autotune_cli", "warm", "--targets", str(fleet), "--cache-dir", str(tmp_path / f"pod{i}"),
+        [*FAKE_GPU_CLI, "warm", "--targets", str(fleet), "--cache-dir", str(tmp_path / f"pod{i}"),
          "--push", store, "--json"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**__import__("os").environ, **gpu_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / f"xdg{i}")),
              "JOB_COMPLETION_INDEX": str(i), "JOB_COMPLETIONS": "2"}) for i in range(2)]
@@ -287,10 +297,10 @@ def test_a_target_gets_only_its_own_buckets_of_a_shared_call(tmp_path):
 def test_warm_push_for_one_target(tmp_path):
     args = ["warm", "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass",
             "--cache-dir", str(tmp_path / "root")]
-    bad = run_cli(*args, "--push", str(tmp_path / "not-a-url"), env=gpu_env(tmp_path))
+    bad = run_gpu_cli(*args, "--push", str(tmp_path / "not-a-url"), env=gpu_env(tmp_path))
     assert bad.returncode == 2 and "give a store URL" in bad.stderr
     store = f"file://{tmp_path / 'store'}"
-    proc = run_cli(*args, "--push", store, "--json", env=gpu_env(tmp_path))
+    proc = run_gpu_cli(*args, "--push", store, "--json", env=gpu_env(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     assert data["status"] == "written" and data["push"]["pushed"]
@@ -309,7 +319,7 @@ def test_ctrl_c_is_one_line_exit_130_and_a_rerun_resumes(fleet, tmp_path, target
     env = gpu_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"), FAKE_LOG=str(log), FAKE_ITEM_SLEEP="0.3")
     args = (["--targets", str(fleet)] if targets else
             ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass"])
-    cmd = [sys.executable, "-m", "fi_autotune_cli", "warm", *args, "--cache-dir", str(tmp_path / "root")]
+    cmd = [*FAKE_GPU_CLI, "warm", *args, "--cache-dir", str(tmp_path / "root")]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
@@ -322,6 +332,6 @@ def test_ctrl_c_is_one_line_exit_130_and_a_rerun_resumes(fleet, tmp_path, target
     assert "error" not in err
     assert "Traceback" not in err
     done_before = log.read_text().count("\n")
-    again = run_cli("warm", *args, "--cache-dir", str(tmp_path / "root"), env={k: v for k, v in env.items() if k != "FAKE_ITEM_SLEEP"})
+    again = run_gpu_cli("warm", *args, "--cache-dir", str(tmp_path / "root"), env={k: v for k, v in env.items() if k != "FAKE_ITEM_SLEEP"})
     assert again.returncode == 0, again.stderr[-2000:]
     assert log.read_text().count("\n") - done_before < (252 if targets else 42)  # resumed, not tuned from scratch

@@ -17,7 +17,9 @@ from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_file_key
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.plan.flags import ServerFlags
-from autotune_cache.tune.warm import GpuInfo, WorkerPool, warm
+from autotune_cache.tune.gpus import GpuInfo
+from autotune_cache.tune.pool import WorkerPool
+from autotune_cache.tune.warm import warm
 
 from .conftest import REPO
 
@@ -198,7 +200,7 @@ def test_careful_resume_keeps_finished_races(plan, monkeypatch, tmp_path):
 
 
 def test_quick_and_careful_work_never_mix(plan, monkeypatch):
-    from autotune_cache.tune.warm import work_dir
+    from autotune_cache.tune.workdir import work_dir
 
     assert work_dir(plan) != work_dir(plan, QualitySettings("careful"))
     assert work_dir(plan) == work_dir(plan, QualitySettings())

@@ -15,7 +15,8 @@ from autotune_cache import lm_head_stub, lm_head_stubbed  # noqa: E402
 from autotune_cache.engines.sglang.planner import make_plan  # noqa: E402
 from autotune_cache.plan.flags import ServerFlags  # noqa: E402
 from autotune_cache.tune.skeleton import LMHead, OpLayer, SkeletonModel, resolve_api  # noqa: E402
-from autotune_cache.tune.warm import merge_cache_files, work_queue  # noqa: E402
+from autotune_cache.tune.work import work_queue  # noqa: E402
+from autotune_cache.tune.workdir import merge_cache_files  # noqa: E402
 from autotune_cache.errors import FiAutotuneError  # noqa: E402
 from autotune_cache.autotuner.rankfile import cache_file_bytes  # noqa: E402
 

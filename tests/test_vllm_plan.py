@@ -18,7 +18,7 @@ from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.engines.vllm.target import VllmTarget, parse_config_hash
 
 from .conftest import REPO, run_cli
-from .test_fleet import gpu_env
+from .test_fleet import gpu_env, run_gpu_cli
 
 H = "c0ffee" * 10 + "abcd"
 QWEN = "Qwen/Qwen3-30B-A3B"
@@ -148,7 +148,7 @@ def test_request_round_trips_with_its_vllm_target(tmp_path):
 # --- the real command, no GPU (stand-in worker) -----------------------------------------------
 
 def warm(tmp_path, *args, **env):
-    return run_cli("warm", "--model", QWEN, "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass",
+    return run_gpu_cli("warm", "--model", QWEN, "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass",
                    "--flashinfer-version", "0.7.2.post1", *args,
                    env=gpu_env(tmp_path, VLLM_CACHE_ROOT=str(tmp_path / "vllm"), **env))
 

@@ -20,7 +20,9 @@ from autotune_cache.plan.request import TuneRequest
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.testing import default_fields, write_fake_entry
-from autotune_cache.tune.warm import GpuInfo, WorkerPool, warm
+from autotune_cache.tune.gpus import GpuInfo
+from autotune_cache.tune.pool import WorkerPool
+from autotune_cache.tune.warm import warm
 
 from .conftest import REPO
 
@@ -136,7 +138,7 @@ def test_a_second_warm_of_the_same_target_is_refused_while_one_runs(plan, monkey
     import subprocess
 
     from autotune_cache.errors import EntryLocked
-    from autotune_cache.tune.warm import work_dir
+    from autotune_cache.tune.workdir import work_dir
 
     wd = work_dir(plan)
     wd.parent.mkdir(parents=True, exist_ok=True)

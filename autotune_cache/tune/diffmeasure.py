@@ -3,7 +3,8 @@
 Each changed (op, bucket) is raced on this GPU (``race.py``: interleaved, CUDA-graph replays at
 decode sizes, cold L2, median): side A's entries for that call against side B's, every other
 lookup of the call left as each side has it. The layer is built from the plan of the entry's
-recorded request, exactly as ``warm`` tunes it. Imports torch and flashinfer; needs a GPU.
+recorded request, exactly as ``warm`` tunes it. Imports torch (the skeleton) when imported, flashinfer
+when run; needs a GPU.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import math
 import tempfile
 from pathlib import Path
 
-from autotune_cache.tree.diff import Comparison, op_slots, pick_slots
 from autotune_cache.errors import UsageError
+from autotune_cache.tree.diff import Comparison, op_slots, pick_slots
+from autotune_cache.tune.race import race
+from autotune_cache.tune.skeleton import OpLayer
+from autotune_cache.tune.work import distinct_ops
 
 
 def measure(plan, comparisons: list[tuple[str, Comparison]], *, rounds: int = 50, warmup: int = 5,
@@ -23,10 +27,6 @@ def measure(plan, comparisons: list[tuple[str, Comparison]], *, rounds: int = 50
         from flashinfer.autotuner import autotune
     except ImportError as e:
         raise UsageError(f"--measure needs torch and flashinfer in this Python ({e})") from None
-
-    from autotune_cache.tune.race import race
-    from autotune_cache.tune.skeleton import OpLayer
-    from autotune_cache.tune.warm import distinct_ops
 
     if not torch.cuda.is_available():
         raise UsageError("--measure needs a CUDA GPU (this machine has none)")

@@ -26,97 +26,116 @@ import random
 import statistics
 from pathlib import Path
 
+from autotune_cache.autotuner.rankfile import cache_file_bytes
+
+
+class _Candidates:
+    """The candidates of one race as cache files FlashInfer loads (its public path), and the call."""
+
+    def __init__(self, tuner, layer, bucket: int, assignments: list[dict], metadata: dict | None, workdir: Path):
+        self.tuner, self.layer, self.kwargs = tuner, layer, layer.call_kwargs(bucket)
+        self.paths = []
+        for i, values in enumerate(assignments):
+            p = Path(workdir) / f"race-{os.getpid()}-{bucket}-{i}.json"
+            # No _metadata (``diff --measure``): FlashInfer loads the file without an environment
+            # check - the tactics are measured on this GPU whatever the caches were tuned on.
+            p.write_bytes(cache_file_bytes(metadata, values) if metadata is not None else json.dumps(values).encode())
+            self.paths.append(p)
+
+    def use(self, i: int) -> bool:
+        self.tuner.clear_cache()
+        return bool(self.tuner.load_configs(str(self.paths[i])))
+
+    def call(self) -> None:
+        self.layer.api(**self.kwargs)
+
+    def remove(self) -> None:
+        self.tuner.clear_cache()
+        for p in self.paths:
+            p.unlink(missing_ok=True)
+
+
+def _first_runs(torch, c: _Candidates, n: int, graph: bool) -> tuple[list, list, bool]:
+    """Each candidate run once (a failure or a rejected file rules it out), then captured in a
+    CUDA graph if ``graph``: all candidates as graph replays, or none - timing one as a replay
+    and another with its launch overhead would not compare like with like."""
+    errors: list[str | None] = [None] * n
+    graphs: list = [None] * n
+    for i in range(n):
+        try:
+            if not c.use(i):
+                errors[i] = "FlashInfer here rejected the file's _metadata"
+                continue
+            c.call()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - a tactic that fails to run is not a winner
+            errors[i] = f"{type(e).__name__}: {str(e)[:200]}"
+            _recover(torch)
+    if graph:
+        for i in range(n):
+            if errors[i] is not None:
+                continue
+            try:
+                c.use(i)
+                graphs[i] = _capture(torch, c.call)
+            except Exception:  # noqa: BLE001 - not capturable: every candidate runs eagerly
+                _recover(torch)
+                return errors, [None] * n, False
+    return errors, graphs, graph
+
+
+def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, delay, rounds: int, warmup: int,
+                  seed: int) -> list[list[float]]:
+    """Every live candidate once per round, in a new random order each round; the samples (ms)."""
+    samples: list[list[float]] = [[] for _ in graphs]
+    rng = random.Random(seed)
+    for r in range(warmup + rounds):
+        order = list(live)
+        rng.shuffle(order)
+        events = []
+        for i in order:
+            if graphs[i] is None and not c.use(i):
+                continue
+            if flush is not None:
+                flush.zero_()
+            if graphs[i] is None and delay is not None:
+                # As FlashInfer's own tuner times eager calls: the stream waits in a delay
+                # kernel while the host prepares the call, so the timed window holds the
+                # kernels alone, not the host's argument handling and lookup.
+                delay(EAGER_DELAY_US)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            if graphs[i] is not None:
+                graphs[i].replay()
+            else:
+                c.call()
+            end.record()
+            events.append((i, start, end))
+        torch.cuda.synchronize()
+        if r >= warmup:
+            for i, start, end in events:
+                samples[i].append(start.elapsed_time(end))
+    return samples
+
 
 def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, rounds: int = 50, warmup: int = 5,
          cold_l2: bool = True, graph: bool = True, workdir: Path, seed: int = 0) -> dict:
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
 
-    from autotune_cache.autotuner.rankfile import cache_file_bytes
-
-    tuner = AutoTuner.get()
     device = torch.device("cuda", torch.cuda.current_device())
-    kwargs = layer.call_kwargs(bucket)
     n = len(assignments)
-    paths = []
-    for i, values in enumerate(assignments):
-        p = Path(workdir) / f"race-{os.getpid()}-{bucket}-{i}.json"
-        # No _metadata (``diff --measure``): FlashInfer loads the file without an environment
-        # check - the tactics are measured on this GPU whatever the caches were tuned on.
-        p.write_bytes(cache_file_bytes(metadata, values) if metadata is not None else json.dumps(values).encode())
-        paths.append(p)
-
-    def use(i: int) -> bool:
-        tuner.clear_cache()
-        return bool(tuner.load_configs(str(paths[i])))
-
-    def call() -> None:
-        layer.api(**kwargs)
-
-    errors: list[str | None] = [None] * n
-    graphs: list = [None] * n
+    c = _Candidates(AutoTuner.get(), layer, bucket, assignments, metadata, workdir)
     with autotune(False):
-        for i in range(n):
-            try:
-                if not use(i):
-                    errors[i] = "FlashInfer here rejected the file's _metadata"
-                    continue
-                call()
-                torch.cuda.synchronize()
-            except Exception as e:  # noqa: BLE001 - a tactic that fails to run is not a winner
-                errors[i] = f"{type(e).__name__}: {str(e)[:200]}"
-                _recover(torch)
-        if graph:
-            # All candidates as graph replays, or none: timing one as a replay and another with
-            # its launch overhead would not compare like with like.
-            for i in range(n):
-                if errors[i] is not None:
-                    continue
-                try:
-                    use(i)
-                    graphs[i] = _capture(torch, call)
-                except Exception:  # noqa: BLE001 - not capturable: every candidate runs eagerly
-                    _recover(torch)
-                    graphs = [None] * n
-                    graph = False
-                    break
+        errors, graphs, graph = _first_runs(torch, c, n, graph)
         flush = None
         if cold_l2:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
             flush = torch.empty(2 * l2, dtype=torch.uint8, device=device)
         live = [i for i in range(n) if errors[i] is None]
         delay = _delay_kernel() if not graph else None
-        samples: list[list[float]] = [[] for _ in range(n)]
-        rng = random.Random(seed)
-        for r in range(warmup + rounds):
-            order = list(live)
-            rng.shuffle(order)
-            events = []
-            for i in order:
-                if graphs[i] is None and not use(i):
-                    continue
-                if flush is not None:
-                    flush.zero_()
-                if graphs[i] is None and delay is not None:
-                    # As FlashInfer's own tuner times eager calls: the stream waits in a delay
-                    # kernel while the host prepares the call, so the timed window holds the
-                    # kernels alone, not the host's argument handling and lookup.
-                    delay(EAGER_DELAY_US)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                if graphs[i] is not None:
-                    graphs[i].replay()
-                else:
-                    call()
-                end.record()
-                events.append((i, start, end))
-            torch.cuda.synchronize()
-            if r >= warmup:
-                for i, start, end in events:
-                    samples[i].append(start.elapsed_time(end))
-    tuner.clear_cache()
-    for p in paths:
-        p.unlink(missing_ok=True)
+        samples = _timed_rounds(torch, c, live, graphs, flush, delay, rounds, warmup, seed)
+    c.remove()
     medians = [statistics.median(s) if s else math.inf for s in samples]
     spread = [(_iqr(s) / statistics.median(s)) if len(s) >= 4 and statistics.median(s) > 0 else None for s in samples]
     return {"bucket": bucket, "medians_ms": medians, "relative_iqr": spread, "runs": [len(s) for s in samples],

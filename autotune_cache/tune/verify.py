@@ -4,7 +4,8 @@ For each distinct rank workload: load a temporary copy of its rank file the way 
 (``AutoTuner.load_configs``; False means FlashInfer here rejects the file's ``_metadata``), then
 run the skeleton forward at the engine's own dummy-pass token counts - not warm's superset -
 inside ``flashinfer.autotune(True)`` and ``lm_head_stub()``. Every profile the engine would look
-up and find is a hit; every one FlashInfer has to tune is a miss.
+up and find is a hit; every one FlashInfer has to tune is a miss. Importing this module imports
+torch (the skeleton); the command imports it only when it runs.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from typing import TYPE_CHECKING
-
-from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
-
-if TYPE_CHECKING:
-    from autotune_cache.plan.tuning import TuningPlan
+from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.plan.tuning import TuningPlan, dummy_tokens
+from autotune_cache.tune.lm_head import lm_head_stub
+from autotune_cache.tune.skeleton import SkeletonModel
 
 
 @dataclass
@@ -62,13 +61,9 @@ class VerifyReport:
                 "workloads": [w.to_dict() for w in self.workloads]}
 
 
-def verify(plan: "TuningPlan", key_dir: Path) -> VerifyReport:
+def verify(plan: TuningPlan, key_dir: Path) -> VerifyReport:
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
-
-    from autotune_cache.tune.lm_head import lm_head_stub
-    from autotune_cache.plan.tuning import dummy_tokens
-    from autotune_cache.tune.skeleton import SkeletonModel
 
     if not torch.cuda.is_available():
         raise UsageError("no CUDA GPU found: verify replays the engine's pass on one")

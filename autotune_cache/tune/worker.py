@@ -24,10 +24,24 @@ the parent can lay the workers' phases on one time line.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
+
+#: The worker's imports (torch, FlashInfer, the skeleton) are timed from here: they overlap the
+#: parent's planning, and ``imported`` reports how long they took.
+_T0 = time.perf_counter()
+
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from flashinfer.autotuner import AutoTuner, autotune  # noqa: E402
+
+from autotune_cache.tune.lm_head import lm_head_stub  # noqa: E402
+from autotune_cache.tune.race import race  # noqa: E402
+from autotune_cache.tune.skeleton import OpLayer, SkeletonModel  # noqa: E402
 
 
 def measure_floor(tuner_cls) -> list[float]:
@@ -95,8 +109,6 @@ class SlotRecorder:
         tuner_cls.choose_one = choose_one
 
     def slots(self, new_keys) -> list[dict]:
-        import dataclasses
-
         out = []
         for k in new_keys:
             first = self.first_runner.get(k.custom_op)
@@ -109,12 +121,8 @@ class SlotRecorder:
         return out
 
 
-def run_race(spec_path: str, layers, build_layer) -> dict:
+def run_race(spec_path: str, build_layer) -> dict:
     """Race the spec's candidates (``race.py``) and write the result beside the spec, atomically."""
-    from pathlib import Path
-
-    from autotune_cache.tune.race import race
-
     spec = json.loads(Path(spec_path).read_text())
     layer = build_layer(spec["layer"], spec["op"])
     result = race(layer, spec["bucket"], spec["assignments"], spec["metadata"], workdir=Path(spec_path).parent,
@@ -126,30 +134,145 @@ def run_race(spec_path: str, layers, build_layer) -> dict:
     return result
 
 
-def main(task_path: str | None = None) -> int:
-    t0 = time.perf_counter()
-    import torch
-    from flashinfer.autotuner import AutoTuner, autotune
+class _Failed(Exception):
+    """An item the worker could not run; its error event is already out, the exit code here."""
 
-    from autotune_cache.tune.lm_head import lm_head_stub
-    from autotune_cache.tune.skeleton import OpLayer, SkeletonModel
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
 
-    t_import = time.perf_counter() - t0
-    emit("imported", import_s=t_import)
-    # The CUDA context costs a few hundred ms: create it before the task exists, not after.
+
+class Worker:
+    """One worker's state over its run: the task, the layers built so far (a worker only holds
+    the weights of ops it is dealt), the results not yet saved, and its timings."""
+
+    def __init__(self, task: dict, device, model: SkeletonModel):
+        self.task, self.device, self.model = task, device, model
+        self.floor = measure_floor(AutoTuner) if os.environ.get("FI_AUTOTUNE_FLOOR") == "1" else None
+        self.recorder = SlotRecorder(AutoTuner) if task.get("record_slots") else None
+        self.tuner = AutoTuner.get()
+        for name, value in (task.get("tuner") or {}).items():  # FlashInfer's own repeat counts
+            if name in ("warmup", "repeat"):
+                setattr(self.tuner, name, int(value))
+        self.layers: dict[int, OpLayer] = {}
+        self.timing = {"tune": 0.0, "jit": 0.0, "race": 0.0}
+        self.current: int | None = None
+        self.pending: list[str] = []
+        self.last_save = time.perf_counter()
+
+    def checkpoint(self, i: int) -> None:
+        """FlashInfer writes the file atomically, merged with what is already on disk; the done
+        file names a bucket only once its results are in the op's file."""
+        t = self.task["ops"][i]
+        self.tuner.save_configs(t["out"])
+        with open(t["done"], "a") as f:
+            f.write("".join(self.pending))
+            f.flush()
+            os.fsync(f.fileno())
+        self.pending.clear()
+
+    def save_pending(self) -> None:
+        if self.current is not None and self.pending:
+            self.checkpoint(self.current)
+
+    def build_layer(self, index: int, op: dict) -> OpLayer:
+        """Built on first use. The first call outside tuning loads (or JIT-builds) the kernel
+        module, timed apart from tuning. The tunes of one op share its layer (same weights, seed)."""
+        if index not in self.layers:
+            t3 = time.perf_counter()
+            layer = self.layers[index] = OpLayer(op, self.device, seed=index)
+            self.model.layers.append(layer)
+            with autotune(False):
+                layer(1)
+            torch.cuda.synchronize()
+            self.timing["jit"] += time.perf_counter() - t3
+        return self.layers[index]
+
+    def race(self, spec_path: str) -> None:
+        self.save_pending()
+        t5 = time.perf_counter()
+        try:
+            result = run_race(spec_path, self.build_layer)
+        except Exception as e:  # noqa: BLE001 - reported with the spec's name
+            emit("error", op=None, bucket=None, message=f"race {os.path.basename(spec_path)} failed: "
+                 f"{type(e).__name__}: {str(e)[:500]}")
+            raise _Failed(3) from None
+        self.timing["race"] += time.perf_counter() - t5
+        self.current = None  # the race cleared FlashInfer's in-memory cache
+        emit("raced", spec=spec_path, seconds=time.perf_counter() - t5, errors=sum(e is not None for e in result["errors"]))
+
+    def _layer_for(self, i: int, top: dict) -> OpLayer:
+        if i != self.current:
+            if self.current is not None:
+                self.checkpoint(self.current)
+            self.tuner.clear_cache()  # this op's file gets this op's entries only
+            self.current, self.last_save = i, time.perf_counter()
+        try:
+            return self.build_layer(top.get("layer", i), top["op"])
+        except Exception as e:  # noqa: BLE001 - reported with the op's name
+            emit("error", op=top["op"]["id"], bucket=None, message=f"first call failed: {type(e).__name__}: {str(e)[:500]}")
+            raise _Failed(3) from None
+
+    def tune(self, i: int, bucket: int) -> None:
+        """One (op, bucket): tuned as the engine's pass would look it up, saved at checkpoints."""
+        top = self.task["ops"][i]
+        op = top["op"]
+        layer = self._layer_for(i, top)
+        emit("start", op=op["id"], bucket=bucket)
+        before = set(self.tuner.profiling_cache) if self.recorder else None
+        t4 = time.perf_counter()
+        try:
+            with autotune(True, tuning_buckets=(bucket,)), lm_head_stub():
+                self.model(lambda o, target=layer.op: 1 if o is target else None, lm_tokens=1)
+            torch.cuda.synchronize()
+        except torch.OutOfMemoryError as e:
+            emit("error", op=op["id"], bucket=bucket, message=f"out of GPU memory: {str(e).splitlines()[0][:300]}")
+            raise _Failed(3) from None
+        except Exception as e:  # noqa: BLE001
+            emit("error", op=op["id"], bucket=bucket, message=f"{type(e).__name__}: {str(e)[:500]}")
+            raise _Failed(3) from None
+        dt = time.perf_counter() - t4
+        self.timing["tune"] += dt
+        new = [k for k in self.tuner.profiling_cache if k not in before] if self.recorder else None
+        self.pending.append(done_line(bucket, self.recorder.slots(new) if self.recorder else None))
+        if time.perf_counter() - self.last_save >= CHECKPOINT_S:
+            self.checkpoint(i)
+            self.last_save = time.perf_counter()
+        emit("done", op=op["id"], bucket=bucket, profiles=len(op["custom_ops"]), seconds=dt, item=f"{i} {bucket}")
+
+    def serve(self, lines) -> None:
+        """Work items, ``flush`` and ``race`` lines until stdin closes (or an empty line)."""
+        for line in lines:
+            line = line.strip()
+            if not line:
+                break
+            if line == "flush":
+                self.save_pending()
+                emit("flushed")
+            elif line.startswith("race "):
+                self.race(line.split(None, 1)[1])
+            else:
+                self.tune(*parse_item(line))
+        self.save_pending()
+        emit("finished", tune_s=self.timing["tune"], jit_s=self.timing["jit"], race_s=self.timing["race"],
+             peak_mem=torch.cuda.max_memory_allocated(self.device), floor_s=self.floor[0] if self.floor else None)
+
+
+def _setup(task_path: str | None, t_import: float):
+    """The CUDA context (created before the task exists: it costs a few hundred ms), the task and
+    the model skeleton; None when there is nothing to do (exit code in the second item)."""
     t1 = time.perf_counter()
     if not torch.cuda.is_available():
         emit("error", message="no CUDA device visible to the worker")
-        return 2
+        return None, 2
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     torch.empty(1, device=device)
     emit("cuda", cuda_s=time.perf_counter() - t1, gpu=torch.cuda.get_device_name(device))
-
     if task_path is None:
         task_path = sys.stdin.readline().strip()
         if not task_path:
-            return 0  # the parent had nothing for us
+            return None, 0  # the parent had nothing for us
     with open(task_path) as f:
         task = json.load(f)
     sk = task["skeleton"]
@@ -157,106 +280,19 @@ def main(task_path: str | None = None) -> int:
     model = SkeletonModel([], hidden=sk["hidden"], vocab=sk["vocab"], tp=sk["tp"], dp=sk["dp"], dtype=sk["dtype"], device=device)
     torch.cuda.synchronize()
     emit("ready", import_s=t_import, setup_s=time.perf_counter() - t2)
+    return Worker(task, device, model), 0
 
-    floor = measure_floor(AutoTuner) if os.environ.get("FI_AUTOTUNE_FLOOR") == "1" else None
-    recorder = SlotRecorder(AutoTuner) if task.get("record_slots") else None
-    tuner = AutoTuner.get()
-    for name, value in (task.get("tuner") or {}).items():  # FlashInfer's own repeat counts
-        if name in ("warmup", "repeat"):
-            setattr(tuner, name, int(value))
-    layers: dict[int, OpLayer] = {}
-    timing = {"tune": 0.0, "jit": 0.0, "race": 0.0}
-    current: int | None = None
-    pending: list[str] = []
-    last_save = time.perf_counter()
 
-    def checkpoint(i: int) -> None:
-        # FlashInfer writes the file atomically, merged with what is already on disk; the done
-        # file names a bucket only once its results are in the op's file.
-        t = task["ops"][i]
-        tuner.save_configs(t["out"])
-        with open(t["done"], "a") as f:
-            f.write("".join(pending))
-            f.flush()
-            os.fsync(f.fileno())
-        pending.clear()
-
-    def build_layer(index: int, op: dict) -> OpLayer:
-        # Built on first use: a worker only holds the weights of ops it is dealt. The first call
-        # outside tuning loads (or JIT-builds) the kernel module, timed apart from tuning. The
-        # tunes of one op share its layer (same weights, same seed).
-        if index not in layers:
-            t3 = time.perf_counter()
-            layer = layers[index] = OpLayer(op, device, seed=index)
-            model.layers.append(layer)
-            with autotune(False):
-                layer(1)
-            torch.cuda.synchronize()
-            timing["jit"] += time.perf_counter() - t3
-        return layers[index]
-
-    for line in sys.stdin:
-        line = line.strip()
-        if not line:
-            break
-        if line == "flush":
-            if current is not None and pending:
-                checkpoint(current)
-            emit("flushed")
-            continue
-        if line.startswith("race "):
-            spec_path = line.split(None, 1)[1]
-            if current is not None and pending:
-                checkpoint(current)
-            t5 = time.perf_counter()
-            try:
-                result = run_race(spec_path, layers, build_layer)
-            except Exception as e:  # noqa: BLE001 - reported with the spec's name
-                emit("error", op=None, bucket=None, message=f"race {os.path.basename(spec_path)} failed: "
-                     f"{type(e).__name__}: {str(e)[:500]}")
-                return 3
-            timing["race"] += time.perf_counter() - t5
-            current = None  # the race cleared FlashInfer's in-memory cache
-            emit("raced", spec=spec_path, seconds=time.perf_counter() - t5, errors=sum(e is not None for e in result["errors"]))
-            continue
-        i, bucket = parse_item(line)
-        top = task["ops"][i]
-        op = top["op"]
-        if i != current:
-            if current is not None:
-                checkpoint(current)
-            tuner.clear_cache()  # this op's file gets this op's entries only
-            current, last_save = i, time.perf_counter()
-        try:
-            layer = build_layer(top.get("layer", i), op)
-        except Exception as e:  # noqa: BLE001 - reported with the op's name
-            emit("error", op=op["id"], bucket=None, message=f"first call failed: {type(e).__name__}: {str(e)[:500]}")
-            return 3
-        emit("start", op=op["id"], bucket=bucket)
-        before = set(tuner.profiling_cache) if recorder else None
-        t4 = time.perf_counter()
-        try:
-            with autotune(True, tuning_buckets=(bucket,)), lm_head_stub():
-                model(lambda o, target=layer.op: 1 if o is target else None, lm_tokens=1)
-            torch.cuda.synchronize()
-        except torch.OutOfMemoryError as e:
-            emit("error", op=op["id"], bucket=bucket, message=f"out of GPU memory: {str(e).splitlines()[0][:300]}")
-            return 3
-        except Exception as e:  # noqa: BLE001
-            emit("error", op=op["id"], bucket=bucket, message=f"{type(e).__name__}: {str(e)[:500]}")
-            return 3
-        dt = time.perf_counter() - t4
-        timing["tune"] += dt
-        slots = recorder.slots([k for k in tuner.profiling_cache if k not in before]) if recorder else None
-        pending.append(done_line(bucket, slots))
-        if time.perf_counter() - last_save >= CHECKPOINT_S:
-            checkpoint(i)
-            last_save = time.perf_counter()
-        emit("done", op=op["id"], bucket=bucket, profiles=len(op["custom_ops"]), seconds=dt, item=f"{i} {bucket}")
-    if current is not None and pending:
-        checkpoint(current)
-    emit("finished", tune_s=timing["tune"], jit_s=timing["jit"], race_s=timing["race"],
-         peak_mem=torch.cuda.max_memory_allocated(device), floor_s=floor[0] if floor else None)
+def main(task_path: str | None = None) -> int:
+    t_import = time.perf_counter() - _T0
+    emit("imported", import_s=t_import)
+    worker, code = _setup(task_path, t_import)
+    if worker is None:
+        return code
+    try:
+        worker.serve(sys.stdin)
+    except _Failed as e:
+        return e.code
     return 0
 
 

@@ -13,6 +13,7 @@ import os
 from autotune_cache.errors import FiAutotuneError, os_error_message
 from autotune_cache.engines.layouts import CacheLayout, EntryId
 from autotune_cache.tree.manifest import Manifest
+from autotune_cache.tree.scan import scan_entry
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.txn import Check, CommitResult, StagedEntry, Transaction
 
@@ -38,8 +39,6 @@ def replace_policy(layout: CacheLayout, root: Path, force: bool) -> Check:
     * a different complete entry: refused without ``--force``;
     * anything else (absent, incomplete, corrupt, stale): replaced.
     """
-    from autotune_cache.tree.scan import scan_entry
-
     def check(staged: StagedEntry, target: Path) -> str | None:
         if not os.path.lexists(target):
             return None

@@ -1,0 +1,64 @@
+"""The machine a warm runs on, as one object the orchestrators take: how its GPUs are found and
+what command starts a worker on one.
+
+The defaults are this machine's (NVML, ``python -m autotune_cache.tune.worker``). A GPU-less CI
+passes fixed GPUs and a stand-in worker script instead (tests/_fake_gpu_cli.py) - through this
+parameter, not through hooks in the code: everything else runs as in production.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from autotune_cache.errors import UsageError
+from autotune_cache.plan.tuning import TuningPlan
+from autotune_cache.tune.gpus import GpuInfo, detect_gpus
+from autotune_cache.tune.pool import WORKER_ARGV, WorkerPool
+
+
+@dataclass(frozen=True)
+class Machine:
+    gpus: GpuInfo | None = None  # None: detect them (``gpus.detect_gpus``)
+    worker_argv: tuple[str, ...] = WORKER_ARGV
+
+    def detect_gpus(self) -> GpuInfo:
+        return self.gpus if self.gpus is not None else detect_gpus()
+
+    def start_pool(self, n: int) -> WorkerPool:
+        return WorkerPool(n, self.worker_argv)
+
+    def usable_gpus(self, n: int | None, plan_hint: str) -> GpuInfo:
+        """This machine's GPUs, or a usage error: none at all, or fewer than ``--gpus`` asks for."""
+        info = self.detect_gpus()
+        if info.count == 0:
+            raise UsageError(f"no CUDA GPU found: warm needs one ({plan_hint} shows the plan without a GPU)")
+        if n is not None and n > info.count:
+            raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
+        return info
+
+
+#: This machine, as production sees it.
+THIS_MACHINE = Machine()
+
+
+def preflight(plan: TuningPlan, info: GpuInfo, gpus: int | None, pool: WorkerPool | None) -> int:
+    """Usage errors before any work: the plan's GPUs are these, FlashInfer imports. The worker count."""
+    arch = plan.resolution.arch
+    if plan.resolution.moe_runner_backend == "flashinfer_megamoe" and not plan.resolution.topology.gpu_uuids:
+        raise UsageError("flashinfer_megamoe names each rank file after its GPU: pass --gpu-uuids (the serving "
+                         "machine's UUIDs in tp-rank order, or auto when it is this machine)")
+    if info.count == 0:
+        raise UsageError("no CUDA GPU found: warm needs one (run `fi-autotune plan` to see the plan without a GPU)")
+    if info.arch != arch:
+        raise UsageError(f"the plan targets {arch} but this machine's GPUs are {info.arch} ({info.names[0]})")
+    if len(set(info.names)) > 1 and gpus != 1:
+        raise UsageError(f"mixed GPU models ({', '.join(sorted(set(info.names)))}): tuned tactics would differ; use --gpus 1")
+    n = info.count if gpus is None else gpus
+    if n < 1 or n > info.count:
+        raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
+    if pool is not None and len(pool.procs) != n:
+        raise ValueError(f"worker pool has {len(pool.procs)} workers, not {n}")
+    if importlib.util.find_spec("flashinfer") is None:
+        raise UsageError("flashinfer is not importable in this Python: install flashinfer-python")
+    return n

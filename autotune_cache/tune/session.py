@@ -1,0 +1,168 @@
+"""The library side of the ``warm`` command: detect the GPUs (the workers already starting when
+``--gpus`` says how many), plan for them, tune, then write v2 and push - typed in, a result out.
+The command only builds the requests, calls one of these and prints the result.
+
+``run_warm`` is one target; ``run_fleet`` is many on one pool (``warm --targets``, both engines'
+calls of ``--layout sglang,vllm``, a speculative target and its draft).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from autotune_cache.errors import FiAutotuneError
+from autotune_cache.plan.tuning import TuningPlan
+from autotune_cache.tree.store import Store
+from autotune_cache.tune.fleet import FleetItem, FleetResult, warm_fleet
+from autotune_cache.tune.gpus import GpuInfo
+from autotune_cache.tune.machine import THIS_MACHINE, Machine
+from autotune_cache.tune.pool import WorkerPool
+from autotune_cache.tune.publish import Published, publish, push_entry, write_v2, written_entry
+from autotune_cache.tune.quality import QualitySettings
+from autotune_cache.tune.warm import WarmResult, warm
+
+
+@dataclass(frozen=True)
+class WarmOptions:
+    """How to run: ``gpus`` (None: all), ``force``, the ``store`` to push to, the machine, and
+    the command that shows the plan without a GPU (for the no-GPU message)."""
+
+    gpus: int | None = None
+    force: bool = False
+    store: Store | None = None
+    machine: Machine = THIS_MACHINE
+    plan_hint: str = "`fi-autotune plan`"
+
+
+class _EarlyPool:
+    """With --gpus N the workers start at once: their torch imports and CUDA contexts overlap
+    the GPU detection and the planning. Otherwise they start once the GPUs are counted."""
+
+    def __init__(self, opts: WarmOptions):
+        self.machine = opts.machine
+        self.pool: WorkerPool | None = opts.machine.start_pool(opts.gpus) if opts.gpus is not None else None
+
+    def start(self, count: int) -> WorkerPool:
+        self.pool = self.pool or self.machine.start_pool(count)
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
+@dataclass
+class WarmRun:
+    plan: TuningPlan
+    result: WarmResult
+    published: Published
+
+
+def run_warm(load: Callable[[GpuInfo], TuningPlan], opts: WarmOptions, *, layouts: tuple[str, ...] = ("sglang",),
+             quality: QualitySettings | None = None, progress=None) -> WarmRun:
+    """One target: ``load(gpus)`` gives its plan; written (or found complete), it is also written
+    to the v2 store if ``layouts`` lists flashinfer-v2, and pushed to ``opts.store``."""
+    early = _EarlyPool(opts)
+    try:
+        info = opts.machine.usable_gpus(opts.gpus, opts.plan_hint)
+        pool = early.start(info.count)
+        plan = load(info)
+        result = warm(plan, gpus=opts.gpus, force=opts.force, progress=progress, gpu_info=info, pool=pool,
+                      quality=quality, machine=opts.machine)
+    finally:
+        early.close()
+    done = result.status in ("written", "complete")
+    return WarmRun(plan, result, publish(plan, layouts, opts.store) if done else Published())
+
+
+@dataclass
+class FleetRunResult:
+    result: FleetResult
+    pushed: list = field(default_factory=list)  # (target, pushed or already there)
+    failed_after_writing: list = field(default_factory=list)  # (target, why)
+    converted: dict = field(default_factory=dict)  # target -> V2Result.to_dict()
+
+    @property
+    def failed(self) -> bool:
+        return any(i.status == "failed" for i in self.result.items) or bool(self.failed_after_writing)
+
+
+class _Publisher:
+    """Each written target converted at once and pushed beside the tuning (uploads one at a
+    time, in order); a failure there fails that target alone. Each entry is scanned once."""
+
+    def __init__(self, store: Store | None):
+        self.store = store
+        self.pushed: list = []
+        self.failed: list = []
+        self.converted: dict = {}
+        self.lock = threading.Lock()
+        self.pushes: list[threading.Thread] = []
+
+    def _push(self, item: FleetItem, entry) -> None:
+        try:
+            r = push_entry(self.store, item.plan, entry)
+            with self.lock:
+                self.pushed.append((item.name, bool(r.pushed)))
+        except FiAutotuneError as e:
+            with self.lock:
+                self.failed.append((item.name, str(e)))
+
+    def _convert(self, item: FleetItem, entry) -> None:
+        if "flashinfer-v2" not in item.layouts:
+            return
+        try:
+            self.converted[item.name] = write_v2(entry)[0].to_dict()
+        except FiAutotuneError as e:
+            self.failed.append((item.name, f"flashinfer-v2: {e}"))
+
+    def publish(self, item: FleetItem, *, beside: bool) -> None:
+        """``beside``: push in a thread while the tuning goes on (after the previous push)."""
+        if self.store is None and "flashinfer-v2" not in item.layouts:
+            return
+        entry = written_entry(item.plan)
+        self._convert(item, entry)
+        if self.store is None:
+            return
+        if not beside:
+            self._push(item, entry)
+            return
+        previous = self.pushes[-1] if self.pushes else None
+        t = threading.Thread(target=lambda: (previous and previous.join(), self._push(item, entry)), daemon=True)
+        self.pushes.append(t)
+        t.start()
+
+    def join(self) -> None:
+        for t in self.pushes:
+            t.join()
+
+
+def run_fleet(load: Callable[[GpuInfo], list[FleetItem]], opts: WarmOptions, *, progress=None,
+              on_committed: Callable[[FleetItem], None] | None = None) -> FleetRunResult:
+    """Many targets on one pool: ``load(gpus)`` gives the items; each is handed to
+    ``on_committed`` (the command prints there) as soon as it is written or has failed, then
+    converted to the layouts it lists and pushed; complete ones already there are too."""
+    early = _EarlyPool(opts)
+    publisher = _Publisher(opts.store)
+
+    def committed(item: FleetItem) -> None:
+        if on_committed:
+            on_committed(item)
+        if item.status == "written":
+            publisher.publish(item, beside=True)
+
+    try:
+        info = opts.machine.usable_gpus(opts.gpus, opts.plan_hint)
+        items = load(info)
+        pool = early.start(info.count)
+        result = warm_fleet(items, gpus=opts.gpus, info=info, pool=pool, force=opts.force, progress=progress,
+                            on_committed=committed, machine=opts.machine)
+    finally:
+        early.close()
+    for item in result.items:  # complete ones already there: convert and push them too
+        if item.status == "complete":
+            publisher.publish(item, beside=False)
+    publisher.join()
+    return FleetRunResult(result, publisher.pushed, publisher.failed, publisher.converted)
