@@ -13,7 +13,7 @@ import functools
 import click
 
 from autotune_cache import registry
-from autotune_cache.engines.requests import build_request
+from autotune_cache.engines.requests import build_request, build_requests
 from autotune_cache.engines.sglang.serving_command import parse_serving_command
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.keys import SCHEMAS
@@ -125,6 +125,12 @@ def request_from(kw: dict, layout: str | None = None, *, engine_options: bool = 
     options = engine_option_values(dict(kw)) if engine_options else {}
     return build_request(ServingOptions.pick(kw), layout=layout, engine_options=options,
                          detect_gpu_uuids=detect_gpu_uuids)
+
+
+def requests_from(kw: dict, layouts: list[str]) -> list[TuneRequest]:
+    """One request per layout (each another engine's), each engine given only its own options."""
+    return build_requests(ServingOptions.pick(kw), layouts, engine_option_values(dict(kw)),
+                          detect_gpu_uuids=detect_gpu_uuids)
 
 
 def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = None):

@@ -15,11 +15,11 @@ from pathlib import Path
 import click
 
 from autotune_cache import registry
+from autotune_cache.engines.selection import warm_groups
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
-from autotune_cache.plan.request import TuneRequest
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tune.fleet import FleetItem
-from autotune_cache.tune.publish import WARM_LAYOUTS, writable_store
+from autotune_cache.tune.publish import writable_store
 from autotune_cache.tune.quality import DEFAULT_THRESHOLD, QualitySettings
 from autotune_cache.tune.recorded import request_of
 from autotune_cache.tune.session import WarmOptions, WarmRun, run_warm
@@ -28,7 +28,7 @@ from .output import Output
 from .params import json_option, resolve_root, shard_option, targets_option
 from .progress import Progress
 from .serving import (build_plan, engine_option_values, engine_options, fold_serving_command, machine_of, request_from,
-                      serving_command_argument, serving_options)
+                      requests_from, serving_command_argument, serving_options)
 from .targetscmd import fleet_command, reject_serving_flags, warm_targets
 
 def _gpus(value: str | None) -> int | None:
@@ -94,7 +94,7 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     n = _gpus(gpus)
     out = Output(as_json)
     settings = _quality(ctx, quality, repeats, threshold, race_runs)
-    wanted = warm_layouts(layouts)
+    groups = warm_groups(layouts)
     opts = WarmOptions(n, force, None, machine_of(ctx))
     if targets_file:
         reject_serving_flags(ctx)
@@ -107,30 +107,22 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
         raise UsageError("--shard goes with --targets")
     opts = replace(opts, store=writable_store(push_url))
     kw = fold_serving_command(ctx, kw, out)
-    vllm_layout = next((x for x in wanted if x.startswith("vllm")), None)
-    if vllm_layout is None:
-        request = request_from(kw)
-        if len(request.workers()) > 1:
-            # Speculative decoding: the target and the draft worker tune into two entries, both
-            # from one run on one pool of workers (each written when its buckets are done).
-            if quality != "quick":
-                raise UsageError("--quality careful tunes one entry at a time; with speculative decoding "
-                                 "warm writes two (target and draft): use --quality quick")
-            warm_workers(request, kw, opts, push_url, wanted, out, t0)
-            return
-    else:
-        vllm_req = request_from(kw, vllm_layout)
-        if "sglang" in wanted:
-            request = request_from(kw, engine_options=False)
-            if quality != "quick":
-                raise UsageError("--quality careful tunes one engine's calls at a time: give --layout sglang or "
-                                 f"--layout {vllm_layout}")
-            warm_engines(request, vllm_req, kw, opts, push_url, wanted, out, t0)
-            return
-        request = vllm_req
+    requests = requests_from(kw, [g.layout for g in groups])
+    units = [(g, r) for g, request in zip(groups, requests) for r in request.workers()]
+    if len(units) > 1:
+        # Two engines' calls (they differ in their keys), or a speculative target and its draft
+        # worker: one run on one pool of workers, each entry written when its buckets are done.
+        if quality != "quick":
+            raise UsageError("--quality careful tunes one engine's calls at a time: give --layout "
+                             + " or --layout ".join(g.layout for g in groups) if len(groups) > 1 else
+                             "--quality careful tunes one entry at a time; with speculative decoding warm writes "
+                             "two (target and draft): use --quality quick")
+        warm_units(units, kw, opts, push_url, out, t0)
+        return
+    ((group, request),) = units
     progress = Progress(not as_json)
     try:
-        run = run_warm(lambda info: build_plan(request, kw["cache_dir"], arch=info.arch), opts, layouts=tuple(wanted),
+        run = run_warm(lambda info: build_plan(request, kw["cache_dir"], arch=info.arch), opts, layouts=group.layouts,
                        quality=settings, progress=progress)
     finally:
         progress.close()  # before main() prints an interruption (exit 130)
@@ -163,41 +155,17 @@ def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
                                         **({"push": pushed.to_dict()} if pushed is not None else {})})
 
 
-def warm_layouts(text: str) -> list[str]:
-    """``--layout`` of warm, checked: which trees one tuning run writes."""
-    wanted = [x.strip() for x in text.split(",") if x.strip()]
-    unknown = [x for x in wanted if x not in WARM_LAYOUTS]
-    if unknown or not wanted:
-        raise UsageError(f"--layout {text!r}: warm writes {', '.join(WARM_LAYOUTS)} (comma-separated)")
-    if "vllm" in wanted and "vllm-dir" in wanted:
-        raise UsageError("--layout: vllm or vllm-dir (vLLM reads one of them), not both")
-    if "flashinfer-v2" in wanted and "sglang" not in wanted:
-        raise UsageError("--layout flashinfer-v2 is written from the sglang tuning: --layout sglang,flashinfer-v2")
-    return wanted
+def warm_units(units: list, kw: dict, opts: WarmOptions, push_url, out: Output, t0: float) -> None:
+    """Several entries from one command, as a fleet: each (engine group, worker request) one item.
+    ``--cache-dir`` is the root of the first group's tree (the others write to their own)."""
+    several = len({g.layout for g, _ in units}) > 1
 
-
-def warm_engines(request: TuneRequest, vllm_req: TuneRequest, kw: dict, opts: WarmOptions, push_url, wanted: list[str],
-                 out: Output, t0: float) -> None:
-    """``--layout sglang,vllm``: both engines' calls (they differ in their keys) tuned in one run on
-    one pool of workers - a fleet of two targets - each written as soon as its buckets are done."""
-    vllm_layout = vllm_req.engine.layout
+    def name(g, r) -> str:
+        return (g.layout + ("" if r.worker == "target" else f" {r.worker}")) if several else r.worker
 
     def load(info):
-        sglang_layouts = tuple(x for x in wanted if not x.startswith("vllm"))
-        return [FleetItem("sglang", build_plan(request, kw["cache_dir"], arch=info.arch), sglang_layouts),
-                FleetItem(vllm_layout, build_plan(vllm_req, None, arch=info.arch), (vllm_layout,))], None
-
-    fleet_command(load, opts, push_url, out, t0)
-
-
-def warm_workers(request: TuneRequest, kw: dict, opts: WarmOptions, push_url, wanted: list[str], out: Output,
-                 t0: float) -> None:
-    """A speculative-decoding command: the target's and the draft worker's entries, as a fleet of two."""
-    layouts = tuple(wanted)
-
-    def load(info):
-        return [FleetItem(r.worker, build_plan(r, kw["cache_dir"], arch=info.arch), layouts)
-                for r in request.workers()], None
+        return [FleetItem(name(g, r), build_plan(r, kw["cache_dir"] if g is units[0][0] else None, arch=info.arch),
+                          g.layouts) for g, r in units], None
 
     fleet_command(load, opts, push_url, out, t0)
 
@@ -231,7 +199,7 @@ def verify_cmd(ctx, ref, as_json, **kw):
     if ref is None and kw["model"] is None:
         raise UsageError("give an entry ID or --model")
     if ref is None and flags_given:
-        plan = build_plan(request_of(kw), kw["cache_dir"])
+        plan = build_plan(request_from(kw), kw["cache_dir"])
         key_dir = plan.key_dir
         if not key_dir.is_dir():
             raise FiAutotuneError(f"no cache entry at {key_dir} (id {plan.entry_id} for these flags)")

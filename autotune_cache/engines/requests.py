@@ -52,3 +52,16 @@ def build_request(options: ServingOptions, *, layout: str | None = None, engine_
         flashinfer_version=options.flashinfer_version, max_tokens=options.max_tokens, model_path=options.model_path,
         engine=engine.target(layout, engine_options),
     )
+
+
+def build_requests(options: ServingOptions, layouts: list[str], engine_options: dict | None = None,
+                   detect_gpu_uuids: Callable[[], list[str]] | None = None) -> list[TuneRequest]:
+    """One request per layout (each of another engine), each engine given its own options only;
+    an option no engine of ``layouts`` takes is refused as ``build_request`` refuses it."""
+    given = {k: v for k, v in (engine_options or {}).items() if v is not None}
+    engines = [registry.engine_of_layout(x) for x in layouts]
+    taken = {o.name for e in engines for o in e.cli_options}
+    engines[0].refuse_foreign_options({k: v for k, v in given.items() if k not in taken})
+    return [build_request(options, layout=x, detect_gpu_uuids=detect_gpu_uuids,
+                          engine_options={k: v for k, v in given.items() if k in {o.name for o in e.cli_options}})
+            for x, e in zip(layouts, engines)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune_cache.engines.vllm.planner import other_config_refusal
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.manifest import Manifest, utc_now_iso
@@ -30,7 +29,7 @@ def existing_entry(plan: TuningPlan, info: GpuInfo) -> Existing | None:
     if not plan.key_dir.is_dir():
         return None
     existing = scan_entry(plan.layout_obj, plan.key_dir, plan.entry_id)
-    why = other_gpu_refusal(existing.gpu, info.names[0], plan.resolution.arch) or other_config_refusal(existing.manifest, plan)
+    why = other_gpu_refusal(existing.gpu, info.names[0], plan.resolution.arch) or plan.engine.existing_entry_refusal(existing.manifest, plan)
     return Existing(
         refusal=why,
         complete=existing.status == EntryStatus.COMPLETE,

@@ -13,6 +13,7 @@ class FlashInferV2(Engine):
     title = "FlashInfer's managed store"
     checks = True
     plans = False
+    written_from = "sglang"
 
     layouts = (FlashInferV2Layout(),)
 
