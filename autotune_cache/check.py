@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.plan.keys import KeyFields
-from autotune_cache.engines.layouts import CacheLayout, EntryId
+from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes
 

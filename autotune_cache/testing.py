@@ -11,7 +11,8 @@ import random
 from pathlib import Path
 
 from autotune_cache.plan.keys import KeyFields, get_schema
-from autotune_cache.engines.layouts import EntryId, default_layout
+from autotune_cache.registry import default_layout
+from autotune_cache.tree.layout import EntryId
 from autotune_cache.tree.manifest import Manifest, utc_now_iso
 from autotune_cache.autotuner.rankfile import cache_file_bytes
 from autotune_cache.plan.topology import Topology

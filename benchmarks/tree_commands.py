@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from autotune_cache.plan.keys import KeyFields  # noqa: E402
-from autotune_cache.engines.layouts import default_layout  # noqa: E402
+from autotune_cache.registry import default_layout  # noqa: E402
 from autotune_cache.tree.layout import MANIFEST_NAME  # noqa: E402
 from autotune_cache.tree.manifest import RankRecord  # noqa: E402
 from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, fake_configs, make_manifest  # noqa: E402

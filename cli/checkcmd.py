@@ -7,7 +7,7 @@ import click
 from autotune_cache.check import Candidate, CheckReport, check_files, files_of_bundle, nearest_difference
 from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.autotuner.fingerprint import Fingerprint
-from autotune_cache.engines.layouts import default_layout
+from autotune_cache.registry import default_layout
 from autotune_cache.autotuner.rankfile import read_regular_file
 
 from .output import Output
@@ -96,7 +96,7 @@ def run_check(plan, layout, layout_name: str, store_url: str | None, fingerprint
             raise UsageError("--layout flashinfer-v2 checks a local store against --env-from (the serving image's "
                              "fingerprint names its directory)")
         from autotune_cache.check import check_v2_store
-        from autotune_cache.engines.layouts import get_layout
+        from autotune_cache.registry import get_layout
 
         v2root = cache_dir or get_layout("flashinfer-v2").default_root().path
         check_v2_store(plan, report, fingerprint, v2root)

@@ -237,7 +237,7 @@ def apply_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
 def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = None):
     """The plan for ``request`` under the cache root ``cache_dir`` names (made if missing), else the
     root of the engine's layout."""
-    from autotune_cache.engines.layouts import get_layout
+    from autotune_cache.registry import get_layout
 
     if request.arch is None:
         request = request.with_arch(arch or local_arch())

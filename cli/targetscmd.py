@@ -113,7 +113,7 @@ def load_fleet(path: str, cache_dir: str | None, arch: str | None, shard: str | 
 
 def coverage(plan, store=None) -> str:
     """A target's state where the engine (or the pull) will look: covered, partly, missing."""
-    from autotune_cache.engines.layouts import default_layout
+    from autotune_cache.registry import default_layout
     from autotune_cache.tree.scan import scan_entry
     from autotune_cache.tree.status import EntryStatus
 
@@ -282,7 +282,7 @@ def check_targets(ctx, out, targets_file: str, kw: dict, store_url: str | None, 
                   strict: bool) -> None:
     """``check --targets``: which targets the tree (or store) covers; --strict fails on any miss."""
     from autotune_cache.errors import ExitCode
-    from autotune_cache.engines.layouts import default_layout
+    from autotune_cache.registry import default_layout
 
     from .checkcmd import run_check
     from .params import resolve_root

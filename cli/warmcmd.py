@@ -290,10 +290,10 @@ def describe_summary(s: dict) -> str:
 
 def _also_v2(plan, out: Output):
     """The tuning just committed (or already there), written into FlashInfer's own store too."""
-    from autotune_cache.engines.layouts import get_layout
+    from autotune_cache.registry import get_layout
     from autotune_cache.tree.scan import scan_entry
 
-    from .convertcmd import convert_entry
+    from autotune_cache.tree.convert import convert_entry
 
     entry = scan_entry(get_layout("sglang"), plan.key_dir, plan.entry_id)
     result, _ = convert_entry(entry, "flashinfer-v2", get_layout("flashinfer-v2").default_root().path)

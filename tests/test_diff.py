@@ -168,7 +168,7 @@ def test_what_the_engine_would_notice_is_never_identical(tmp_path, root):
 
 
 def test_a_file_against_an_entry_whose_ranks_differ(tmp_path):
-    from autotune_cache.engines.layouts import default_layout
+    from autotune_cache.registry import default_layout
     from autotune_cache.testing import make_manifest
     from autotune_cache.plan.topology import Topology
     from autotune_cache.tune.writer import commit_entry

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.tree.atomic import exchange_paths
-from autotune_cache.engines.layouts import default_layout
+from autotune_cache.registry import default_layout
 from autotune_cache.tree.layout import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.autotuner.rankfile import parse_cache_bytes
@@ -549,7 +549,7 @@ def test_a_plain_tar_of_the_tree_imports_with_notes(tmp_path):
 STAGER = """
 import sys, time
 from pathlib import Path
-from autotune_cache.engines.layouts import default_layout
+from autotune_cache.registry import default_layout
 from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, fake_configs
 from autotune_cache.tree.txn import Transaction
 layout = default_layout()
@@ -599,7 +599,8 @@ def test_prune_keeps_young_temp_files(root):
 
 def test_a_temp_file_touched_after_the_plan_stays(root):
     """Planned as old, written again before execution: a writer is alive, the file stays."""
-    from autotune_cache.tree.prune import EntryFilter, plan_prune
+    from autotune_cache.tree.delete import plan_prune
+    from autotune_cache.tree.select import EntryFilter
 
     eid = write_fake_entry(root)
     tmp = entry_path(root, eid) / ".autotuner_busy.tmp"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.engines.layouts import get_layout
+from autotune_cache.registry import get_layout
 from autotune_cache.engines.vllm.layout import VllmRankName, arch_dir
 from autotune_cache.testing import write_vllm_entry
 

@@ -103,7 +103,7 @@ class TuningPlan:
 
     @property
     def layout_obj(self):
-        from autotune_cache.engines.layouts import get_layout
+        from autotune_cache.registry import get_layout
 
         return get_layout(self.layout)
 

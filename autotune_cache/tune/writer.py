@@ -11,7 +11,7 @@ from pathlib import Path
 import os
 
 from autotune_cache.errors import FiAutotuneError, os_error_message
-from autotune_cache.engines.layouts import CacheLayout, EntryId
+from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.txn import Check, CommitResult, StagedEntry, Transaction

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from autotune_cache.plan.topology import MAX_PARALLEL, MAX_RANK_FILES, Topology, TopologyError
 from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, CacheLayout, Level, NameKind, RootChoice
-from autotune_cache.engines.sglang.layout import VERSION_RE
+from autotune_cache.tree.layout import VERSION_RE
 
 HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 #: ``90a``, ``100a``, ``120f``, ``80``, joined by ``_`` on hosts with several archs.
@@ -94,6 +94,8 @@ class VllmLayout(CacheLayout):
         Level("arch", "FlashInfer arch dir (90a, 100a, ...)", ARCH_DIR_RE),
         Level("key", "vLLM config hash", HASH_RE),
     )
+    conversion_refusal = ("vLLM's files are not a conversion of SGLang's: vLLM calls FlashInfer with other arguments "
+                          "(its keys differ) and skips tuning when its files exist; tune them with `warm --layout vllm`")
 
     def default_root(self) -> RootChoice:
         return vllm_cache_root()
@@ -186,6 +188,7 @@ class VllmDirLayout(VllmLayout):
     levels = (Level("key", "vLLM config hash", HASH_RE),)
     #: FlashInfer's managed store shares this directory when vLLM runs single-rank.
     skip_names = frozenset({"v2"})
+    conversion_refusal = None  # `convert --layout vllm` says why for both vLLM trees
 
     def default_root(self) -> RootChoice:
         value = os.environ.get(OVERRIDE_ENV)
