@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from autotune_cache.testing import DEFAULT_METADATA, write_plan_entry
+from tests.synthetic import DEFAULT_METADATA, write_plan_entry
 
 H200 = {"format": 1, "tool": "fi-autotune env", "fingerprint": DEFAULT_METADATA, "arch": "sm90",
         "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": None}], "host": "gpu-box", "captured": None}

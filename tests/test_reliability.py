@@ -26,7 +26,7 @@ from autotune_cache.tree.manifest import Manifest
 from autotune_cache.autotuner.rankfile import parse_cache_bytes
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
-from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
+from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
 
 from .conftest import REPO, run_cli, run_cli_unprivileged, run_json
 
@@ -132,12 +132,12 @@ def test_ctrl_c_during_commit_is_deferred_until_the_entry_is_whole(tmp_path):
         "import os, signal, sys\n"
         "from pathlib import Path\n"
         "import autotune_cache.tree.txn as t\n"
-        "from autotune_cache.testing import write_fake_entry\n"
-        "orig = t._swap_in\n"
+        "from tests.synthetic import write_fake_entry\n"
+        "orig = t.swap_in\n"
         "def interrupted(*a):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    return orig(*a)\n"
-        "t._swap_in = interrupted\n"
+        "t.swap_in = interrupted\n"
         "write_fake_entry(Path(sys.argv[1]), seed=1)\n"
         "print('not reached')\n"
     )
@@ -550,7 +550,7 @@ STAGER = """
 import sys, time
 from pathlib import Path
 from autotune_cache.registry import default_layout
-from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, fake_configs
+from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs
 from autotune_cache.tree.txn import Transaction
 layout = default_layout()
 txn = Transaction(layout, Path(sys.argv[1]))

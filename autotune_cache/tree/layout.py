@@ -25,7 +25,8 @@ from typing import ClassVar
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.topology import Topology
 
-#: The layout a bare id (``<version>/<arch>/<key>``) names (``layouts.DEFAULT_LAYOUT``).
+#: The layout a bare id (``<version>/<arch>/<key>``) names: how ids print, with no registry look-up
+#: per id (``registry.default_layout()`` is the same layout, the first engine's first).
 DEFAULT_LAYOUT_NAME = "sglang"
 #: fi-autotune's record in each entry it writes; engines read only their own file names.
 MANIFEST_NAME = "fi-autotune.manifest.json"
