@@ -4,16 +4,16 @@ This package never imports torch or flashinfer at import time: the cache-tree co
 (ls, show, prune, rm, key, export, import) must start instantly on machines without CUDA.
 """
 
-__version__ = "0.2.0"
-
-from autotune_cache.errors import EntryLocked, ExitCode, FiAutotuneError, UsageError  # noqa: E402
-from autotune_cache.plan.keys import SCHEMAS, KeyFields, KeySchema, get_schema  # noqa: E402
-from autotune_cache.engines.layouts import LAYOUTS, CacheLayout, EntryId, default_layout, get_layout  # noqa: E402
-from autotune_cache.tune.lm_head import lm_head_stub, lm_head_stubbed  # noqa: E402
-from autotune_cache.tree.manifest import Manifest  # noqa: E402
-from autotune_cache.tree.scan import CacheEntry, CacheInfo, scan_cache  # noqa: E402
-from autotune_cache.tree.status import EntryStatus  # noqa: E402
-from autotune_cache.plan.topology import RankName, Topology  # noqa: E402
+from autotune_cache.version import __version__
+from autotune_cache.errors import EntryLocked, ExitCode, FiAutotuneError, UsageError
+from autotune_cache.plan.keys import SCHEMAS, KeyFields, KeySchema, get_schema
+from autotune_cache.registry import default_layout, get_layout, layouts
+from autotune_cache.tree.layout import CacheLayout, EntryId
+from autotune_cache.tune.lm_head import lm_head_stub, lm_head_stubbed
+from autotune_cache.tree.manifest import Manifest
+from autotune_cache.tree.scan import CacheEntry, CacheInfo, scan_cache
+from autotune_cache.tree.status import EntryStatus
+from autotune_cache.plan.topology import RankName, Topology
 
 __all__ = [
     "__version__",
@@ -38,5 +38,14 @@ __all__ = [
     "get_schema",
     "lm_head_stub",
     "lm_head_stubbed",
+    "layouts",
     "scan_cache",
 ]
+
+
+def __getattr__(name: str):
+    """``LAYOUTS``, the layouts by name, as the registry knows them (read when asked: the
+    registry imports no engine until someone wants one)."""
+    if name == "LAYOUTS":
+        return layouts()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,11 +38,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from autotune_cache.engines.layouts import default_layout  # noqa: E402
+from autotune_cache.registry import default_layout  # noqa: E402
 from autotune_cache.tree.layout import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE  # noqa: E402
 from autotune_cache.tree.manifest import Manifest  # noqa: E402
 from autotune_cache.autotuner.rankfile import parse_cache_bytes  # noqa: E402
-from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, default_fields, fake_configs, write_fake_entry  # noqa: E402
+from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, default_fields, fake_configs, write_fake_entry  # noqa: E402
 
 SG = default_layout()
 COLUMNS = ("attempts", "corrupt", "lost", "half", "leftovers", "tracebacks", "hangs")

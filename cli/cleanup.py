@@ -8,9 +8,9 @@ import click
 
 from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.autotuner.installed import installed_flashinfer_version
-from autotune_cache.tree.prune import DeletePlan, describe_result, check_writable, plan_prune, plan_rm
+from autotune_cache.tree.delete import DeletePlan, describe_result, check_writable, plan_prune, plan_rm
 from autotune_cache.tree.scan import scan_cache
-from autotune_cache.tree.txn import recover_journals
+from autotune_cache.tree.recovery import recover_journals
 
 from .output import Output
 from .params import (

@@ -6,32 +6,18 @@ from pathlib import Path
 
 import click
 
-from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.engines.layouts import default_layout, get_layout
-from autotune_cache.autotuner.rankfile import read_regular_file
+from autotune_cache.errors import FiAutotuneError
+from autotune_cache.tree.convert import conversion_target, convert_choices, convert_entry, converts_to
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 
 from .output import Output
 from .params import cache_dir_option, json_option, resolve_root
 
-TARGETS = ("flashinfer-v2",)
-
-
-def convert_entry(entry, target: str, to_root: Path):
-    """Write one complete SGLang entry into ``target`` under ``to_root``."""
-    from autotune_cache.engines.flashinfer_v2.store import merge_rank_files, write_store
-
-    if target != "flashinfer-v2":
-        raise UsageError(f"cannot convert to {target!r}; converts to: {', '.join(TARGETS)}")
-    files = {rf.name: read_regular_file(rf.path) for rf in entry.rank_files if rf.ok}
-    metadata, values = merge_rank_files(files)
-    return write_store(to_root, metadata, values), values
-
 
 @click.command("convert")
 @click.argument("refs", nargs=-1, required=True, metavar="ID...")
-@click.option("--layout", "target", required=True, type=click.Choice(TARGETS + ("vllm",)),
+@click.option("--layout", "target", required=True, type=click.Choice(convert_choices()),
               help="The layout to write the same tactics into.")
 @click.option("--to", "to_root", default=None,
               help="Root of the target layout (default: its engine's own: $FLASHINFER_AUTOTUNE_CACHE_DIR, else "
@@ -48,16 +34,14 @@ def convert_cmd(refs, target, to_root, cache_dir, as_json):
     files skips tuning altogether; tune them with `warm --layout vllm`.)
     """
     out = Output(as_json)
-    if target == "vllm":
-        raise UsageError("vLLM's files are not a conversion of SGLang's: vLLM calls FlashInfer with other arguments "
-                         "(its keys differ) and skips tuning when its files exist; tune them with `warm --layout vllm`")
+    into = conversion_target(target)
     root = resolve_root(cache_dir, must_exist=True)
     info = scan_cache(root.path)
     entries = info.resolve(refs)
-    dest = Path(to_root) if to_root else get_layout(target).default_root().path
+    dest = Path(to_root) if to_root else into.default_root().path
     results = []
     for e in entries:
-        if e.status != EntryStatus.COMPLETE or e.layout != default_layout().name:
+        if e.status != EntryStatus.COMPLETE or not converts_to(e, target):
             raise FiAutotuneError(f"{e.id} is {e.status}: only complete SGLang entries convert")
         result, values = convert_entry(e, target, dest)
         no_policy = sum(1 for v in values.values() if len(v) < 3)
@@ -72,4 +56,4 @@ def convert_cmd(refs, target, to_root, cache_dir, as_json):
                      + (f", {r.without_key_fields} without key_fields (served lazily)" if r.without_key_fields else ""))
 
     out.emit(human=human, data=[{"entry": str(e.id), **r.to_dict()} for e, r in results],
-             ids=[f"flashinfer-v2:{r.env_hash}" for _, r in results])
+             ids=[f"{target}:{r.env_hash}" for _, r in results])

@@ -11,7 +11,7 @@ import click
 from autotune_cache.tree.diff import CacheUnit, DiffReport, describe_value, diff_units
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.autotuner.fingerprint import FIELDS
-from autotune_cache.engines.layouts import LAYOUTS, default_layout
+from autotune_cache.registry import default_layout, layouts
 from autotune_cache.tree.layout import MANIFEST_NAME, NameKind
 from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
 from autotune_cache.tree.archive import import_archives
@@ -48,7 +48,7 @@ def _read_file(p: Path, text: str) -> dict:
 
 #: Layouts whose entries are flat dirs of rank files (FlashInfer's v2 store is compared by
 #: converting an entry to it, not here).
-FLAT_LAYOUTS = tuple(layout for layout in LAYOUTS.values() if layout.archivable)
+FLAT_LAYOUTS = tuple(layout for layout in layouts().values() if layout.archivable)
 
 
 def _unit_of_dir(path: Path) -> CacheUnit | None:

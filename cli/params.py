@@ -9,10 +9,11 @@ import click
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import Duration, parse_duration
-from autotune_cache.engines.layouts import LAYOUTS, CacheLayout, RootChoice, default_layout, get_layout
-from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
+from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, fingerprint_for_staleness
+from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.autotuner.installed import VERSION_RE
-from autotune_cache.tree.prune import EntryFilter
+from autotune_cache.tree.layout import CacheLayout, RootChoice
+from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.status import EntryStatus
 
 
@@ -90,11 +91,11 @@ def resolve_root(cache_dir: str | None, *, must_exist: bool, layout: CacheLayout
     return choice
 
 
-LAYOUT_NAMES = CommaList("layout", choices=list(LAYOUTS))
+LAYOUT_NAMES = CommaList("layout", choices=list(known_layouts()))
 layout_option = click.option(
     "--layout", "layouts", multiple=True, type=LAYOUT_NAMES,
     help="Which engine's tree: " + ", ".join(f"{n} ({l.default_root().source.removeprefix('the default ')})"
-                                            for n, l in LAYOUTS.items()) + ". Default: sglang; `ls` lists every one that exists.",
+                                            for n, l in known_layouts().items()) + f". Default: {default_layout().name}; `ls` lists every one that exists.",
 )
 
 
@@ -107,8 +108,8 @@ def _archivable_layout(ctx, param, value):
 
 
 archive_layout_option = click.option(
-    "--layout", "layout", default=DEFAULT_LAYOUT_NAME, show_default=True, callback=_archivable_layout,
-    type=click.Choice(list(LAYOUTS)),
+    "--layout", "layout", default=default_layout().name, show_default=True, callback=_archivable_layout,
+    type=click.Choice(list(known_layouts())),
     help="Which engine's tree the entries belong to (its root: --cache-dir, else the engine's own).",
 )
 
@@ -128,7 +129,7 @@ def trees(cache_dir: str | None, layouts, *, every_existing: bool = False) -> li
     if not every_existing:
         return [(default_layout(), resolve_root(None, must_exist=True))]
     found, missing = [], []
-    for layout in LAYOUTS.values():
+    for layout in known_layouts().values():
         if not layout.configured():
             continue
         choice = layout.default_root()
@@ -208,8 +209,6 @@ def staleness_fingerprint(env_from: str | None, check_env: bool, flt: EntryFilte
     ``--env-from`` wins; ``--check-env`` or ``--status stale`` mean this host, which must have a
     GPU: a host without one is no serving environment, so nothing is called stale there.
     """
-    from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, fingerprint_for_staleness
-
     wants_stale = EntryStatus.STALE in flt.statuses
     if not (env_from or check_env or wants_stale):
         return None

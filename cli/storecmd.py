@@ -2,40 +2,22 @@
 
 from __future__ import annotations
 
-import io
 import time
 
 import click
 
-from autotune_cache.tree.archive import import_archives
-from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.autotuner.fingerprint import Fingerprint
-from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
+from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
+from autotune_cache.registry import layouts
+from autotune_cache.tree.pull import PullRefused, pull
 from autotune_cache.tree.scan import scan_cache
-from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store import Store, bundle_of, is_store_url
 
 from .output import Output
 from .params import archive_layout_option, cache_dir_option, entry_filter, env_from_option, filter_options, json_option, resolve_root
-from .serving import build_plan, request_from, serving_options
+from .serving import build_plan, machine_of, request_from, serving_options
+from .transfer import exportable
 from .tree import recover_journals_quietly
-
-
-def exportable(out: Output, entries, include_incomplete: bool, verb: str = "pushing") -> list:
-    """Complete entries; incomplete ones only when asked (warned); never corrupt or diverged
-    (``push`` and ``export``)."""
-    chosen = []
-    for e in entries:
-        if e.status == EntryStatus.COMPLETE:
-            chosen.append(e)
-        elif e.status == EntryStatus.INCOMPLETE and include_incomplete:
-            out.warn(f"{verb} {e.id} incomplete ({e.ranks_str} rank files): engines re-tune every rank of it")
-            chosen.append(e)
-        elif e.status == EntryStatus.INCOMPLETE:
-            out.note(f"skipping {e.id}: incomplete ({e.ranks_str} rank files; --include-incomplete takes it too)")
-        else:
-            out.note(f"skipping {e.id}: {e.status} ({'; '.join(e.problems)})")
-    return chosen
 
 
 @click.command("push")
@@ -86,10 +68,26 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
 
 def _local_gpu_name() -> str | None:
     """This machine's GPU model (NVML or nvidia-smi; no CUDA context, no torch), if any."""
-    from autotune_cache.tune.gpus import detect_gpus
-
-    info = detect_gpus()
+    info = machine_of().detect_gpus()
     return info.names[0] if info.count else None
+
+
+def _ids_from_serving_flags(layout, refs, kw, fingerprint, root, out):
+    """The entry the serving flags map to ([] when the server would not autotune), or None
+    when no serving flags were given."""
+    if not (kw["model"] or kw["model_path"]):
+        return None
+    if not layout.key_from_serving_flags:
+        named = ", ".join(n for n, lay in layouts().items() if lay.key_from_serving_flags)
+        raise UsageError(f"serving flags name {named} entries only ({layout.name}'s key comes from the engine "
+                         "itself): pull by id")
+    if refs:
+        raise UsageError("name entries by ID or by serving flags, not both")
+    plan = build_plan(request_from(kw).for_target(fingerprint), str(root.path))
+    if not plan.autotunes:
+        out.note("the server would not autotune with these flags: nothing to pull")
+        return []
+    return [plan.entry_id]
 
 
 @click.command("pull")
@@ -113,65 +111,21 @@ def pull_cmd(url, refs, layout, env_from, force, any_env, as_json, **kw):
     store = Store(url)
     fingerprint = Fingerprint.load(env_from) if env_from else None
     root = resolve_root(kw["cache_dir"], must_exist=False, layout=layout)
-    if kw["model"] or kw["model_path"]:
-        if layout.name != DEFAULT_LAYOUT_NAME:
-            raise UsageError(f"serving flags name sglang entries only ({layout.name}'s key comes from the engine "
-                             "itself): pull by id")
-        if refs:
-            raise UsageError("name entries by ID or by serving flags, not both")
-        request = request_from(kw).for_target(fingerprint)
-        plan = build_plan(request, str(root.path))
-        if not plan.autotunes:
-            out.note("the server would not autotune with these flags: nothing to pull")
-            out.emit(human=lambda: None, data={"store": str(store), "imported": [], "unchanged": []})
-            return
-        wanted = [plan.entry_id]
-    elif refs:
-        wanted = []
-        listing = None
-        for ref in refs:
-            eid = layout.parse_id(ref)
-            if eid is None:
-                listing = listing if listing is not None else store.records(layout.name)
-                matches = [r.id for r in listing if r.id.name == ref]
-                if len(matches) > 1:
-                    raise UsageError(f"{ref!r} names {len(matches)} entries in {store}; give one id: "
-                                     + ", ".join(map(str, matches)))
-                if not matches:
-                    raise FiAutotuneError(f"no entry {ref!r} in {store}")
-                eid = matches[0]
-            wanted.append(eid)
-    else:
-        wanted = None
-    records = store.records(layout.name) if wanted is None else []
-    if wanted is not None:
-        for eid in wanted:
-            rec = store.record(layout.name, eid)
-            if rec is None:
-                raise FiAutotuneError(f"no entry {eid} in {store}")
-            records.append(rec)
-    if not records:
-        raise FiAutotuneError(f"nothing to pull: {store} holds no entries")
-
-    target_gpu = fingerprint.gpu if fingerprint is not None else _local_gpu_name()
-    refused = []
-    for rec in records:
-        if fingerprint is not None:
-            verdict = fingerprint.compare(rec.metadata)
-            if verdict.stale:
-                refused.append((rec, f"tuned for another environment ({verdict.describe()})"))
-        elif target_gpu and rec.gpu and rec.gpu != target_gpu:
-            refused.append((rec, f"tuned on {rec.gpu}, this machine has {target_gpu}"))
-    if refused and not any_env:
-        for rec, why in refused:
+    ids = _ids_from_serving_flags(layout, refs, kw, fingerprint, root, out)
+    if ids == []:
+        out.emit(human=lambda: None, data={"store": str(store), "imported": [], "unchanged": []})
+        return
+    try:
+        pulled = pull(store, layout, root.path, refs=refs, ids=ids, fingerprint=fingerprint, any_env=any_env,
+                      local_gpu=None if fingerprint is not None else _local_gpu_name(), force=force)
+    except PullRefused as e:
+        for rec, why in e.refused:
             out.error(f"{rec.id}: {why}")
-        raise FiAutotuneError(f"nothing was pulled: {len(refused)} bundle(s) are for another GPU or environment "
-                              "(--any-env pulls them anyway)")
-    if fingerprint is None and target_gpu is None and not any_env:
+        raise
+    if pulled.unchecked:
         out.note("no --env-from and no GPU here: the bundles' environment was not checked "
                  "(`fi-autotune check --env-from env.json` can do it later)")
-    sources = [(io.BytesIO(store.fetch(rec)), f"{store} {rec.id}") for rec in records]
-    result = import_archives(layout, root.path, sources, force=force)
+    result = pulled.imported
 
     def human() -> None:
         for entry_id in result.imported:

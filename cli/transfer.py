@@ -13,10 +13,28 @@ import click
 from autotune_cache.tree.archive import export_entries, import_archive
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.status import EntryStatus
 
 from .output import Output
 from .params import archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root
 from .tree import recover_journals_quietly
+
+
+def exportable(out: Output, entries, include_incomplete: bool, verb: str = "pushing") -> list:
+    """Complete entries; incomplete ones only when asked (warned); never corrupt or diverged
+    (``push`` and ``export``)."""
+    chosen = []
+    for e in entries:
+        if e.status == EntryStatus.COMPLETE:
+            chosen.append(e)
+        elif e.status == EntryStatus.INCOMPLETE and include_incomplete:
+            out.warn(f"{verb} {e.id} incomplete ({e.ranks_str} rank files): engines re-tune every rank of it")
+            chosen.append(e)
+        elif e.status == EntryStatus.INCOMPLETE:
+            out.note(f"skipping {e.id}: incomplete ({e.ranks_str} rank files; --include-incomplete takes it too)")
+        else:
+            out.note(f"skipping {e.id}: {e.status} ({'; '.join(e.problems)})")
+    return chosen
 
 
 @click.command("export")
@@ -45,19 +63,17 @@ def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, o
     flt = entry_filter(model, versions, arch, status, older_than, unused_for)
     now = time.time()
     entries = [e for e in entries if flt.reasons(e, now) is not None]
-    from .storecmd import exportable as complete_or_asked
-
-    exportable = complete_or_asked(out, entries, include_incomplete, verb="exporting")
-    if not exportable:
+    chosen = exportable(out, entries, include_incomplete, verb="exporting")
+    if not chosen:
         raise FiAutotuneError("nothing to export")
     if to_stdout:
-        result = export_entries(layout, exportable, sys.stdout.buffer)
+        result = export_entries(layout, chosen, sys.stdout.buffer)
         sys.stdout.buffer.flush()
     else:
         tmp = out_path.parent / f".{out_path.name}.{secrets.token_hex(4)}.tmp"
         try:
             with open(tmp, "xb") as f:
-                result = export_entries(layout, exportable, f)
+                result = export_entries(layout, chosen, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, out_path)

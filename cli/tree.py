@@ -8,11 +8,14 @@ import click
 
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.humanize import format_size, plural
-from autotune_cache.engines.layouts import get_layout
+from autotune_cache.autotuner.fingerprint import Fingerprint
+from autotune_cache.autotuner.rankfile import summarize_ops
+from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.tune.quality import selection_summary
 from autotune_cache.tree.scan import CacheEntry, map_entries, scan_cache
+from autotune_cache.tree.store import Store
 from autotune_cache.tree.status import EntryStatus
-from autotune_cache.tree.txn import recover_journals
+from autotune_cache.tree.recovery import recover_journals
 
 from .output import Output
 from .params import (
@@ -138,9 +141,6 @@ STORE_HEADERS = ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "SIZE", "PUSHED", "S
 
 def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
     """``ls URL``: the entries published in a store (from its index records)."""
-    from autotune_cache.autotuner.fingerprint import Fingerprint
-    from autotune_cache.tree.store import Store
-
     store = Store(url)
     records = store.records()
     fp = Fingerprint.load(env_from) if env_from else None
@@ -179,8 +179,6 @@ def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
 
 def recover_journals_quietly(root, layout=None) -> list[str]:
     """Finish interrupted multi-entry writes when this tree is writable (a no-op otherwise)."""
-    from autotune_cache.engines.layouts import default_layout
-
     try:
         return recover_journals(layout or default_layout(), root)
     except Exception:  # noqa: BLE001 - a reader never fails because it could not finish a write
@@ -190,12 +188,10 @@ def recover_journals_quietly(root, layout=None) -> list[str]:
 def scan_trees(cache_dir, layouts, refs, fingerprint=None):
     """Scan the trees the ids name (a ``<layout>:`` prefix names its layout; ``--layout`` or
     ``--cache-dir`` otherwise) and resolve the ids there: [(entry, CacheInfo)]."""
-    from autotune_cache.engines.layouts import LAYOUTS
-
     names = list(flatten(layouts))
     for ref in refs:
         prefix, sep, _ = ref.partition(":")
-        if sep and prefix in LAYOUTS and prefix not in names and (cache_dir is None or not flatten(layouts)):
+        if sep and prefix in known_layouts() and prefix not in names and (cache_dir is None or not flatten(layouts)):
             names.append(prefix)
     targets = trees(cache_dir, tuple(names))
     infos = []
@@ -228,9 +224,7 @@ def entry_view(e: CacheEntry, ops) -> dict:
 
 
 def _ops_of(e: CacheEntry):
-    from autotune_cache.autotuner.rankfile import summarize_ops
-
-    if e.layout == "flashinfer-v2":
+    if not get_layout(e.layout).holds_rank_files:
         return []  # one key per file: listed by show --json
     for rf in e.rank_files:
         if rf.ok:

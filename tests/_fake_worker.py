@@ -22,9 +22,12 @@ import re
 import signal
 import sys
 import time
+from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import cache_file_bytes, parse_file_key
-from autotune_cache.testing import DEFAULT_METADATA
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.synthetic from the repo
+from tests.synthetic import DEFAULT_METADATA  # noqa: E402
 
 META = {**DEFAULT_METADATA, "gpu": os.environ.get("FAKE_GPU", "NVIDIA H200")}
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 
-from autotune_cache.testing import DEFAULT_METADATA, write_plan_entry
+from tests.synthetic import DEFAULT_METADATA, write_plan_entry
 from fi_autotune_cli.plancmd import build_plan, request_from
 from fi_autotune_cli.warmcmd import warm_cmd
 

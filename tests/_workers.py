@@ -8,11 +8,12 @@ from pathlib import Path
 
 from autotune_cache.tree.archive import import_archive
 from autotune_cache.errors import EntryLocked
-from autotune_cache.engines.layouts import default_layout
-from autotune_cache.tree.prune import EntryFilter, plan_prune
+from autotune_cache.registry import default_layout
+from autotune_cache.tree.delete import plan_prune
+from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
-from autotune_cache.testing import default_fields, write_fake_entry
+from tests.synthetic import default_fields, write_fake_entry
 
 MODELS = ("zai-org/GLM-5.1-FP8", "deepseek-ai/DeepSeek-V3", "moonshotai/Kimi-K2-Instruct")
 SMALL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)

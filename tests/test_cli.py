@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.engines.layouts import default_layout
-from autotune_cache.testing import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
+from autotune_cache.registry import default_layout
+from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 
 from .conftest import REPO, run_cli, run_json
 
@@ -282,8 +282,8 @@ def test_rm_deletes_named_entries_only(root):
 LOCK_HOLDER = """
 import sys, time
 from pathlib import Path
-from autotune_cache.engines.layouts import default_layout
-from autotune_cache.tree.txn import entry_lock
+from autotune_cache.registry import default_layout
+from autotune_cache.tree.locks import entry_lock
 layout = default_layout()
 with entry_lock(layout, Path(sys.argv[1]), layout.parse_id(sys.argv[2])):
     print("locked", flush=True)
@@ -308,7 +308,8 @@ def test_prune_skips_entry_locked_by_a_running_writer(root):
 
 def test_prune_leaves_an_entry_changed_since_the_plan(root):
     """The plan is what was shown; an entry re-tuned between plan and execution stays."""
-    from autotune_cache.tree.prune import EntryFilter, plan_prune
+    from autotune_cache.tree.delete import plan_prune
+    from autotune_cache.tree.select import EntryFilter
     from autotune_cache.tree.scan import scan_cache
     from autotune_cache.tree.status import EntryStatus
 

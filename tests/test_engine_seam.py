@@ -12,7 +12,7 @@ from autotune_cache import registry
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.plan.request import TuneRequest
-from autotune_cache.testing import write_plan_entry
+from tests.synthetic import write_plan_entry
 from fi_autotune_cli.main import main
 
 QWEN = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass",

@@ -156,7 +156,7 @@ def test_plan_targets_merges_identical_calls_and_shows_coverage(fleet, tmp_path)
     data = json.loads(run_cli("plan", "--targets", str(fleet), "--cache-dir", str(root), "--json").stdout)
     assert {t["coverage"] for t in data["targets"]} == {"missing"}
     assert data["profiles_one_by_one"] == 294 and data["profiles_merged"] == 252
-    from autotune_cache.testing import entry_path, write_plan_entry
+    from tests.synthetic import entry_path, write_plan_entry
     from autotune_cache.plan.request import TuneRequest
 
     plan = TuneRequest.from_dict(data["targets"][2]["plan"]["request"]).plan(root)

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.engines.layouts import DEFAULT_LAYOUT, EntryId, NameKind, default_layout, get_layout
+from autotune_cache.registry import default_layout, get_layout
+from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME as DEFAULT_LAYOUT, EntryId, NameKind
 from autotune_cache.tree.layout import MANIFEST_NAME
 from autotune_cache.engines.sglang.layout import arch_from_capability
 from autotune_cache.errors import UsageError

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.tree.atomic import exchange_paths
-from autotune_cache.engines.layouts import default_layout
+from autotune_cache.registry import default_layout
 from autotune_cache.tree.layout import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.autotuner.rankfile import parse_cache_bytes
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
-from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
+from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
 
 from .conftest import REPO, run_cli, run_cli_unprivileged, run_json
 
@@ -132,12 +132,12 @@ def test_ctrl_c_during_commit_is_deferred_until_the_entry_is_whole(tmp_path):
         "import os, signal, sys\n"
         "from pathlib import Path\n"
         "import autotune_cache.tree.txn as t\n"
-        "from autotune_cache.testing import write_fake_entry\n"
-        "orig = t._swap_in\n"
+        "from tests.synthetic import write_fake_entry\n"
+        "orig = t.swap_in\n"
         "def interrupted(*a):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    return orig(*a)\n"
-        "t._swap_in = interrupted\n"
+        "t.swap_in = interrupted\n"
         "write_fake_entry(Path(sys.argv[1]), seed=1)\n"
         "print('not reached')\n"
     )
@@ -549,8 +549,8 @@ def test_a_plain_tar_of_the_tree_imports_with_notes(tmp_path):
 STAGER = """
 import sys, time
 from pathlib import Path
-from autotune_cache.engines.layouts import default_layout
-from autotune_cache.testing import DEFAULT_METADATA, cache_file_bytes, fake_configs
+from autotune_cache.registry import default_layout
+from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs
 from autotune_cache.tree.txn import Transaction
 layout = default_layout()
 txn = Transaction(layout, Path(sys.argv[1]))
@@ -599,7 +599,8 @@ def test_prune_keeps_young_temp_files(root):
 
 def test_a_temp_file_touched_after_the_plan_stays(root):
     """Planned as old, written again before execution: a writer is alive, the file stays."""
-    from autotune_cache.tree.prune import EntryFilter, plan_prune
+    from autotune_cache.tree.delete import plan_prune
+    from autotune_cache.tree.select import EntryFilter
 
     eid = write_fake_entry(root)
     tmp = entry_path(root, eid) / ".autotuner_busy.tmp"

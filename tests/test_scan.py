@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.tree import scan as scan_mod
+from autotune_cache.tree import entry_scan as entry_scan_mod
 from autotune_cache.autotuner.fingerprint import Fingerprint
-from autotune_cache.engines.layouts import default_layout
+from autotune_cache.registry import default_layout
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
-from autotune_cache.testing import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
+from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 from autotune_cache.plan.topology import Topology
 
 from .conftest import REPO, unprivileged
@@ -81,8 +82,8 @@ def test_manifest_fast_path_reads_no_rank_file(root, monkeypatch):
     """While stat matches the manifest's records, no rank file is opened at all."""
     write_fake_entry(root)
     reads = []
-    real = scan_mod.read_regular_file
-    monkeypatch.setattr(scan_mod, "read_regular_file", lambda p, *a, **k: reads.append(Path(p).name) or real(p, *a, **k))
+    real = entry_scan_mod.read_regular_file
+    monkeypatch.setattr(entry_scan_mod, "read_regular_file", lambda p, *a, **k: reads.append(Path(p).name) or real(p, *a, **k))
     e = only(root)
     assert e.status == EntryStatus.COMPLETE and all(rf.sha256 for rf in e.rank_files)
     assert reads == ["fi-autotune.manifest.json"]
@@ -110,8 +111,8 @@ def test_engine_written_entry_without_manifest(root):
 def test_identical_engine_files_are_parsed_once(root, monkeypatch):
     write_fake_entry(root, with_manifest=False)
     parsed = []
-    real = scan_mod.RankFile.from_bytes
-    monkeypatch.setattr(scan_mod.RankFile, "from_bytes", classmethod(lambda cls, *a, **k: parsed.append(a[1]) or real(*a, **k)))
+    real = entry_scan_mod.RankFile.from_bytes
+    monkeypatch.setattr(entry_scan_mod.RankFile, "from_bytes", classmethod(lambda cls, *a, **k: parsed.append(a[1]) or real(*a, **k)))
     e = only(root)
     assert e.status == EntryStatus.COMPLETE and len(e.rank_files) == 8 and len(parsed) == 1
     assert len({rf.sha256 for rf in e.rank_files}) == 1 and all(rf.num_configs == 63 for rf in e.rank_files)

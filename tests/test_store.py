@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.testing import DEFAULT_METADATA, default_fields, write_fake_entry
+from tests.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
 
 from .conftest import REPO, run_cli
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.engines.layouts import get_layout
+from autotune_cache.registry import get_layout
 from autotune_cache.engines.vllm.layout import VllmRankName, arch_dir
-from autotune_cache.testing import write_vllm_entry
+from tests.synthetic import write_vllm_entry
 
 from .conftest import REPO, run_cli, run_json
 
@@ -93,7 +93,7 @@ def test_ls_lists_a_vllm_tree_with_its_ranks(tmp_path):
 
 
 def test_ls_without_layout_lists_vllm_beside_sglang(tmp_path, root):
-    from autotune_cache.testing import write_fake_entry
+    from tests.synthetic import write_fake_entry
 
     write_fake_entry(root)
     vroot = tmp_path / "vllm"
@@ -227,7 +227,7 @@ def test_other_versions_never_takes_an_entry_whose_version_it_cannot_read(tmp_pa
         == [f"vllm-dir:{H1}"]
     # Files without a readable version: never "another version" than the installed one.
     from autotune_cache.autotuner.rankfile import cache_file_bytes
-    from autotune_cache.testing import DEFAULT_METADATA, fake_configs
+    from tests.synthetic import DEFAULT_METADATA, fake_configs
 
     meta = {k: v for k, v in DEFAULT_METADATA.items() if k != "flashinfer_version"}
     (path / "autotune_configs_dp0_rank0.json").write_bytes(cache_file_bytes(meta, fake_configs()))
@@ -240,7 +240,7 @@ def test_metadata_that_differs_across_ranks_is_diverged(tmp_path):
     root = tmp_path / "vllm"
     path = write_vllm_entry(root, H1, world=2)
     from autotune_cache.autotuner.rankfile import cache_file_bytes
-    from autotune_cache.testing import DEFAULT_METADATA, fake_configs
+    from tests.synthetic import DEFAULT_METADATA, fake_configs
 
     (path / "autotune_configs_dp0_rank1.json").write_bytes(
         cache_file_bytes({**DEFAULT_METADATA, "cudnn_version": "91600"}, fake_configs()))
@@ -301,7 +301,7 @@ def test_two_layouts_in_one_root_keep_their_own_digest_index(tmp_path):
 
     from autotune_cache.tree.digestindex import DigestIndex, stat_key
     from autotune_cache.tree.scan import scan_cache
-    from autotune_cache.testing import entry_path, write_fake_entry
+    from tests.synthetic import entry_path, write_fake_entry
 
     root = tmp_path / "shared-root"
     eid = write_fake_entry(root, with_manifest=False)

@@ -27,11 +27,13 @@ from typing import BinaryIO
 
 from autotune_cache.errors import FiAutotuneError, os_error_message
 from autotune_cache.plan.keys import SCHEMAS
-from autotune_cache.engines.layouts import CacheLayout, EntryId
-from autotune_cache.tree.layout import JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE, NameKind
+from autotune_cache.registry import layouts
+from autotune_cache.tree.layout import (JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE, CacheLayout,
+                                        EntryId, NameKind)
 from autotune_cache.tree.manifest import Manifest, NewerManifest
 from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, parse_cache_bytes, read_regular_file
-from autotune_cache.tree.scan import CacheEntry, manifest_names_other_entry
+from autotune_cache.tree.entry_scan import manifest_names_other_entry
+from autotune_cache.tree.records import CacheEntry
 from autotune_cache.tree.txn import Transaction
 from autotune_cache.tune.writer import replace_policy
 
@@ -202,6 +204,39 @@ def _check_name(name: str) -> None:
         raise FiAutotuneError(f"archive member {name!r}: path traversal")
 
 
+def _checked_member(layout: CacheLayout, member: tarfile.TarInfo, name: str) -> tuple[EntryId, str, NameKind]:
+    """(entry, file name, kind) of a regular member that is a data file or manifest of the
+    layout, within the size bound; raises for anything else (links, foreign paths, big files)."""
+    if not member.isreg():
+        kind = "link" if (member.issym() or member.islnk()) else "special file"
+        raise FiAutotuneError(f"archive member {name!r}: {kind}, only regular files are allowed")
+    parsed = layout.parse_member(name)
+    if parsed is None:
+        raise FiAutotuneError(f"archive member {name!r}: not in the {layout.name} cache layout"
+                              + _other_layout_hint(layout, name))
+    eid, fname = parsed
+    kind = layout.classify(fname, False)
+    if kind not in (NameKind.DATA, NameKind.MANIFEST):
+        raise FiAutotuneError(f"archive member {name!r}: not a cache file or manifest")
+    if member.size > MAX_RANK_FILE_BYTES:
+        raise FiAutotuneError(f"archive member {name!r}: {member.size} bytes, over the {MAX_RANK_FILE_BYTES} limit")
+    return eid, fname, kind
+
+
+def _keep_manifests(txn: Transaction, manifests: dict[EntryId, bytes], label: str) -> None:
+    """Every manifest must come with rank files, and every entry from one archive only; the
+    manifests wait in the transaction until ``finish_staged`` checks them."""
+    for eid in manifests:
+        if eid not in txn.staged:
+            raise FiAutotuneError(f"{eid}: a manifest but no rank files")
+    if not txn.staged:
+        raise FiAutotuneError(f"{label}: no cache entries in the archive")
+    for eid, data in manifests.items():
+        if eid in txn.manifest_bytes:
+            raise FiAutotuneError(f"{eid}: in two archives")
+        txn.manifest_bytes[eid] = data
+
+
 def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label: str, *, finish: bool = True) -> ImportPlan:
     """Validate the archive member by member into ``txn``'s staging dirs; raise on the first
     bad member (the caller discards the transaction: nothing reaches the tree). Manifests are
@@ -230,19 +265,7 @@ def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label
                 if skip is not None:
                     plan.skipped.append((name, skip))
                     continue
-                if not member.isreg():
-                    kind = "link" if (member.issym() or member.islnk()) else "special file"
-                    raise FiAutotuneError(f"archive member {name!r}: {kind}, only regular files are allowed")
-                parsed = layout.parse_member(name)
-                if parsed is None:
-                    raise FiAutotuneError(f"archive member {name!r}: not in the {layout.name} cache layout"
-                                          + _other_layout_hint(layout, name))
-                eid, fname = parsed
-                kind = layout.classify(fname, False)
-                if kind not in (NameKind.DATA, NameKind.MANIFEST):
-                    raise FiAutotuneError(f"archive member {name!r}: not a cache file or manifest")
-                if member.size > MAX_RANK_FILE_BYTES:
-                    raise FiAutotuneError(f"archive member {name!r}: {member.size} bytes, over the {MAX_RANK_FILE_BYTES} limit")
+                eid, fname, kind = _checked_member(layout, member, name)
                 total += member.size
                 if total > MAX_TOTAL_BYTES:
                     raise FiAutotuneError(f"{label}: contents exceed {MAX_TOTAL_BYTES} bytes")
@@ -272,15 +295,7 @@ def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label
     except OSError as e:
         raise FiAutotuneError(f"cannot import {label}: {os_error_message(e)}; nothing was written") from None
 
-    for eid in manifests:
-        if eid not in txn.staged:
-            raise FiAutotuneError(f"{eid}: a manifest but no rank files")
-    if not txn.staged:
-        raise FiAutotuneError(f"{label}: no cache entries in the archive")
-    for eid, data in manifests.items():
-        if eid in txn.manifest_bytes:
-            raise FiAutotuneError(f"{eid}: in two archives")
-        txn.manifest_bytes[eid] = data
+    _keep_manifests(txn, manifests, label)
     if finish:
         plan.incomplete.extend(finish_staged(layout, txn))
     return plan
@@ -350,9 +365,7 @@ def import_archives(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str
 
 def _other_layout_hint(layout: CacheLayout, name: str) -> str:
     """'; it is in the sglang layout: --layout sglang' when another layout's archives hold it."""
-    from autotune_cache.engines.layouts import LAYOUTS
-
-    fits = [other.name for other in LAYOUTS.values()
+    fits = [other.name for other in layouts().values()
             if other.name != layout.name and other.archivable and other.parse_member(name) is not None]
     return f" (it is a member of a {fits[0]} archive: --layout {fits[0]})" if fits else ""
 

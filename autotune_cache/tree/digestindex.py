@@ -19,9 +19,11 @@ import hashlib
 import marshal
 import os
 import struct
+import time
 from pathlib import Path
 
-from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
+from autotune_cache.registry import default_layout
+from autotune_cache.tree.atomic import atomic_write_bytes
 
 FORMAT = 2
 #: Beyond this many records (about 32 MB of index) nothing more is learned.
@@ -96,16 +98,17 @@ class DigestIndex:
 
     # persistence -------------------------------------------------------------------------------
     @classmethod
-    def for_root(cls, root: Path, layout: str = DEFAULT_LAYOUT_NAME) -> "DigestIndex":
+    def for_root(cls, root: Path, layout: str | None = None) -> "DigestIndex":
         """The index of one layout's tree at ``root`` (empty when disabled, absent or unreadable).
         One file per (layout, root): two engines may share a root, and each scan keeps only the
-        records it used, so a shared file would drop the other layout's records every time."""
+        records it used, so a shared file would drop the other layout's records every time.
+        ``layout``: its name, None for the default layout (whose file keeps the name it always had)."""
         if os.environ.get("FI_AUTOTUNE_NO_INDEX") == "1":
             return cls(None)
         from platformdirs import user_cache_dir
 
         real = os.path.realpath(root)
-        ident = real if layout == DEFAULT_LAYOUT_NAME else f"{layout}:{real}"  # sglang: the name it always had
+        ident = real if layout in (None, default_layout().name) else f"{layout}:{real}"
         name = hashlib.sha256(ident.encode()).hexdigest()[:16] + ".marshal"
         path = Path(user_cache_dir("fi-autotune")) / "digests" / name
         try:
@@ -130,8 +133,6 @@ class DigestIndex:
         files.update(self.learned)
         data = {"format": FORMAT, "root": self.root, "files": files, "metas": self.metas}
         try:
-            from autotune_cache.tree.atomic import atomic_write_bytes
-
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.path, marshal.dumps(data))
             _forget_idle(self.path.parent)
@@ -144,8 +145,6 @@ IDLE_S = 30 * 86400
 
 
 def _forget_idle(directory: Path) -> None:
-    import time
-
     now = time.time()
     for p in directory.glob("*.marshal"):
         try:

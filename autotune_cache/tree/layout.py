@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
+from autotune_cache.errors import UsageError
 from autotune_cache.plan.topology import Topology
 
-#: The layout a bare id (``<version>/<arch>/<key>``) names (``layouts.DEFAULT_LAYOUT``).
+#: The layout a bare id (``<version>/<arch>/<key>``) names: how ids print, with no registry look-up
+#: per id (``registry.default_layout()`` is the same layout, the first engine's first).
 DEFAULT_LAYOUT_NAME = "sglang"
 #: fi-autotune's record in each entry it writes; engines read only their own file names.
 MANIFEST_NAME = "fi-autotune.manifest.json"
@@ -126,6 +128,17 @@ class CacheLayout(ABC):
     env_keyed: ClassVar[bool] = False
     #: Names directly in ``base(root)`` that belong to another layout sharing the directory.
     skip_names: ClassVar[frozenset[str]] = frozenset()
+    #: Data files are FlashInfer autotuner caches (op -> bucket -> tactic), whose tuned ops
+    #: ``show`` can summarize; False where each file holds one key (FlashInfer's managed store).
+    holds_rank_files: ClassVar[bool] = True
+    #: fi-autotune derives this layout's entry key from the serving flags (``pull --model ...``
+    #: names an entry); False where only the engine can compute it (vLLM's config hash).
+    key_from_serving_flags: ClassVar[bool] = False
+    #: Layouts a complete entry of this one can be written into without tuning again (``convert``).
+    convert_targets: ClassVar[tuple[str, ...]] = ()
+    #: Why no entry converts into this layout, said when ``convert --layout`` names it (None:
+    #: the layout is no choice of ``convert`` at all, unless it implements ``convert_into``).
+    conversion_refusal: ClassVar[str | None] = None
 
     # --- where -------------------------------------------------------------------------------
     @abstractmethod
@@ -220,10 +233,26 @@ class CacheLayout(ABC):
         parts.append(f"ep{ep}" if ep is not None else "ep?")
         return " ".join(parts)
 
+    def scan_entry(self, path: Path, eid: EntryId, fingerprint, atime_trusted: bool):
+        """A ``CacheEntry`` for layouts whose entries are not a directory of rank files, read
+        their own way; None (the default): the common scan (``tree.entry_scan``) reads it."""
+        return None
+
     def disagreement(self, rank_files: list, notes: list[str]) -> str | None:
         """Why the engine would not use these files together although each is fine (beyond the
         byte-identical groups above), or None. May add notes for what cannot be decided."""
         return None
+
+    # --- conversion --------------------------------------------------------------------------
+    @property
+    def accepts_conversion(self) -> bool:
+        """Whether ``convert_into`` writes entries of another layout into this one."""
+        return type(self).convert_into is not CacheLayout.convert_into
+
+    def convert_into(self, entry, to_root: Path):
+        """Write a complete entry of another layout (one that lists this in ``convert_targets``)
+        into this layout under ``to_root``; returns what was written (a result with ``to_dict``)."""
+        raise UsageError(self.conversion_refusal or f"nothing converts into the {self.name} layout")
 
     # --- archives ----------------------------------------------------------------------------
     def member_name(self, eid: EntryId, name: str) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 from datetime import datetime, timezone
 
-from autotune_cache import __version__
+from autotune_cache.version import __version__
 from autotune_cache.plan.keys import KeyFields
 from autotune_cache.plan.topology import MAX_RANK_FILES, Topology, TopologyError
 

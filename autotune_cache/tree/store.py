@@ -32,9 +32,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from urllib.parse import urlsplit, urlunsplit
 
-from autotune_cache import __version__
+from autotune_cache.version import __version__
 from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.engines.layouts import CacheLayout, EntryId, get_layout
+from autotune_cache.registry import get_layout
+from autotune_cache.tree.archive import export_entries
+from autotune_cache.tree.atomic import crashpoint
+from autotune_cache.tree.layout import CacheLayout, EntryId
 
 MARKER = "fi-autotune-store.json"
 STORE_FORMAT = 1
@@ -287,8 +290,6 @@ class Store:
 
     def push(self, layout: CacheLayout, bundles: list[tuple[object, bytes]], *, seal: bool = False) -> PushResult:
         """Publish ``(entry, bundle bytes)`` pairs: bundle first, then its index record."""
-        from autotune_cache.tree.atomic import crashpoint
-
         self.check_writable()
         pushed, unchanged, uploaded = [], [], 0
         try:
@@ -337,8 +338,6 @@ def _is_missing(e: BaseException) -> bool:
 
 def bundle_of(layout: CacheLayout, entry) -> bytes:
     """The reproducible one-entry bundle ``export`` would write for ``entry``."""
-    from autotune_cache.tree.archive import export_entries
-
     buf = io.BytesIO()
     result = export_entries(layout, [entry], buf)
     if not result.entries:

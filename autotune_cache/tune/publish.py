@@ -8,7 +8,7 @@ from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import read_regular_file
 from autotune_cache.engines.flashinfer_v2.store import V2Result, merge_rank_files, write_store
-from autotune_cache.engines.layouts import get_layout
+from autotune_cache.registry import get_layout
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.scan import CacheEntry, scan_entry

@@ -3,7 +3,7 @@
     <root>/v2/<env hash>/manifest.json + entries/<sha256(key)[:24]>.json
 
 The unit fi-autotune lists, deletes and checks is the environment directory: everything
-FlashInfer in one software stack on one GPU model reads. See ``v2store.py`` for the format.
+FlashInfer in one software stack on one GPU model reads. See ``store.py`` beside it for the format.
 """
 
 from __future__ import annotations
@@ -12,10 +12,16 @@ import json
 import os
 import re
 import stat as stat_mod
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, RankFile, read_regular_file
+from autotune_cache.engines.flashinfer_v2.convert import write_entry
+from autotune_cache.engines.flashinfer_v2.store import ENTRIES, MANIFEST, default_root, entry_name, env_hash
 from autotune_cache.plan.topology import Topology
 from autotune_cache.tree.layout import TEMP_FILE_RE, CacheLayout, EntryId, Level, NameKind, RootChoice
+from autotune_cache.tree.records import CacheEntry, Finding, finding_for
+from autotune_cache.tree.status import EntryStatus
 
 ENV_RE = re.compile(r"^[0-9a-f]{16}$")
 ENTRY_RE = re.compile(r"^[0-9a-f]{24}\.json$")
@@ -30,10 +36,9 @@ class FlashInferV2Layout(CacheLayout):
     description = "FlashInfer's managed store (autotune_v2; vLLM single-rank): <root>/v2/<env hash>/entries/*.json"
     levels = (Level("env_hash", "environment hash", ENV_RE),)
     archivable = False  # entries/ holds the data: made by `convert` (or warm) where it is read
+    holds_rank_files = False  # one key per file: listed by show --json
 
     def default_root(self) -> RootChoice:
-        from autotune_cache.engines.flashinfer_v2.store import default_root
-
         path, source = default_root()
         return RootChoice(path, source)
 
@@ -61,70 +66,99 @@ class FlashInferV2Layout(CacheLayout):
     def id_fields(self, eid: EntryId) -> dict[str, str]:
         return {"key": eid.name}
 
+    def convert_into(self, entry, to_root: Path):
+        return write_entry(entry, to_root)
+
     def scan_entry(self, path: Path, eid: EntryId, fingerprint, atime_trusted: bool):
         return scan_env_dir(self, path, eid, fingerprint, atime_trusted)
 
 
+@dataclass
+class _EnvDir:
+    """What one pass over an environment directory found."""
+
+    problems: list[str] = field(default_factory=list)
+    foreign: list[Finding] = field(default_factory=list)
+    temp: list[Finding] = field(default_factory=list)
+    state: list = field(default_factory=list)
+    files: list[RankFile] = field(default_factory=list)
+    manifest: dict | None = None
+    size: int = 0
+    newest: float = 0.0
+    newest_atime: float = 0.0
+
+
+def _read_manifest(found: _EnvDir, path: str) -> None:
+    try:
+        manifest = json.loads(read_regular_file(path, limit=1 << 20))
+        if not isinstance(manifest, dict):
+            raise ValueError("not an object")
+        found.manifest = manifest
+    except (OSError, ValueError, RecursionError) as e:
+        found.problems.append(f"{MANIFEST}: {str(e)[:80]}")
+
+
+def _entry_error(path: str, name: str) -> str | None:
+    """Why FlashInfer would not use this entry file, or None."""
+    try:
+        entry = json.loads(read_regular_file(path, limit=MAX_RANK_FILE_BYTES))
+        if not (isinstance(entry, dict) and isinstance(entry.get("key"), str)
+                and isinstance(entry.get("runner"), str) and "tactic" in entry):
+            raise ValueError("not a FlashInfer v2 entry")
+        if entry_name(entry["key"]) != name:
+            raise ValueError("its embedded key does not hash to its name (FlashInfer would skip it)")
+    except (OSError, ValueError, RecursionError) as ex:
+        return str(ex)[:100]
+    return None
+
+
+def _read_entries(found: _EnvDir, entries_dir: Path) -> None:
+    """The ``entries/`` dir: each FlashInfer entry is one data file of the environment."""
+    for e in sorted(os.scandir(entries_dir), key=lambda d: d.name):
+        est = e.stat(follow_symlinks=False)
+        found.state.append((f"{ENTRIES}/{e.name}", est.st_size, est.st_mtime_ns, est.st_ctime_ns, est.st_ino))
+        if FI_TEMP_RE.match(e.name) or TEMP_FILE_RE.match(e.name):
+            found.temp.append(Finding(entries_dir / e.name, "temp", "temporary file of an interrupted write",
+                                      est.st_size, est.st_mtime))
+            continue
+        if not (ENTRY_RE.match(e.name) and stat_mod.S_ISREG(est.st_mode)):
+            found.foreign.append(finding_for(entries_dir / e.name, est))
+            continue
+        found.size += est.st_size
+        found.newest = max(found.newest, est.st_mtime)
+        found.newest_atime = max(found.newest_atime, est.st_atime)
+        error = _entry_error(e.path, e.name)
+        found.files.append(RankFile(entries_dir, e.name, est.st_size, est.st_mtime, est.st_mtime_ns, None,
+                                    0 if error else 1, {}, error))
+
+
+def _list_env_dir(layout: FlashInferV2Layout, path: Path, children: list[os.DirEntry]) -> _EnvDir:
+    found = _EnvDir()
+    for child in children:
+        st = child.stat(follow_symlinks=False)
+        found.state.append((child.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+        kind = layout.classify(child.name, stat_mod.S_ISDIR(st.st_mode))
+        if kind is NameKind.MANIFEST and stat_mod.S_ISREG(st.st_mode):
+            found.size += st.st_size
+            _read_manifest(found, child.path)
+        elif kind is NameKind.ENGINE_SIDE:
+            _read_entries(found, path / ENTRIES)
+        elif kind is NameKind.TEMP:
+            found.temp.append(Finding(path / child.name, "temp", "temporary file of an interrupted write",
+                                      st.st_size, st.st_mtime))
+        else:
+            found.foreign.append(finding_for(path / child.name, st))
+    return found
+
+
 def scan_env_dir(layout: FlashInferV2Layout, path: Path, eid: EntryId, fingerprint, atime_trusted: bool):
     """One environment directory as a ``CacheEntry``: its entries are the data files."""
-    from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, RankFile, read_regular_file
-    from autotune_cache.tree.scan import CacheEntry, Finding, _finding_for
-    from autotune_cache.tree.status import EntryStatus
-    from autotune_cache.engines.flashinfer_v2.store import ENTRIES, MANIFEST, env_hash, entry_name
-
-    problems, notes, foreign, temp = [], [], [], []
-    state = []
-    size, newest, newest_atime = 0, 0.0, 0.0
-    manifest: dict | None = None
     try:
         children = list(os.scandir(path))
     except OSError as e:
         return CacheEntry(eid, path, None, None, None, (), None, EntryStatus.UNREADABLE, (f"cannot list: {e.strerror}",))
-    files: list[RankFile] = []
-    for child in children:
-        st = child.stat(follow_symlinks=False)
-        state.append((child.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
-        kind = layout.classify(child.name, stat_mod.S_ISDIR(st.st_mode))
-        if kind is NameKind.MANIFEST and stat_mod.S_ISREG(st.st_mode):
-            size += st.st_size
-            try:
-                manifest = json.loads(read_regular_file(child.path, limit=1 << 20))
-                if not isinstance(manifest, dict):
-                    raise ValueError("not an object")
-            except (OSError, ValueError, RecursionError) as e:
-                problems.append(f"{MANIFEST}: {str(e)[:80]}")
-                manifest = None
-        elif kind is NameKind.ENGINE_SIDE:
-            entries_dir = path / ENTRIES
-            for e in sorted(os.scandir(entries_dir), key=lambda d: d.name):
-                est = e.stat(follow_symlinks=False)
-                state.append((f"{ENTRIES}/{e.name}", est.st_size, est.st_mtime_ns, est.st_ctime_ns, est.st_ino))
-                if FI_TEMP_RE.match(e.name) or TEMP_FILE_RE.match(e.name):
-                    temp.append(Finding(entries_dir / e.name, "temp", "temporary file of an interrupted write",
-                                        est.st_size, est.st_mtime))
-                    continue
-                if not (ENTRY_RE.match(e.name) and stat_mod.S_ISREG(est.st_mode)):
-                    foreign.append(_finding_for(entries_dir / e.name, est))
-                    continue
-                size += est.st_size
-                newest = max(newest, est.st_mtime)
-                newest_atime = max(newest_atime, est.st_atime)
-                error = None
-                try:
-                    entry = json.loads(read_regular_file(e.path, limit=MAX_RANK_FILE_BYTES))
-                    if not (isinstance(entry, dict) and isinstance(entry.get("key"), str)
-                            and isinstance(entry.get("runner"), str) and "tactic" in entry):
-                        raise ValueError("not a FlashInfer v2 entry")
-                    if entry_name(entry["key"]) != e.name:
-                        raise ValueError("its embedded key does not hash to its name (FlashInfer would skip it)")
-                except (OSError, ValueError, RecursionError) as ex:
-                    error = str(ex)[:100]
-                files.append(RankFile(entries_dir, e.name, est.st_size, est.st_mtime, est.st_mtime_ns, None,
-                                      0 if error else 1, {}, error))
-        elif kind is NameKind.TEMP:
-            temp.append(Finding(path / child.name, "temp", "temporary file of an interrupted write", st.st_size, st.st_mtime))
-        else:
-            foreign.append(_finding_for(path / child.name, st))
+    found = _list_env_dir(layout, path, children)
+    problems, notes, manifest, files = found.problems, [], found.manifest, found.files
     metadata = {k: v for k, v in (manifest or {}).items() if k != "cache_schema"}
     if manifest is None and not problems:
         problems.append(f"no {MANIFEST}")
@@ -143,6 +177,7 @@ def scan_env_dir(layout: FlashInferV2Layout, path: Path, eid: EntryId, fingerpri
     return CacheEntry(
         id=eid, path=path, flashinfer_version=metadata.get("flashinfer_version"), arch=None, manifest=None,
         rank_files=tuple(files), topology=None, status=status, problems=tuple(problems), notes=tuple(notes),
-        temp_files=tuple(temp), foreign=tuple(foreign), size_on_disk=size, last_modified=newest,
-        last_used=(newest_atime or None) if atime_trusted else None, state=tuple(sorted(state)),
+        temp_files=tuple(found.temp), foreign=tuple(found.foreign), size_on_disk=found.size,
+        last_modified=found.newest, last_used=(found.newest_atime or None) if atime_trusted else None,
+        state=tuple(sorted(found.state)),
     )

@@ -33,6 +33,8 @@ from autotune_cache.errors import FiAutotuneError
 from autotune_cache.autotuner.filekey import encode_key_fields, parse_key
 from autotune_cache.autotuner.fingerprint import FIELDS
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS
+from autotune_cache.registry import get_layout
+from autotune_cache.tree.locks import entry_lock
 
 SCHEMA = "v2"
 ENV_HASH_CHARS = 16
@@ -118,8 +120,6 @@ def merge_rank_files(files: dict[str, bytes]) -> tuple[dict, dict]:
 def write_store(root: Path, metadata: dict, values: dict, measurement_fields: dict | None = None) -> V2Result:
     """Publish ``values`` (key -> v1 value) into the environment ``metadata`` names under
     ``root``. Idempotent: an entry already holding the same bytes is left alone."""
-    from autotune_cache.engines.layouts import get_layout
-
     manifest = store_manifest(metadata, measurement_fields)
     h = env_hash(manifest)
     layout = get_layout("flashinfer-v2")
@@ -127,8 +127,6 @@ def write_store(root: Path, metadata: dict, values: dict, measurement_fields: di
         Path(root).mkdir(parents=True, exist_ok=True)
         env_dir = ensure_tree_dirs(Path(root), (SCHEMA, h))
         entries_dir = ensure_tree_dirs(env_dir, (ENTRIES,))
-        from autotune_cache.tree.txn import entry_lock
-
         written = unchanged = bare = 0
         with entry_lock(layout, root, layout.make_id((h,)), timeout=120):
             if not (env_dir / MANIFEST).exists():

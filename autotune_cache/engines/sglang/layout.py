@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import re
 
-from autotune_cache.autotuner.installed import VERSION_RE
 from autotune_cache.plan.topology import RankName, Topology
 from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, CacheLayout, Level, NameKind, RootChoice, env_root
+from autotune_cache.autotuner.installed import VERSION_RE
 
 #: SGLang's side directory of per-run results (never read back by SGLang).
 ENGINE_RUNS_DIRNAME = "runs"
 
 KEY_RE = re.compile(r"^[0-9a-f]{16}$")
 ARCH_RE = re.compile(r"^sm\d{2,3}[a-z]?$")
-# FlashInfer versions are PEP 440 strings ("0.7.2.post1", "0.8.0rc1+cu130"); "unknown" is what
-# SGLang writes when flashinfer has no __version__.
 
 
 def arch_from_capability(major: int, minor: int) -> str:
@@ -36,6 +34,8 @@ class SGLangLayout(CacheLayout):
     name = "sglang"
     engine = "SGLang"
     description = "SGLang 0.5.x: $SGLANG_CACHE_DIR/flashinfer/autotune/<version>/<arch>/<key>/rank_*.json"
+    key_from_serving_flags = True
+    convert_targets = ("flashinfer-v2",)  # its tactics, in FlashInfer's managed store (`convert`)
     levels = (
         Level("flashinfer_version", "flashinfer version", VERSION_RE),
         Level("arch", "sm<XY> arch", ARCH_RE),

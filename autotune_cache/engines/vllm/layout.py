@@ -94,6 +94,8 @@ class VllmLayout(CacheLayout):
         Level("arch", "FlashInfer arch dir (90a, 100a, ...)", ARCH_DIR_RE),
         Level("key", "vLLM config hash", HASH_RE),
     )
+    conversion_refusal = ("vLLM's files are not a conversion of SGLang's: vLLM calls FlashInfer with other arguments "
+                          "(its keys differ) and skips tuning when its files exist; tune them with `warm --layout vllm`")
 
     def default_root(self) -> RootChoice:
         return vllm_cache_root()
@@ -186,6 +188,7 @@ class VllmDirLayout(VllmLayout):
     levels = (Level("key", "vLLM config hash", HASH_RE),)
     #: FlashInfer's managed store shares this directory when vLLM runs single-rank.
     skip_names = frozenset({"v2"})
+    conversion_refusal = None  # `convert --layout vllm` says why for both vLLM trees
 
     def default_root(self) -> RootChoice:
         value = os.environ.get(OVERRIDE_ENV)

@@ -1,11 +1,12 @@
-"""Selecting entries (``ls``, ``prune``, ``rm``, ``export`` filters) and deleting them as
-plan-then-execute, so ``--dry-run`` prints exactly the plan that would run.
+"""Deleting entries as plan-then-execute, so ``--dry-run`` prints exactly the plan that would run
+(``prune`` selects with an ``EntryFilter``, ``rm`` by name).
 
-Execution deletes each entry in one step (``txn.delete_entry``): under its lock, after checking
-that it is still what the plan showed, the entry dir is renamed to a trash name and removed. An
-entry that changed, is locked by a writer, or holds files that are not a cache's stays, and the
-result says which and why. Leftovers of interrupted writes (staging and trash dirs whose owner
-is gone, temp files older than an hour) are removed too.
+Execution deletes each entry in one step (``delete_entry``): under its lock (never waiting: a
+running writer wins), after checking that it is still what the plan showed, the entry dir is
+renamed to a trash name (one rename: it leaves the tree whole) and removed. An entry that
+changed, is locked by a writer, or holds files that are not a cache's stays, and the result
+says which and why. Leftovers of interrupted writes (staging and trash dirs whose owner is
+gone, temp files older than an hour) are removed too.
 """
 
 from __future__ import annotations
@@ -15,89 +16,61 @@ import stat as stat_mod
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from autotune_cache.errors import FiAutotuneError, UsageError, os_error_message
-from autotune_cache.humanize import Duration, format_size, plural
-from autotune_cache.engines.layouts import CacheLayout, get_layout
-from autotune_cache.tree.scan import CacheEntry, CacheInfo, Finding, scan_entry
+from autotune_cache.errors import EntryLocked, FiAutotuneError, UsageError, os_error_message
+from autotune_cache.humanize import format_size, plural
+from autotune_cache.tree.atomic import crashpoint, fsync_dir
+from autotune_cache.tree.dirs import remove_empty_parents, remove_tree
+from autotune_cache.tree.entry_scan import scan_entry
+from autotune_cache.tree.layout import CacheLayout, trash_name
+from autotune_cache.tree.locks import entry_lock, hold_owner_lock, release_owner_lock
+from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
+from autotune_cache.tree.recovery import recover_journals, remove_leftover
+from autotune_cache.tree.select import EntryFilter, beyond_latest
 from autotune_cache.tree.status import EntryStatus
-from autotune_cache.tree.txn import delete_entry, recover_journals, release_owner_lock, remove_leftover
 
 #: A temp file younger than this may be an engine's save in flight (engines take no lock).
 STALE_TEMP_AGE_S = 3600.0
 
 
 @dataclass(frozen=True)
-class EntryFilter:
-    """The filters ``ls``, ``prune`` and ``export`` share; every given one must match."""
-
-    model: str | None = None  # substring of the model path, case-insensitive
-    flashinfer_versions: tuple[str, ...] = ()
-    archs: tuple[str, ...] = ()
-    statuses: tuple[EntryStatus, ...] = ()
-    older_than: Duration | None = None  # not modified for this long
-    unused_for: Duration | None = None  # not read for this long (access time)
-    other_versions_than: str | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not (self.model or self.flashinfer_versions or self.archs or self.statuses or self.older_than
-                    or self.unused_for or self.other_versions_than)
-
-    def reasons(self, e: CacheEntry, now: float) -> tuple[str, ...] | None:
-        """Why ``e`` matches (for the WHY column), or None when it does not."""
-        why = []
-        if self.model is not None:
-            if e.model is None or self.model.lower() not in e.model.lower():
-                return None
-            why.append(f"model {e.model}")
-        if self.flashinfer_versions:
-            if e.flashinfer_version not in self.flashinfer_versions:
-                return None
-            why.append(f"flashinfer {e.flashinfer_version}")
-        if self.other_versions_than is not None:
-            if e.flashinfer_version is None or e.flashinfer_version == self.other_versions_than:
-                return None  # a version we cannot read is never "another" one: no deleting on a guess
-            why.append(f"flashinfer {e.flashinfer_version}, not the installed {self.other_versions_than}")
-        if self.archs:
-            if not get_layout(e.layout).sm_archs(e.arch) & set(self.archs):
-                return None
-            why.append(f"arch {e.arch}")
-        if self.statuses:
-            if e.status not in self.statuses:
-                return None
-            why.append(f"status {e.status}")
-        if self.older_than is not None:
-            if not e.last_modified or now - e.last_modified < self.older_than.seconds:
-                return None
-            why.append(f"not modified for {self.older_than}")
-        if self.unused_for is not None:
-            if e.last_used is None or now - e.last_used < self.unused_for.seconds:
-                return None  # last use unknown (noatime): never selected on a guess
-            why.append(f"not used for {self.unused_for}")
-        return tuple(why)
+class DeleteOutcome:
+    deleted: bool
+    why: str | None = None  # when not deleted: why it was left
+    error: str | None = None  # deleted from the tree, but its files could not all be removed
 
 
-def deployment_of(e: CacheEntry) -> tuple:
-    """Entries that serve the same deployment: same layout, arch and key. The key hashes every
-    field of the serving flags but the FlashInfer version, which is the directory above it."""
-    return (e.layout, e.arch, e.key)
+def delete_entry(layout: CacheLayout, root: Path, entry, rescan: Callable) -> DeleteOutcome:
+    """Delete one entry in one step, if it is still what the plan showed.
 
-
-def beyond_latest(entries: tuple[CacheEntry, ...], n: int) -> dict[str, CacheEntry]:
-    """Per deployment, the entries beyond the ``n`` best: complete ones first (an incomplete
-    entry is never kept over a complete one), then the most recently modified. Maps each id
-    beyond to the entry that ranks first in its group."""
-    groups: dict[tuple, list[CacheEntry]] = {}
-    for e in entries:
-        if e.status != EntryStatus.UNREADABLE:
-            groups.setdefault(deployment_of(e), []).append(e)
-    out = {}
-    for group in groups.values():
-        group.sort(key=lambda e: (e.status != EntryStatus.COMPLETE, -e.last_modified, str(e.id)))
-        for e in group[n:]:
-            out[str(e.id)] = group[0]
-    return out
+    Under the entry's lock (never waiting: a running writer wins), the entry is scanned again
+    (``rescan(entry) -> CacheEntry``); if anything changed since the plan, or it holds files
+    that are not a cache's, it stays. Else its dir is renamed to a trash name (one rename: it
+    leaves the tree whole) and then removed.
+    """
+    base = layout.base(root)
+    token = hold_owner_lock(base)
+    try:
+        with entry_lock(layout, root, entry.id, timeout=0):
+            now = rescan(entry)
+            if now.state != entry.state:
+                return DeleteOutcome(False, "changed since the plan was made")
+            if not now.only_ours:
+                names = ", ".join(sorted(f.path.name for f in now.foreign)[:3])
+                return DeleteOutcome(False, f"holds files that are not part of a cache ({names}); remove them by hand")
+            trash = entry.path.parent / trash_name(token, entry.path.name)
+            try:
+                os.rename(entry.path, trash)
+            except OSError as e:
+                return DeleteOutcome(False, f"cannot delete: {os_error_message(e)}")
+            fsync_dir(entry.path.parent)
+            crashpoint("prune.renamed")
+    except EntryLocked:
+        return DeleteOutcome(False, "locked by a running writer")
+    err = remove_tree(trash)
+    remove_empty_parents(entry.path, base)
+    return DeleteOutcome(True, error=err)
 
 
 @dataclass(frozen=True)

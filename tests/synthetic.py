@@ -1,4 +1,5 @@
-"""Synthetic but format-exact cache entries, for tests and benchmarks of the cache tree.
+"""Synthetic but format-exact cache entries, for tests and benchmarks of the cache tree (not
+shipped in the package: benchmarks import it as ``tests.synthetic`` from the repository root).
 
 The rank files follow ``AutoTuner.save_configs`` byte for byte in structure: ``_metadata``
 first, keys sorted, ``_generation`` = sha256 of the compact sorted dump, ``indent=2``.
@@ -8,12 +9,15 @@ Only the tactics are made up; nothing here pretends to have tuned anything.
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 from autotune_cache.plan.keys import KeyFields, get_schema
-from autotune_cache.engines.layouts import EntryId, default_layout
+from autotune_cache.registry import default_layout
+from autotune_cache.tree.layout import EntryId
 from autotune_cache.tree.manifest import Manifest, utc_now_iso
 from autotune_cache.autotuner.rankfile import cache_file_bytes
+from autotune_cache.engines.vllm.layout import VllmRankName
 from autotune_cache.plan.topology import Topology
 from autotune_cache.tune.writer import commit_entry
 
@@ -95,10 +99,6 @@ def entry_path(root: Path, eid: EntryId) -> Path:
 def write_plan_entry(plan, metadata: dict | None = None, drop_buckets: tuple[int, ...] = (), seed: int = 0) -> EntryId:
     """Commit the entry ``warm`` would write for ``plan``: every key its recipes predict, with
     made-up tactics (``drop_buckets`` leaves those buckets out, as an incomplete tune would)."""
-    import re
-
-    from autotune_cache.tree.manifest import Manifest, utc_now_iso
-
     runner_of = re.compile(r"^\('[^']*', '([^']*)'")
     rng = random.Random(seed)
     res = plan.resolution
@@ -130,8 +130,6 @@ def write_vllm_entry(
     """Write an entry the way vLLM 0.33 leaves one: every rank saves its own file (plain writes,
     no manifest), named ``autotune_configs_dp{d}_rank{d*world+r}.json``. ``override_dir``: the
     ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` form (``root/<hash>``). Returns the entry dir."""
-    from autotune_cache.engines.vllm.layout import VllmRankName
-
     meta = {**DEFAULT_METADATA, "flashinfer_version": flashinfer_version, **(metadata or {})}
     data = cache_file_bytes(meta, fake_configs(seed=seed))
     path = Path(root) / config_hash if override_dir else \

@@ -1,0 +1,271 @@
+"""Reading one entry directory into a ``CacheEntry``, in the manner of
+``huggingface_hub.scan_cache_dir``.
+
+Nothing here writes, follows a symlink, blocks on a FIFO, or reads more than a bounded amount;
+odd things found become ``Finding``s or entry problems, never exceptions, so ``ls`` always
+finishes. The shape of an entry (which names are data files) comes from its ``CacheLayout``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from stat import S_ISDIR, S_ISREG
+
+from autotune_cache.autotuner.fingerprint import Fingerprint
+from autotune_cache.autotuner.rankfile import RankFile, read_regular_file
+from autotune_cache.plan.topology import MAX_RANK_FILES, Topology, TopologyError
+from autotune_cache.tree.digestindex import DigestIndex
+from autotune_cache.tree.dirs import dir_size, list_dir
+from autotune_cache.tree.layout import MANIFEST_NAME, CacheLayout, EntryId, NameKind
+from autotune_cache.autotuner.installed import VERSION_RE
+from autotune_cache.tree.manifest import Manifest, NewerManifest
+from autotune_cache.tree.records import CacheEntry, Finding, finding_for
+from autotune_cache.tree.status import EntryStatus
+
+#: An entry dir holding more names than this is not a cache entry (its files are not read).
+MAX_ENTRY_CHILDREN = MAX_RANK_FILES + 64
+
+
+@dataclass
+class _Listing:
+    """What one pass over an entry dir's names found (before any data file is read)."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    manifest: Manifest | None = None
+    manifest_error: str | None = None
+    data_stats: list[tuple[str, os.stat_result]] = field(default_factory=list)
+    engine_files: list[Path] = field(default_factory=list)
+    temp: list[Finding] = field(default_factory=list)
+    foreign: list[Finding] = field(default_factory=list)
+    size: int = 0
+    newest: float = 0.0
+    newest_atime: float = 0.0
+    state: list = field(default_factory=list)
+
+
+def _read_unvouched(path: Path, name: str, st: os.stat_result, parsed: dict[str, RankFile],
+                    digests: DigestIndex | None) -> RankFile:
+    """Read a data file no manifest vouches for, unless the digest index already knows its
+    bytes. Files with the same bytes (every rank of a TP group, usually) are parsed once:
+    engine-written trees are mostly identical copies."""
+    if digests is not None:
+        known = digests.get(st)
+        if known is not None:
+            sha, configs, meta = known
+            return RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, sha, configs, meta)
+    try:
+        data = read_regular_file(os.path.join(path, name))
+    except OSError as e:
+        return RankFile.unreadable(path, name, st, e.strerror or str(e))
+    digest = hashlib.sha256(data).hexdigest()
+    seen = parsed.get(digest)
+    if seen is None:
+        seen = parsed[digest] = RankFile.from_bytes(path, name, st, data, digest)
+    else:
+        seen = RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, digest, seen.num_configs, seen.metadata,
+                        seen.error)
+    if digests is not None and seen.error is None:
+        digests.learn(st, digest, seen.num_configs, seen.metadata)
+    return seen
+
+
+def manifest_names_other_entry(manifest: Manifest, ids: dict, eid: EntryId) -> bool:
+    """Does the manifest name another entry than the directory it is in? Only the levels the
+    layout's path has are compared (a ``vllm-dir`` entry has no version or arch level)."""
+    return manifest.key != eid.name or any(
+        getattr(manifest, f) != ids[f] for f in ("flashinfer_version", "arch") if f in ids)
+
+
+def _unreadable_entry(path: Path, eid: EntryId, ids: dict, err: str) -> CacheEntry:
+    try:
+        mtime = os.lstat(path).st_mtime
+    except OSError:
+        mtime = 0.0
+    return CacheEntry(eid, path, ids.get("flashinfer_version"), ids.get("arch"), None, (), None,
+                      EntryStatus.UNREADABLE, (err,), last_modified=mtime, state=(("<unreadable>", mtime),))
+
+
+def _list_entry(layout: CacheLayout, path: Path, children: list[os.DirEntry]) -> _Listing:
+    """One pass over the names of an entry dir: stats, kinds, the manifest; no data file read.
+    Hot loop of ``ls`` on large trees: plain strings, Path objects only for rare findings."""
+    out = _Listing()
+    problems, notes, data_stats, temp, foreign, state = (out.problems, out.notes, out.data_stats, out.temp,
+                                                         out.foreign, out.state)
+    size, newest, newest_atime = 0, 0.0, 0.0
+    classify, data_kind = layout.classify, NameKind.DATA
+    for child in children:
+        name = child.name
+        try:
+            st = child.stat(follow_symlinks=False)
+        except OSError as e:
+            foreign.append(Finding(path / name, "unreadable", f"cannot stat: {e.strerror or e}"))
+            continue
+        mode = st.st_mode
+        is_reg = S_ISREG(mode)
+        if is_reg:
+            size += st.st_size
+            if st.st_mtime > newest:
+                newest = st.st_mtime
+        state.append((name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+        kind = classify(name, S_ISDIR(mode))
+        if kind is data_kind and is_reg:
+            data_stats.append((name, st))
+            if st.st_atime > newest_atime:
+                newest_atime = st.st_atime
+        elif kind is data_kind:
+            found = finding_for(path / name, st)
+            foreign.append(found)
+            problems.append(f"{name}: named like a data file but {found.message}")
+        elif kind is NameKind.MANIFEST and is_reg:
+            try:
+                out.manifest = Manifest.from_bytes(read_regular_file(child.path))
+            except NewerManifest as e:
+                notes.append(f"{MANIFEST_NAME}: {e}; listed from its data files only")
+            except (OSError, ValueError) as e:
+                out.manifest_error = str(e)
+        elif kind is NameKind.TEMP and is_reg:
+            temp.append(Finding(path / name, "temp", "temporary file of an interrupted write", st.st_size, st.st_mtime))
+        elif kind is NameKind.ENGINE_SIDE:
+            side_size, side_newest, files = dir_size(path / name)
+            size += side_size
+            newest = max(newest, side_newest)
+            out.engine_files.extend(files)
+        else:
+            foreign.append(finding_for(path / name, st))
+    out.size, out.newest, out.newest_atime = size, newest, newest_atime
+    return out
+
+
+def _rank_files(path: Path, data_stats: list, manifest: Manifest | None, digests: DigestIndex | None) -> list[RankFile]:
+    """The data files, vouched for by the manifest's records where their stat is unchanged."""
+    records = manifest.rank_files if manifest else {}
+    rank_files = []
+    parsed: dict[str, RankFile] = {}
+    meta = manifest.flashinfer_metadata if manifest else None
+    for name, st in data_stats:
+        rec = records.get(name)
+        if rec is not None and rec.size == st.st_size and rec.mtime_ns == st.st_mtime_ns \
+                and (rec.ctime_ns is None or rec.ctime_ns == st.st_ctime_ns):
+            rank_files.append(RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, rec.sha256, rec.configs, meta))
+        else:
+            rank_files.append(_read_unvouched(path, name, st, parsed, digests))
+    return rank_files
+
+
+def _version_from_files(rank_files: list[RankFile]) -> str | None:
+    """Trees that drop the version level (vllm-dir): the files' own _metadata says it, when they agree."""
+    seen_versions = {v if isinstance(v := (rf.metadata or {}).get("flashinfer_version"), str) else None
+                     for rf in rank_files if rf.ok}
+    if len(seen_versions) == 1 and (v := seen_versions.pop()) is not None and VERSION_RE.match(v):
+        return v
+    return None
+
+
+def scan_entry(
+    layout: CacheLayout,
+    path: Path,
+    eid: EntryId,
+    fingerprint: Fingerprint | None = None,
+    atime_trusted: bool = True,
+    digests: DigestIndex | None = None,
+) -> CacheEntry:
+    """Read one entry dir. Cheap when a manifest (or the digest index) vouches for unchanged
+    data files. A layout whose entries are not rank files scans them itself."""
+    own = layout.scan_entry(path, eid, fingerprint, atime_trusted)
+    if own is not None:
+        return own
+    ids = layout.id_fields(eid)
+    children, err = list_dir(path, sort=False)
+    if err:
+        return _unreadable_entry(path, eid, ids, err)
+    if len(children) > MAX_ENTRY_CHILDREN:
+        found = _Listing(problems=[f"holds {len(children)} names, more than any cache entry "
+                                   f"(limit {MAX_ENTRY_CHILDREN}): not read"])
+    else:
+        found = _list_entry(layout, path, children)
+    problems, manifest, manifest_error = found.problems, found.manifest, found.manifest_error
+    data_stats = sorted(found.data_stats)
+    if len(data_stats) > MAX_RANK_FILES:
+        problems.append(f"{len(data_stats)} data files, more than any topology fi-autotune accepts")
+        data_stats = []
+    rank_files = _rank_files(path, data_stats, manifest, digests)
+    topology: Topology | None = None
+    if manifest is not None:
+        topology = manifest.topology
+        if manifest_names_other_entry(manifest, ids, eid):
+            manifest_error = (
+                f"manifest names {manifest.flashinfer_version}/{manifest.arch}/{manifest.key}, not this directory"
+            )
+    else:
+        try:
+            topology = layout.infer_topology([rf.name for rf in rank_files])
+        except TopologyError as e:
+            problems.append(f"rank file names beyond the bounds: {e}")
+    version = ids.get("flashinfer_version") or _version_from_files(rank_files)
+    status = entry_status(layout, rank_files, topology, manifest, manifest_error, problems, found.notes, fingerprint)
+    return CacheEntry(
+        id=eid, path=path, flashinfer_version=version, arch=ids.get("arch"),
+        manifest=manifest if manifest_error is None else None, rank_files=tuple(rank_files), topology=topology,
+        status=status, problems=tuple(problems), notes=tuple(found.notes), engine_files=tuple(found.engine_files),
+        temp_files=tuple(found.temp), foreign=tuple(found.foreign), size_on_disk=found.size,
+        last_modified=found.newest, last_used=(found.newest_atime or None) if atime_trusted else None,
+        state=tuple(sorted(found.state)),
+    )
+
+
+def entry_status(
+    layout: CacheLayout,
+    rank_files: list[RankFile],
+    topology: Topology | None,
+    manifest: Manifest | None,
+    manifest_error: str | None,
+    problems: list[str],
+    notes: list[str],
+    fingerprint: Fingerprint | None,
+) -> EntryStatus:
+    """Order of precedence: corrupt > stale > diverged > incomplete > complete."""
+    bad = [rf for rf in rank_files if not rf.ok]
+    for rf in bad:
+        problems.append(f"{rf.name}: {rf.error}")
+    if manifest_error:
+        problems.append(f"{MANIFEST_NAME}: {manifest_error}")
+    if bad or manifest_error or problems:
+        return EntryStatus.CORRUPT
+    if fingerprint is not None:
+        seen: set[int] = set()
+        for rf in rank_files:
+            if id(rf.metadata) in seen:
+                continue  # identical files share one parsed metadata object
+            seen.add(id(rf.metadata))
+            verdict = fingerprint.compare(rf.metadata)
+            if verdict.stale:
+                problems.append(f"{rf.name}: FlashInfer in {fingerprint.source} would ignore it ({verdict.describe()})")
+                return EntryStatus.STALE
+            for k, (saved, _) in verdict.unknown.items():
+                note = f"{k}: {saved!r} cannot be checked ({fingerprint.source} does not know its own value)"
+                if note not in notes:
+                    notes.append(note)
+    if topology is not None and len({rf.sha256 for rf in rank_files}) > 1:
+        by_name = {rf.name: rf.sha256 for rf in rank_files}
+        diverged = [label for label, names in layout.identical_groups(list(by_name), topology)
+                    if len({by_name[n] for n in names}) > 1]
+        if diverged:
+            problems.append(
+                f"rank files differ within TP group(s) {', '.join(diverged)}: SGLang would delete them and tune again"
+            )
+            return EntryStatus.DIVERGED
+    disagreement = layout.disagreement(rank_files, notes)
+    if disagreement:
+        problems.append(disagreement)
+        return EntryStatus.DIVERGED
+    present = {rf.name for rf in rank_files}
+    expected = layout.expected_files(topology) if topology else []
+    missing = [n for n in expected if n not in present]
+    if missing or not rank_files:
+        problems.append(f"missing {len(missing)} of {len(expected)} rank files" if expected else "no rank files")
+        return EntryStatus.INCOMPLETE
+    return EntryStatus.COMPLETE

@@ -1,0 +1,92 @@
+"""Who holds what in a tree: the owner token of this process and the writer lock of an entry.
+
+Every staging, trash and journal name carries the token of the process that made it; that
+process holds ``.fi-autotune-locks/owners/<token>.lock`` while it runs. Whoever can take that
+lock knows the owner is gone and may finish or remove what it left, at once, without waiting
+for an age to pass (see ``txn`` for the writes that use it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+from typing import Callable, Iterator
+
+import filelock
+
+from autotune_cache.errors import FiAutotuneError, os_error_message
+from autotune_cache.tree.atomic import ensure_tree_dirs, file_lock, retry_vanished_dir, try_lock
+from autotune_cache.tree.layout import LOCKS_DIRNAME, CacheLayout, EntryId
+
+_OWNER: dict = {"pid": None, "held": {}}
+
+
+def _held() -> dict:
+    """base -> (token, lock) held by this process (a fork starts with none)."""
+    if _OWNER["pid"] != os.getpid():
+        _OWNER.update(pid=os.getpid(), held={})
+    return _OWNER["held"]
+
+
+def _owner_lock_path(base: Path, token: str) -> Path:
+    return base / LOCKS_DIRNAME / "owners" / f"{token}.lock"
+
+
+def hold_owner_lock(base: Path, make_base: Callable[[], object] | None = None) -> str:
+    """This process's token in ``base``, its lock taken (a fresh token each time: once
+    released, a token's lock file may be taken by a cleaner that found it dead). ``make_base``
+    (a writer's) makes ``base`` again if it vanished before the lock was held: a refused import
+    removes the empty tree it made, and may do so just after this writer made it too."""
+    held = _held()
+    if base not in held:
+        token = secrets.token_hex(6)
+        path = _owner_lock_path(base, token)
+        lock = filelock.FileLock(str(path), timeout=0)
+        try:
+            retry_vanished_dir(lambda: (make_base and make_base(), ensure_tree_dirs(base, (LOCKS_DIRNAME, "owners")),
+                                        lock.acquire()))
+        except filelock.Timeout:
+            raise FiAutotuneError(f"the owner lock {path} is taken") from None
+        except OSError as e:
+            raise FiAutotuneError(f"cannot write to the cache tree: {os_error_message(e)}") from None
+        held[base] = (token, lock)
+    return held[base][0]
+
+
+def release_owner_lock(base: Path) -> None:
+    """Drop this process's owner lock in ``base`` once nothing of ours is left there (the file
+    goes too: the token is never used again, so nobody can be waiting on it)."""
+    token, lock = _held().pop(base, (None, None))
+    if lock is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(_owner_lock_path(base, token))
+        lock.release()
+
+
+@contextlib.contextmanager
+def dead_owner(base: Path, token: str) -> Iterator[bool]:
+    """Yields True (holding its lock) when the owner of ``token`` is gone, else False."""
+    mine = _held().get(base)
+    if mine is not None and mine[0] == token:
+        yield False
+        return
+    path = _owner_lock_path(base, token)
+    lock = try_lock(path)
+    if lock is None:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # nobody will use this token again
+        lock.release()
+
+
+@contextlib.contextmanager
+def entry_lock(layout: CacheLayout, root: Path, eid: EntryId, timeout: float = -1) -> Iterator[None]:
+    """The writer lock of one entry. ``timeout=0`` fails at once with EntryLocked."""
+    with file_lock(layout.base(root), layout.lock_path(root, eid), str(eid), timeout):
+        yield

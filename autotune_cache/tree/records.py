@@ -1,0 +1,238 @@
+"""The frozen records a scan yields: an entry (``CacheEntry``), a whole tree (``CacheInfo``),
+and what does not belong (``Finding``). Plain data plus the questions commands ask of it
+(ranks present, ``tp8 dp8a`` strings, finding an entry by id, key or path); reading the disk
+is ``entry_scan``'s and ``walk``'s business."""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune_cache.autotuner.rankfile import RankFile
+from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.humanize import format_age, format_size
+from autotune_cache.plan.topology import Topology
+from autotune_cache.registry import get_layout
+from autotune_cache.tree.layout import CacheLayout, EntryId
+from autotune_cache.tree.lookup import wrong_tree_hint
+from autotune_cache.tree.manifest import Manifest
+from autotune_cache.tree.status import EntryStatus
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something in the tree that is not a well-formed part of an entry."""
+
+    path: Path
+    kind: str  # foreign | symlink | special | unreadable | temp | stage | trash | journal
+    message: str
+    size_on_disk: int = 0
+    mtime: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "kind": self.kind, "message": self.message}
+
+
+def finding_for(path: Path, st: os.stat_result, msg: str = "") -> Finding:
+    """A ``Finding`` for a name that is not part of the layout, by what it is on disk."""
+    if stat_mod.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        kind, msg = "symlink", msg or f"symlink to {target!r}, not followed"
+    elif not (stat_mod.S_ISREG(st.st_mode) or stat_mod.S_ISDIR(st.st_mode)):
+        kind, msg = "special", msg or "not a regular file or directory"
+    else:
+        kind, msg = "foreign", msg or "not part of the cache layout"
+    size = st.st_size if stat_mod.S_ISREG(st.st_mode) else 0
+    return Finding(path, kind, msg, size, st.st_mtime)
+
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One entry: for SGLang, ``<root>/flashinfer/autotune/<version>/<arch>/<key>``."""
+
+    id: EntryId
+    path: Path
+    flashinfer_version: str | None
+    arch: str | None
+    manifest: Manifest | None
+    rank_files: tuple[RankFile, ...]
+    topology: Topology | None
+    status: EntryStatus
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # remarks that do not change the status ("gpu unknown here")
+    engine_files: tuple[Path, ...] = ()
+    temp_files: tuple[Finding, ...] = ()
+    foreign: tuple[Finding, ...] = ()
+    size_on_disk: int = 0
+    last_modified: float = 0.0
+    last_used: float | None = None  # newest access time of a data file; None: not recorded here
+    state: tuple = field(default=(), repr=False, compare=False)  # stat snapshot: "changed since?"
+
+    @property
+    def key(self) -> str:
+        return self.id.name
+
+    @property
+    def layout(self) -> str:
+        return self.id.layout
+
+    @property
+    def model(self) -> str | None:
+        return self.manifest.model if self.manifest else None
+
+    @property
+    def expected_files(self) -> tuple[str, ...]:
+        topology = self.manifest.topology if self.manifest else self.topology
+        return tuple(get_layout(self.id.layout).expected_files(topology)) if topology else ()
+
+    @property
+    def present_expected(self) -> int:
+        names = {rf.name for rf in self.rank_files if rf.ok}
+        return sum(1 for name in self.expected_files if name in names)
+
+    @property
+    def ranks_str(self) -> str:
+        return f"{self.present_expected}/{len(self.expected_files)}" if self.expected_files else "-"
+
+    @property
+    def num_configs(self) -> int:
+        return max((rf.num_configs for rf in self.rank_files if rf.ok), default=0)
+
+    @property
+    def ep(self) -> int | None:
+        return self.manifest.key_fields.ep if self.manifest else None
+
+    @property
+    def parallel_str(self) -> str:
+        return get_layout(self.id.layout).parallel_str(self.topology, self.ep)
+
+    @property
+    def metadata(self) -> dict:
+        for rf in self.rank_files:
+            if rf.ok and rf.metadata:
+                return rf.metadata
+        return self.manifest.flashinfer_metadata if self.manifest else {}
+
+    @property
+    def gpu(self) -> str | None:
+        value = self.metadata.get("gpu")
+        return value if isinstance(value, str) and value not in ("unknown", "None") else None
+
+    @property
+    def gpu_short(self) -> str:
+        g = self.gpu
+        return g.removeprefix("NVIDIA ").replace(" ", "-") if g else "-"
+
+    @property
+    def size_on_disk_str(self) -> str:
+        return format_size(self.size_on_disk)
+
+    @property
+    def last_modified_str(self) -> str:
+        return format_age(self.last_modified)
+
+    @property
+    def last_used_str(self) -> str:
+        return format_age(self.last_used)
+
+    @property
+    def only_ours(self) -> bool:
+        """Nothing in the dir but engine data files, our manifest, temp files and engine side
+        dirs: it may be replaced or removed as a whole without losing anyone else's file."""
+        return not self.foreign
+
+    def to_dict(self) -> dict:
+        m = self.manifest
+        t = self.topology
+        return {
+            "id": str(self.id),
+            "layout": self.layout,
+            "key": self.key,
+            "path": str(self.path),
+            "model": self.model,
+            "flashinfer_version": self.flashinfer_version,
+            "arch": self.arch,
+            "gpu": self.gpu,
+            "schema": m.schema if m else None,
+            "key_fields": m.key_fields.to_dict() if m else None,
+            "topology": t.to_dict() if t else None,
+            "ranks_present": self.present_expected,
+            "ranks_expected": len(self.expected_files),
+            "configs": self.num_configs,
+            "size_on_disk": self.size_on_disk,
+            "last_modified": self.last_modified,
+            "last_used": self.last_used,
+            "status": self.status.value,
+            "problems": list(self.problems),
+            "notes": list(self.notes),
+            "has_manifest": m is not None,
+            "rank_files": [
+                {"name": rf.name, "size": rf.size_on_disk, "configs": rf.num_configs,
+                 "sha256": rf.sha256, "error": rf.error}
+                for rf in self.rank_files
+            ],
+            "foreign": [f.to_dict() for f in self.foreign],
+        }
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    root: Path
+    layout: CacheLayout
+    entries: tuple[CacheEntry, ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def size_on_disk(self) -> int:
+        return sum(e.size_on_disk for e in self.entries)
+
+    @property
+    def size_on_disk_str(self) -> str:
+        return format_size(self.size_on_disk)
+
+    @property
+    def stale_temp(self) -> tuple[Finding, ...]:
+        """Temp files anywhere in the tree (entries' and loose ones)."""
+        loose = tuple(f for f in self.findings if f.kind == "temp")
+        return loose + tuple(t for e in self.entries for t in e.temp_files)
+
+    def resolve(self, refs: "list[str] | tuple[str, ...]") -> list[CacheEntry]:
+        """The entries named by ids (``<version>/<arch>/<key>``), unique bare keys, or entry dir
+        paths, in the order given, each once. An unknown ref fails (exit 1); a bare key that
+        names several entries is a usage error listing their ids (exit 2)."""
+        out: list[CacheEntry] = []
+        for ref in refs:
+            for e in self.find(ref):
+                if e not in out:
+                    out.append(e)
+        return out
+
+    def find(self, ref: str) -> list[CacheEntry]:
+        text = ref.strip().rstrip("/")
+        eid = self.layout.parse_id(text)
+        if eid is not None:
+            matches = [e for e in self.entries if e.id == eid]
+            if matches:
+                return matches
+        if self.layout.is_entry_name(text):
+            matches = [e for e in self.entries if e.key == text]
+            if len(matches) > 1:
+                raise UsageError(
+                    f"{ref!r} names {len(matches)} entries; give one id: " + ", ".join(str(e.id) for e in matches)
+                )
+            if matches:
+                return matches
+        p = Path(ref)
+        if ("/" in ref or p.is_absolute()) and os.path.lexists(p):
+            real = p.resolve()
+            matches = [e for e in self.entries if e.path.resolve() == real]
+            if matches:
+                return matches
+        raise FiAutotuneError(f"no cache entry {ref!r} under {self.root}",
+                              hint=wrong_tree_hint(self.layout, ref) or "`fi-autotune ls -q` lists the ids")

@@ -1,0 +1,85 @@
+"""Choosing entries: the filters ``ls``, ``prune``, ``export``, ``push`` and ``pull`` share
+(``EntryFilter``: every given criterion must match, and each match says why), and the
+"keep the latest N of each deployment" ranking ``prune --keep-latest`` uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune_cache.humanize import Duration
+from autotune_cache.registry import get_layout
+from autotune_cache.tree.records import CacheEntry
+from autotune_cache.tree.status import EntryStatus
+
+
+@dataclass(frozen=True)
+class EntryFilter:
+    """The filters ``ls``, ``prune`` and ``export`` share; every given one must match."""
+
+    model: str | None = None  # substring of the model path, case-insensitive
+    flashinfer_versions: tuple[str, ...] = ()
+    archs: tuple[str, ...] = ()
+    statuses: tuple[EntryStatus, ...] = ()
+    older_than: Duration | None = None  # not modified for this long
+    unused_for: Duration | None = None  # not read for this long (access time)
+    other_versions_than: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.model or self.flashinfer_versions or self.archs or self.statuses or self.older_than
+                    or self.unused_for or self.other_versions_than)
+
+    def reasons(self, e: CacheEntry, now: float) -> tuple[str, ...] | None:
+        """Why ``e`` matches (for the WHY column), or None when it does not."""
+        why = []
+        if self.model is not None:
+            if e.model is None or self.model.lower() not in e.model.lower():
+                return None
+            why.append(f"model {e.model}")
+        if self.flashinfer_versions:
+            if e.flashinfer_version not in self.flashinfer_versions:
+                return None
+            why.append(f"flashinfer {e.flashinfer_version}")
+        if self.other_versions_than is not None:
+            if e.flashinfer_version is None or e.flashinfer_version == self.other_versions_than:
+                return None  # a version we cannot read is never "another" one: no deleting on a guess
+            why.append(f"flashinfer {e.flashinfer_version}, not the installed {self.other_versions_than}")
+        if self.archs:
+            if not get_layout(e.layout).sm_archs(e.arch) & set(self.archs):
+                return None
+            why.append(f"arch {e.arch}")
+        if self.statuses:
+            if e.status not in self.statuses:
+                return None
+            why.append(f"status {e.status}")
+        if self.older_than is not None:
+            if not e.last_modified or now - e.last_modified < self.older_than.seconds:
+                return None
+            why.append(f"not modified for {self.older_than}")
+        if self.unused_for is not None:
+            if e.last_used is None or now - e.last_used < self.unused_for.seconds:
+                return None  # last use unknown (noatime): never selected on a guess
+            why.append(f"not used for {self.unused_for}")
+        return tuple(why)
+
+
+def deployment_of(e: CacheEntry) -> tuple:
+    """Entries that serve the same deployment: same layout, arch and key. The key hashes every
+    field of the serving flags but the FlashInfer version, which is the directory above it."""
+    return (e.layout, e.arch, e.key)
+
+
+def beyond_latest(entries: tuple[CacheEntry, ...], n: int) -> dict[str, CacheEntry]:
+    """Per deployment, the entries beyond the ``n`` best: complete ones first (an incomplete
+    entry is never kept over a complete one), then the most recently modified. Maps each id
+    beyond to the entry that ranks first in its group."""
+    groups: dict[tuple, list[CacheEntry]] = {}
+    for e in entries:
+        if e.status != EntryStatus.UNREADABLE:
+            groups.setdefault(deployment_of(e), []).append(e)
+    out = {}
+    for group in groups.values():
+        group.sort(key=lambda e: (e.status != EntryStatus.COMPLETE, -e.last_modified, str(e.id)))
+        for e in group[n:]:
+            out[str(e.id)] = group[0]
+    return out
