@@ -10,8 +10,8 @@ from autotune_cache.check import run_check
 from autotune_cache.errors import ExitCode
 
 from .output import Output
-from .params import env_from_option, json_option, resolve_root, targets_option
-from .serving import LayoutName, build_plan, fold_serving_command, request_from, serving_command_argument, serving_options
+from .params import LayoutName, env_from_option, json_option, resolve_root, targets_option
+from .serving import build_plan, fold_serving_command, request_from, serving_command_argument, serving_options
 from .targetscmd import check_targets
 
 

@@ -34,7 +34,9 @@ class DurationType(click.ParamType):
 class CommaList(click.ParamType):
     """Comma-separated values (the option may also repeat); each one normalized and checked."""
 
-    def __init__(self, name: str, normalize=lambda s: s, check=None, choices: list[str] | None = None):
+    def __init__(self, name: str, normalize=lambda s: s, check=None, choices=None):
+        """``choices``: a list, or a function giving one when a value is checked (the registry's
+        layouts, which a test may extend after this module is imported)."""
         self.name = name
         self.normalize = normalize
         self.check = check
@@ -48,8 +50,9 @@ class CommaList(click.ParamType):
             item = self.normalize(raw.strip())
             if not item:
                 continue
-            if self.choices is not None and item not in self.choices:
-                self.fail(f"unknown {self.name} {raw.strip()!r}; known: {', '.join(self.choices)}", param, ctx)
+            choices = self.choices() if callable(self.choices) else self.choices
+            if choices is not None and item not in choices:
+                self.fail(f"unknown {self.name} {raw.strip()!r}; known: {', '.join(choices)}", param, ctx)
             if self.check is not None and not self.check(item):
                 self.fail(f"invalid {self.name} {raw.strip()!r}", param, ctx)
             out.append(item)
@@ -91,7 +94,25 @@ def resolve_root(cache_dir: str | None, *, must_exist: bool, layout: CacheLayout
     return choice
 
 
-LAYOUT_NAMES = CommaList("layout", choices=list(known_layouts()))
+class LayoutName(click.ParamType):
+    """A layout name, checked against the registry when the command runs (an engine registered
+    after the CLI was imported is known too)."""
+
+    name = "layout"
+
+    def __init__(self, offered=lambda: list(known_layouts())) -> None:
+        self.offered = offered  # () -> the names this option takes
+
+    def get_metavar(self, param, ctx=None) -> str:  # noqa: ARG002 - click's signature
+        return "[" + "|".join(self.offered()) + "]"
+
+    def convert(self, value, param, ctx) -> str:
+        if value in self.offered():
+            return value
+        self.fail(f"{value!r} is not one of {', '.join(map(repr, self.offered()))}.", param, ctx)
+
+
+LAYOUT_NAMES = CommaList("layout", choices=lambda: list(known_layouts()))
 layout_option = click.option(
     "--layout", "layouts", multiple=True, type=LAYOUT_NAMES,
     help="Which engine's tree: " + ", ".join(f"{n} ({l.default_root().source.removeprefix('the default ')})"
@@ -109,7 +130,7 @@ def _archivable_layout(ctx, param, value):
 
 archive_layout_option = click.option(
     "--layout", "layout", default=default_layout().name, show_default=True, callback=_archivable_layout,
-    type=click.Choice(list(known_layouts())),
+    type=LayoutName(),
     help="Which engine's tree the entries belong to (its root: --cache-dir, else the engine's own).",
 )
 

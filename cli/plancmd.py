@@ -9,8 +9,8 @@ from autotune_cache.autotuner.recipe import T, encode
 from autotune_cache.errors import UsageError
 
 from .output import Output
-from .params import json_option, shard_option, targets_option
-from .serving import (LayoutName, build_plan, engine_options, fold_serving_command, planned_layouts, request_from,
+from .params import LayoutName, json_option, shard_option, targets_option
+from .serving import (build_plan, engine_options, fold_serving_command, planned_layouts, request_from,
                       serving_command_argument, serving_options)
 from .targetscmd import load_fleet, plan_targets, reject_serving_flags
 

@@ -66,24 +66,6 @@ def planned_layouts() -> list[str]:
     return [layout.name for engine in registry.engines() if engine.plans for layout in engine.layouts]
 
 
-class LayoutName(click.ParamType):
-    """A layout name, checked against the registry when the command runs (an engine registered
-    after the CLI was imported is known too)."""
-
-    name = "layout"
-
-    def __init__(self, offered) -> None:
-        self.offered = offered  # () -> the names this option takes
-
-    def get_metavar(self, param, ctx=None) -> str:  # noqa: ARG002 - click's signature
-        return "[" + "|".join(self.offered()) + "]"
-
-    def convert(self, value, param, ctx) -> str:
-        if value in self.offered():
-            return value
-        self.fail(f"{value!r} is not one of {', '.join(map(repr, self.offered()))}.", param, ctx)
-
-
 serving_command_argument = click.argument("serving_command", nargs=-1, type=click.UNPROCESSED,
                                           metavar="[-- SERVING COMMAND]")
 

@@ -131,8 +131,7 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
 
 
 def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
-    result, v2, pushed = run.result, run.published.v2, run.published.pushed
-    extra = {"flashinfer-v2": v2} if v2 is not None else {}
+    result, extra, pushed = run.result, run.published.converted, run.published.pushed
 
     def human() -> None:
         for name, r in extra.items():

@@ -19,7 +19,7 @@ from autotune_cache.tree.manifest import Manifest, utc_now_iso
 from autotune_cache.autotuner.rankfile import cache_file_bytes
 from autotune_cache.engines.vllm.layout import VllmRankName
 from autotune_cache.plan.topology import Topology
-from autotune_cache.tune.writer import commit_entry
+from autotune_cache.tree.writer import commit_entry
 
 DEFAULT_METADATA = {
     "flashinfer_version": "0.7.2.post1",

@@ -171,7 +171,7 @@ def test_a_file_against_an_entry_whose_ranks_differ(tmp_path):
     from autotune_cache.registry import default_layout
     from tests.synthetic import make_manifest
     from autotune_cache.plan.topology import Topology
-    from autotune_cache.tune.writer import commit_entry
+    from autotune_cache.tree.writer import commit_entry
 
     fields = default_fields("org/m", tp=2, dp=1)
     topo = Topology(tp=2, pp=1, dp=1)

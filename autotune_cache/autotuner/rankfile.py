@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from pathlib import Path
 
+from autotune_cache.humanize import format_size
+
 METADATA_KEY = "_metadata"
 GENERATION_KEY = "_generation"
 RECORDS_KEY = "_records"
@@ -229,8 +231,6 @@ class RankFile(NamedTuple):
 
     @property
     def size_on_disk_str(self) -> str:
-        from autotune_cache.humanize import format_size
-
         return format_size(self.size_on_disk)
 
     def load(self) -> dict:

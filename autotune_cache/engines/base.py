@@ -36,8 +36,6 @@ class Engine(ABC):
     #: Whether fi-autotune plans and tunes for this engine (FlashInfer's managed store is only
     #: ever written from another engine's tuned entry).
     plans: ClassVar[bool] = True
-    #: For an engine that does not plan: the engine whose tuned entry it is written from.
-    written_from: ClassVar[str | None] = None
     #: Whether ``check`` can say if this engine will find an entry (``check --layout``).
     checks: ClassVar[bool] = False
     #: Options only this engine's targets take (``plan.options.Option``); the CLI offers them.

@@ -1,8 +1,9 @@
 """Which trees one ``warm`` writes, and which engine tunes for each: ``--layout sglang,flashinfer-v2,vllm``.
 
 Each engine that plans tunes its own calls (vLLM's differ from SGLang's in their keys), into one
-of its layouts; an engine that does not plan (FlashInfer's managed store) is written from the
-entry of the engine it names (``Engine.written_from``). Asked of the registry, never by name.
+of its layouts; a layout of an engine that does not plan (FlashInfer's managed store) is written
+from a tuned entry whose layout converts into it (``CacheLayout.convert_targets``). Asked of the
+registry, never by name.
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ class WarmGroup:
         return (self.layout, *self.also)
 
 
+def _sources(name: str) -> list[str]:
+    """The layouts of planning engines whose entries convert into the layout ``name``."""
+    return [x.name for e in registry.engines() if e.plans for x in e.layouts if name in x.convert_targets]
+
+
 def warm_layouts() -> list[str]:
-    """Every layout a warm can write."""
-    return [layout.name for engine in registry.engines() if engine.plans or engine.written_from
-            for layout in engine.layouts]
+    """Every layout a warm can write: the planning engines', and those written from them."""
+    return [layout.name for engine in registry.engines() for layout in engine.layouts
+            if engine.plans or _sources(layout.name)]
 
 
 def warm_groups(text: str) -> list[WarmGroup]:
@@ -53,9 +59,11 @@ def warm_groups(text: str) -> list[WarmGroup]:
                 raise UsageError(f"--layout: {' or '.join(names)} ({engine.label} reads one of them), not both")
             groups.append(WarmGroup(engine, names[0]))
         else:
-            source = registry.get_engine(engine.written_from)
-            if source.name not in by_engine:
-                raise UsageError(f"--layout {names[0]} is written from the {source.name} tuning: "
-                                 f"--layout {source.layouts[0].name},{names[0]}")
-            derived.setdefault(source.name, []).extend(names)
-    return [WarmGroup(g.engine, g.layout, tuple(derived.get(g.engine.name, ()))) for g in groups]
+            for name in names:
+                sources = _sources(name)
+                chosen = [x for x in wanted if x in sources]
+                if not chosen:
+                    raise UsageError(f"--layout {name} is written from the {sources[0]} tuning: "
+                                     f"--layout {sources[0]},{name}")
+                derived.setdefault(chosen[0], []).append(name)
+    return [WarmGroup(g.engine, g.layout, tuple(derived.get(g.layout, ()))) for g in groups]

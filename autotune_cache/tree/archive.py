@@ -35,7 +35,7 @@ from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, parse_cache_b
 from autotune_cache.tree.entry_scan import manifest_names_other_entry
 from autotune_cache.tree.records import CacheEntry
 from autotune_cache.tree.txn import Transaction
-from autotune_cache.tune.writer import replace_policy
+from autotune_cache.tree.writer import replace_policy
 
 #: Members in one archive: 8 files per entry for ~12,000 entries.
 MAX_MEMBERS = 100_000

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 
 from autotune_cache.autotuner.rankfile import METADATA_KEY, RESERVED_KEYS, parse_file_key
+from autotune_cache.autotuner.recipe import OpRecipe
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,6 @@ def op_slots(op: dict, bucket: int) -> set[tuple[str, str]]:
     """The (custom op, shapes) lookups one planned op makes at ``bucket`` - from the keys its
     recipe predicts, whichever runner wins them. Several ops can share a custom op (a dense
     model's four fp8 GEMMs); their shapes tell them apart."""
-    from autotune_cache.autotuner.recipe import OpRecipe
-
     out = set()
     for key in OpRecipe.from_dict(op).file_keys(bucket):
         s = slot_of(key)

@@ -11,7 +11,7 @@ from autotune_cache.tree.manifest import Manifest, utc_now_iso
 from autotune_cache.tree.scan import scan_entry
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tune.gpus import GpuInfo
-from autotune_cache.tune.writer import commit_entry, other_gpu_refusal, replace_policy
+from autotune_cache.tree.writer import commit_entry, other_gpu_refusal, replace_policy
 
 
 @dataclass(frozen=True)

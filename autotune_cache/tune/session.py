@@ -19,7 +19,7 @@ from autotune_cache.tune.fleet import FleetItem, FleetResult, warm_fleet
 from autotune_cache.tune.gpus import GpuInfo
 from autotune_cache.tune.machine import THIS_MACHINE, Machine
 from autotune_cache.tune.pool import WorkerPool
-from autotune_cache.tune.publish import Published, publish, push_entry, write_v2, written_entry
+from autotune_cache.tune.publish import Published, derived, publish, push_entry, write_derived, written_entry
 from autotune_cache.tune.quality import QualitySettings
 from autotune_cache.tune.warm import WarmResult, warm
 
@@ -63,7 +63,7 @@ class WarmRun:
 def run_warm(load: Callable[[GpuInfo], TuningPlan], opts: WarmOptions, *, layouts: tuple[str, ...] = ("sglang",),
              quality: QualitySettings | None = None, progress=None) -> WarmRun:
     """One target: ``load(gpus)`` gives its plan; written (or found complete), it is also written
-    to the v2 store if ``layouts`` lists flashinfer-v2, and pushed to ``opts.store``."""
+    into the other layouts ``layouts`` lists, and pushed to ``opts.store``."""
     early = _EarlyPool(opts)
     try:
         info = opts.machine.usable_gpus(opts.gpus, opts.plan_hint)
@@ -111,16 +111,15 @@ class _Publisher:
                 self.failed.append((item.name, str(e)))
 
     def _convert(self, item: FleetItem, entry) -> None:
-        if "flashinfer-v2" not in item.layouts:
-            return
-        try:
-            self.converted[item.name] = write_v2(entry)[0].to_dict()
-        except FiAutotuneError as e:
-            self.failed.append((item.name, f"flashinfer-v2: {e}"))
+        for name in derived(item.plan, item.layouts):
+            try:
+                self.converted[item.name] = write_derived(entry, name).to_dict()
+            except FiAutotuneError as e:
+                self.failed.append((item.name, f"{name}: {e}"))
 
     def publish(self, item: FleetItem, *, beside: bool) -> None:
         """``beside``: push in a thread while the tuning goes on (after the previous push)."""
-        if self.store is None and "flashinfer-v2" not in item.layouts:
+        if self.store is None and not derived(item.plan, item.layouts):
             return
         entry = written_entry(item.plan)
         self._convert(item, entry)

@@ -1,1 +1,2 @@
-"""engines.flashinfer_v2"""
+"""FlashInfer's own managed store (``autotune_v2``): its layout, writer and conversion from an
+SGLang entry. It plans nothing itself."""

@@ -13,7 +13,6 @@ class FlashInferV2(Engine):
     title = "FlashInfer's managed store"
     checks = True
     plans = False
-    written_from = "sglang"
 
     layouts = (FlashInferV2Layout(),)
 
