@@ -19,6 +19,7 @@ import pytest
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.targets import MAX_TARGETS, assign, load_targets, parse_shard, parse_targets, shard_from_env
 
+from ._fake_gpus import gpu_env
 from .conftest import REPO, run_cli
 
 TARGETS = """\
@@ -50,12 +51,6 @@ def fleet(tmp_path):
     f = tmp_path / "targets.yaml"
     f.write_text(TARGETS)
     return f
-
-
-def gpu_env(tmp_path: Path, **extra) -> dict:
-    return {"FI_AUTOTUNE_TEST_GPUS": "2xNVIDIA H200@sm90", "FI_AUTOTUNE_TEST_WORKER": str(REPO / "tests" / "_fake_worker.py"),
-            "XDG_CACHE_HOME": str(tmp_path / "xdg"), "FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "v2"),
-            "PYTHONPATH": str(REPO), **extra}
 
 
 # -- the file ----------------------------------------------------------------------------------
