@@ -114,8 +114,10 @@ def main():
             tactic = (b + tune) % 3 if tunes in ("disagree", "two-runners") else b % 7
             entries[key] = [runner, tactic, ["l2_cache_policy", "hot"]]
             slots.append({"slot": slot, "key": key, "default_runner": parsed.runner})
-        with open(t["out"], "wb") as f:
+        tmp = f"{t['out']}.{os.getpid()}.tmp"  # as FlashInfer saves: a temp file, then a rename
+        with open(tmp, "wb") as f:  # (a worker stopped mid-write must not leave a truncated file)
             f.write(cache_file_bytes(META, entries))
+        os.replace(tmp, t["out"])
         with open(t["done"], "a") as f:
             f.write(f"{b} {json.dumps(slots)}\n" if task.get("record_slots") else f"{b}\n")
         if os.environ.get("FAKE_LOG"):

@@ -2,17 +2,26 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from ._servers import SECRET, free_port, wait_for
+
 REPO = Path(__file__).resolve().parent.parent
 
 # No test may wait on the Hugging Face hub (CI has no network); the hub path is exercised through
 # a real local cache in test_config_spec.py.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# A shell starts background jobs (`pytest &`, CI runners, nohup) with SIGINT ignored, and an ignored
+# signal stays ignored in every child: the tests that press Ctrl-C on a command (exit 130, the commit
+# that defers it) would then see nothing happen. A user's terminal delivers it: so do the tests.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +60,12 @@ def root(tmp_path: Path) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """GPU tests need CUDA; skip them (visibly) on machines without a GPU."""
+    """GPU tests need CUDA; skip them (visibly) on machines without a GPU. Where they run, they run
+    one after another in one test process (``--dist loadgroup``): they time kernels, and two tuning
+    runs on one GPU would measure each other."""
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("gpu"))
     try:
         has_gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
@@ -101,3 +115,36 @@ def tmpfs(tmp_path):
     yield make
     for target in mounted:
         subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server on loopback (moto's server mode), one per test process (xdist worker)."""
+    pytest.importorskip("moto")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(port, proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, request):
+    """A fresh bucket and the environment every S3 client (ours and boto3) reads."""
+    pytest.importorskip("s3fs")
+    boto3 = pytest.importorskip("boto3")
+    env = {
+        "AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    bucket = f"b{abs(hash(request.node.nodeid)) % 10**10}"  # the server is shared by the whole session
+    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key=SECRET)
+    client.create_bucket(Bucket=bucket)
+    return {"url": f"s3://{bucket}/caches", "bucket": bucket, "client": client, "env": env}

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO
-from .test_store import s3, s3_server  # noqa: F401 - fixtures
 
 DOC = REPO / "docs" / "deploy.md"
 BLOCK_RE = re.compile(r"```bash\n(# recipe: (?P<name>[\w-]+) (?P<step>\d+)/(?P<steps>\d+) \((?P<where>[^)]*)\)\n.*?)```", re.S)

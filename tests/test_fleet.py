@@ -9,10 +9,8 @@ commits, the stores, the shard split - is the real thing.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import pytest
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.targets import MAX_TARGETS, assign, load_targets, parse_shard, parse_targets, shard_from_env
 
+from ._fake_gpus import FAKE_GPU_CLI, gpu_env, run_gpu_cli
 from .conftest import REPO, run_cli
 
 TARGETS = """\
@@ -51,21 +50,6 @@ def fleet(tmp_path):
     f = tmp_path / "targets.yaml"
     f.write_text(TARGETS)
     return f
-
-
-def gpu_env(tmp_path: Path, **extra) -> dict:
-    return {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "v2"),
-            "PYTHONPATH": str(REPO), **extra}
-
-
-#: The real command line on two stand-in H200s (tests/_fake_gpu_cli.py).
-FAKE_GPU_CLI = [sys.executable, str(REPO / "tests" / "_fake_gpu_cli.py")]
-
-
-def run_gpu_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``run_cli`` on the stand-in GPUs: a real process, as a user runs it on a GPU machine."""
-    return subprocess.run([*FAKE_GPU_CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env={**os.environ, **(env or {})})
 
 
 # -- the file ----------------------------------------------------------------------------------

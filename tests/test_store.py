@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,62 +16,14 @@ import pytest
 
 from tests.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
 
+from ._servers import SECRET, free_port as _free_port, wait_for as _wait_for
 from .conftest import REPO, run_cli
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 boto3 = pytest.importorskip("boto3")
 
-SECRET = "fi-autotune-test-secret-do-not-print"
 GLM_ID = "0.7.2.post1/sm100/d99390dfa961185d"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("server did not start")
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(port, proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-@pytest.fixture
-def s3(s3_server, monkeypatch, request):
-    """A fresh bucket and the environment every S3 client (ours and boto3) reads."""
-    env = {
-        "AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": SECRET,
-        "AWS_DEFAULT_REGION": "us-east-1", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    bucket = f"b{abs(hash(request.node.name)) % 10**10}"
-    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key=SECRET)
-    client.create_bucket(Bucket=bucket)
-    return {"url": f"s3://{bucket}/caches", "bucket": bucket, "client": client, "env": env}
 
 
 def cli(*args, **kw) -> subprocess.CompletedProcess:
@@ -135,6 +86,7 @@ def _push_proc(url: str, root: Path, env: dict | None = None) -> subprocess.Pope
                             env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow
 def test_concurrent_pushes_of_the_same_and_of_different_entries(s3, tmp_path):
     same = tmp_path / "same"
     seeded(same, 1)

@@ -7,7 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import REPO
+
+pytestmark = pytest.mark.slow  # about 2 minutes on 2 cores: CI runs it (.ci/run), the README's command does not
 
 
 def test_reliability_short_form_has_no_failures(tmp_path):

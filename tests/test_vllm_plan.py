@@ -18,7 +18,7 @@ from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.engines.vllm.target import VllmTarget, parse_config_hash
 
 from .conftest import REPO, run_cli
-from .test_fleet import gpu_env, run_gpu_cli
+from ._fake_gpus import gpu_env, run_gpu_cli
 
 H = "c0ffee" * 10 + "abcd"
 QWEN = "Qwen/Qwen3-30B-A3B"

@@ -19,7 +19,7 @@ from autotune_cache.autotuner.rankfile import RESERVED_KEYS
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.plan.flags import ServerFlags
-from tests.synthetic import default_fields, write_fake_entry
+from tests.synthetic import write_fake_entry
 from autotune_cache.tune.gpus import GpuInfo
 from autotune_cache.tune.pool import WorkerPool
 from autotune_cache.tune.warm import warm

@@ -1,0 +1,25 @@
+"""The real command line on two stand-in H200s (tests/_fake_gpu_cli.py runs the click CLI with a
+fake ``Machine``, whose workers are tests/_fake_worker.py), shared by the fleet and vLLM tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: The real command line on two stand-in H200s.
+FAKE_GPU_CLI = [sys.executable, str(REPO / "tests" / "_fake_gpu_cli.py")]
+
+
+def gpu_env(tmp_path: Path, **extra) -> dict:
+    return {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "v2"),
+            "PYTHONPATH": str(REPO), **extra}
+
+
+def run_gpu_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``run_cli`` on the stand-in GPUs: a real process, as a user runs it on a GPU machine."""
+    return subprocess.run([*FAKE_GPU_CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env={**os.environ, **(env or {})})
