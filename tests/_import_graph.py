@@ -6,7 +6,9 @@ and the rules of issue 21 checked on it. Used by tests/test_architecture.py; als
 What counts as an import edge: a module-level ``import``/``from ... import`` of one of our modules
 (class bodies and ``try`` blocks included). An import inside ``if TYPE_CHECKING:`` is no edge (it
 never runs); one inside a function is a *local* import, which the rules forbid for our own
-modules (heavy third-party packages may be imported lazily; they are not ours, so not counted).
+modules (heavy third-party packages may be imported lazily; they are not ours, so not counted) -
+except one of ours whose import imports torch or flashinfer (``tune/verify.py``, through the skeleton):
+importing it lazily is importing torch lazily, which is what keeps ``ls`` and ``diff`` fast.
 The implicit import of a parent package (``import a.b.c`` runs ``a/__init__`` and ``a/b/__init__``)
 is not an edge, as in every import-graph tool: the rules are about what a module names.
 """
@@ -21,6 +23,8 @@ from pathlib import Path
 PACKAGES = ("autotune_cache", "cli")
 # The CLI's folder is ``cli/``; it installs as ``fi_autotune_cli`` (absolute imports use that).
 ALIASES = {"fi_autotune_cli": "cli"}
+#: Third-party packages whose import costs seconds (CUDA libraries): the one reason for a lazy import.
+HEAVY = ("torch", "flashinfer", "triton")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
@@ -69,6 +73,7 @@ class Graph:
     lines: dict[str, int] = field(default_factory=dict)
     imports: list[Import] = field(default_factory=list)
     functions: list[Function] = field(default_factory=list)
+    heavy: set[str] = field(default_factory=set)  # our modules that import a HEAVY package at module level
 
     def where(self, module: str, line: int | None = None) -> str:
         rel = self.files[module].relative_to(self.root)
@@ -145,6 +150,8 @@ class _Visitor(ast.NodeVisitor):
             self.visit(child)
 
     def _add(self, dotted: str, name: str | None, line: int) -> None:
+        if dotted.partition(".")[0] in HEAVY and not self.in_function and not self.type_only:
+            self.g.heavy.add(self.module)
         target = _owning_module(self.g, dotted)
         if target is None or target == self.module:
             return
@@ -226,9 +233,21 @@ def _sccs(nodes: list[str], succ: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
+def heavy_modules(g: Graph) -> set[str]:
+    """Our modules whose import imports torch or flashinfer: directly, or through one of ours."""
+    heavy = set(g.heavy)
+    while True:
+        more = {i.src for i in g.edges if i.target in heavy} - heavy
+        if not more:
+            return heavy
+        heavy |= more
+
+
 def local_imports(g: Graph) -> list[str]:
+    """Function-local imports of our modules, except of those that import torch or flashinfer."""
+    heavy = heavy_modules(g)
     return [f"{g.where(i.src, i.line)}: imports {i.target}" + (f" ({i.name})" if i.name else "") + " inside a function"
-            for i in g.imports if i.local]
+            for i in g.imports if i.local and i.target not in heavy]
 
 
 def private_imports(g: Graph) -> list[str]:

@@ -18,7 +18,6 @@ import pytest
 from . import _import_graph as ig
 
 REPO = Path(__file__).resolve().parent.parent
-REDESIGN = pytest.mark.xfail(strict=False, reason="issue 21 redesign in progress")
 
 
 @pytest.fixture(scope="module")
@@ -36,32 +35,26 @@ def test_the_graph_is_read(graph):
     assert len(graph.edges) > 100
 
 
-@REDESIGN
 def test_no_import_cycles(graph):
     _assert_none("import cycles", ig.cycles(graph))
 
 
-@REDESIGN
 def test_no_function_local_imports_of_our_modules(graph):
     _assert_none("function-local imports of our modules", ig.local_imports(graph))
 
 
-@REDESIGN
 def test_no_private_names_imported_across_modules(graph):
     _assert_none("private names imported across modules", ig.private_imports(graph))
 
 
-@REDESIGN
 def test_no_module_over_400_lines(graph):
     _assert_none("modules over 400 lines", ig.long_modules(graph))
 
 
-@REDESIGN
 def test_no_function_over_80_lines(graph):
     _assert_none("functions over 80 lines", ig.long_functions(graph))
 
 
-@REDESIGN
 def test_imports_go_down_the_floors(graph):
     _assert_none("imports up a floor or sideways", ig.floor_violations(graph))
 
@@ -84,11 +77,14 @@ SYNTHETIC = {
         "    return 1\n"
     ),
     "autotune_cache/tune/__init__.py": "",
+    "autotune_cache/tune/kernels.py": "import flashinfer.autotuner\n",
+    "autotune_cache/tune/gpu.py": "from autotune_cache.tune.kernels import flashinfer as kernel\n",
     "autotune_cache/tune/run.py": (
         "from autotune_cache.tree.scan import _helper\n"
         "def go():\n"
         "    import torch  # a heavy dependency: allowed lazily\n"
         "    from autotune_cache.plan import spec  # ours: a local import\n"
+        "    from autotune_cache.tune.gpu import kernel  # ours, but it imports torch: allowed lazily\n"
         "    return spec\n"
         "def long():\n" + "    x = 1\n" * 85
     ),
@@ -126,7 +122,7 @@ def test_checker_finds_private_names(synthetic):
 
 def test_checker_finds_long_modules_and_functions(synthetic):
     assert ig.long_modules(synthetic) == ["autotune_cache/stray.py: 401 lines"]
-    assert ig.long_functions(synthetic) == ["autotune_cache/tune/run.py:6: long is 86 lines"]
+    assert ig.long_functions(synthetic) == ["autotune_cache/tune/run.py:7: long is 86 lines"]
 
 
 def test_checker_finds_arrows_up_the_floors(synthetic):
