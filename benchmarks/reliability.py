@@ -1,7 +1,7 @@
 """Reliability trials of the tree commands, counted: real processes, real kills, real files.
 
     python benchmarks/reliability.py            # long form: >= 100 kills, >= 50 rounds
-    python benchmarks/reliability.py --short    # what CI runs (tests/test_stress.py)
+    python benchmarks/reliability.py --short    # what CI runs (tests/tree/test_stress.py)
 
 Trials, each a row of the table:
 

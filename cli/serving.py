@@ -120,8 +120,8 @@ def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = N
     root of the engine's layout."""
     if request.arch is None:
         request = request.with_arch(arch or local_arch())
-    layout = registry.get_layout(request.engine.layout)
-    return request.plan(resolve_root(cache_dir, must_exist=False, layout=layout).path)
+    root = resolve_root(cache_dir, must_exist=False, layout=registry.get_layout(request.engine.layout))
+    return request.plan(root.path)
 
 
 def local_arch() -> str:

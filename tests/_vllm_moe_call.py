@@ -8,7 +8,7 @@ holds what it printed for vLLM 0.33.0, so CI compares against vLLM's call withou
 tensors as ``[shape, dtype]``, enums as ints, the rest as JSON. Nothing runs on a GPU: the
 FlashInfer function is replaced by a recorder; vLLM builds its parallel split
 (``FusedMoEParallelConfig.make``), its expert config and its quantization config itself.
-Used by tests/test_vllm_plan.py when $FI_AUTOTUNE_VLLM_PYTHON names such an interpreter.
+Used by tests/engines/test_vllm_plan.py when $FI_AUTOTUNE_VLLM_PYTHON names such an interpreter.
 """
 
 import json

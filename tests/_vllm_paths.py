@@ -1,6 +1,6 @@
 """Run inside an interpreter that has vLLM (the serving image, or a CPU venv with vLLM 0.33):
 print, as JSON, where vLLM's own functions put FlashInfer autotune files for this environment.
-Used by tests/test_vllm_layout.py when $FI_AUTOTUNE_VLLM_PYTHON names such an interpreter."""
+Used by tests/engines/test_vllm_layout.py when $FI_AUTOTUNE_VLLM_PYTHON names such an interpreter."""
 
 import json
 import sys

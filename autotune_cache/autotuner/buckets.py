@@ -8,7 +8,7 @@ that every key the engine's dummy pass would look up is among them.
 
 These few lines restate FlashInfer's four-phase hybrid spacing rather than import it, because
 importing flashinfer imports torch (seconds, and CUDA libraries), and ``plan``, ``key`` and
-``check`` must run in a docker build with neither. ``tests/test_buckets.py`` compares every
+``check`` must run in a docker build with neither. ``tests/autotuner/test_buckets.py`` compares every
 function here with FlashInfer's own over every token count up to 2^17 and many maxima.
 """
 

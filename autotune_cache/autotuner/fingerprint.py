@@ -13,7 +13,7 @@ image on its GPU - not about whatever machine runs ``ls``:
   as unknown instead. A host without a GPU cannot stand for any serving environment at all, so
   staleness is refused there unless a fingerprint is given.
 
-The comparison mirrors ``_classify_metadata_mismatches`` (tests/test_fingerprint.py checks it
+The comparison mirrors ``_classify_metadata_mismatches`` (tests/autotuner/test_fingerprint.py checks it
 against FlashInfer's own function, case by case).
 """
 

@@ -9,7 +9,7 @@ builder returns, per custom op, the candidate keys - one per runner.
 
 Each builder restates the FlashInfer function it names. tests/oracle/flashinfer_keys.py runs
 FlashInfer's own code (kernels stubbed, on CPU) on SGLang's recorded calls, and
-tests/test_sglang_oracle.py compares every key here with the ones it recorded
+tests/engines/test_sglang_oracle.py compares every key here with the ones it recorded
 (tests/data/sglang-0.5.23/matrix.json), for the Blackwell ops no GPU here can run.
 """
 

@@ -3,7 +3,7 @@
     .venv/bin/python tests/oracle/matrix_doc.py [--check]
 
 One row per command of tests/data/serving_matrix.json: what SGLang 0.5.23 decided (from the
-goldens) and what fi-autotune's plan did with it (tests/test_sglang_oracle.py's own comparison).
+goldens) and what fi-autotune's plan did with it (tests/engines/test_sglang_oracle.py's own comparison).
 ``--check`` exits 1 when the docs are stale instead of writing them (CI runs the same check).
 """
 

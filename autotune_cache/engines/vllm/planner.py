@@ -1,7 +1,7 @@
 """What vLLM tunes at startup, and where it keeps the result: the plan behind ``warm --layout vllm``.
 
 Read from the vLLM 0.33.0 wheel (``VLLM_CHECKED``), and checked against vLLM's own code on CPU
-by ``tests/test_vllm_plan.py`` (vLLM's ``FlashInferExperts.apply`` records the call it makes):
+by ``tests/engines/test_vllm_plan.py`` (vLLM's ``FlashInferExperts.apply`` records the call it makes):
 
 * ``model_executor/warmup/kernel_warmup.py``: with FlashInfer usable on sm90+, every rank runs
   its dummy passes inside ``autotune(tuning_buckets=get_hybrid_num_tokens_buckets(

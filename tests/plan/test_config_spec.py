@@ -30,7 +30,7 @@ def make_hf_cache(cache: Path, repo: str, files: dict[str, dict], revision="main
     return snap
 
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "model_configs"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "reference" / "model_configs"
 
 
 def test_presets_are_the_reference_configs():

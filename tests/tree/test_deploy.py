@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from ..conftest import REPO
 
 DOC = REPO / "docs" / "deploy.md"
 BLOCK_RE = re.compile(r"```bash\n(# recipe: (?P<name>[\w-]+) (?P<step>\d+)/(?P<steps>\d+) \((?P<where>[^)]*)\)\n.*?)```", re.S)

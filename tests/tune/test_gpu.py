@@ -1,6 +1,6 @@
 """End to end on real GPUs (sm90): warm, verify, resume, multi-GPU, LM-head memory.
 
-Run through the device tool: ``python3 -m pytest -m gpu tests/test_gpu.py``. Measured numbers are
+Run through the device tool: ``python3 -m pytest -m gpu tests/tune/test_gpu.py``. Measured numbers are
 appended as JSON lines to ``$FI_AUTOTUNE_RESULTS`` (default: none) for the notes and docs/warm.md.
 CI has no GPU: these are skipped there (conftest.py), never counted as passing.
 """
@@ -23,7 +23,7 @@ from autotune_cache.tree.layout import MANIFEST_NAME
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS
 from autotune_cache.autotuner.recipe import OpRecipe
 
-from .conftest import REPO, run_cli, run_json
+from ..conftest import REPO, run_cli, run_json
 
 pytestmark = pytest.mark.gpu
 

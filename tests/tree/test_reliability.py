@@ -27,7 +27,7 @@ from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
 
-from .conftest import REPO, run_cli, run_cli_unprivileged, run_json
+from ..conftest import REPO, run_cli, run_cli_unprivileged, run_json
 
 SG = default_layout()
 

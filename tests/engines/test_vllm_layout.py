@@ -15,7 +15,7 @@ from autotune_cache.registry import get_layout
 from autotune_cache.engines.vllm.layout import VllmRankName, arch_dir
 from tests.synthetic import write_vllm_entry
 
-from .conftest import REPO, run_cli, run_json
+from ..conftest import REPO, run_cli, run_json
 
 H1 = "a" * 64
 H2 = "0123456789abcdef" * 4

@@ -16,8 +16,8 @@ import pytest
 
 from tests.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
 
-from ._servers import SECRET, free_port as _free_port, wait_for as _wait_for
-from .conftest import REPO, run_cli
+from .._servers import SECRET, free_port as _free_port, wait_for as _wait_for
+from ..conftest import REPO, run_cli
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")

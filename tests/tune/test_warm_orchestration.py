@@ -1,7 +1,7 @@
 """warm's orchestration on CPU with real worker processes speaking the worker protocol.
 
 No GPU exists here, so tests/_fake_worker.py stands in for the GPU part of autotune_cache.tune.worker;
-it receives exactly the task files warm writes. The real worker runs in tests/test_gpu.py.
+it receives exactly the task files warm writes. The real worker runs in tests/tune/test_gpu.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from autotune_cache.tune.gpus import GpuInfo
 from autotune_cache.tune.pool import WorkerPool
 from autotune_cache.tune.warm import warm
 
-from .conftest import REPO
+from ..conftest import REPO
 
 FAKE = [sys.executable, str(REPO / "tests" / "_fake_worker.py")]
 H200 = GpuInfo(2, "sm90", ("NVIDIA H200", "NVIDIA H200"))

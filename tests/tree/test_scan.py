@@ -18,7 +18,7 @@ from autotune_cache.tree.status import EntryStatus
 from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 from autotune_cache.plan.topology import Topology
 
-from .conftest import REPO, unprivileged
+from ..conftest import REPO, unprivileged
 
 SG = default_layout()
 

@@ -2,7 +2,7 @@
 
 This is how the sm100 recipes (trtllm-gen MoE, mm_fp4, MLA decode) are tested here: no Blackwell
 GPU is lent, so the recorder checks the exact keyword arguments our code would hand FlashInfer.
-The sm90 recipes are additionally run for real in tests/test_gpu.py.
+The sm90 recipes are additionally run for real in tests/tune/test_gpu.py.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.engines.vllm.target import VllmTarget, parse_config_hash
 
-from .conftest import REPO, run_cli
-from ._fake_gpus import gpu_env, run_gpu_cli
+from ..conftest import REPO, run_cli
+from .._fake_gpus import gpu_env, run_gpu_cli
 
 H = "c0ffee" * 10 + "abcd"
 QWEN = "Qwen/Qwen3-30B-A3B"
@@ -253,7 +253,7 @@ NOT_IN_KEY = {"tp_rank", "ep_rank", "output"}
 
 
 def our_call(tmp_path, name: str, sglang: bool = False) -> dict:
-    from ._fi_call import bound, materialize
+    from .._fi_call import bound, materialize
 
     case = GOLDEN["cases"][name]["case"]
     config = per_tensor_fp8_config(tmp_path) if case["fp8"] else None

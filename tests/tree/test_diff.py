@@ -9,7 +9,7 @@ from autotune_cache.tree.diff import compare_configs, token_positions
 from autotune_cache.autotuner.rankfile import cache_file_bytes
 from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, fake_configs, write_fake_entry
 
-from .conftest import run_cli
+from ..conftest import run_cli
 
 # as FlashInfer prints them: the cuBLAS runner's extras are bare dtypes (not a Python literal)
 GEMM = "('fp8_gemm', 'CublasFp8GemmRunner', ((1, {m}, 8192), (1, 8192, 1024), (1,), (1,), (1, {m}, 1024)), (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16))"

@@ -9,7 +9,7 @@ import pytest
 from autotune_cache.errors import UsageError
 from autotune_cache.engines.sglang.serving_command import parse_serving_command
 
-from .conftest import run_cli, run_json
+from ..conftest import run_cli, run_json
 
 
 def kw(*argv):

@@ -14,7 +14,7 @@ import pytest
 from autotune_cache.registry import default_layout
 from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 
-from .conftest import REPO, run_cli, run_json
+from ..conftest import REPO, run_cli, run_json
 
 KEY_ARGS = [
     "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--pp", "1", "--dp", "8", "--ep", "1", "--dtype", "bfloat16",

@@ -13,7 +13,7 @@ from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.flags import ServerFlags
 from tests.synthetic import DEFAULT_METADATA, write_plan_entry
 
-from .conftest import run_cli, run_json
+from ..conftest import run_cli, run_json
 
 autotune_cache_mod = pytest.importorskip("flashinfer.autotune_cache")
 

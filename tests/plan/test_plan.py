@@ -12,7 +12,7 @@ from autotune_cache.engines.sglang.planner import make_plan
 from autotune_cache.autotuner.recipe import T
 from autotune_cache.plan.flags import ServerFlags
 
-from .conftest import run_cli
+from ..conftest import run_cli
 
 from autotune_cache.plan.config_source import PRESETS_DIR as REF  # copies of shared/reference/model_configs
 

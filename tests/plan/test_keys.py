@@ -114,7 +114,7 @@ def test_engine_option_and_installed_sglang(tmp_path):
     distribution metadata, not imported) does; neither: 0.5.23."""
     import json
 
-    from .conftest import run_cli
+    from ..conftest import run_cli
 
     args = ["plan", "--model", "deepseek-ai/DeepSeek-R1", "--tp", "8", "--arch", "sm100", "--json", "--cache-dir", str(tmp_path)]
     assert json.loads(run_cli(*args, "--engine", "sglang==0.5.20").stdout)["key"] == "db1c0018a6755b11"
@@ -135,7 +135,7 @@ def test_engine_option_and_installed_sglang(tmp_path):
 def test_megamoe_rank_files_are_named_by_gpu(tmp_path):
     import json
 
-    from .conftest import run_cli
+    from ..conftest import run_cli
 
     uuids = "GPU-DF3C1114-24C7-4A43-8149-B2A9B8445BB9,GPU-0a1b2c3d-24c7-4a43-8149-b2a9b8445bb9"
     proc = run_cli("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "2", "--dp", "2", "--arch", "sm100",
