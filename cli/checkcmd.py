@@ -7,6 +7,7 @@ import click
 from autotune_cache import registry
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.check import run_check
+from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
 from autotune_cache.errors import ExitCode
 
 from .output import Output
@@ -22,7 +23,7 @@ def _readers() -> list[str]:
 @click.command("check")
 @serving_options
 @click.option("--store", "store_url", default=None, help="Check a store (s3://, gs://, file://, https://) instead of a tree.")
-@click.option("--layout", "layout_name", type=LayoutName(_readers), default=lambda: _readers()[0], show_default="sglang",
+@click.option("--layout", "layout_name", type=LayoutName(_readers), default=DEFAULT_LAYOUT_NAME, show_default=True,
               help="The reader to check for: SGLang's rank files, or FlashInfer's managed store (needs --env-from: "
                    "its directory is named by the serving environment).")
 @env_from_option

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from autotune_cache.autotuner.recipe import T, encode
+from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
 from autotune_cache.errors import UsageError
 
 from .output import Output
@@ -99,7 +100,7 @@ def _print_body(plan, out: Output) -> None:
 
 @click.command("plan")
 @serving_options
-@click.option("--layout", type=LayoutName(planned_layouts), default=lambda: planned_layouts()[0], show_default="sglang",
+@click.option("--layout", type=LayoutName(planned_layouts), default=DEFAULT_LAYOUT_NAME, show_default=True,
               help="Whose startup tuning to plan: SGLang's, or vLLM's (vllm-dir: under "
                    "$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR).")
 @engine_options

@@ -27,7 +27,7 @@ from .params import POSITIVE, cache_dir_option, resolve_root
 
 
 def _click_option(option: Option):
-    kw: dict = {"help": option.help or None, "show_default": option.show_default}
+    kw: dict = {"help": option.help or None, "show_default": option.show_default, "metavar": option.metavar}
     if option.kind == "flag":
         return click.option(option.spelling, option.name, is_flag=True, **kw)
     kind = {"positive": POSITIVE, "choice": click.Choice(list(option.choices))}.get(option.kind)

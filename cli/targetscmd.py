@@ -57,7 +57,7 @@ def target_options(target: Target) -> tuple[ServingOptions, tuple[str, ...]]:
     for name in fields:
         if name in _GLOBAL_ONLY:
             raise UsageError(f"{target.source}: unknown field {name!r} (set --{name.replace('_', '-')} on the command line)")
-    return ServingOptions.from_fields(fields, target.source), layouts
+    return ServingOptions.from_fields(fields, target.source, also_known=("layouts", "name")), layouts
 
 
 def reject_serving_flags(ctx: click.Context, allowed: tuple[str, ...] = ("cache_dir", "arch")) -> None:

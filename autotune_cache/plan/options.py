@@ -25,6 +25,7 @@ class Option:
     flag: str | None = None  # the command-line spelling, when it is not --<name with dashes>
     choices: tuple[str, ...] = ()
     show_default: bool = False
+    metavar: str | None = None  # how --help names the value (default: its type)
 
     @property
     def spelling(self) -> str:
@@ -97,9 +98,11 @@ class ServingOptions:
         return cls(**{k: v for k, v in values.items() if k in names})
 
     @classmethod
-    def from_fields(cls, values: Mapping[str, Any], where: str, *, base: "ServingOptions | None" = None) -> "ServingOptions":
+    def from_fields(cls, values: Mapping[str, Any], where: str, *, base: "ServingOptions | None" = None,
+                    also_known: tuple[str, ...] = ()) -> "ServingOptions":
         """A targets file's fields (named as the flags are, dashes or underscores; ``dp_attention``
-        as a boolean), checked as the command line checks them."""
+        as a boolean), checked as the command line checks them. ``also_known``: the file's other
+        fields, named in the message for an unknown one."""
         out: dict[str, Any] = {}
         for name, value in values.items():
             key = str(name).replace("-", "_")
@@ -108,14 +111,17 @@ class ServingOptions:
             if key == "dp_attention":
                 if not isinstance(value, bool):
                     raise UsageError(f"{where}: dp_attention is true or false, not {value!r}")
-                out["no_dp_attention"] = not value
+                # Like the flag: once any field says "no DP attention", it stays so.
+                out["no_dp_attention"] = out.get("no_dp_attention", False) or not value
                 continue
             option = BY_NAME.get(key)
             if option is None:
-                known = sorted({o.spelling.lstrip("-").replace("-", "_") for o in SERVING_OPTIONS} | {"dp_attention"}
-                               - {"no_dp_attention"})
+                known = sorted({o.spelling.lstrip("-").replace("-", "_") for o in SERVING_OPTIONS}
+                               | {"dp_attention", *also_known})
                 raise UsageError(f"{where}: unknown field {name!r} (known: {', '.join(known)})")
             out[key] = _checked(option, value, where)
+            if key == "no_dp_attention":
+                out[key] = out[key] or bool(values.get("dp_attention") is False)
         return dataclasses.replace(base or cls(), **out)
 
     def replace(self, **changes: Any) -> "ServingOptions":
@@ -194,7 +200,7 @@ SERVING_OPTIONS: tuple[Option, ...] = (
     _o("max_tokens", "positive", help="Tune buckets up to this many tokens instead of the engine's maximum."),
     _o("gpu_uuids", help="flashinfer_megamoe only: the serving GPUs' UUIDs in tp-rank order (comma-separated, as "
                          "nvidia-smi -L prints them), or 'auto' for this machine's (rank t on GPU t)."),
-    _o("engine", help="The SGLang release that will serve: picks its cache-key schema (default: the sglang "
+    _o("engine", metavar="sglang==X.Y.Z", help="The SGLang release that will serve: picks its cache-key schema (default: the sglang "
                       "installed here, read without importing it; else 0.5.23).", flag="--engine"),
     _o("schema", help="Key schema by name, overriding --engine."),
     _o("flashinfer_version", help="Default: the installed flashinfer-python."),

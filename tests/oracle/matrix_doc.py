@@ -32,7 +32,7 @@ def _cell(text: str) -> str:
 
 def table() -> str:
     sys.path.insert(0, str(REPO))
-    from tests.test_sglang_oracle import GOLDEN, MATRIX, diff_case
+    from tests.engines.test_sglang_oracle import GOLDEN, MATRIX, diff_case
 
     rows = ["| case | GPU | serving command | SGLang 0.5.23 | fi-autotune | source |", "|---|---|---|---|---|---|"]
     tally = {"equal": 0, "refused": 0, "not recorded": 0, "other": 0}

@@ -59,3 +59,22 @@ def test_engine_options_go_with_their_engine():
     assert (r.engine.name, r.engine.layout, r.engine.config_hash) == ("vllm", "vllm-dir", "ab" * 32)
     with pytest.raises(UsageError, match="needs --vllm-config-hash"):
         build_request(opts, layout="vllm")
+
+
+@pytest.mark.parametrize("fields", [
+    {"dp_attention": True, "no_dp_attention": True},
+    {"no_dp_attention": True, "dp_attention": True},
+    {"dp_attention": False, "no_dp_attention": False},
+    {"no_dp_attention": False, "dp_attention": False},
+])
+def test_no_dp_attention_wins_whatever_the_field_order(fields):
+    """As the flag: once a field says "no DP attention", the other cannot take it back (the key
+    hashes attn_dp_size: a last-one-wins rule would silently name another entry)."""
+    assert ServingOptions.from_fields({"tp": 2, "dp": 2, **fields}, "t[0]").no_dp_attention is True
+
+
+def test_the_unknown_field_message_names_the_files_other_fields():
+    with pytest.raises(UsageError) as e:
+        ServingOptions.from_fields({"tpp": 2}, "t[0]", also_known=("layouts", "name"))
+    known = str(e.value).split("(known: ")[1]
+    assert "layouts" in known and "name" in known and "dp_attention" in known and "no_dp_attention" in known

@@ -19,7 +19,7 @@ class Vllm(Engine):
     label = "vLLM"
     title = f"vLLM {', '.join(VLLM_CHECKED)}"
     cli_options = (
-        Option("vllm_config_hash", "str", help="vllm layouts: the 64-hex hash vLLM names its cache dir by (computed "
+        Option("vllm_config_hash", "str", metavar="HASH", help="vllm layouts: the 64-hex hash vLLM names its cache dir by (computed "
                "by vLLM after it loads the model); its startup line 'Using FlashInfer autotune cache file: ...' or "
                "that path may be pasted whole."),
         Option("max_num_batched_tokens", "positive", help="vllm layouts: the server's --max-num-batched-tokens "
