@@ -133,3 +133,14 @@ def test_checker_finds_arrows_up_the_floors(synthetic):
         "(floor 3, tree): up",
     ], found  # TYPE_CHECKING imports, down-going imports and the CLI's imports are not offenders
 
+
+
+def test_every_package_folder_is_installed():
+    """pyproject lists the packages one by one: a new folder left out would import here, from
+    the checkout, and be missing from the installed wheel."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "autotune_cache").rglob("__init__.py")}
+    assert folders <= listed, sorted(folders - listed)
+    assert "fi_autotune_cli" in listed
