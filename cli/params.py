@@ -59,7 +59,7 @@ class CommaList(click.ParamType):
         return tuple(out)
 
 
-_ARCH_RE = re.compile(r"^sm\d{2,3}[a-z]?$")
+_ARCH_RE = re.compile(r"^sm[0-9]{2,3}[a-z]?\Z")
 
 ARCHS = CommaList("arch", normalize=str.lower, check=lambda a: bool(_ARCH_RE.match(a)))
 STATUSES = CommaList("status", normalize=str.lower, choices=EntryStatus.names())

@@ -117,6 +117,18 @@ MUTATIONS = [
     ("bounded sizes", "autotune_cache/plan/topology.py",
      "            if value > MAX_PARALLEL:", "            if False:",
      "tests/tree/test_layout.py::test_sizes_from_data_are_bounded"),
+    ("whole names: an sglang key", "autotune_cache/engines/sglang/layout.py",
+     'KEY_RE = re.compile(r"^[0-9a-f]{16}\\Z")', 'KEY_RE = re.compile(r"^[0-9a-f]{16}$")',
+     "tests/tree/test_exact_names.py::test_a_newline_look_alike_is_neither_listed_nor_deleted_in_its_place"),
+    ("whole names: a vLLM hash", "autotune_cache/engines/vllm/layout.py",
+     'HASH_RE = re.compile(r"^[0-9a-f]{64}\\Z")', 'HASH_RE = re.compile(r"^[0-9a-f]{64}$")',
+     "tests/tree/test_exact_names.py::test_every_level_of_every_layout_takes_whole_names_only"),
+    ("whole names: a v2 environment", "autotune_cache/engines/flashinfer_v2/layout.py",
+     'ENV_RE = re.compile(r"^[0-9a-f]{16}\\Z")', 'ENV_RE = re.compile(r"^[0-9a-f]{16}$")',
+     "tests/tree/test_exact_names.py::test_every_level_of_every_layout_takes_whole_names_only"),
+    ("whole names: a rank file", "autotune_cache/plan/topology.py",
+     '\\.json\\Z"\n)', '\\.json$"\n)',
+     "tests/tree/test_exact_names.py::test_rank_file_names_are_whole"),
 ]
 
 

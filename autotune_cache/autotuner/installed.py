@@ -13,7 +13,7 @@ from autotune_cache.errors import UsageError
 #: A version as it may stand in a cache path (FlashInfer's, in every engine's tree): one path
 #: component, no separators, bounded. FlashInfer versions are PEP 440 strings ("0.7.2.post1",
 #: "0.8.0rc1+cu130"); "unknown" is what SGLang writes when flashinfer has no __version__.
-VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}$")
+VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}\Z")
 
 
 def installed_version(distribution: str) -> str | None:

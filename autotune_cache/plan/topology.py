@@ -18,7 +18,7 @@ MAX_PARALLEL = 4096
 MAX_RANK_FILES = 65536
 
 RANK_FILE_RE = re.compile(
-    r"^rank_tp(?P<tp>\d{1,9})_pp(?P<pp>\d{1,9})_dp(?P<dp>\d{1,9})(?:_gpu(?P<gpu>[0-9A-Za-z-]{1,64}))?\.json$"
+    r"^rank_tp(?P<tp>[0-9]{1,9})_pp(?P<pp>[0-9]{1,9})_dp(?P<dp>[0-9]{1,9})(?:_gpu(?P<gpu>[0-9A-Za-z-]{1,64}))?\.json\Z"
 )
 
 
@@ -76,7 +76,7 @@ def _rank_files(tp: int, pp: int, dp: int, dp_attention: bool, gpu_uuids: tuple[
 
 
 #: ``str(torch.cuda.get_device_properties(i).uuid)``: nvidia-smi's UUID, lowercase, without "GPU-".
-GPU_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+GPU_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 
 
 def normalize_gpu_uuid(text: str) -> str:

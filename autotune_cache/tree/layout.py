@@ -38,11 +38,11 @@ JOURNAL_DIRNAME = ".fi-autotune-journal"
 #: Our hidden names all start with this; engines never read a dot-file.
 OUR_PREFIX = ".fi-autotune-"
 #: Temp files: ours (``atomic.py``) and FlashInfer's own ``save_configs`` (``.autotuner_*.tmp``).
-TEMP_FILE_RE = re.compile(r"^(?:\.fi-autotune-.*\.tmp|\.autotuner_.*\.tmp)$")
+TEMP_FILE_RE = re.compile(r"^(?:\.fi-autotune-.*\.tmp|\.autotuner_.*\.tmp)\Z")
 #: Staging and trash dirs sit beside the entry they replace or remove, named by the owner
 #: (a token whose lock is held while the owning command runs) and the entry's last id part.
-STAGE_DIR_RE = re.compile(r"^\.fi-autotune-stage-(?P<owner>[0-9a-f]{12})-(?P<name>.+)$")
-TRASH_DIR_RE = re.compile(r"^\.fi-autotune-trash-(?P<owner>[0-9a-f]{12})-(?P<name>.+)$")
+STAGE_DIR_RE = re.compile(r"^\.fi-autotune-stage-(?P<owner>[0-9a-f]{12})-(?P<name>.+)\Z")
+TRASH_DIR_RE = re.compile(r"^\.fi-autotune-trash-(?P<owner>[0-9a-f]{12})-(?P<name>.+)\Z")
 
 
 def stage_name(owner: str, entry_name: str) -> str:

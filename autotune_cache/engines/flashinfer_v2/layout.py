@@ -23,10 +23,10 @@ from autotune_cache.tree.layout import TEMP_FILE_RE, CacheLayout, EntryId, Level
 from autotune_cache.tree.records import CacheEntry, Finding, finding_for
 from autotune_cache.tree.status import EntryStatus
 
-ENV_RE = re.compile(r"^[0-9a-f]{16}$")
-ENTRY_RE = re.compile(r"^[0-9a-f]{24}\.json$")
+ENV_RE = re.compile(r"^[0-9a-f]{16}\Z")
+ENTRY_RE = re.compile(r"^[0-9a-f]{24}\.json\Z")
 #: FlashInfer's own temp files (``_atomic_write_json``): ``.autotune_XXXX.tmp``.
-FI_TEMP_RE = re.compile(r"^\.autotune_.*\.tmp$")
+FI_TEMP_RE = re.compile(r"^\.autotune_.*\.tmp\Z")
 
 
 class FlashInferV2Layout(CacheLayout):

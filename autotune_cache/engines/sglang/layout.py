@@ -21,8 +21,8 @@ from autotune_cache.autotuner.installed import VERSION_RE
 #: SGLang's side directory of per-run results (never read back by SGLang).
 ENGINE_RUNS_DIRNAME = "runs"
 
-KEY_RE = re.compile(r"^[0-9a-f]{16}$")
-ARCH_RE = re.compile(r"^sm\d{2,3}[a-z]?$")
+KEY_RE = re.compile(r"^[0-9a-f]{16}\Z")
+ARCH_RE = re.compile(r"^sm[0-9]{2,3}[a-z]?\Z")
 
 
 def arch_from_capability(major: int, minor: int) -> str:

@@ -36,10 +36,10 @@ from autotune_cache.plan.topology import MAX_PARALLEL, MAX_RANK_FILES, Topology,
 from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, CacheLayout, Level, NameKind, RootChoice
 from autotune_cache.autotuner.installed import VERSION_RE
 
-HASH_RE = re.compile(r"^[0-9a-f]{64}$")
+HASH_RE = re.compile(r"^[0-9a-f]{64}\Z")
 #: ``90a``, ``100a``, ``120f``, ``80``, joined by ``_`` on hosts with several archs.
-ARCH_DIR_RE = re.compile(r"^\d{2,3}[a-z]?(?:_\d{2,3}[a-z]?){0,7}$")
-RANK_FILE_RE = re.compile(r"^autotune_configs_dp(?P<dp>\d{1,9})_rank(?P<rank>\d{1,9})\.json$")
+ARCH_DIR_RE = re.compile(r"^[0-9]{2,3}[a-z]?(?:_[0-9]{2,3}[a-z]?){0,7}\Z")
+RANK_FILE_RE = re.compile(r"^autotune_configs_dp(?P<dp>[0-9]{1,9})_rank(?P<rank>[0-9]{1,9})\.json\Z")
 #: The variable that moves vLLM's files (and its managed store) to one directory.
 OVERRIDE_ENV = "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"
 
@@ -73,7 +73,7 @@ def arch_dir(arch: str) -> str:
     """FlashInfer's JIT arch dir name for one GPU arch (``sm90`` -> ``90a``, ``sm100`` -> ``100a``,
     ``sm120`` -> ``120f``, ``sm80`` -> ``80``): ``CompilationContext._normalize_cuda_arch`` as of
     0.7.2.post1 (with CUDA 12.9+ for sm120)."""
-    m = re.fullmatch(r"sm(\d+?)(\d)([a-z]?)", arch)
+    m = re.fullmatch(r"sm([0-9]+?)([0-9])([a-z]?)", arch)
     if not m:
         raise ValueError(f"{arch!r} is not an sm<XY> arch")
     major, minor = int(m[1]), int(m[2])
@@ -177,7 +177,7 @@ class VllmLayout(CacheLayout):
 
 
 #: vLLM's own temp files (``write_flashinfer_autotune_cache``): ``.<name>.<random>.tmp``.
-VLLM_TEMP_RE = re.compile(r"^\.autotune_configs_dp\d+_rank\d+\.json\..*\.tmp$")
+VLLM_TEMP_RE = re.compile(r"^\.autotune_configs_dp[0-9]+_rank[0-9]+\.json\..*\.tmp\Z")
 
 
 class VllmDirLayout(VllmLayout):
