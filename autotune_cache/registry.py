@@ -11,13 +11,23 @@ line below, or ``register_engine`` at run time (what the tests' stand-in engine 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from autotune_cache.errors import UsageError
 
-if TYPE_CHECKING:
-    from autotune_cache.engines.base import Engine
-    from autotune_cache.tree.layout import CacheLayout
+
+class KnownLayout(Protocol):
+    """What the registry reads of a layout (a ``tree.layout.CacheLayout``)."""
+
+    name: str
+
+
+class KnownEngine(Protocol):
+    """What the registry reads of an engine (an ``engines.base.Engine``, which this floor does
+    not import: the engines sit above everything that asks the registry)."""
+
+    name: str
+    layouts: tuple[Any, ...]  # KnownLayout objects
 
 #: name -> "module:attribute" of the engine object. The first is the default engine.
 KNOWN_ENGINES: dict[str, str] = {
@@ -26,10 +36,10 @@ KNOWN_ENGINES: dict[str, str] = {
     "vllm": "autotune_cache.engines.vllm.engine:ENGINE",
 }
 
-_loaded: dict[str, "Engine"] = {}
+_loaded: dict[str, KnownEngine] = {}
 
 
-def register_engine(name: str, target: "str | Engine", *, clobber: bool = False) -> None:
+def register_engine(name: str, target: str | KnownEngine, *, clobber: bool = False) -> None:
     """Add an engine by import path or object. A name already taken needs ``clobber``."""
     if not clobber and (name in KNOWN_ENGINES or name in _loaded):
         raise ValueError(f"engine {name!r} is already registered")
@@ -46,7 +56,7 @@ def unregister_engine(name: str) -> None:
     _loaded.pop(name, None)
 
 
-def get_engine(name: str) -> "Engine":
+def get_engine(name: str) -> KnownEngine:
     if name in _loaded:
         return _loaded[name]
     try:
@@ -61,14 +71,14 @@ def get_engine(name: str) -> "Engine":
     return engine
 
 
-def engines() -> list["Engine"]:
+def engines() -> list[KnownEngine]:
     """Every known engine, in registration order."""
     return [get_engine(name) for name in list(KNOWN_ENGINES)]
 
 
-def layouts() -> dict[str, "CacheLayout"]:
+def layouts() -> dict[str, KnownLayout]:
     """Every tree layout of every engine, by layout name (a name is unique across engines)."""
-    out: dict[str, CacheLayout] = {}
+    out: dict[str, KnownLayout] = {}
     for engine in engines():
         for layout in engine.layouts:
             if layout.name in out:
@@ -77,7 +87,7 @@ def layouts() -> dict[str, "CacheLayout"]:
     return out
 
 
-def get_layout(name: str) -> "CacheLayout":
+def get_layout(name: str) -> KnownLayout:
     known = layouts()
     try:
         return known[name]
@@ -85,16 +95,16 @@ def get_layout(name: str) -> "CacheLayout":
         raise UsageError(f"unknown layout {name!r}; known: {', '.join(sorted(known))}") from None
 
 
-def default_engine() -> "Engine":
+def default_engine() -> KnownEngine:
     return get_engine(next(iter(KNOWN_ENGINES)))
 
 
-def default_layout() -> "CacheLayout":
+def default_layout() -> KnownLayout:
     """The layout a bare id (``<version>/<arch>/<key>``) and ``--cache-dir`` refer to."""
     return default_engine().layouts[0]
 
 
-def engine_of_layout(name: str) -> "Engine":
+def engine_of_layout(name: str) -> KnownEngine:
     for engine in engines():
         if any(layout.name == name for layout in engine.layouts):
             return engine

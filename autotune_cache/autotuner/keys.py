@@ -15,10 +15,16 @@ tests/engines/test_sglang_oracle.py compares every key here with the ones it rec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from autotune_cache.autotuner.recipe import OpRecipe
+
+class Call(Protocol):
+    """What a key builder reads of a recipe (``autotuner.recipe.OpRecipe``): the call's API, its
+    custom ops and its keyword arguments - nothing else, so this module needs no recipe type."""
+
+    api: str
+    custom_ops: tuple[str, ...]
+    kwargs: dict
 
 
 class _Repr:
@@ -45,7 +51,7 @@ def _shape(t) -> tuple:
     return tuple(t.shape) if t is not None else (0,)
 
 
-def cutlass_moe(r: "OpRecipe", bucket: int) -> list[list[tuple]]:
+def cutlass_moe(r: Call, bucket: int) -> list[list[tuple]]:
     """fused_moe/core.py cutlass_fused_moe: choose_one over [input, fc1_w, fc1_b, fc2_w, fc2_b],
     dim 0 of input bucketed; extras = MoERunner.get_cache_key_extras; one runner for gemm1/gemm2."""
     kw = r.kwargs
@@ -62,7 +68,7 @@ def cutlass_moe(r: "OpRecipe", bucket: int) -> list[list[tuple]]:
     return [[(op, "MoERunner", profile, extras)] for op in r.custom_ops]
 
 
-def bmm_fp8(r: "OpRecipe", bucket: int) -> list[list[tuple]]:
+def bmm_fp8(r: Call, bucket: int) -> list[list[tuple]]:
     """gemm/gemm_base.py fp8_gemm_sm100 -> choose_one("fp8_gemm", [a, b, sa, sb, out, workspace]):
     a's dim -2 bucketed; out dim -2 and workspace dim 0 constrained (-1); extras = dtypes."""
     kw = r.kwargs
@@ -88,7 +94,7 @@ def _trtllm_dtype(x, scale) -> int:
     return DTYPE_TRTLLM_GEN["E2m1" if scale_numel == numel // 16 else "MxE2m1"]
 
 
-def trtllm_moe(r: "OpRecipe", bucket: int) -> list[list[tuple]]:
+def trtllm_moe(r: Call, bucket: int) -> list[list[tuple]]:
     """fused_moe/core.py trtllm_*_moe -> backends/trtllm/sm100_runner.py MoERunner: the profile is
     the eight MoeRunnerInputs (output, routing_logits, topk_ids, expert_weights, hidden_states,
     hidden_states_scale, lora_delta, per_token_scale), dim 0 bucketed (dim 1 of the DeepSeek-FP8
@@ -131,7 +137,7 @@ _FP4_RUNNERS = {"cutlass": "CutlassFp4GemmRunner", "cudnn": "CudnnFp4GemmRunner"
                 "cute-dsl": "CuteDSLFp4GemmRunner"}
 
 
-def mm_fp4(r: "OpRecipe", bucket: int) -> list[list[tuple]]:
+def mm_fp4(r: Call, bucket: int) -> list[list[tuple]]:
     """gemm/gemm_base.py mm_fp4 -> choose_one("fp4_gemm", [a, b, a_descale, b_descale, alpha,
     <absent>, out, <absent>, <absent>, workspace]): a's dim 0 bucketed; a_descale's rows, out's
     rows and the workspace constrained (-1)."""
@@ -156,7 +162,7 @@ def _seq_len_bucket(x: int) -> int:
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
-def mla_decode(r: "OpRecipe", bucket: int) -> list[list[tuple]]:
+def mla_decode(r: Call, bucket: int) -> list[list[tuple]]:
     """mla/_core.py trtllm_batch_decode_with_kv_cache_mla -> choose_one("trtllm_batch_decode_mla",
     [TrtllmGenMlaDecodeRunner, CuteDslMlaDecodeRunner (backend auto, dense only)],
     [query, block_tables, seq_lens, out]): dim 0 of each bucketed (the batch)."""

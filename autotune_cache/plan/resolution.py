@@ -6,15 +6,11 @@ calls. Engines compute it (``engines/sglang/resolve.py``); the plan and the tune
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.plan.keys import KeyFields
 from autotune_cache.plan.topology import Topology
-
-if TYPE_CHECKING:
-    from autotune_cache.engines.sglang.attention import Attention
-    from autotune_cache.engines.sglang.speculative import Speculative
 
 
 def arch_major(arch: str) -> int:
@@ -61,8 +57,10 @@ class Resolution:
     decode_batch: int  # per-rank decode CUDA-graph max batch (serving; careful mode's graph sizes)
     chunked_prefill_size: int  # per attention-DP rank (SGLang divides it by attn_dp_size)
     notes: tuple[str, ...] = field(default=())
-    attention: Attention | None = None
-    speculative: Speculative | None = None
+    #: The engine's attention decisions (SGLang: ``engines.sglang.attention.Attention``), or None.
+    attention: Any = None
+    #: Its speculative workers (SGLang: ``engines.sglang.speculative.Speculative``), or None.
+    speculative: Any = None
     #: "target", or "draft": the speculative draft worker, tuned into its own entry.
     worker: str = "target"
     #: Requests per DP rank the pool holds: SGLang sizes it from the KV-cache memory it profiles
