@@ -18,7 +18,7 @@ from autotune_cache.tree.status import EntryStatus
 
 
 class DurationType(click.ParamType):
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``."""
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``: a unit is required (a bare ``30`` is refused)."""
 
     name = "duration"
 
@@ -190,7 +190,8 @@ FILTER_HELP = {
     "versions": "Only these FlashInfer versions (comma-separated or repeated).",
     "arch": "Only these archs, e.g. sm90,sm100 (comma-separated or repeated, any case).",
     "status": "Only these statuses: " + ", ".join(EntryStatus.names()) + " (comma-separated or repeated).",
-    "older_than": "Only entries not modified for this long (30d, 12h, 90m).",
+    "older_than": "Only entries not modified for this long: a number with s, m, h, d or w (30d, 12h, 90m); "
+                  "a bare number is refused.",
     "unused_for": "Only entries no engine has read for this long, from access times (30d). Where the "
                   "filesystem keeps no access times (noatime mounts) last use is unknown and nothing is selected; "
                   "relatime (the Linux default) is exact to a day.",

@@ -129,6 +129,9 @@ MUTATIONS = [
     ("whole names: a rank file", "autotune_cache/plan/topology.py",
      '\\.json\\Z"\n)', '\\.json$"\n)',
      "tests/tree/test_exact_names.py::test_rank_file_names_are_whole"),
+    ("a bare number is no duration (a slip never deletes)", "autotune_cache/humanize.py",
+     "    if not unit:\n", "    unit = unit or \"s\"\n    if False:\n",
+     "tests/cli/test_ux.py::test_a_bare_number_is_a_usage_error_suggesting_days"),
 ]
 
 
