@@ -19,7 +19,6 @@ from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.plan.options import SERVING_OPTIONS, ServingOptions
 from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
 from autotune_cache.tree.scan import scan_entry
-from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store import Store
 from autotune_cache.tune.fleet import FleetItem, merge_work
 from autotune_cache.tune.gpus import detect_gpu_uuids
@@ -114,7 +113,7 @@ def coverage(plan, store=None) -> str:
     if not plan.key_dir.is_dir():
         return "missing"
     e = scan_entry(layout, plan.key_dir, plan.entry_id)
-    if e.status == EntryStatus.COMPLETE:
+    if e.complete_for(plan.rank_files):
         return "covered"
     return f"partly ({e.status}, {e.ranks_str} rank files)"
 

@@ -132,6 +132,15 @@ MUTATIONS = [
     ("a bare number is no duration (a slip never deletes)", "autotune_cache/humanize.py",
      "    if not unit:\n", "    unit = unit or \"s\"\n    if False:\n",
      "tests/cli/test_ux.py::test_a_bare_number_is_a_usage_error_suggesting_days"),
+    ("an inferred topology is never complete", "autotune_cache/tree/entry_scan.py",
+     "    if inferred:\n        notes.append(INFERRED_NOTE)\n", "    if False:\n        notes.append(INFERRED_NOTE)\n",
+     "tests/cli/test_ux.py::test_an_inferred_topology_is_never_complete"),
+    ("an unverified entry holding every rank is not replaced", "autotune_cache/tree/records.py",
+     "        return self.status == EntryStatus.UNVERIFIED and bool(expected) and all(", "        return False and all(",
+     "tests/cli/test_ux.py::test_an_unverified_entry_holding_every_rank_is_not_replaced_without_force"),
+    ("an unverified entry short of a rank is not complete for its reader", "autotune_cache/tree/records.py",
+     "and bool(expected) and all(n in names for n in expected)", "or True",
+     "tests/cli/test_ux.py::test_an_unverified_entry_holding_every_rank_is_not_replaced_without_force"),
 ]
 
 

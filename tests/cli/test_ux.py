@@ -3,11 +3,13 @@ footers, Ctrl-C that exits 130. Real processes on real trees."""
 
 from __future__ import annotations
 
+import tarfile
+
 import pytest
 
-from tests.synthetic import write_fake_entry
+from tests.synthetic import default_fields, entry_path, write_fake_entry
 
-from ..conftest import run_cli
+from ..conftest import run_cli, run_json
 
 #: Every command that takes a duration (the shared filter options).
 DURATION_COMMANDS = [["ls"], ["prune", "--dry-run"], ["export", "-o", "-"], ["push", "file:///nonexistent-store"]]
@@ -41,3 +43,63 @@ def test_durations_with_units_still_select(root):
     for text in ("30d", "12h", "90m", "45s", "2w", "1.5d"):
         proc = run_cli("ls", "-q", "--older-than", text, "--cache-dir", str(root))
         assert proc.returncode == 0, (text, proc.stderr)
+
+
+# --- statuses on a guess ------------------------------------------------------------------------
+
+def _engine_written_tp4_missing_last_rank(root):
+    """What an engine leaves after a crash before rank 3 wrote its file: no manifest, tp0..2."""
+    eid = write_fake_entry(root, fields=default_fields("m", tp=4, dp=1), arch="sm90", with_manifest=False)
+    (entry_path(root, eid) / "rank_tp3_pp0_dp0.json").unlink()
+    return eid
+
+
+def test_an_inferred_topology_is_never_complete(root):
+    eid = _engine_written_tp4_missing_last_rank(root)
+    proc = run_cli("ls", "--cache-dir", str(root))
+    row = next(line for line in proc.stdout.splitlines() if line.startswith(str(eid)))
+    assert "unverified" in row and "complete" not in row, row
+    assert "tp3+" in row and "3/?" in row, row
+    e = run_json("ls", "--cache-dir", str(root))["entries"][0]
+    assert (e["status"], e["ranks_present"], e["ranks_expected"]) == ("unverified", 3, None)
+    assert run_cli("ls", "-q", "--status", "complete", "--cache-dir", str(root)).stdout == ""
+    assert run_cli("ls", "-q", "--status", "unverified", "--cache-dir", str(root)).stdout.split() == [str(eid)]
+    shown = run_cli("show", str(eid), "--cache-dir", str(root)).stdout
+    assert "no manifest: the rank count is inferred" in shown
+
+
+def test_push_and_export_do_not_publish_an_unverified_entry_as_complete(root, tmp_path):
+    good = write_fake_entry(root)
+    guess = _engine_written_tp4_missing_last_rank(root)
+    store = f"file://{tmp_path / 'store'}"
+    proc = run_cli("push", store, "--cache-dir", str(root))
+    assert proc.returncode == 0 and f"skipping {guess}: unverified" in proc.stderr, proc.stderr
+    assert run_cli("ls", "-q", store).stdout.split() == [str(good)]
+    archive = tmp_path / "x.tgz"
+    proc = run_cli("export", "-o", str(archive), "--cache-dir", str(root))
+    assert proc.returncode == 0 and f"skipping {guess}: unverified" in proc.stderr, proc.stderr
+    with tarfile.open(archive) as tar:
+        assert not any(guess.name in m.name for m in tar.getmembers())
+    # Asked for, it goes, with a warning that says what it is.
+    proc = run_cli("push", store, str(guess), "--include-incomplete", "--cache-dir", str(root))
+    assert proc.returncode == 0 and "unverified" in proc.stderr, proc.stderr
+
+
+def test_an_unverified_entry_holding_every_rank_is_not_replaced_without_force(root, tmp_path):
+    """A reader that knows the rank files (an import with a manifest) sees the engine-written entry
+    is complete for it: a different one must not silently replace it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    eid = write_fake_entry(src, seed=1)
+    archive = tmp_path / "x.tgz"
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(src)).returncode == 0
+    assert write_fake_entry(root, seed=2, with_manifest=False) == eid
+    before = {p.name: p.read_bytes() for p in entry_path(root, eid).iterdir()}
+    proc = run_cli("import", str(archive), "--cache-dir", str(root))
+    assert proc.returncode != 0 and "complete entry is already there" in proc.stderr, proc.stderr
+    assert {p.name: p.read_bytes() for p in entry_path(root, eid).iterdir()} == before
+    # One rank short: it is replaced (it was never complete).
+    (entry_path(root, eid) / "rank_tp7_pp0_dp7.json").unlink()
+    proc = run_cli("import", str(archive), "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert run_json("ls", "--cache-dir", str(root))["entries"][0]["status"] == "complete"
