@@ -9,9 +9,9 @@ import click
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import Duration, parse_duration
-from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, fingerprint_for_staleness
+from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, Fingerprint, fingerprint_for_staleness, is_known
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
-from autotune_cache.autotuner.installed import VERSION_RE
+from autotune_cache.autotuner.installed import VERSION_RE, installed_flashinfer_version
 from autotune_cache.tree.layout import CacheLayout, RootChoice
 from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.status import EntryStatus
@@ -238,6 +238,16 @@ def staleness_fingerprint(env_from: str | None, check_env: bool, flt: EntryFilte
     if fp is None:
         out.warn(NO_GPU_STALENESS)
     return fp
+
+
+def keep_latest_version(env_from: str | None) -> str | None:
+    """The FlashInfer version ``prune --keep-latest`` keeps first: the serving image's
+    (``--env-from``), else the one installed here, read from package metadata (no import)."""
+    if env_from:
+        value = Fingerprint.load(env_from).fields.get("flashinfer_version")
+    else:
+        value = installed_flashinfer_version()
+    return value if isinstance(value, str) and is_known(value) and VERSION_RE.match(value) else None
 
 
 targets_option = click.option(

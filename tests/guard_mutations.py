@@ -109,7 +109,7 @@ MUTATIONS = [
      "            if e.last_used is None or now - e.last_used < self.unused_for.seconds:", "            if e.last_used is not None and now - e.last_used < self.unused_for.seconds:",
      "tests/tree/test_reliability.py::test_unused_for_selects_nothing_where_atime_is_not_kept"),
     ("keep-latest complete first", "autotune_cache/tree/select.py",
-     "        group.sort(key=lambda e: (e.status != EntryStatus.COMPLETE, -e.last_modified, str(e.id)))", "        group.sort(key=lambda e: (-e.last_modified, str(e.id)))",
+     "        group.sort(key=lambda e: (_status_rank(e), prefer_version", "        group.sort(key=lambda e: (0, prefer_version",
      "tests/cli/test_cli.py::test_keep_latest_groups_by_deployment_and_prefers_complete"),
     ("all-or-nothing refusal", "autotune_cache/tree/txn.py",
      "                if refused:\n                    return CommitResult((), (), tuple(refused))\n", "",
@@ -141,6 +141,12 @@ MUTATIONS = [
     ("an unverified entry short of a rank is not complete for its reader", "autotune_cache/tree/records.py",
      "and bool(expected) and all(n in names for n in expected)", "or True",
      "tests/cli/test_ux.py::test_an_unverified_entry_holding_every_rank_is_not_replaced_without_force"),
+    ("keep-latest keeps the installed version first", "autotune_cache/tree/select.py",
+     "(_status_rank(e), prefer_version is None or e.flashinfer_version != prefer_version)", "_status_rank(e)",
+     "tests/cli/test_ux.py::test_keep_latest_keeps_the_installed_version_over_a_later_touched_older_one"),
+    ("keep-latest ranks the newest version over the newest touch", "autotune_cache/tree/select.py",
+     "        group.sort(key=lambda e: version_order(e.flashinfer_version), reverse=True)\n", "        pass\n",
+     "tests/cli/test_ux.py::test_keep_latest_prefers_the_env_from_version_then_the_newest"),
 ]
 
 

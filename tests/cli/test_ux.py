@@ -3,11 +3,14 @@ footers, Ctrl-C that exits 130. Real processes on real trees."""
 
 from __future__ import annotations
 
+import json
+import os
 import tarfile
+import time
 
 import pytest
 
-from tests.synthetic import default_fields, entry_path, write_fake_entry
+from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 
 from ..conftest import run_cli, run_json
 
@@ -103,3 +106,52 @@ def test_an_unverified_entry_holding_every_rank_is_not_replaced_without_force(ro
     proc = run_cli("import", str(archive), "--cache-dir", str(root))
     assert proc.returncode == 0, proc.stderr
     assert run_json("ls", "--cache-dir", str(root))["entries"][0]["status"] == "complete"
+
+
+# --- --keep-latest prefers the version that will read the cache -----------------------------------
+
+def _touch(root, eid, days_ago: float) -> None:
+    t = time.time() - days_ago * 86400
+    for p in entry_path(root, eid).iterdir():
+        os.utime(p, (t, t))
+
+
+def test_keep_latest_keeps_the_installed_version_over_a_later_touched_older_one(root):
+    from importlib.metadata import version
+
+    installed = version("flashinfer-python")
+    fields = default_fields("A", tp=2, dp=1)
+    here = write_fake_entry(root, fields=fields, flashinfer_version=installed)
+    old = write_fake_entry(root, fields=fields, flashinfer_version="0.7.1")
+    _touch(root, here, 10)
+    _touch(root, old, 1)  # touched after the installed one (a copy, an rsync, a backup restore)
+    # ... and over a newer release that is not the one installed (a pre-release tried once).
+    fields_b = default_fields("B", tp=2, dp=1)
+    here_b = write_fake_entry(root, fields=fields_b, flashinfer_version=installed)
+    newer_b = write_fake_entry(root, fields=fields_b, flashinfer_version="9.0.0rc1")
+    plan = run_json("prune", "--keep-latest", "1", "--dry-run", "--cache-dir", str(root))
+    picked = {e["id"]: e["reasons"][-1] for e in plan["plan"]["entries"]}
+    assert set(picked) == {str(old), str(newer_b)}
+    assert f"kept: {here}" in picked[str(old)] and f"kept: {here_b}" in picked[str(newer_b)]
+
+
+def test_keep_latest_prefers_the_env_from_version_then_the_newest(root, tmp_path):
+    fields = default_fields("A", tp=2, dp=1)
+    v069 = write_fake_entry(root, fields=fields, flashinfer_version="0.6.9")
+    v071 = write_fake_entry(root, fields=fields, flashinfer_version="0.7.1")
+    v070 = write_fake_entry(root, fields=fields, flashinfer_version="0.7.0")
+    _touch(root, v071, 20)
+    _touch(root, v070, 10)
+    _touch(root, v069, 1)
+    env = tmp_path / "env.json"
+    env.write_text(json.dumps({"fingerprint": {**DEFAULT_METADATA, "flashinfer_version": "0.7.0"}}))
+    plan = run_json("prune", "--keep-latest", "1", "--env-from", str(env), "--dry-run", "--cache-dir", str(root))
+    assert sorted(e["id"] for e in plan["plan"]["entries"]) == sorted([str(v069), str(v071)])
+    # Without a version in use here (none of these is installed): the newest version, not the newest touch.
+    plan = run_json("prune", "--keep-latest", "1", "--dry-run", "--cache-dir", str(root))
+    assert sorted(e["id"] for e in plan["plan"]["entries"]) == sorted([str(v069), str(v070)])
+
+
+def test_keep_latest_help_says_the_order():
+    text = " ".join(run_cli("prune", "--help").stdout.split())
+    assert "then the installed FlashInfer version (or --env-from's); then the newest version; then the most recently modified" in text
