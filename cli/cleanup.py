@@ -12,7 +12,7 @@ from autotune_cache.tree.delete import DeletePlan, describe_result, check_writab
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.recovery import recover_journals
 
-from .output import Output
+from .output import PROG, Output
 from .params import (
     cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
     keep_latest_version, quiet_option, staleness_fingerprint, trees,
@@ -56,7 +56,9 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
         if not sys.stdin.isatty():
             raise UsageError("refusing to delete without confirmation on a non-interactive input; pass -y")
         if not click.confirm("Delete these?", default=False, err=True):
-            raise click.exceptions.Abort()
+            # Declining is an answer, not an interruption (Ctrl-C at the prompt exits 130).
+            click.echo(f"{PROG}: aborted: nothing was changed", err=True)
+            raise click.exceptions.Exit(int(ExitCode.FAILURE))
     result = plan.execute()
 
     def human_result() -> None:

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import signal
+import subprocess
+import sys
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 
-from ..conftest import run_cli, run_json
+from ..conftest import REPO, run_cli, run_json
 
 #: Every command that takes a duration (the shared filter options).
 DURATION_COMMANDS = [["ls"], ["prune", "--dry-run"], ["export", "-o", "-"], ["push", "file:///nonexistent-store"]]
@@ -155,3 +160,99 @@ def test_keep_latest_prefers_the_env_from_version_then_the_newest(root, tmp_path
 def test_keep_latest_help_says_the_order():
     text = " ".join(run_cli("prune", "--help").stdout.split())
     assert "then the installed FlashInfer version (or --env-from's); then the newest version; then the most recently modified" in text
+
+
+# --- Ctrl-C: 130 and one line, from the first instruction on --------------------------------------
+
+#: A sitecustomize that sends the process a real SIGINT the moment it starts importing one module
+#: (``UX_SIGINT_AT``): a Ctrl-C landing at that exact point of start-up, every run.
+_SIGINT_HOOK = """
+import os, signal, sys
+class _Hook:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ.get("UX_SIGINT_AT"):
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, _Hook())
+"""
+
+
+@pytest.mark.parametrize("module,message", [
+    ("click", "interrupted"),                       # the entry point's first import
+    ("autotune_cache", "interrupted"),              # the package, still before main()
+    ("fi_autotune_cli.tree", "interrupted"),        # the command's module, inside click
+])
+def test_ctrl_c_during_imports_exits_130_with_one_line(root, tmp_path, module, message):
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(_SIGINT_HOOK)
+    env = {"PYTHONPATH": str(tmp_path / "hook"), "UX_SIGINT_AT": module}
+    proc = run_cli("ls", "--cache-dir", str(root), env=env)
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.strip() == f"fi-autotune: {message}", proc.stderr
+
+
+def test_ctrl_c_at_any_moment_of_start_up_never_prints_a_traceback(root):
+    """Real timing, through the installed ``fi-autotune`` script: SIGINT sent 0 to 300 ms after the
+    process starts. Before the interpreter has its handler the signal kills it (-2, silent); once
+    our first line runs, 130 and one line; never a traceback through our code. What no program
+    can catch is the interpreter's own start-up before its first line (``site``, the
+    environment's ``.pth`` files, finding the entry module): a traceback with no frame of ours,
+    a few milliseconds wide, counted apart."""
+    write_fake_entry(root)
+    script = Path(sys.executable).with_name("fi-autotune")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "fi_autotune_cli"]
+    ours = (str(REPO / "cli"), str(REPO / "autotune_cache"))
+    outcomes = []
+    for delay in [i * 0.015 for i in range(20)]:
+        p = subprocess.Popen([*cmd, "ls", "--cache-dir", str(root)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        if "Traceback" in err and not any(o in err for o in ours):
+            outcomes.append("before us")
+            continue
+        outcomes.append(p.returncode)
+        assert "Traceback" not in err, (delay, err)
+        assert p.returncode in (0, 130, -signal.SIGINT), (delay, p.returncode, err)
+        if p.returncode == 130:
+            assert len(err.strip().splitlines()) == 1, (delay, err)
+    assert 130 in outcomes, outcomes  # the sweep did reach our own start-up
+
+
+def test_ctrl_c_at_the_confirmation_prompt_exits_130_and_deletes_nothing(root):
+    eid = write_fake_entry(root)
+    leader, follower = pty.openpty()
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "fi_autotune_cli", "prune", "--status", "complete",
+                              "--cache-dir", str(root)], stdin=follower, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=REPO)
+        seen = ""
+        deadline = time.time() + 60
+        while "Delete these?" not in seen and time.time() < deadline:
+            seen += os.read(p.stderr.fileno(), 4096).decode()
+        assert "Delete these?" in seen, seen
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert p.returncode == 130, err
+    assert "aborted: nothing was changed" in err and "Traceback" not in err
+    assert entry_path(root, eid).is_dir()
+
+
+def test_answering_no_at_the_prompt_is_exit_1_not_an_interruption(root):
+    eid = write_fake_entry(root)
+    leader, follower = pty.openpty()
+    try:
+        os.write(leader, b"n\n")
+        p = subprocess.run([sys.executable, "-m", "fi_autotune_cli", "prune", "--status", "complete",
+                            "--cache-dir", str(root)], stdin=follower, capture_output=True, text=True,
+                           cwd=REPO, timeout=60)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert p.returncode == 1 and "aborted: nothing was changed" in p.stderr, p.stderr
+    assert entry_path(root, eid).is_dir()
