@@ -34,6 +34,16 @@ def format_age(timestamp: float | None, now: float | None = None) -> str:
     return f"{int(delta)}s ago"
 
 
+def shorten(text: str, width: int = 200) -> str:
+    """``text`` whole when it fits, else cut at the last space before ``width`` and marked with
+    ``...`` (a hard cut only for one unbroken run, such as a hostile 9,000-character key): a
+    reason cut mid-word ("the nearest entry, 0.") reads as a different reason."""
+    if len(text) <= width:
+        return text
+    cut = text.rfind(" ", 0, width - 3)
+    return (text[:cut] if cut > width // 2 else text[:width - 3]).rstrip() + "..."
+
+
 def plural(n: int, singular: str, plural_form: str | None = None) -> str:
     """``1 entry``, ``2 entries``, ``1 temp file``."""
     return f"{n} {singular if n == 1 else (plural_form or singular + 's')}"

@@ -234,11 +234,16 @@ def check_targets(ctx, out, targets_file: str, kw: dict, store_url: str | None, 
     bad = [r for _, _, r in reports if r.autotunes and not r.ok]
 
     def human() -> None:
+        # A reason cut to fit a column is a reason lost ("the nearest entry, 0."): the table
+        # says which targets miss, and each miss follows it, whole, on its own line.
         rows = []
         for t, plan, r in reports:
-            state = "not tuned by the engine" if not r.autotunes else "OK" if r.ok else f"MISS: {r.misses[0][:100]}"
+            state = "not tuned by the engine" if not r.autotunes else "OK" if r.ok else f"MISS ({len(r.misses)})"
             rows.append([t.name, str(plan.entry_id) if r.autotunes else "-", state])
         out.table(["TARGET", "ID", "RESULT"], rows)
+        for t, _, r in reports:
+            for m in (r.misses if r.autotunes and not r.ok else ()):
+                out.line(f"MISS: {t.name}: {m}")
         out.line(f"{total - len(bad)} of {total} targets covered" + (f"; {len(bad)} would tune at startup" if bad else ""))
 
     out.emit(human=human, data=lambda: {"targets": [{"name": t.name, **r.to_dict()} for t, _, r in reports],

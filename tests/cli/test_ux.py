@@ -256,3 +256,42 @@ def test_answering_no_at_the_prompt_is_exit_1_not_an_interruption(root):
         os.close(follower)
     assert p.returncode == 1 and "aborted: nothing was changed" in p.stderr, p.stderr
     assert entry_path(root, eid).is_dir()
+
+
+# --- reasons printed whole ------------------------------------------------------------------------
+
+def _qwen_entry(root, version: str):
+    from autotune_cache.plan.flags import ServerFlags
+    from autotune_cache.plan.request import TuneRequest
+    from tests.synthetic import write_plan_entry
+
+    req = TuneRequest("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass"), arch="sm90",
+                      flashinfer_version=version)
+    return write_plan_entry(req.plan(root))
+
+
+QWEN_CHECK = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass",
+              "--arch", "sm90", "--flashinfer-version", "0.7.2.post1"]
+
+
+def test_check_targets_prints_each_miss_whole(root, tmp_path):
+    """The nearest entry's id was cut to "the nearest entry, 0." by a 100-character column."""
+    old = _qwen_entry(root, "0.7.1")
+    targets = tmp_path / "targets.yaml"
+    targets.write_text("defaults:\n  arch: sm90\n  flashinfer_version: 0.7.2.post1\ntargets:\n"
+                       "  - name: qwen3-moe\n    model: Qwen/Qwen3-30B-A3B\n    tp: 2\n"
+                       "    moe_runner_backend: flashinfer_cutlass\n")
+    proc = run_cli("check", "--targets", str(targets), "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("MISS: qwen3-moe: "))
+    assert f"the nearest entry, {old}, differs in FlashInfer version (0.7.1 there, 0.7.2.post1 for this server)" in line
+    assert proc.stdout.splitlines()[-1] == "0 of 1 targets covered; 1 would tune at startup"
+
+
+def test_check_prints_a_long_reason_whole(root):
+    eid = _qwen_entry(root, "0.7.2.post1")
+    key = "a key that an older writer spelled in words, far longer than the eighty characters a reason had"
+    (entry_path(root, eid) / "rank_tp1_pp0_dp0.json").write_text(json.dumps({key: [1, 2, 3]}))
+    proc = run_cli("check", *QWEN_CHECK, "--cache-dir", str(root))
+    assert f"rank_tp1_pp0_dp0.json is not a valid FlashInfer cache (entry {key!r} is not [runner, tactic(, policy)])" \
+        in proc.stdout, proc.stdout
