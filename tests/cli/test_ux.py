@@ -295,3 +295,20 @@ def test_check_prints_a_long_reason_whole(root):
     proc = run_cli("check", *QWEN_CHECK, "--cache-dir", str(root))
     assert f"rank_tp1_pp0_dp0.json is not a valid FlashInfer cache (entry {key!r} is not [runner, tactic(, policy)])" \
         in proc.stdout, proc.stdout
+
+
+# --- footers that are true ------------------------------------------------------------------------
+
+def test_ls_footer_says_the_filters_matched_nothing_not_that_nothing_is_cached(root):
+    write_fake_entry(root)
+    write_fake_entry(root, flashinfer_version="0.7.1")
+    proc = run_cli("ls", "--older-than", "1w", "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    footer = proc.stdout.strip().splitlines()[-1]
+    assert footer.endswith("(no entry matches the filters; 2 in the tree)") and "nothing cached" not in footer
+    some = run_cli("ls", "--flashinfer-version", "0.7.1", "--cache-dir", str(root)).stdout.strip().splitlines()[-1]
+    assert some.startswith("1 entry,") and some.endswith("(1 complete; 2 in the tree)"), some
+    assert run_json("ls", "--older-than", "1w", "--cache-dir", str(root))["totals"]["in_tree"] == 2
+    (root / "empty").mkdir()
+    empty = run_cli("ls", "--older-than", "1w", "--cache-dir", str(root / "empty")).stdout
+    assert "(nothing cached)" in empty
