@@ -178,6 +178,13 @@ sys.meta_path.insert(0, _Hook())
 """
 
 
+def _as_a_terminal_would():
+    """In the child before exec: SIGINT delivered, as a user's terminal delivers it. A test run
+    elsewhere in this process may have left it ignored or blocked, and both survive exec."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.parametrize("module,message", [
     ("click", "interrupted"),                       # the entry point's first import
     ("autotune_cache", "interrupted"),              # the package, still before main()
@@ -187,7 +194,7 @@ def test_ctrl_c_during_imports_exits_130_with_one_line(root, tmp_path, module, m
     (tmp_path / "hook").mkdir()
     (tmp_path / "hook" / "sitecustomize.py").write_text(_SIGINT_HOOK)
     env = {"PYTHONPATH": str(tmp_path / "hook"), "UX_SIGINT_AT": module}
-    proc = run_cli("ls", "--cache-dir", str(root), env=env)
+    proc = run_cli("ls", "--cache-dir", str(root), env=env, preexec_fn=_as_a_terminal_would)
     assert proc.returncode == 130, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.strip() == f"fi-autotune: {message}", proc.stderr
 
@@ -205,8 +212,8 @@ def test_ctrl_c_at_any_moment_of_start_up_never_prints_a_traceback(root):
     ours = (str(REPO / "cli"), str(REPO / "autotune_cache"))
     outcomes = []
     for delay in [i * 0.015 for i in range(20)]:
-        p = subprocess.Popen([*cmd, "ls", "--cache-dir", str(root)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        p = subprocess.Popen([*cmd, "ls", "--cache-dir", str(root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=REPO, preexec_fn=_as_a_terminal_would)
         time.sleep(delay)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
@@ -227,14 +234,24 @@ def test_ctrl_c_at_the_confirmation_prompt_exits_130_and_deletes_nothing(root):
     try:
         p = subprocess.Popen([sys.executable, "-m", "fi_autotune_cli", "prune", "--status", "complete",
                               "--cache-dir", str(root)], stdin=follower, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=REPO)
+                             stderr=subprocess.PIPE, text=True, cwd=REPO, preexec_fn=_as_a_terminal_would)
         seen = ""
         deadline = time.time() + 60
         while "Delete these?" not in seen and time.time() < deadline:
             seen += os.read(p.stderr.fileno(), 4096).decode()
         assert "Delete these?" in seen, seen
+        # Press Ctrl-C once the prompt waits for its answer (blocked in read(2): syscall 0).
+        syscall = Path(f"/proc/{p.pid}/syscall")
+        while time.time() < deadline and not syscall.read_text().startswith("0 "):
+            time.sleep(0.01)
         p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=60)
+        try:
+            _, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            status = Path(f"/proc/{p.pid}/status").read_text()
+            p.kill()
+            raise AssertionError(f"no exit after SIGINT; this process's SIGINT: {signal.getsignal(signal.SIGINT)}; "
+                                 f"{status}") from None
     finally:
         os.close(leader)
         os.close(follower)
