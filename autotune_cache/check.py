@@ -145,7 +145,7 @@ def check_files(plan: TuningPlan, layout: CacheLayout, report: CheckReport, file
         try:
             parsed[name] = parse_cache_bytes(files[name])
         except ValueError as e:
-            report.misses.append(f"{name} is not a valid FlashInfer cache ({str(e)[:80]})")
+            report.misses.append(f"{name} is not a valid FlashInfer cache ({e})")
     digests = {n: files[n] for n in present}
     for label, names in layout.identical_groups(present, plan.resolution.topology):
         if len({digests[n] for n in names}) > 1:
@@ -165,7 +165,7 @@ def check_files(plan: TuningPlan, layout: CacheLayout, report: CheckReport, file
             if lacking:
                 report.keys_missing += len(lacking)
                 report.misses.append(f"{rank}: {len(lacking)} of {len(wanted)} {op.recipe.id} lookups of the startup "
-                                     f"pass are not in the file (e.g. {lacking[0][:120]})")
+                                     f"pass are not in the file (e.g. {lacking[0]})")
     # Environment.
     metas = {json.dumps(p.get("_metadata"), sort_keys=True): p.get("_metadata") for p in parsed.values()}
     for meta in metas.values():
@@ -213,7 +213,7 @@ def check_v2_store(plan: TuningPlan, report: CheckReport, fingerprint: Fingerpri
             if lacking:
                 report.keys_missing += len(lacking)
                 report.misses.append(f"{len(lacking)} of {len(wanted)} {op.recipe.id} lookups have no entry "
-                                     f"(e.g. {lacking[0][:120]})")
+                                     f"(e.g. {lacking[0]})")
 
 
 def run_check(plan: TuningPlan, reader: CacheLayout, store_url: str | None, fingerprint: Fingerprint | None,

@@ -34,13 +34,24 @@ def format_age(timestamp: float | None, now: float | None = None) -> str:
     return f"{int(delta)}s ago"
 
 
+def shorten(text: str, width: int = 200) -> str:
+    """``text`` whole when it fits, else cut at the last space before ``width`` and marked with
+    ``...`` (a hard cut only for one unbroken run, such as a hostile 9,000-character key): a
+    reason cut mid-word ("the nearest entry, 0.") reads as a different reason."""
+    if len(text) <= width:
+        return text
+    cut = text.rfind(" ", 0, width - 3)
+    return (text[:cut] if cut > width // 2 else text[:width - 3]).rstrip() + "..."
+
+
 def plural(n: int, singular: str, plural_form: str | None = None) -> str:
     """``1 entry``, ``2 entries``, ``1 temp file``."""
     return f"{n} {singular if n == 1 else (plural_form or singular + 's')}"
 
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*\Z")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_ACCEPTED = "s (seconds), m (minutes), h (hours), d (days) or w (weeks)"
 
 
 @dataclass(frozen=True)
@@ -55,8 +66,18 @@ class Duration:
 
 
 def parse_duration(text: str) -> Duration:
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``; a bare number is seconds."""
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``.
+
+    The unit is required: these spans select entries to delete, and a bare ``30`` meant as days
+    but read as seconds would select everything. A unit we do not take (``2y``, ``1mo``) is named
+    with the ones we do, rather than guessed (a year or a month has no single length)."""
     m = _DURATION_RE.match(text)
     if not m:
-        raise UsageError(f"invalid duration {text!r}: use a number with s, m, h, d or w (e.g. 30d)")
-    return Duration(float(m[1]) * _DURATION_UNITS[m[2]], text.strip())
+        raise UsageError(f"invalid duration {text!r}: use a number with a unit, {_ACCEPTED} (e.g. 30d)")
+    number, unit = m[1], m[2]
+    if not unit:
+        raise UsageError(f"duration {text.strip()!r} has no unit: write {number}d for days "
+                         f"(units: {_ACCEPTED})")
+    if unit not in _DURATION_UNITS:
+        raise UsageError(f"unknown duration unit {unit!r} in {text.strip()!r}: use {_ACCEPTED} (e.g. 30d)")
+    return Duration(float(number) * _DURATION_UNITS[unit], text.strip())

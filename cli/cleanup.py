@@ -12,10 +12,10 @@ from autotune_cache.tree.delete import DeletePlan, describe_result, check_writab
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.recovery import recover_journals
 
-from .output import Output
+from .output import PROG, Output
 from .params import (
     cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
-    quiet_option, staleness_fingerprint, trees,
+    keep_latest_version, quiet_option, staleness_fingerprint, trees,
 )
 from .tree import scan_trees
 
@@ -56,7 +56,9 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
         if not sys.stdin.isatty():
             raise UsageError("refusing to delete without confirmation on a non-interactive input; pass -y")
         if not click.confirm("Delete these?", default=False, err=True):
-            raise click.exceptions.Abort()
+            # Declining is an answer, not an interruption (Ctrl-C at the prompt exits 130).
+            click.echo(f"{PROG}: aborted: nothing was changed", err=True)
+            raise click.exceptions.Exit(int(ExitCode.FAILURE))
     result = plan.execute()
 
     def human_result() -> None:
@@ -81,7 +83,8 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
 @click.option("--other-versions", is_flag=True, help="Entries of every FlashInfer version but the installed one.")
 @click.option("--keep-latest", type=click.IntRange(min=0), default=None,
               help="Per deployment (same arch and key: every serving flag but the FlashInfer version), keep the N "
-                   "best entries: complete before incomplete, then newest.")
+                   "best entries: complete before incomplete; then the installed FlashInfer version (or --env-from's); "
+                   "then the newest version; then the most recently modified.")
 @env_from_option
 @check_env_option
 @dry_run_option
@@ -110,7 +113,8 @@ def prune_cmd(cache_dir, layouts, model, versions, arch, status, older_than, unu
         for done in recover_journals(layout, root.path):
             out.note(done)
     info = scan_cache(root.path, layout, fingerprint=fingerprint)
-    plan = plan_prune(info, flt, keep_latest=keep_latest, scan_fingerprint=fingerprint)
+    prefer = keep_latest_version(env_from) if keep_latest is not None else None
+    plan = plan_prune(info, flt, keep_latest=keep_latest, prefer_version=prefer, scan_fingerprint=fingerprint)
     _run(plan, out, dry_run, yes)
 
 

@@ -34,7 +34,7 @@ def _unit_of_entry(e) -> CacheUnit:
         try:
             files[rf.name] = rf.load()
         except (OSError, ValueError) as err:
-            notes.append(f"{e.id}/{rf.name} is unreadable ({str(err)[:100]})")
+            notes.append(f"{e.id}/{rf.name} is unreadable ({err})")
     return CacheUnit(str(e.id), files, e.manifest, notes=tuple(notes))
 
 

@@ -80,9 +80,13 @@ def main(argv: list[str] | None = None, obj: object = None) -> int:
         rv = cli.main(args=argv, prog_name=PROG, standalone_mode=False, obj=obj)
     except click.exceptions.Exit as e:
         return e.exit_code
-    except click.exceptions.Abort:
-        click.echo(f"{PROG}: aborted: nothing was changed", err=True)
-        return int(ExitCode.FAILURE)
+    except click.exceptions.Abort as e:
+        # Click turns a Ctrl-C inside a command into Abort (from the KeyboardInterrupt), and one
+        # at a confirmation prompt into Abort (from nothing): both are an interruption (130). At a
+        # prompt nothing has been changed yet; mid-command every step done was committed whole.
+        interrupted = isinstance(e.__cause__, KeyboardInterrupt)
+        click.echo(f"{PROG}: " + ("interrupted" if interrupted else "aborted: nothing was changed"), err=True)
+        return int(ExitCode.INTERRUPTED)
     except click.ClickException as e:
         # Click's own usage errors print several lines; ours promise one.
         code = ExitCode.USAGE if isinstance(e, click.UsageError) else e.exit_code

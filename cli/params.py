@@ -9,16 +9,16 @@ import click
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import Duration, parse_duration
-from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, fingerprint_for_staleness
+from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, Fingerprint, fingerprint_for_staleness, is_known
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
-from autotune_cache.autotuner.installed import VERSION_RE
+from autotune_cache.autotuner.installed import VERSION_RE, installed_flashinfer_version
 from autotune_cache.tree.layout import CacheLayout, RootChoice
 from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.status import EntryStatus
 
 
 class DurationType(click.ParamType):
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``."""
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``: a unit is required (a bare ``30`` is refused)."""
 
     name = "duration"
 
@@ -190,7 +190,8 @@ FILTER_HELP = {
     "versions": "Only these FlashInfer versions (comma-separated or repeated).",
     "arch": "Only these archs, e.g. sm90,sm100 (comma-separated or repeated, any case).",
     "status": "Only these statuses: " + ", ".join(EntryStatus.names()) + " (comma-separated or repeated).",
-    "older_than": "Only entries not modified for this long (30d, 12h, 90m).",
+    "older_than": "Only entries not modified for this long: a number with s, m, h, d or w (30d, 12h, 90m); "
+                  "a bare number is refused.",
     "unused_for": "Only entries no engine has read for this long, from access times (30d). Where the "
                   "filesystem keeps no access times (noatime mounts) last use is unknown and nothing is selected; "
                   "relatime (the Linux default) is exact to a day.",
@@ -237,6 +238,16 @@ def staleness_fingerprint(env_from: str | None, check_env: bool, flt: EntryFilte
     if fp is None:
         out.warn(NO_GPU_STALENESS)
     return fp
+
+
+def keep_latest_version(env_from: str | None) -> str | None:
+    """The FlashInfer version ``prune --keep-latest`` keeps first: the serving image's
+    (``--env-from``), else the one installed here, read from package metadata (no import)."""
+    if env_from:
+        value = Fingerprint.load(env_from).fields.get("flashinfer_version")
+    else:
+        value = installed_flashinfer_version()
+    return value if isinstance(value, str) and is_known(value) and VERSION_RE.match(value) else None
 
 
 targets_option = click.option(

@@ -25,7 +25,7 @@ from .tree import recover_journals_quietly
 @cache_dir_option
 @archive_layout_option
 @filter_options
-@click.option("--include-incomplete", is_flag=True, help="Also push incomplete entries (warned).")
+@click.option("--include-incomplete", is_flag=True, help="Also push incomplete entries, and unverified ones (no manifest counts their rank files) (warned).")
 @click.option("--read-only", "seal", is_flag=True,
               help="Seal the store after this push: it is marked read-only and later pushes are refused.")
 @json_option

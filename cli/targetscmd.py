@@ -19,7 +19,6 @@ from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.plan.options import SERVING_OPTIONS, ServingOptions
 from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
 from autotune_cache.tree.scan import scan_entry
-from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store import Store
 from autotune_cache.tune.fleet import FleetItem, merge_work
 from autotune_cache.tune.gpus import detect_gpu_uuids
@@ -114,7 +113,7 @@ def coverage(plan, store=None) -> str:
     if not plan.key_dir.is_dir():
         return "missing"
     e = scan_entry(layout, plan.key_dir, plan.entry_id)
-    if e.status == EntryStatus.COMPLETE:
+    if e.complete_for(plan.rank_files):
         return "covered"
     return f"partly ({e.status}, {e.ranks_str} rank files)"
 
@@ -235,11 +234,16 @@ def check_targets(ctx, out, targets_file: str, kw: dict, store_url: str | None, 
     bad = [r for _, _, r in reports if r.autotunes and not r.ok]
 
     def human() -> None:
+        # A reason cut to fit a column is a reason lost ("the nearest entry, 0."): the table
+        # says which targets miss, and each miss follows it, whole, on its own line.
         rows = []
         for t, plan, r in reports:
-            state = "not tuned by the engine" if not r.autotunes else "OK" if r.ok else f"MISS: {r.misses[0][:100]}"
+            state = "not tuned by the engine" if not r.autotunes else "OK" if r.ok else f"MISS ({len(r.misses)})"
             rows.append([t.name, str(plan.entry_id) if r.autotunes else "-", state])
         out.table(["TARGET", "ID", "RESULT"], rows)
+        for t, _, r in reports:
+            for m in (r.misses if r.autotunes and not r.ok else ()):
+                out.line(f"MISS: {t.name}: {m}")
         out.line(f"{total - len(bad)} of {total} targets covered" + (f"; {len(bad)} would tune at startup" if bad else ""))
 
     out.emit(human=human, data=lambda: {"targets": [{"name": t.name, **r.to_dict()} for t, _, r in reports],

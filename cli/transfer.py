@@ -21,12 +21,18 @@ from .tree import recover_journals_quietly
 
 
 def exportable(out: Output, entries, include_incomplete: bool, verb: str = "pushing") -> list:
-    """Complete entries; incomplete ones only when asked (warned); never corrupt or diverged
-    (``push`` and ``export``)."""
+    """Complete entries; incomplete and unverified ones (no manifest to count their rank files)
+    only when asked (warned); never corrupt or diverged (``push`` and ``export``)."""
     chosen = []
     for e in entries:
         if e.status == EntryStatus.COMPLETE:
             chosen.append(e)
+        elif e.status == EntryStatus.UNVERIFIED and include_incomplete:
+            out.warn(f"{verb} {e.id} unverified ({e.ranks_str} rank files, no manifest says how many it needs)")
+            chosen.append(e)
+        elif e.status == EntryStatus.UNVERIFIED:
+            out.note(f"skipping {e.id}: unverified ({e.ranks_str} rank files, no manifest says how many it needs; "
+                     "--include-incomplete takes it too)")
         elif e.status == EntryStatus.INCOMPLETE and include_incomplete:
             out.warn(f"{verb} {e.id} incomplete ({e.ranks_str} rank files): engines re-tune every rank of it")
             chosen.append(e)
@@ -44,7 +50,8 @@ def exportable(out: Output, entries, include_incomplete: bool, verb: str = "push
 @archive_layout_option
 @filter_options
 @click.option("--include-incomplete", is_flag=True,
-              help="Also export incomplete entries (an engine re-tunes every rank of one: it is warned about).")
+              help="Also export incomplete entries (an engine re-tunes every rank of one: it is warned about), and "
+                   "unverified ones (no manifest counts their rank files).")
 @json_option
 def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, older_than, unused_for, include_incomplete, as_json):
     """Pack complete entries (all, or the named ones, or those the filters select) into a

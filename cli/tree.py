@@ -107,12 +107,17 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
         "rank_files": sum(e["rank_files"] if isinstance(e["rank_files"], int) else len(e["rank_files"]) for e in entries),
         "size_on_disk": sum(e["size_on_disk"] for e in entries),
         "by_status": {s: n for s, n in counts.items() if n},
+        "in_tree": len(summaries),  # before the filters: an empty answer is not an empty tree
     }
 
     def human() -> None:
         if entries:
             out.table(HEADERS, [e["row"] for e in entries])
-        by_status = ", ".join(f"{n} {s}" for s, n in totals["by_status"].items()) or "nothing cached"
+        by_status = ", ".join(f"{n} {s}" for s, n in totals["by_status"].items())
+        if totals["in_tree"] > len(entries):  # the filters left some out: say so, never "nothing cached"
+            by_status = (by_status + "; " if by_status else "no entry matches the filters; ") + \
+                f"{totals['in_tree']} in the tree"
+        by_status = by_status or "nothing cached"
         out.line(f"\n{plural(len(entries), 'entry', 'entries')}, {plural(totals['rank_files'], 'rank file')}, "
                  f"{format_size(totals['size_on_disk'])} in {where} ({by_status})")
         for e in entries:

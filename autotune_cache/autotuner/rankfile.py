@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from pathlib import Path
 
-from autotune_cache.humanize import format_size
+from autotune_cache.humanize import format_size, shorten
 
 METADATA_KEY = "_metadata"
 GENERATION_KEY = "_generation"
@@ -55,7 +55,7 @@ def validate_cache_obj(obj: object) -> tuple[dict, int]:
         if key in RESERVED_KEYS:
             continue
         if not (isinstance(value, list) and 2 <= len(value) <= 3 and isinstance(value[0], str)):
-            raise NotACacheFile(f"entry {key[:60]!r} is not [runner, tactic(, policy)]")
+            raise NotACacheFile(f"entry {shorten(key)!r} is not [runner, tactic(, policy)]")
         count += 1
     if count == 0 and METADATA_KEY not in obj:
         raise NotACacheFile("no _metadata and no tuned configs")

@@ -194,10 +194,12 @@ def plan_prune(
     flt: EntryFilter,
     *,
     keep_latest: int | None = None,
+    prefer_version: str | None = None,
     now: float | None = None,
     scan_fingerprint=None,
 ) -> DeletePlan:
-    """Entries matching every criterion, plus leftovers of interrupted writes."""
+    """Entries matching every criterion, plus leftovers of interrupted writes. ``prefer_version``:
+    the FlashInfer version ``--keep-latest`` keeps first (``select.beyond_latest``)."""
     if flt.empty and keep_latest is None:
         raise UsageError(
             "nothing selected: give at least one of --older-than, --unused-for, --flashinfer-version, "
@@ -206,7 +208,7 @@ def plan_prune(
     if keep_latest is not None and keep_latest < 0:
         raise UsageError("--keep-latest must be >= 0")
     now = time.time() if now is None else now
-    beyond = beyond_latest(info.entries, keep_latest) if keep_latest is not None else {}
+    beyond = beyond_latest(info.entries, keep_latest, prefer_version) if keep_latest is not None else {}
     candidates, picked_unreadable = [], []
     for e in info.entries:
         reasons = flt.reasons(e, now)

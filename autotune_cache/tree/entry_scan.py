@@ -25,6 +25,10 @@ from autotune_cache.tree.manifest import Manifest, NewerManifest
 from autotune_cache.tree.records import CacheEntry, Finding, finding_for
 from autotune_cache.tree.status import EntryStatus
 
+#: Why an entry without a manifest is "unverified", not "complete".
+INFERRED_NOTE = ("no manifest: the rank count is inferred from the files present, so a missing last rank "
+                 "cannot be seen (rewrite it with `fi-autotune warm` to verify it)")
+
 #: An entry dir holding more names than this is not a cache entry (its files are not read).
 MAX_ENTRY_CHILDREN = MAX_RANK_FILES + 64
 
@@ -206,7 +210,8 @@ def scan_entry(
         except TopologyError as e:
             problems.append(f"rank file names beyond the bounds: {e}")
     version = ids.get("flashinfer_version") or _version_from_files(rank_files)
-    status = entry_status(layout, rank_files, topology, manifest, manifest_error, problems, found.notes, fingerprint)
+    status = entry_status(layout, rank_files, topology, manifest, manifest_error, problems, found.notes, fingerprint,
+                          inferred=manifest is None)
     return CacheEntry(
         id=eid, path=path, flashinfer_version=version, arch=ids.get("arch"),
         manifest=manifest if manifest_error is None else None, rank_files=tuple(rank_files), topology=topology,
@@ -226,8 +231,12 @@ def entry_status(
     problems: list[str],
     notes: list[str],
     fingerprint: Fingerprint | None,
+    inferred: bool = False,
 ) -> EntryStatus:
-    """Order of precedence: corrupt > stale > diverged > incomplete > complete."""
+    """Order of precedence: corrupt > stale > diverged > incomplete > unverified > complete.
+
+    ``inferred``: the topology was guessed from the file names (no manifest). The files present
+    may then all agree and still be short of what the engine reads, so the entry is unverified."""
     bad = [rf for rf in rank_files if not rf.ok]
     for rf in bad:
         problems.append(f"{rf.name}: {rf.error}")
@@ -268,4 +277,7 @@ def entry_status(
     if missing or not rank_files:
         problems.append(f"missing {len(missing)} of {len(expected)} rank files" if expected else "no rank files")
         return EntryStatus.INCOMPLETE
+    if inferred:
+        notes.append(INFERRED_NOTE)
+        return EntryStatus.UNVERIFIED
     return EntryStatus.COMPLETE

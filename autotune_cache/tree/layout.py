@@ -220,12 +220,13 @@ class CacheLayout(ABC):
     def describe_topology(self, topology: Topology) -> str:
         return topology.describe
 
-    def parallel_str(self, topology: Topology | None, ep: int | None) -> str:
+    def parallel_str(self, topology: Topology | None, ep: int | None, inferred: bool = False) -> str:
         """``tp8 dp8a ep1`` for ``ls``: dp with ``a`` under dp-attention, ``r`` for replicas; ep is
-        ``ep?`` when not recorded (an engine-written entry has no manifest to say)."""
+        ``ep?`` when not recorded (an engine-written entry has no manifest to say). ``inferred``:
+        the sizes are read off the files present, a lower bound (``tp3+``), never a count."""
         if topology is None:
             return "-"
-        parts = [f"tp{topology.tp}"]
+        parts = [f"tp{topology.tp}" + ("+" if inferred else "")]
         if topology.pp > 1:
             parts.append(f"pp{topology.pp}")
         if topology.dp > 1:

@@ -92,12 +92,27 @@ class CacheEntry:
         return tuple(get_layout(self.id.layout).expected_files(topology)) if topology else ()
 
     @property
+    def topology_inferred(self) -> bool:
+        """The topology is a guess from the file names (no manifest): a lower bound, not a count."""
+        return self.status == EntryStatus.UNVERIFIED
+
+    def complete_for(self, expected) -> bool:
+        """Complete for a reader that knows which rank files it needs (``warm``, ``check --targets``,
+        a commit over it): an unverified entry holding every one of them is."""
+        if self.status == EntryStatus.COMPLETE:
+            return True
+        names = {rf.name for rf in self.rank_files if rf.ok}
+        return self.status == EntryStatus.UNVERIFIED and bool(expected) and all(n in names for n in expected)
+
+    @property
     def present_expected(self) -> int:
         names = {rf.name for rf in self.rank_files if rf.ok}
         return sum(1 for name in self.expected_files if name in names)
 
     @property
     def ranks_str(self) -> str:
+        if self.topology_inferred:
+            return f"{self.present_expected}/?"
         return f"{self.present_expected}/{len(self.expected_files)}" if self.expected_files else "-"
 
     @property
@@ -110,7 +125,7 @@ class CacheEntry:
 
     @property
     def parallel_str(self) -> str:
-        return get_layout(self.id.layout).parallel_str(self.topology, self.ep)
+        return get_layout(self.id.layout).parallel_str(self.topology, self.ep, inferred=self.topology_inferred)
 
     @property
     def metadata(self) -> dict:
@@ -163,7 +178,7 @@ class CacheEntry:
             "key_fields": m.key_fields.to_dict() if m else None,
             "topology": t.to_dict() if t else None,
             "ranks_present": self.present_expected,
-            "ranks_expected": len(self.expected_files),
+            "ranks_expected": None if self.topology_inferred else len(self.expected_files),
             "configs": self.num_configs,
             "size_on_disk": self.size_on_disk,
             "last_modified": self.last_modified,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune_cache.autotuner.installed import version_order
 from autotune_cache.humanize import Duration
 from autotune_cache.registry import get_layout
 from autotune_cache.tree.records import CacheEntry
@@ -69,17 +70,29 @@ def deployment_of(e: CacheEntry) -> tuple:
     return (e.layout, e.arch, e.key)
 
 
-def beyond_latest(entries: tuple[CacheEntry, ...], n: int) -> dict[str, CacheEntry]:
-    """Per deployment, the entries beyond the ``n`` best: complete ones first (an incomplete
-    entry is never kept over a complete one), then the most recently modified. Maps each id
-    beyond to the entry that ranks first in its group."""
+def _status_rank(e: CacheEntry) -> int:
+    """Complete first, then unverified (it may be whole), then everything else."""
+    return {EntryStatus.COMPLETE: 0, EntryStatus.UNVERIFIED: 1}.get(e.status, 2)
+
+
+def beyond_latest(entries: tuple[CacheEntry, ...], n: int, prefer_version: str | None = None) -> dict[str, CacheEntry]:
+    """Per deployment, the entries beyond the ``n`` best. Best: complete ones first (an incomplete
+    entry is never kept over a complete one); then the FlashInfer version that will read them
+    (``prefer_version``: the installed one, or the serving image's from ``--env-from``), since
+    the engine ignores every other version's directory; then the newest version; then the most
+    recently modified (a ``touch`` must not outrank the version in use). Maps each id beyond to
+    the entry that ranks first in its group."""
     groups: dict[tuple, list[CacheEntry]] = {}
     for e in entries:
         if e.status != EntryStatus.UNREADABLE:
             groups.setdefault(deployment_of(e), []).append(e)
     out = {}
     for group in groups.values():
-        group.sort(key=lambda e: (e.status != EntryStatus.COMPLETE, -e.last_modified, str(e.id)))
+        # Stable sorts, least significant first.
+        group.sort(key=lambda e: str(e.id))
+        group.sort(key=lambda e: e.last_modified, reverse=True)
+        group.sort(key=lambda e: version_order(e.flashinfer_version), reverse=True)
+        group.sort(key=lambda e: (_status_rank(e), prefer_version is None or e.flashinfer_version != prefer_version))
         for e in group[n:]:
             out[str(e.id)] = group[0]
     return out

@@ -14,7 +14,6 @@ from autotune_cache.errors import FiAutotuneError, os_error_message
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.tree.scan import scan_entry
-from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.txn import Check, CommitResult, StagedEntry, Transaction
 
 
@@ -50,7 +49,7 @@ def replace_policy(layout: CacheLayout, root: Path, force: bool) -> Check:
         why = other_gpu_refusal(existing.gpu, (staged.metadata or {}).get("gpu"), existing.arch)
         if why:
             return why
-        if existing.status == EntryStatus.COMPLETE:
+        if existing.complete_for(list(staged.digests)):
             return "a different complete entry is already there (use --force to replace it)"
         return None
 

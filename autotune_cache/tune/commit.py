@@ -9,7 +9,6 @@ from autotune_cache.errors import FiAutotuneError
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.manifest import Manifest, utc_now_iso
 from autotune_cache.tree.scan import scan_entry
-from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tune.gpus import GpuInfo
 from autotune_cache.tree.writer import commit_entry, other_gpu_refusal, replace_policy
 
@@ -32,7 +31,7 @@ def existing_entry(plan: TuningPlan, info: GpuInfo) -> Existing | None:
     why = other_gpu_refusal(existing.gpu, info.names[0], plan.resolution.arch) or plan.engine.existing_entry_refusal(existing.manifest, plan)
     return Existing(
         refusal=why,
-        complete=existing.status == EntryStatus.COMPLETE,
+        complete=existing.complete_for(plan.rank_files),
         quality=existing.manifest.stats.get("quality") if existing.manifest else None,
     )
 

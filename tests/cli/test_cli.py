@@ -326,6 +326,8 @@ def test_export_import_roundtrip(root, tmp_path):
     b = write_fake_entry(root, fields=default_fields("m2", tp=2, dp=2), arch="sm90", with_manifest=False)
     archive = tmp_path / "caches.tar.gz"
     proc = run_cli("export", "-o", str(archive), "--cache-dir", str(root))
+    assert proc.returncode == 0 and f"skipping {b}: unverified" in proc.stderr, proc.stderr
+    proc = run_cli("export", "--include-incomplete", "-o", str(archive), "--cache-dir", str(root))
     assert proc.returncode == 0, proc.stderr
     dest = tmp_path / "image-cache"
     out = run_json("import", str(archive), "--cache-dir", str(dest))
@@ -334,7 +336,7 @@ def test_export_import_roundtrip(root, tmp_path):
         for p in entry_path(root, eid).glob("rank_*.json"):
             assert (entry_path(dest, eid) / p.name).read_bytes() == p.read_bytes()
     listed = run_json("ls", "--cache-dir", str(dest))
-    assert {e["status"] for e in listed["entries"]} == {"complete"}
+    assert {e["id"]: e["status"] for e in listed["entries"]} == {str(a): "complete", str(b): "unverified"}
     again = run_json("import", str(archive), "--cache-dir", str(dest))
     assert again["imported"] == [] and sorted(again["unchanged"]) == sorted([str(a), str(b)])
 

@@ -84,10 +84,11 @@ def test_ls_lists_a_vllm_tree_with_its_ranks(tmp_path):
     data = run_json("ls", "--layout", "vllm", env=vllm_env(root))
     by_id = {e["id"]: e for e in data["entries"]}
     a, b = by_id[f"vllm:0.7.2.post1/90a/{H1}"], by_id[f"vllm:0.7.2.post1/100a/{H2}"]
-    assert (a["status"], a["ranks_present"], a["ranks_expected"]) == ("complete", 4, 4)
-    assert (b["status"], b["ranks_present"], b["ranks_expected"]) == ("complete", 4, 4)
+    # vLLM writes no manifest: the world size is read off the files present, a lower bound
+    assert (a["status"], a["ranks_present"], a["ranks_expected"]) == ("unverified", 4, None)
+    assert (b["status"], b["ranks_present"], b["ranks_expected"]) == ("unverified", 4, None)
     table = run_cli("ls", "--layout", "vllm", env=vllm_env(root)).stdout
-    assert "ranks2 dp2" in table and "ranks4" in table
+    assert "ranks2+ dp2" in table and "ranks4+" in table and "4/?" in table
     # --arch takes sm<XY>, as for SGLang's tree: 90a is FlashInfer's name for sm90.
     assert run_cli("ls", "--layout", "vllm", "--arch", "sm90", "-q", env=vllm_env(root)).stdout.split() == [a["id"]]
 
@@ -120,7 +121,7 @@ def test_vllm_temp_files_are_temp_not_data(tmp_path):
 
     layout = get_layout("vllm")
     e = scan_entry(layout, path, layout.make_id(("0.7.2.post1", "90a", H1)))
-    assert e.status.value == "complete" and [f.path.name for f in e.temp_files] == [
+    assert e.status.value == "unverified" and [f.path.name for f in e.temp_files] == [
         ".autotune_configs_dp0_rank0.json.k3j2.tmp"]
     shown = run_cli("show", f"vllm:0.7.2.post1/90a/{H1}", env=vllm_env(root)).stdout
     assert "1 rank per DP rank (tp x pp x pcp), dp=1" in shown
@@ -148,7 +149,9 @@ def test_export_import_round_trip(tmp_path):
     path = write_vllm_entry(root, H1, world=2, dp=2)
     archive = tmp_path / "v.tgz"
     proc = run_cli("export", "--layout", "vllm", "-o", str(archive), env=vllm_env(root))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1 and "unverified" in proc.stderr, proc.stderr  # no manifest counts its files
+    proc = run_cli("export", "--layout", "vllm", "--include-incomplete", "-o", str(archive), env=vllm_env(root))
+    assert proc.returncode == 0 and "unverified" in proc.stderr, proc.stderr
     with tarfile.open(archive) as tar:
         names = sorted(m.name for m in tar.getmembers() if m.isfile())
     assert f"flashinfer_autotune_cache/0.7.2.post1/90a/{H1}/autotune_configs_dp1_rank3.json" in names
@@ -164,7 +167,8 @@ def test_an_archive_of_the_other_layout_is_refused_with_the_right_flag_and_leave
     root = tmp_path / "vllm"
     write_vllm_entry(root, H1, world=2)
     archive = tmp_path / "v.tgz"
-    assert run_cli("export", "--layout", "vllm", "-o", str(archive), env=vllm_env(root)).returncode == 0
+    assert run_cli("export", "--layout", "vllm", "--include-incomplete", "-o", str(archive),
+                   env=vllm_env(root)).returncode == 0
     dest = tmp_path / "new" / "sglang-root"  # neither it nor its parent exists yet
     proc = run_cli("import", str(archive), "--cache-dir", str(dest))  # the default layout: sglang
     assert proc.returncode == 1 and "not in the sglang cache layout" in proc.stderr
@@ -188,7 +192,7 @@ def test_vllm_dir_layout_follows_the_override_and_leaves_v2_alone(tmp_path):
     env = {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(shared)}
     data = run_json("ls", "--layout", "vllm-dir", env=env)
     assert [e["id"] for e in data["entries"]] == [f"vllm-dir:{H1}"]
-    assert data["entries"][0]["status"] == "complete"
+    assert data["entries"][0]["status"] == "unverified"
     assert not data.get("findings"), data.get("findings")
     proc = run_cli("ls", "--layout", "vllm-dir")
     assert proc.returncode == 2 and "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR, which is not set" in proc.stderr
@@ -203,6 +207,8 @@ def test_push_and_pull_by_id_through_a_store(tmp_path):
     path = write_vllm_entry(root, H1, world=2)
     store = f"file://{tmp_path / 'store'}"
     proc = run_cli("push", store, "--layout", "vllm", env=vllm_env(root))
+    assert proc.returncode == 1 and "unverified" in proc.stderr, proc.stderr  # never published as complete
+    proc = run_cli("push", store, "--layout", "vllm", "--include-incomplete", env=vllm_env(root))
     assert proc.returncode == 0, proc.stderr
     listed = run_json("ls", store)
     assert [e["id"] for e in listed["entries"]] == [f"vllm:0.7.2.post1/90a/{H1}"]
@@ -250,7 +256,7 @@ def test_metadata_that_differs_across_ranks_is_diverged(tmp_path):
     (path / "autotune_configs_dp0_rank1.json").write_bytes(
         cache_file_bytes(DEFAULT_METADATA, dict(list(fake_configs().items())[:-1])))
     shown = run_json("show", f"vllm:0.7.2.post1/90a/{H1}", env=vllm_env(root))[0]
-    assert shown["status"] == "complete" and any("vLLM tunes again unless pp > 1" in n for n in shown["notes"])
+    assert shown["status"] == "unverified" and any("vLLM tunes again unless pp > 1" in n for n in shown["notes"])
 
 
 def test_rank_names_vllm_cannot_write_are_corrupt(tmp_path):
@@ -270,7 +276,7 @@ def test_diff_reads_vllm_dirs_trees_and_stores(tmp_path):
     assert run_cli("diff", "--exit-code", str(pa), str(pa)).returncode == 0
     sa, sb = f"file://{tmp_path / 'sa'}", f"file://{tmp_path / 'sb'}"
     for root, store in ((a, sa), (b, sb)):
-        assert run_cli("push", store, "--layout", "vllm", env=vllm_env(root)).returncode == 0
+        assert run_cli("push", store, "--layout", "vllm", "--include-incomplete", env=vllm_env(root)).returncode == 0
     proc = run_cli("diff", "--exit-code", sa, sb)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     # An id with --cache-dir looks in that root as the id's own layout.

@@ -104,8 +104,9 @@ def test_engine_written_entry_without_manifest(root):
     write_fake_entry(root, fields=default_fields("x", tp=4, dp=1), with_manifest=False)
     e = only(root)
     assert e.manifest is None and e.model is None
-    assert e.status == EntryStatus.COMPLETE and e.topology == Topology(4, 1, 1)
-    assert e.parallel_str == "tp4 ep?"
+    # tp4 is read off the files present: a lower bound, so the entry is unverified, never complete
+    assert e.status == EntryStatus.UNVERIFIED and e.topology == Topology(4, 1, 1)
+    assert e.parallel_str == "tp4+ ep?" and e.ranks_str == "4/?"
 
 
 def test_identical_engine_files_are_parsed_once(root, monkeypatch):
@@ -114,7 +115,7 @@ def test_identical_engine_files_are_parsed_once(root, monkeypatch):
     real = entry_scan_mod.RankFile.from_bytes
     monkeypatch.setattr(entry_scan_mod.RankFile, "from_bytes", classmethod(lambda cls, *a, **k: parsed.append(a[1]) or real(*a, **k)))
     e = only(root)
-    assert e.status == EntryStatus.COMPLETE and len(e.rank_files) == 8 and len(parsed) == 1
+    assert e.status == EntryStatus.UNVERIFIED and len(e.rank_files) == 8 and len(parsed) == 1
     assert len({rf.sha256 for rf in e.rank_files}) == 1 and all(rf.num_configs == 63 for rf in e.rank_files)
 
 
@@ -201,7 +202,7 @@ def test_newer_manifest_format_is_noted_not_corrupt(root):
     m["format"] = 99
     p.write_text(json.dumps(m))
     e = only(root)
-    assert e.status == EntryStatus.COMPLETE and e.manifest is None
+    assert e.status == EntryStatus.UNVERIFIED and e.manifest is None
     assert any("newer" in n for n in e.notes)
 
 

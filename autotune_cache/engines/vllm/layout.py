@@ -168,12 +168,13 @@ class VllmLayout(CacheLayout):
                          "puts the differing ranks in different stages")
         return None
 
-    def parallel_str(self, topology: Topology | None, ep: int | None) -> str:
-        """``ranks4 dp2``: per-DP-rank world size, as the file names give it."""
+    def parallel_str(self, topology: Topology | None, ep: int | None, inferred: bool = False) -> str:
+        """``ranks4 dp2``: per-DP-rank world size, as the file names give it (``ranks4+`` when
+        there is no manifest: the names give a lower bound)."""
         if topology is None:
             return "-"
         w = topology.tp * topology.pp
-        return f"ranks{w}" + (f" dp{topology.dp}" if topology.dp > 1 else "")
+        return f"ranks{w}" + ("+" if inferred else "") + (f" dp{topology.dp}" if topology.dp > 1 else "")
 
 
 #: vLLM's own temp files (``write_flashinfer_autotune_cache``): ``.<name>.<random>.tmp``.
