@@ -232,7 +232,12 @@ class Store:
             if _is_missing(e):
                 return None
             raise _fail(self.url, "cannot read", e) from None
-        return StoreRecord.from_bytes(data, f"{redact(self.url)}/{path[len(self.root) + 1:]}")
+        where = f"{redact(self.url)}/{path[len(self.root) + 1:]}"
+        rec = StoreRecord.from_bytes(data, where)
+        if rec.layout != layout or rec.id != eid:
+            # a record copied or edited to another entry's place: ``pull A`` must never install B
+            raise StoreError(f"{where}: the index record names {rec.id}, not {eid}: refusing it")
+        return rec
 
     def fetch(self, rec: StoreRecord) -> bytes:
         """The bundle's bytes, checked against the sha256 of its name and its record."""
