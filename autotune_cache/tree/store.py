@@ -38,6 +38,7 @@ from autotune_cache.registry import get_layout
 from autotune_cache.tree.archive import export_entries
 from autotune_cache.tree.atomic import crashpoint
 from autotune_cache.tree.layout import CacheLayout, EntryId
+from autotune_cache.tree.storeio import TIMEOUT_ENV, TooLarge, is_timeout, read_capped, store_timeout, timeout_options
 
 MARKER = "fi-autotune-store.json"
 STORE_FORMAT = 1
@@ -74,6 +75,9 @@ class StoreError(FiAutotuneError):
 
 
 def _fail(url: str, what: str, e: BaseException) -> StoreError:
+    if is_timeout(e):
+        return StoreError(f"{what} {redact(url)}: no answer within {store_timeout():g} s "
+                          f"({TIMEOUT_ENV}=SECONDS waits longer)")
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return StoreError(f"{what} {redact(url)}: {type(e).__name__}: {msg[:200]}")
 
@@ -161,10 +165,11 @@ class Store:
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         scheme = urlsplit(self.url).scheme.lower()
+        self.timeout = store_timeout()
         try:
             import fsspec
 
-            self.fs, self.root = fsspec.core.url_to_fs(self.url)
+            self.fs, self.root = fsspec.core.url_to_fs(self.url, **timeout_options(scheme, self.timeout))
         except ImportError as e:
             extra = EXTRAS.get(scheme)
             hint = f': pip install "fi-autotune[{extra}]"' if extra else ""
