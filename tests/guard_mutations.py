@@ -147,6 +147,18 @@ MUTATIONS = [
     ("pull: a record in another entry's place", "autotune_cache/tree/store.py",
      "        if rec.layout != layout or rec.id != eid:\n", "        if False:\n",
      "tests/tree/test_pull_verify.py::test_a_record_copied_to_another_entrys_place_is_refused[file]"),
+    ("store: a record listed only at its own entry's place", "autotune_cache/tree/store.py",
+     "                if p != self.record_path(rec.layout, rec.id):\n", "                if False:\n",
+     "tests/tree/test_pull_verify.py::test_a_record_copied_to_another_entrys_place_is_refused[file]"),
+    ("store: an unreadable marker may be sealed: no push", "autotune_cache/tree/store.py",
+     "        if \"unreadable\" in marker:\n            raise FiAutotuneError(", "        if False:\n            raise FiAutotuneError(",
+     "tests/tree/test_store_limits.py::test_a_sealed_store_with_an_unreadable_marker_is_never_written[file-truncated]"),
+    ("store: a marker must have its fields", "autotune_cache/tree/store.py",
+     " or type(d.get(\"format\")) is not int or type(d.get(\"read_only\")) is not bool:", ":",
+     "tests/tree/test_store_limits.py::test_a_sealed_store_with_an_unreadable_marker_is_never_written[file-not-a-marker]"),
+    ("store: a local record or marker is read with its cap", "autotune_cache/tree/storeio.py",
+     "            return read_regular_file(path, limit=limit)\n", "            return read_regular_file(path, limit=1 << 40)\n",
+     "tests/tree/test_store_limits.py::test_a_600_mb_record_and_marker_on_a_file_store_are_refused_unread"),
 ]
 
 

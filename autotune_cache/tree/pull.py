@@ -21,7 +21,8 @@ from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.archive import ImportPlan, ImportResult, import_archives
 from autotune_cache.tree.layout import CacheLayout, EntryId
-from autotune_cache.tree.store import Store, StoreError, StoreRecord
+from autotune_cache.tree.store import Store
+from autotune_cache.tree.storerecord import StoreError, StoreRecord
 from autotune_cache.tree.txn import StagedEntry, Transaction
 
 

@@ -68,7 +68,8 @@ def is_timeout(e: BaseException) -> bool:
 def read_capped(fs, path: str, limit: int, *, local: bool, protocol: str) -> bytes:
     """At most ``limit`` bytes of one object; ``TooLarge`` past it, having read ``limit + 1``.
     A local file is opened without blocking and must be regular; an HTTP body is streamed (a
-    server may ignore a Range header); other backends read a byte range."""
+    server may ignore a Range header); other backends check the object's size, then read a
+    byte range."""
     if local:
         try:
             return read_regular_file(path, limit=limit)
@@ -79,9 +80,21 @@ def read_capped(fs, path: str, limit: int, *, local: bool, protocol: str) -> byt
                 raise TooLarge(f"larger than {limit} bytes") from None
             raise
     if protocol in HTTP_PROTOCOLS:
+        chunks, got = [], 0
         with fs.open(path, "rb", block_size=0) as f:
-            data = f.read(limit + 1)
+            while got <= limit:  # a stream's read returns what has arrived: read on to the end
+                chunk = f.read(limit + 1 - got)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+        data = b"".join(chunks)
     else:
+        # The size first (one HEAD: a silent server fails it within one timeout per retry, where
+        # s3fs retries a ranged GET far longer), then at most limit + 1 bytes of the body.
+        size = fs.size(path)
+        if size is not None and size > limit:
+            raise TooLarge(f"larger than {limit} bytes")
         data = fs.cat_file(path, start=0, end=limit + 1)
     if len(data) > limit:
         raise TooLarge(f"larger than {limit} bytes")

@@ -149,6 +149,8 @@ def test_a_record_copied_to_another_entrys_place_is_refused(store, tmp_path):
     store.put_record(a, store.record(b))
     dest = tmp_path / "dest"
     refused(cli("pull", store.url, a, "--cache-dir", str(dest), "--any-env"), dest, f"names {b}, not {a}")
+    listed = cli("ls", "-q", store.url)  # listed once, at its own place; the copy is named
+    assert listed.returncode == 0 and listed.stdout.split() == sorted([b]) and f"{a}.json" in listed.stderr, listed.stderr
 
 
 def test_a_bundle_carrying_a_second_entry_installs_neither(store, tmp_path):
