@@ -159,6 +159,9 @@ MUTATIONS = [
     ("store: a local record or marker is read with its cap", "autotune_cache/tree/storeio.py",
      "            return read_regular_file(path, limit=limit)\n", "            return read_regular_file(path, limit=1 << 40)\n",
      "tests/tree/test_store_limits.py::test_a_600_mb_record_and_marker_on_a_file_store_are_refused_unread"),
+    ("convert: no blocking read of a FIFO in a v2 entries dir", "autotune_cache/engines/flashinfer_v2/store.py",
+     "                    if read_regular_file(path, limit=len(data)) == data:\n", "                    if path.read_bytes() == data:\n",
+     "tests/engines/test_v2_fifo.py::test_convert_replaces_a_fifo_in_entries_instead_of_hanging"),
 ]
 
 
