@@ -137,6 +137,8 @@ class Store:
         out = []
         for p, data in zip(paths, self._read_records(paths)):
             where = f"{redact(self.url)}/{p[len(self.root) + 1:]}"
+            if isinstance(data, BaseException) and is_timeout(data):
+                raise _fail(self.url, "cannot read", data)  # the store is not answering: not one bad record
             try:
                 if isinstance(data, BaseException):
                     if _is_missing(data):
