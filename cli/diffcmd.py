@@ -17,7 +17,8 @@ from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_fi
 from autotune_cache.tree.archive import import_archives
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.tree.scan import scan_cache
-from autotune_cache.tree.store import Store, is_store_url
+from autotune_cache.tree.store import Store
+from autotune_cache.tree.storerecord import is_store_url
 from autotune_cache.tune.recorded import request_of
 
 from .output import Output

@@ -11,7 +11,8 @@ from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.registry import layouts
 from autotune_cache.tree.pull import PullRefused, pull
 from autotune_cache.tree.scan import scan_cache
-from autotune_cache.tree.store import Store, bundle_of, is_store_url
+from autotune_cache.tree.store import Store, bundle_of
+from autotune_cache.tree.storerecord import is_store_url
 
 from .output import Output
 from .params import archive_layout_option, cache_dir_option, entry_filter, env_from_option, filter_options, json_option, resolve_root
@@ -54,6 +55,9 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
     if not chosen:
         raise FiAutotuneError("nothing to push")
     result = store.push(layout, [(e, bundle_of(layout, e)) for e in chosen], seal=seal)
+
+    for entry_id in result.vanished:
+        out.note(f"skipped {entry_id}: deleted or replaced while pushing")
 
     def human() -> None:
         for entry_id in result.pushed:
@@ -122,6 +126,9 @@ def pull_cmd(url, refs, layout, env_from, force, any_env, as_json, **kw):
         for rec, why in e.refused:
             out.error(f"{rec.id}: {why}")
         raise
+    finally:
+        for line in store.unreadable:  # index records left out: the others were pulled
+            out.warn(line)
     if pulled.unchecked:
         out.note("no --env-from and no GPU here: the bundles' environment was not checked "
                  "(`fi-autotune check --env-from env.json` can do it later)")

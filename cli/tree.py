@@ -148,6 +148,8 @@ def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
     """``ls URL``: the entries published in a store (from its index records)."""
     store = Store(url)
     records = store.records()
+    for line in store.unreadable:  # one bad record is named, the others list
+        out.warn(line)
     fp = Fingerprint.load(env_from) if env_from else None
     rows = []
     for r in records:
@@ -179,7 +181,8 @@ def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
         out.line(f"\n{plural(len(rows), 'entry', 'entries')} in {store}")
 
     out.emit(human=human, ids=[str(r.id) for r, _ in rows],
-             data=lambda: {"store": str(store), "entries": [{**r.to_dict(), "stale": bool(s and s.stale)} for r, s in rows]})
+             data=lambda: {"store": str(store), "entries": [{**r.to_dict(), "stale": bool(s and s.stale)} for r, s in rows],
+                           "unreadable": list(store.unreadable)})
 
 
 def recover_journals_quietly(root, layout=None) -> list[str]:

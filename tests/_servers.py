@@ -16,12 +16,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+def wait_for(port: int, proc: subprocess.Popen, timeout: float = 30, log=None) -> None:
     """Return once ``proc`` accepts connections on ``port`` (polls the socket, not a fixed sleep)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+            said = log.read_text()[-2000:] if log is not None else (proc.stderr.read()[-2000:] if proc.stderr else "")
+            raise RuntimeError(f"server exited: {said}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return

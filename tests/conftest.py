@@ -118,14 +118,18 @@ def tmpfs(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def s3_server():
+def s3_server(tmp_path_factory):
     """A real S3 server on loopback (moto's server mode), one per test process (xdist worker)."""
     pytest.importorskip("moto")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Its log goes to a file, never to a pipe nobody reads: the server logs every request, and
+    # once a pipe's buffer is full it blocks on the write and stops answering.
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=err, text=True)
     try:
-        wait_for(port, proc)
+        wait_for(port, proc, log=log)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()

@@ -23,7 +23,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from autotune_cache.errors import FiAutotuneError, os_error_message
 from autotune_cache.plan.keys import SCHEMAS
@@ -160,6 +160,8 @@ class ImportPlan:
 
     skipped: list[tuple[str, str]] = field(default_factory=list)
     incomplete: list[tuple[str, str]] = field(default_factory=list)
+    #: Every entry this archive has a member of (``pull`` holds a bundle to the one it names).
+    entries: set[EntryId] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,7 @@ def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label
                     plan.skipped.append((name, skip))
                     continue
                 eid, fname, kind = _checked_member(layout, member, name)
+                plan.entries.add(eid)
                 total += member.size
                 if total > MAX_TOTAL_BYTES:
                     raise FiAutotuneError(f"{label}: contents exceed {MAX_TOTAL_BYTES} bytes")
@@ -341,16 +344,23 @@ def import_archive(layout: CacheLayout, root, stream: BinaryIO, label: str, *, f
     return import_archives(layout, root, [(stream, label)], force=force)
 
 
-def import_archives(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str]], *, force: bool = False) -> ImportResult:
-    """Import every entry of several archives (``pull``'s bundles) in one transaction: all or none."""
+def import_archives(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str]], *, force: bool = False,
+                    check: Callable[[list[ImportPlan], Transaction], None] | None = None) -> ImportResult:
+    """Import every entry of several archives (``pull``'s bundles) in one transaction: all or none.
+    ``check(plans, txn)`` sees what each archive staged before anything is committed, and raises
+    to refuse it all: ``pull`` judges the bundles' own contents there, not the store's records."""
     txn = Transaction(layout, root)
     skipped: list = []
     incomplete: list = []
+    plans: list[ImportPlan] = []
     try:
         for stream, label in sources:
             plan = stage_archive(layout, txn, stream, label, finish=False)
             skipped += plan.skipped
+            plans.append(plan)
         incomplete = finish_staged(layout, txn)
+        if check is not None:
+            check(plans, txn)
         result = txn.commit(replace_policy(layout, root, force))
     except OSError as e:
         raise FiAutotuneError(f"cannot import {sources[0][1] if len(sources) == 1 else 'the bundles'}: "

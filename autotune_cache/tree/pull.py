@@ -4,6 +4,12 @@ their import into the tree, all or none (``Store.push`` is the other direction).
 A bundle tuned on another GPU model, or in another software stack than the target's
 fingerprint, would be ignored (or worse, used) by the engine there: such bundles are refused
 as a whole unless the caller asks for any environment.
+
+Only a bundle's bytes are pinned (by the sha256 in its name); its index record is an editable
+JSON file. So what is judged is what the bundle holds, once staged: exactly the one entry the
+record names, rank files whose ``_metadata`` agree with the record and with each other, and
+that ``_metadata`` - not the record's - against the target environment. Any disagreement
+refuses the pull before anything is committed.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ from dataclasses import dataclass
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.tree.archive import ImportResult, import_archives
+from autotune_cache.tree.archive import ImportPlan, ImportResult, import_archives
 from autotune_cache.tree.layout import CacheLayout, EntryId
-from autotune_cache.tree.store import Store, StoreRecord
+from autotune_cache.tree.store import Store
+from autotune_cache.tree.storerecord import StoreError, StoreRecord
+from autotune_cache.tree.txn import StagedEntry, Transaction
 
 
 class PullRefused(FiAutotuneError):
@@ -61,7 +69,7 @@ def select_records(store: Store, layout: CacheLayout, refs: tuple[str, ...] = ()
         records = store.records(layout.name)
     else:
         records = []
-        for eid in ids:
+        for eid in dict.fromkeys(ids):  # once each: ``pull URL A A`` is one entry
             rec = store.record(layout.name, eid)
             if rec is None:
                 raise FiAutotuneError(f"no entry {eid} in {store}")
@@ -71,18 +79,48 @@ def select_records(store: Store, layout: CacheLayout, refs: tuple[str, ...] = ()
     return records
 
 
-def environment_refusals(records: list[StoreRecord], fingerprint: Fingerprint | None,
+def bundle_metadata(staged: StagedEntry) -> dict:
+    """The environment a staged bundle was tuned in: its rank files' ``_metadata`` (what the
+    engine judges), else its manifest's, as ``CacheEntry.metadata`` reads an entry on disk."""
+    if staged.metadata:
+        return staged.metadata
+    return staged.manifest.flashinfer_metadata if staged.manifest else {}
+
+
+def bundle_disagreement(rec: StoreRecord, plan: ImportPlan, txn: Transaction) -> str | None:
+    """Why the bundle fetched for ``rec`` is not the entry its record describes, or None.
+
+    The index record is a small editable JSON file beside the bundle; only the bundle's bytes
+    are checked (sha256). A record edited to name another GPU, another entry's bundle, or a
+    bundle holding more than one entry must not decide what lands in the tree."""
+    if plan.entries != {rec.id}:
+        names = ", ".join(sorted(map(str, plan.entries))) or "nothing"
+        return f"its bundle holds {names}, not just {rec.id}"
+    staged = txn.staged[rec.id]
+    if staged.mixed_metadata:
+        return "its bundle's rank files were tuned in different environments (their _metadata differ)"
+    if bundle_metadata(staged) != rec.metadata:
+        return "its index record's metadata disagrees with its bundle's rank files"
+    if rec.rank_files and rec.rank_files != len(staged.records):
+        return f"its index record counts {rec.rank_files} rank files, its bundle holds {len(staged.records)}"
+    return None
+
+
+def environment_refusals(judged: list[tuple[StoreRecord, dict]], fingerprint: Fingerprint | None,
                          target_gpu: str | None) -> list[tuple[StoreRecord, str]]:
-    """(record, why) for each bundle tuned for another environment than the fingerprint's, or,
-    without one, on another GPU model than ``target_gpu``."""
+    """(record, why) for each bundle whose rank files (``metadata``: the bundle's own, never
+    the record's) were tuned for another environment than the fingerprint's, or, without one,
+    on another GPU model than ``target_gpu``."""
     refused = []
-    for rec in records:
+    for rec, metadata in judged:
+        gpu = metadata.get("gpu")
+        gpu = gpu if isinstance(gpu, str) and gpu not in ("unknown", "None") else None
         if fingerprint is not None:
-            verdict = fingerprint.compare(rec.metadata)
+            verdict = fingerprint.compare(metadata)
             if verdict.stale:
                 refused.append((rec, f"tuned for another environment ({verdict.describe()})"))
-        elif target_gpu and rec.gpu and rec.gpu != target_gpu:
-            refused.append((rec, f"tuned on {rec.gpu}, this machine has {target_gpu}"))
+        elif target_gpu and gpu and gpu != target_gpu:
+            refused.append((rec, f"tuned on {gpu}, this machine has {target_gpu}"))
     return refused
 
 
@@ -90,13 +128,24 @@ def pull(store: Store, layout: CacheLayout, root, *, refs: tuple[str, ...] = (),
          fingerprint: Fingerprint | None = None, local_gpu: str | None = None, any_env: bool = False,
          force: bool = False) -> PullResult:
     """Fetch the selected bundles (``select_records``), verify them, and import them all or none.
-    The target environment is ``fingerprint``'s, else the GPU model ``local_gpu``."""
+    Each bundle is staged and judged by what it holds (``bundle_disagreement``, then the
+    environment of its rank files) before anything is committed. The target environment is
+    ``fingerprint``'s, else the GPU model ``local_gpu``."""
     records = select_records(store, layout, refs, ids)
     target_gpu = fingerprint.gpu if fingerprint is not None else local_gpu
-    refused = environment_refusals(records, fingerprint, target_gpu)
-    if refused and not any_env:
-        raise PullRefused(f"nothing was pulled: {len(refused)} bundle(s) are for another GPU or environment "
-                          "(--any-env pulls them anyway)", refused)
+
+    def verify(plans: list[ImportPlan], txn: Transaction) -> None:
+        for rec, plan in zip(records, plans):
+            why = bundle_disagreement(rec, plan, txn)
+            if why is not None:
+                raise StoreError(f"{rec.id}: {why}: refusing it (the store's index record or bundle was edited); "
+                                 "nothing was pulled")
+        judged = [(rec, bundle_metadata(txn.staged[rec.id])) for rec in records]
+        refused = environment_refusals(judged, fingerprint, target_gpu)
+        if refused and not any_env:
+            raise PullRefused(f"nothing was pulled: {len(refused)} bundle(s) are for another GPU or environment "
+                              "(--any-env pulls them anyway)", refused)
+
     sources = [(io.BytesIO(store.fetch(rec)), f"{store} {rec.id}") for rec in records]
-    result = import_archives(layout, root, sources, force=force)
+    result = import_archives(layout, root, sources, force=force, check=verify)
     return PullResult(result, unchecked=fingerprint is None and target_gpu is None and not any_env)

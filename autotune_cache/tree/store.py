@@ -28,121 +28,36 @@ import json
 import os
 import posixpath
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from autotune_cache.version import __version__
 from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.registry import get_layout
 from autotune_cache.tree.archive import export_entries
 from autotune_cache.tree.atomic import crashpoint
 from autotune_cache.tree.layout import CacheLayout, EntryId
+from autotune_cache.tree.storeio import TIMEOUT_ENV, TooLarge, is_timeout, read_capped, store_timeout, timeout_options
+from autotune_cache.tree.storerecord import MAX_RECORD_BYTES, StoreError, StoreRecord, redact
 
 MARKER = "fi-autotune-store.json"
 STORE_FORMAT = 1
-RECORD_FORMAT = 1
-#: Largest index record / bundle we accept from a store (a bundle is one entry: < 1 MB real).
-MAX_RECORD_BYTES = 1 << 20
+#: Largest bundle we accept from a store (a bundle is one entry: < 1 MB real).
 MAX_BUNDLE_BYTES = 256 << 20
+#: Largest store marker (``{"format": 1, "read_only": false}``), read with this cap.
+MAX_MARKER_BYTES = 64 << 10
 
 #: Which extra provides which protocol (``pip install "fi-autotune[s3]"``).
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
 READ_ONLY_PROTOCOLS = ("http", "https")
 
 
-def redact(url: str) -> str:
-    """The URL without any ``user:password@`` (never print a credential)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<url>"
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return url
-
-
-def is_store_url(text: str | None) -> bool:
-    return bool(text) and "://" in text
-
-
-class StoreError(FiAutotuneError):
-    """The store could not be reached or read (exit 1)."""
-
-
 def _fail(url: str, what: str, e: BaseException) -> StoreError:
+    if is_timeout(e):
+        return StoreError(f"{what} {redact(url)}: no answer within {store_timeout():g} s "
+                          f"({TIMEOUT_ENV}=SECONDS waits longer)")
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return StoreError(f"{what} {redact(url)}: {type(e).__name__}: {msg[:200]}")
-
-
-@dataclass(frozen=True)
-class StoreRecord:
-    """One published entry: the index record of a bundle."""
-
-    layout: str
-    id: EntryId
-    sha256: str
-    size: int
-    bundle: str  # path of the bundle relative to the store
-    metadata: dict = field(default_factory=dict)
-    model: str | None = None
-    topology: dict | None = None
-    ep: int | None = None
-    rank_files: int = 0
-    pushed: str = ""
-    tool_version: str = ""
-    key_fields: dict | None = None  # from the entry's manifest; None for engine-written entries
-
-    @property
-    def gpu(self) -> str | None:
-        g = self.metadata.get("gpu")
-        return g if isinstance(g, str) and g not in ("unknown", "None") else None
-
-    @property
-    def flashinfer_version(self) -> str | None:
-        return get_layout(self.layout).id_fields(self.id).get("flashinfer_version")
-
-    @property
-    def arch(self) -> str | None:
-        return get_layout(self.layout).id_fields(self.id).get("arch")
-
-    def to_dict(self) -> dict:
-        return {
-            "format": RECORD_FORMAT, "tool": "fi-autotune", "tool_version": self.tool_version, "layout": self.layout,
-            "id": str(self.id), "parts": list(self.id.parts), "sha256": self.sha256, "size": self.size,
-            "bundle": self.bundle, "metadata": self.metadata, "model": self.model, "topology": self.topology,
-            "ep": self.ep, "rank_files": self.rank_files, "pushed": self.pushed, "key_fields": self.key_fields,
-        }
-
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> "StoreRecord":
-        if len(data) > MAX_RECORD_BYTES:
-            raise StoreError(f"{where}: index record larger than {MAX_RECORD_BYTES} bytes")
-        try:
-            d = json.loads(data)
-            if type(d) is not dict or d.get("tool") != "fi-autotune":
-                raise ValueError("not an fi-autotune index record")
-            if type(d.get("format")) is not int or d["format"] > RECORD_FORMAT:
-                raise ValueError(f"format {d.get('format')!r} is not one this fi-autotune reads")
-            layout = get_layout(d["layout"])
-            eid = layout.make_id(tuple(d["parts"]))
-            sha, size, bundle = d["sha256"], d["size"], d["bundle"]
-            if type(sha) is not str or len(sha) != 64 or type(size) is not int or type(bundle) is not str:
-                raise ValueError("sha256/size/bundle have the wrong types")
-            if posixpath.basename(bundle) != f"{sha}.tar.gz" or ".." in bundle.split("/") or bundle.startswith("/"):
-                raise ValueError("the bundle path does not match its sha256")
-            metadata = d.get("metadata") or {}
-            key_fields = d.get("key_fields")
-            if type(metadata) is not dict or (key_fields is not None and type(key_fields) is not dict):
-                raise ValueError("metadata / key_fields are not objects")
-            return cls(layout.name, eid, sha, size, bundle, metadata, d.get("model"), d.get("topology"), d.get("ep"),
-                       int(d.get("rank_files") or 0), str(d.get("pushed", "")), str(d.get("tool_version", "")),
-                       key_fields)
-        except (ValueError, TypeError, KeyError, RecursionError, UsageError) as e:
-            raise StoreError(f"{where}: not a valid index record ({e})") from None
 
 
 @dataclass(frozen=True)
@@ -150,9 +65,11 @@ class PushResult:
     pushed: tuple[str, ...] = ()
     unchanged: tuple[str, ...] = ()
     uploaded_bytes: int = 0
+    vanished: tuple[str, ...] = ()  # deleted (a concurrent rm or prune) before they were bundled
 
     def to_dict(self) -> dict:
-        return {"pushed": list(self.pushed), "unchanged": list(self.unchanged), "uploaded_bytes": self.uploaded_bytes}
+        return {"pushed": list(self.pushed), "unchanged": list(self.unchanged), "uploaded_bytes": self.uploaded_bytes,
+                "vanished": list(self.vanished)}
 
 
 class Store:
@@ -161,10 +78,11 @@ class Store:
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         scheme = urlsplit(self.url).scheme.lower()
+        self.timeout = store_timeout()
         try:
             import fsspec
 
-            self.fs, self.root = fsspec.core.url_to_fs(self.url)
+            self.fs, self.root = fsspec.core.url_to_fs(self.url, **timeout_options(scheme, self.timeout))
         except ImportError as e:
             extra = EXTRAS.get(scheme)
             hint = f': pip install "fi-autotune[{extra}]"' if extra else ""
@@ -174,6 +92,8 @@ class Store:
         self.protocol = scheme
         self.local = scheme in ("file", "local") or not scheme
         self.root = self.root.rstrip("/")
+        #: Index records ``records`` left out, one line each (``ls URL`` and ``pull`` warn).
+        self.unreadable: list[str] = []
 
     def __str__(self) -> str:
         return redact(self.url)
@@ -195,44 +115,88 @@ class Store:
         marker = self.marker()
         if not marker:
             raise StoreError(f"no fi-autotune store at {self} (no {MARKER}; `fi-autotune push` creates one)")
+        if "unreadable" in marker:
+            return marker  # a store is there: its records are each checked as they are read
         if type(marker.get("format")) is not int or marker["format"] > STORE_FORMAT:
             raise StoreError(f"{self}: store format {marker.get('format')!r} is not one this fi-autotune reads")
         return marker
 
     def records(self, layout: str | None = None) -> list[StoreRecord]:
         """Every published entry (needs listing: object stores and file://; an HTTP store lists
-        only where the server shows directory indexes)."""
+        only where the server shows directory indexes). A record that cannot be read, parsed,
+        or sits in another entry's place is left out and named in ``self.unreadable``: one bad
+        record (edited, truncated, from a newer fi-autotune) must not hide the others."""
         self.require()
         base = self._join("index", layout) if layout else self._join("index")
         try:
-            paths = [p for p in self.fs.find(base) if p.endswith(".json")]
+            paths = sorted(p for p in self.fs.find(base) if p.endswith(".json"))
         except FileNotFoundError:
             return []
         except Exception as e:  # noqa: BLE001 - backends raise their own types
             raise _fail(self.url, "cannot list", e) from None
-        if not paths:
-            return []
-        try:
-            blobs = self.fs.cat(paths, on_error="omit")
+        out = []
+        for p, data in zip(paths, self._read_records(paths)):
+            where = f"{redact(self.url)}/{p[len(self.root) + 1:]}"
+            if isinstance(data, BaseException) and is_timeout(data):
+                raise _fail(self.url, "cannot read", data)  # the store is not answering: not one bad record
+            try:
+                if isinstance(data, BaseException):
+                    if _is_missing(data):
+                        continue  # deleted since the listing
+                    raise _fail(self.url, "cannot read", data)
+                rec = StoreRecord.from_bytes(data, where)
+                if p != self.record_path(rec.layout, rec.id):
+                    raise StoreError(f"{where}: the index record names {rec.id}, which belongs elsewhere")
+            except StoreError as e:
+                self.unreadable.append(f"{e}: skipped")
+                continue
+            out.append(rec)
+        return out
+
+    def _read_records(self, paths: list[str]) -> list:
+        """Each record's bytes (at most ``MAX_RECORD_BYTES + 1`` read), or the exception met."""
+        if self.local or self.protocol in READ_ONLY_PROTOCOLS or not paths:
+            got = []
+            for p in paths:
+                try:
+                    got.append(self._read_small(p, MAX_RECORD_BYTES, "index record"))
+                except Exception as e:  # noqa: BLE001
+                    if is_timeout(e):
+                        raise _fail(self.url, "cannot read", e) from None
+                    got.append(e)
+            return got
+        try:  # an object store: ranged reads, concurrently
+            blobs = self.fs.cat(paths, start=0, end=MAX_RECORD_BYTES + 1, on_error="return")
         except Exception as e:  # noqa: BLE001
             raise _fail(self.url, "cannot read", e) from None
-        out = []
-        for p in sorted(blobs):
-            out.append(StoreRecord.from_bytes(blobs[p], f"{redact(self.url)}/{p[len(self.root) + 1:]}"))
-        return out
+        return [StoreError(f"index record larger than {MAX_RECORD_BYTES} bytes")
+                if isinstance(blobs.get(p), bytes) and len(blobs[p]) > MAX_RECORD_BYTES
+                else blobs.get(p, FileNotFoundError(p)) for p in paths]
+
+    def _read_small(self, path: str, limit: int, what: str) -> bytes:
+        """One small object read with its cap (``storeio.read_capped``); over it: StoreError."""
+        try:
+            return read_capped(self.fs, path, limit, local=self.local, protocol=self.protocol)
+        except TooLarge:
+            raise StoreError(f"{redact(self.url)}/{path[len(self.root) + 1:]}: {what} larger than {limit} bytes") from None
 
     def record(self, layout: str, eid: EntryId) -> StoreRecord | None:
         self.require()
         path = self.record_path(layout, eid)
         try:
-            data = self.fs.cat_file(path)
-        except FileNotFoundError:
-            return None
+            data = self._read_small(path, MAX_RECORD_BYTES, "index record")
+        except StoreError:
+            raise
         except Exception as e:  # noqa: BLE001
             if _is_missing(e):
                 return None
             raise _fail(self.url, "cannot read", e) from None
-        return StoreRecord.from_bytes(data, f"{redact(self.url)}/{path[len(self.root) + 1:]}")
+        where = f"{redact(self.url)}/{path[len(self.root) + 1:]}"
+        rec = StoreRecord.from_bytes(data, where)
+        if rec.layout != layout or rec.id != eid:
+            # a record copied or edited to another entry's place: ``pull A`` must never install B
+            raise StoreError(f"{where}: the index record names {rec.id}, not {eid}: refusing it")
+        return rec
 
     def fetch(self, rec: StoreRecord) -> bytes:
         """The bundle's bytes, checked against the sha256 of its name and its record."""
@@ -255,17 +219,26 @@ class Store:
         return data
 
     def marker(self) -> dict:
+        """The store's marker: {} where there is none, ``{"unreadable": why}`` where one is there
+        but cannot be read as one (truncated, not JSON, over its cap): a store that may be
+        sealed - never taken for an unsealed one."""
         try:
-            data = self.fs.cat_file(self._join(MARKER))
+            data = self._read_small(self._join(MARKER), MAX_MARKER_BYTES, "marker")
+        except StoreError as e:
+            return {"unreadable": str(e)}
         except Exception as e:  # noqa: BLE001
             if _is_missing(e):
                 return {}
+            if self.local and isinstance(e, OSError):
+                return {"unreadable": f"{MARKER}: {e}"}  # a FIFO, a directory, no permission
             raise _fail(self.url, "cannot reach", e) from None
         try:
             d = json.loads(data)
-            return d if isinstance(d, dict) else {}
-        except ValueError:
-            return {}
+        except (ValueError, RecursionError):
+            return {"unreadable": f"{MARKER} is not JSON"}
+        if not isinstance(d, dict) or type(d.get("format")) is not int or type(d.get("read_only")) is not bool:
+            return {"unreadable": f"{MARKER} is not a store marker"}
+        return d
 
     # writing ------------------------------------------------------------------------------------
     def _put(self, path: str, data: bytes) -> None:
@@ -285,17 +258,28 @@ class Store:
     def check_writable(self) -> None:
         if self.protocol in READ_ONLY_PROTOCOLS:
             raise UsageError(f"{self} is an {self.protocol}:// store: read-only (push to s3://, gs:// or file://)")
-        if self.marker().get("read_only"):
+        marker = self.marker()
+        if "unreadable" in marker:
+            raise FiAutotuneError(f"{self}: its marker cannot be read ({marker['unreadable']}), so it may be sealed: "
+                                  f"nothing was pushed (restore {MARKER} to push)")
+        if marker.get("format", 0) > STORE_FORMAT:
+            raise FiAutotuneError(f"{self}: store format {marker['format']} is newer than this fi-autotune: nothing was pushed")
+        if marker.get("read_only"):
             raise FiAutotuneError(f"{self} is marked read-only ({MARKER}): nothing was pushed")
 
-    def push(self, layout: CacheLayout, bundles: list[tuple[object, bytes]], *, seal: bool = False) -> PushResult:
-        """Publish ``(entry, bundle bytes)`` pairs: bundle first, then its index record."""
+    def push(self, layout: CacheLayout, bundles: list[tuple[object, bytes | None]], *, seal: bool = False) -> PushResult:
+        """Publish ``(entry, bundle bytes)`` pairs: bundle first, then its index record. An entry
+        whose bundle is None vanished before it was bundled (``bundle_of``): it is skipped and
+        reported, as ``export`` does, and the others are pushed."""
         self.check_writable()
-        pushed, unchanged, uploaded = [], [], 0
+        pushed, unchanged, uploaded, vanished = [], [], 0, []
         try:
             if not self.marker():
                 self._put(self._join(MARKER), json.dumps({"format": STORE_FORMAT, "read_only": False}).encode())
             for entry, data in bundles:
+                if data is None:
+                    vanished.append(str(entry.id))
+                    continue
                 sha = hashlib.sha256(data).hexdigest()
                 rel = self.bundle_rel(layout.name, entry.id, sha)
                 current = self.record(layout.name, entry.id)
@@ -320,7 +304,7 @@ class Store:
             raise
         except Exception as e:  # noqa: BLE001
             raise _fail(self.url, "cannot write to", e) from None
-        return PushResult(tuple(pushed), tuple(unchanged), uploaded)
+        return PushResult(tuple(pushed), tuple(unchanged), uploaded, tuple(vanished))
 
 
 def _is_missing(e: BaseException) -> bool:
@@ -336,10 +320,11 @@ def _is_missing(e: BaseException) -> bool:
     return any(s in text for s in ("404", "NoSuchKey", "Not Found", "NotFound"))
 
 
-def bundle_of(layout: CacheLayout, entry) -> bytes:
-    """The reproducible one-entry bundle ``export`` would write for ``entry``."""
+def bundle_of(layout: CacheLayout, entry) -> bytes | None:
+    """The reproducible one-entry bundle ``export`` would write for ``entry``; None when the
+    entry vanished since it was listed (a concurrent ``rm`` or ``prune``): skip it, as export does."""
     buf = io.BytesIO()
     result = export_entries(layout, [entry], buf)
     if not result.entries:
-        raise FiAutotuneError(f"{entry.id} vanished while it was being bundled")
+        return None
     return buf.getvalue()

@@ -62,6 +62,8 @@ class StagedEntry:
     digests: dict[str, str] = field(default_factory=dict)
     manifest: Manifest | None = None
     metadata: dict | None = None
+    #: The staged rank files' ``_metadata`` differ (one entry tuned in two environments?).
+    mixed_metadata: bool = False
     finished: bool = False
 
 
@@ -138,6 +140,8 @@ class Transaction:
         s.digests[name] = digest
         if s.metadata is None:
             s.metadata = meta
+        elif meta != s.metadata:
+            s.mixed_metadata = True
 
     def finish_entry(self, eid: EntryId, manifest: Manifest | None) -> StagedEntry:
         """Write the manifest (with the staged files' records) and fsync the staging dir."""

@@ -11,7 +11,9 @@ from autotune_cache.registry import get_layout
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.scan import CacheEntry, scan_entry
-from autotune_cache.tree.store import PushResult, Store, bundle_of, is_store_url
+from autotune_cache.tree.store import PushResult, Store, bundle_of
+from autotune_cache.tree.storerecord import is_store_url
+
 
 def writable_store(url: str | None) -> Store | None:
     """The --push store, checked before any tuning (a typo costs nothing then)."""

@@ -186,10 +186,12 @@ def test_a_file_store_and_a_read_only_http_store(tmp_path):
     assert cli("push", f"file://{store}", "--cache-dir", str(src)).returncode == 0
     assert not list(store.rglob(".tmp-*"))
     port = _free_port()
-    http = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(store)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "http.log"  # a file, not an unread pipe: the server logs every request
+    with open(log, "w") as err:
+        http = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
+                                 str(store)], stdout=subprocess.DEVNULL, stderr=err, text=True)
     try:
-        _wait_for(port, http)
+        _wait_for(port, http, log=log)
         url = f"http://user:{SECRET}@127.0.0.1:{port}"
         listed = ok_json("ls", url)
         assert sorted(e["id"] for e in listed["entries"]) == ids

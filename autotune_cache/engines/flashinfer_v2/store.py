@@ -32,7 +32,7 @@ from autotune_cache.tree.atomic import atomic_write_bytes, ensure_tree_dirs
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.autotuner.filekey import encode_key_fields, parse_key
 from autotune_cache.autotuner.fingerprint import FIELDS
-from autotune_cache.autotuner.rankfile import RESERVED_KEYS
+from autotune_cache.autotuner.rankfile import RESERVED_KEYS, read_regular_file
 from autotune_cache.registry import get_layout
 from autotune_cache.tree.locks import entry_lock
 
@@ -136,8 +136,8 @@ def write_store(root: Path, metadata: dict, values: dict, measurement_fields: di
                 if b'"key_fields"' not in data:
                     bare += 1
                 path = entries_dir / entry_name(key)
-                try:
-                    if path.read_bytes() == data:
+                try:  # never a blocking open: a FIFO or device here is replaced, not waited on
+                    if read_regular_file(path, limit=len(data)) == data:
                         unchanged += 1
                         continue
                 except OSError:

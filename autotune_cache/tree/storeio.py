@@ -1,0 +1,101 @@
+"""Reading a store's objects with limits: network timeouts, and byte caps applied while reading.
+
+A store is someone else's server. One that accepts a connection and never answers would
+otherwise hold ``pull`` or ``ls URL`` for aiohttp's default five minutes; an index record or
+marker of 600 MB would be read whole before its size was checked. So every backend gets a
+connect and a read timeout (``FI_AUTOTUNE_STORE_TIMEOUT`` seconds, default 30; connecting waits
+at most 10), and small objects are read through ``read_capped``: at most ``limit + 1`` bytes,
+never the whole object, and on a file:// store never a FIFO or a device.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from autotune_cache.autotuner.rankfile import read_regular_file
+from autotune_cache.errors import UsageError
+
+TIMEOUT_ENV = "FI_AUTOTUNE_STORE_TIMEOUT"
+DEFAULT_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 10.0
+HTTP_PROTOCOLS = ("http", "https")
+
+
+class TooLarge(ValueError):
+    """An object over its cap (only ``limit + 1`` bytes of it were read)."""
+
+
+def store_timeout() -> float:
+    """Seconds a store may stay silent (the environment's ``FI_AUTOTUNE_STORE_TIMEOUT``)."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise UsageError(f"{TIMEOUT_ENV}={raw!r}: give a number of seconds above 0")
+    return value
+
+
+def timeout_options(scheme: str, timeout: float) -> dict:
+    """fsspec storage options that bound connecting and each read, per backend."""
+    connect = min(CONNECT_TIMEOUT, timeout)
+    if scheme in HTTP_PROTOCOLS:
+        import aiohttp  # fsspec's HTTP backend needs it too: missing, url_to_fs names the extra
+
+        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=connect,
+                                                                   sock_read=timeout)}}
+    if scheme in ("s3", "s3a"):
+        return {"config_kwargs": {"connect_timeout": connect, "read_timeout": timeout}}
+    return {}  # gs:// keeps gcsfs's own (untested here: gcsfs is not installed in CI)
+
+
+def is_timeout(e: BaseException) -> bool:
+    """A backend's timeout, however it is wrapped (FSTimeoutError, ServerTimeoutError,
+    botocore's ReadTimeoutError, a FileNotFoundError caused by one)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if "Timeout" in type(e).__name__ or isinstance(e, TimeoutError):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def read_capped(fs, path: str, limit: int, *, local: bool, protocol: str) -> bytes:
+    """At most ``limit`` bytes of one object; ``TooLarge`` past it, having read ``limit + 1``.
+    A local file is opened without blocking and must be regular; an HTTP body is streamed (a
+    server may ignore a Range header); other backends check the object's size, then read a
+    byte range."""
+    if local:
+        try:
+            return read_regular_file(path, limit=limit)
+        except OSError as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            if "larger than" in str(e):
+                raise TooLarge(f"larger than {limit} bytes") from None
+            raise
+    if protocol in HTTP_PROTOCOLS:
+        chunks, got = [], 0
+        with fs.open(path, "rb", block_size=0) as f:
+            while got <= limit:  # a stream's read returns what has arrived: read on to the end
+                chunk = f.read(limit + 1 - got)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+        data = b"".join(chunks)
+    else:
+        # The size first (one HEAD: a silent server fails it within one timeout per retry, where
+        # s3fs retries a ranged GET far longer), then at most limit + 1 bytes of the body.
+        size = fs.size(path)
+        if size is not None and size > limit:
+            raise TooLarge(f"larger than {limit} bytes")
+        data = fs.cat_file(path, start=0, end=limit + 1)
+    if len(data) > limit:
+        raise TooLarge(f"larger than {limit} bytes")
+    return data

@@ -1,0 +1,207 @@
+"""A store is someone else's server: a silent or trickling one, a malformed record, a huge
+marker or a FIFO must each cost one line (or one warning), never minutes, memory or the store."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from autotune_cache.registry import default_layout
+from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.store import Store, bundle_of
+from tests.synthetic import default_fields, write_fake_entry
+
+from ..conftest import REPO, run_cli
+from .test_pull_verify import pushed, store  # noqa: F401 - the store fixture (file:// and S3)
+
+
+class HangingServer:
+    """A real TCP server on loopback that accepts and then says nothing (``headers=False``), or
+    sends the headers of a large body and then one byte every ``gap`` seconds (a trickle)."""
+
+    def __init__(self, trickle: bool = False, gap: float = 3.0):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.trickle, self.gap = trickle, gap
+        self.stop = threading.Event()
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.conns.append(conn)
+            if self.trickle:
+                threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn: socket.socket) -> None:
+        try:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\nContent-Type: application/json\r\n\r\n{")
+            while not self.stop.wait(self.gap):
+                conn.sendall(b" ")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.stop.set()
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickling"])
+def test_a_silent_or_trickling_http_store_fails_within_its_timeout(tmp_path, trickle):
+    server = HangingServer(trickle=trickle)
+    url = f"http://127.0.0.1:{server.port}/caches"
+    try:
+        for args in (["ls", url], ["pull", url, "--cache-dir", str(tmp_path / "dest"), "--any-env"]):
+            t0 = time.monotonic()
+            proc = run_cli(*args, env={"FI_AUTOTUNE_STORE_TIMEOUT": "1"}, timeout=60)
+            took = time.monotonic() - t0
+            assert proc.returncode == 1, (args, proc.stderr)
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+            assert "no answer within 1 s" in lines[0] and f"127.0.0.1:{server.port}" in lines[0], lines[0]
+            assert took < 20, took  # aiohttp's default would wait 300 s
+            assert not (tmp_path / "dest").exists() or not any((tmp_path / "dest").rglob("rank_*"))
+    finally:
+        server.close()
+
+
+def test_a_bad_timeout_setting_is_a_usage_error(tmp_path):
+    proc = run_cli("ls", f"file://{tmp_path}", env={"FI_AUTOTUNE_STORE_TIMEOUT": "soon"})
+    assert proc.returncode == 2 and "FI_AUTOTUNE_STORE_TIMEOUT" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_silent_s3_endpoint_fails_within_its_timeout(tmp_path):
+    pytest.importorskip("s3fs")
+    server = HangingServer()
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.port}", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1", "FI_AUTOTUNE_STORE_TIMEOUT": "1"}
+    try:
+        t0 = time.monotonic()
+        proc = run_cli("ls", "s3://bucket/caches", env=env, timeout=120)
+        assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "no answer within 1 s" in proc.stderr and "s3://bucket/caches" in proc.stderr, proc.stderr
+        assert time.monotonic() - t0 < 30  # botocore's default read timeout is 60 s, per attempt
+    finally:
+        server.close()
+
+
+# --- one bad record, an unreadable marker, an entry deleted under a push -------------------------
+
+@pytest.mark.parametrize("bad", ["garbage", "format-99"])
+def test_one_bad_record_is_named_and_the_others_list_and_pull(store, tmp_path, bad):
+    src = tmp_path / "src"
+    a = pushed(store, src)
+    b = pushed(store, src, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1)
+    if bad == "garbage":
+        store.put(f"index/sglang/{a}.json", b'{"tool": "fi-autotune", "format": 1, "lay')
+    else:
+        store.put_record(a, {**store.record(a), "format": 99})
+    listed = run_cli("ls", store.url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [e["id"] for e in json.loads(listed.stdout)["entries"]] == [b]
+    warning = listed.stderr.strip().splitlines()
+    assert len(warning) == 1 and "warning" in warning[0] and f"index/sglang/{a}.json" in warning[0], listed.stderr
+    quiet = run_cli("ls", "-q", store.url)
+    assert quiet.stdout.split() == [b] and f"{a}.json" in quiet.stderr
+    dest = tmp_path / "dest"
+    proc = run_cli("pull", store.url, "--cache-dir", str(dest), "--any-env")
+    assert proc.returncode == 0 and f"pulled     {b}" in proc.stdout, proc.stderr
+    assert f"{a}.json" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (dest / "flashinfer/autotune" / a).exists()
+    named = run_cli("pull", store.url, a, "--cache-dir", str(tmp_path / "d2"), "--any-env")
+    assert named.returncode == 1 and len(named.stderr.strip().splitlines()) == 1 and a in named.stderr, named.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-a-marker", "huge"])
+def test_a_sealed_store_with_an_unreadable_marker_is_never_written(store, tmp_path, damage):
+    src = tmp_path / "src"
+    a = pushed(store, src)
+    write_fake_entry(src, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1)
+    sealed = run_cli("push", store.url, a, "--read-only", "--cache-dir", str(src))
+    assert sealed.returncode == 0, sealed.stderr
+    marker = store.get("fi-autotune-store.json")
+    broken = {"truncated": marker[: len(marker) // 2], "not-a-marker": b'{"format": "1"}',
+              "huge": b'{"format": 1, "read_only": true, "pad": "' + b" " * (1 << 20) + b'"}'}[damage]
+    store.put("fi-autotune-store.json", broken)
+    proc = run_cli("push", store.url, "--cache-dir", str(src))
+    assert proc.returncode == 1 and "may be sealed" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert store.get("fi-autotune-store.json") == broken  # never reset to read_only: false
+    assert [e["id"] for e in json.loads(run_cli("ls", store.url, "--json").stdout)["entries"]] == [a]
+
+
+def test_push_skips_an_entry_deleted_under_it(store, tmp_path):
+    """What ``push`` does between listing and bundling, with a real ``rm`` in between."""
+    src = tmp_path / "src"
+    a = str(write_fake_entry(src))
+    b = str(write_fake_entry(src, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1))
+    layout = default_layout()
+    entries = scan_cache(src, layout).entries
+    assert run_cli("rm", "-y", a, "--cache-dir", str(src)).returncode == 0
+    result = Store(store.url).push(layout, [(e, bundle_of(layout, e)) for e in entries])
+    assert result.vanished == (a,) and result.pushed == (b,)
+    assert [e["id"] for e in json.loads(run_cli("ls", store.url, "--json").stdout)["entries"]] == [b]
+
+
+# --- size limits before reading --------------------------------------------------------------
+
+MAXRSS = ("import resource, subprocess, sys\n"
+          "p = subprocess.run([sys.executable, '-m', 'fi_autotune_cli', *sys.argv[1:]], capture_output=True, text=True)\n"
+          "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)\n"
+          "sys.stderr.write(p.stderr)\n")
+
+
+def _rss_of(*args: str) -> tuple[int, int, str]:
+    """(exit code, peak RSS in MB, stderr) of one fi-autotune command in a fresh process."""
+    p = subprocess.run([sys.executable, "-c", MAXRSS, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+    rc, mb = map(int, p.stdout.split())
+    return rc, mb, p.stderr
+
+
+def test_a_600_mb_record_and_marker_on_a_file_store_are_refused_unread(tmp_path):
+    src, root = tmp_path / "src", tmp_path / "store"
+    url = f"file://{root}"
+    a = str(write_fake_entry(src))
+    b = str(write_fake_entry(src, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1))
+    assert run_cli("push", url, "--cache-dir", str(src)).returncode == 0
+    record = root / "index/sglang" / f"{a}.json"
+    with open(record, "r+b") as f:  # sparse: 600 MB that cost no disk
+        f.truncate(600 << 20)
+    rc, mb, err = _rss_of("ls", "-q", url)
+    assert rc == 0 and f"{a}.json" in err and "larger than" in err, err
+    assert mb < 150, mb  # before: 631 MB
+    ls_mb = mb
+    marker = root / "fi-autotune-store.json"
+    with open(marker, "r+b") as f:
+        f.truncate(600 << 20)
+    rc, mb, err = _rss_of("push", url, "--cache-dir", str(src))
+    assert rc == 1 and "may be sealed" in err and mb < 150, (rc, mb, err)  # before: 1.2 GB
+    print(f"600 MB record: ls -q peak RSS {ls_mb} MB; 600 MB marker: push peak RSS {mb} MB")
+    assert run_cli("ls", "-q", url).stdout.split() == [b]  # the others still list
+
+
+def test_an_oversized_record_on_s3_is_refused_by_its_size(s3, tmp_path):
+    src = tmp_path / "src"
+    a = str(write_fake_entry(src))
+    assert run_cli("push", s3["url"], "--cache-dir", str(src)).returncode == 0
+    s3["client"].put_object(Bucket=s3["bucket"], Key=f"caches/index/sglang/{a}.json", Body=b" " * (4 << 20))
+    proc = run_cli("ls", "-q", s3["url"])
+    assert proc.returncode == 0 and proc.stdout.split() == [] and "larger than" in proc.stderr, proc.stderr
+    named = run_cli("pull", s3["url"], a, "--cache-dir", str(tmp_path / "d"), "--any-env")
+    assert named.returncode == 1 and "larger than" in named.stderr and len(named.stderr.strip().splitlines()) == 1
