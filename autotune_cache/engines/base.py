@@ -89,7 +89,3 @@ class Engine(ABC):
     def describe(self, plan: "TuningPlan") -> list[tuple[str, str]]:
         """Rows (label, text) a printed plan shows for this engine: its startup pass, its key."""
         return [("Key", f"{plan.key}  ({plan.key_string})")]
-
-    def describe_files(self, count: int) -> str:
-        """What ``count`` data files of an entry are, for summaries (``8 rank files``)."""
-        return f"{count} rank file{'s' if count != 1 else ''}"
