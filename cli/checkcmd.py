@@ -11,7 +11,7 @@ from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
 from autotune_cache.errors import ExitCode
 
 from .output import Output
-from .params import LayoutName, env_from_option, json_option, resolve_root, targets_option
+from .params import LayoutName, env_from_option, json_option, resolve_root, targets_option, timeout_option
 from .serving import build_plan, fold_serving_command, request_from, serving_command_argument, serving_options
 from .targetscmd import check_targets
 
@@ -29,6 +29,7 @@ def _readers() -> list[str]:
 @env_from_option
 @click.option("--strict", is_flag=True, help="Exit 1 on any miss (fail the build before a slow boot does).")
 @targets_option
+@timeout_option
 @json_option
 @serving_command_argument
 @click.pass_context

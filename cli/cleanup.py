@@ -7,15 +7,19 @@ import sys
 import click
 
 from autotune_cache.errors import ExitCode, UsageError
+from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.installed import installed_flashinfer_version
-from autotune_cache.tree.delete import DeletePlan, describe_result, check_writable, plan_prune, plan_rm
+from autotune_cache.tree.delete import DeletePlan, describe_result, in_flight, plan_prune, plan_rm
+from autotune_cache.tree.store import Store
+from autotune_cache.tree.storehouse import plan_store_delete
+from autotune_cache.tree.storerecord import is_store_url
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.recovery import recover_journals
 
 from .output import PROG, Output
 from .params import (
     cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
-    keep_latest_version, quiet_option, staleness_fingerprint, trees,
+    keep_latest_version, quiet_option, staleness_fingerprint, timeout_option, trees,
 )
 from .tree import scan_trees
 
@@ -35,8 +39,12 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
             )
         if plan.leftovers:
             out.line(f"{len(plan.leftovers)} leftover(s) of interrupted writes (staging, trash or temp files)")
+        for e in getattr(plan, "locked_temps", ()):
+            out.line(f"temp files of an interrupted write in {e.id} (removed under its lock)")
         for entry_id, why in plan.left_alone:
             out.note(f"left {entry_id}: {why}")
+        for entry_id in getattr(plan, "already_deleted", ()):
+            out.note(f"{entry_id}: already deleted (by an interrupted rm or prune; its trash goes now)")
         if plan.empty:
             out.line("Nothing to delete.")
         else:
@@ -50,7 +58,7 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
         if named and plan.left_alone and not dry_run:
             raise click.exceptions.Exit(int(ExitCode.FAILURE))
         return
-    check_writable(plan.layout, plan.root)
+    plan.check_writable()
     out.human(human_plan)
     if not yes:
         if not sys.stdin.isatty():
@@ -77,6 +85,7 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
 
 
 @click.command("prune")
+@click.argument("store", required=False, metavar="[STORE_URL]")
 @cache_dir_option
 @layout_option
 @filter_options
@@ -89,16 +98,26 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
 @check_env_option
 @dry_run_option
 @yes_option
+@timeout_option
 @json_option
 @quiet_option
-def prune_cmd(cache_dir, layouts, model, versions, arch, status, older_than, unused_for, other_versions, keep_latest,
+def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, other_versions, keep_latest,
               env_from, check_env, dry_run, yes, as_json, quiet):
-    """Delete entries matching every given filter, and leftovers of interrupted writes.
+    """Delete entries matching every given filter, and leftovers of interrupted writes; with
+    STORE_URL (s3://, gs://, file://), the store's published entries (--older-than: by push time).
 
     Each entry is removed in one step, only if it is unchanged since the plan was printed, not
-    locked by a writer, and holds nothing but cache files; the rest is left and reported.
+    locked by a writer, and holds nothing but cache files; the rest is left and reported. In a
+    store, each index record goes before its bundle (readers never meet a record without its
+    bundle); a sealed store is refused.
     """
     out = Output(as_json, quiet)
+    if store is not None:
+        if keep_latest is not None or other_versions or check_env:
+            raise UsageError("--keep-latest, --other-versions and --check-env work on a tree only")
+        flt = entry_filter(model, versions, arch, status, older_than, unused_for)
+        fp = Fingerprint.load(env_from) if env_from else None
+        return _run(plan_store_delete(_store(store), flt, fingerprint=fp), out, dry_run, yes)
     if len(layouts) > 1 or any(len(v) > 1 for v in layouts):
         raise UsageError("prune works on one layout at a time: give one --layout")
     ((layout, root),) = trees(cache_dir, layouts)
@@ -119,24 +138,50 @@ def prune_cmd(cache_dir, layouts, model, versions, arch, status, older_than, unu
 
 
 @click.command("rm")
-@click.argument("refs", nargs=-1, required=True, metavar="ID...")
+@click.argument("refs", nargs=-1, required=True, metavar="[STORE_URL] ID...")
 @cache_dir_option
 @layout_option
 @dry_run_option
 @yes_option
+@timeout_option
 @json_option
 @quiet_option
 def rm_cmd(refs, cache_dir, layouts, dry_run, yes, as_json, quiet):
-    """Delete the named entries (ids as `ls` prints them, unique keys, or entry dirs).
+    """Delete the named entries (ids as `ls` prints them, unique keys, or entry dirs); with a
+    STORE_URL first (s3://, gs://, file://), the named entries published in that store.
 
-    An unknown or ambiguous name stops the command before anything is deleted.
+    An unknown or ambiguous name stops the command before anything is deleted. A re-run of an
+    interrupted `rm A B` finishes it: an entry the killed run had already deleted is reported
+    "already deleted" (not an error), and the rest are deleted.
     """
     out = Output(as_json, quiet)
-    found = scan_trees(cache_dir, layouts, refs)
+    if is_store_url(refs[0]):
+        if len(refs) == 1:
+            raise UsageError("name the entries to delete from the store: rm URL ID...")
+        return _run(plan_store_delete(_store(refs[0]), refs=refs[1:]), out, dry_run, yes, named=True)
+    resumed: dict = {}  # id(info) -> {entry id: trash finding}
+
+    def gone(ref, infos) -> bool:
+        for info in infos:
+            hit = in_flight(info, ref)
+            if hit is not None:
+                resumed.setdefault(id(info), (info, {}))[1][hit[0]] = hit[1]
+                return True
+        return False
+
+    found = scan_trees(cache_dir, layouts, refs, gone=gone)
     infos = {id(info): info for _, info in found}
+    infos.update({k: info for k, (info, _) in resumed.items()})
     if len(infos) > 1:
         raise UsageError("rm works on one layout at a time: these ids are in " + ", ".join(
-            sorted({e.layout for e, _ in found})))
+            sorted({info.layout.name for info in infos.values()})))
     (info,) = infos.values()
-    plan = plan_rm(info, tuple(str(e.id) for e, _ in found))
+    plan = plan_rm(info, tuple(str(e.id) for e, _ in found), resumed.get(id(info), (None, {}))[1])
     _run(plan, out, dry_run, yes, named=True)
+
+
+def _store(url: str) -> Store:
+    """A store to delete from (``rm URL``, ``prune URL``): one that exists."""
+    store = Store(url)
+    store.require()
+    return store

@@ -22,7 +22,7 @@ from autotune_cache.tree.storerecord import is_store_url
 from autotune_cache.tune.recorded import request_of
 
 from .output import Output
-from .params import json_option
+from .params import json_option, timeout_option
 from .serving import build_plan
 from .tree import scan_trees
 
@@ -125,6 +125,7 @@ def _store_side(url: str, scratch: Path) -> tuple[str, list[CacheUnit], bool]:
 @click.option("--runs", type=click.IntRange(5, 10000), default=50, show_default=True, help="--measure: timed runs per side.")
 @click.option("--exit-code", is_flag=True,
               help="Exit 1 when the caches differ, 0 when not, 2 on any error (as `diff`, `git diff --exit-code`).")
+@timeout_option
 @click.option("--all", "show_all", is_flag=True, help="List every difference (default: the first 50 per comparison).")
 @json_option
 def diff_cmd(a, b, cache_dir, measure, runs, exit_code, show_all, as_json):

@@ -14,6 +14,7 @@ from autotune_cache.registry import default_layout, get_layout, layouts as known
 from autotune_cache.autotuner.installed import VERSION_RE, installed_flashinfer_version
 from autotune_cache.tree.layout import CacheLayout, RootChoice
 from autotune_cache.tree.select import EntryFilter
+from autotune_cache.tree.storeio import DEFAULT_TIMEOUT, TIMEOUT_ENV, set_store_timeout
 from autotune_cache.tree.status import EntryStatus
 
 
@@ -172,6 +173,18 @@ cache_dir_option = click.option(
     help="The layout's cache root (sglang: the dir holding flashinfer/autotune; default: the engine's own, "
          "$SGLANG_CACHE_DIR else ~/.cache/sglang; vllm: $VLLM_CACHE_ROOT; see --layout).",
 )
+def _set_timeout(ctx, param, value):
+    if value is not None:
+        if not value > 0:
+            raise click.BadParameter("give a number of seconds above 0", ctx, param)
+        set_store_timeout(value)
+    return value
+
+
+timeout_option = click.option(
+    "--timeout", type=float, default=None, metavar="SECONDS", expose_value=False, callback=_set_timeout,
+    help=f"Seconds a store may stay silent before the command fails (default: ${TIMEOUT_ENV}, else "
+         f"{DEFAULT_TIMEOUT:g}; connecting waits at most 10).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="Print entry ids only, one per line.")
 env_from_option = click.option(

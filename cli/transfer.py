@@ -10,8 +10,9 @@ from pathlib import Path
 
 import click
 
-from autotune_cache.tree.archive import export_entries, import_archive
+from autotune_cache.tree.archive import export_entries, import_archive, import_archives
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
+from autotune_cache.humanize import format_size, plural
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 
@@ -43,6 +44,43 @@ def exportable(out: Output, entries, include_incomplete: bool, verb: str = "push
     return chosen
 
 
+class _Planned(Exception):
+    """Raised from an import's check to stop it before its commit: what it staged."""
+
+    def __init__(self, rows: list[tuple[str, int]]):
+        super().__init__("dry run")
+        self.rows = rows
+
+
+def planned_import(layout, root, stream, label: str) -> list[tuple[str, int]]:
+    """(id, bytes) of each entry an archive would install: read, validated and staged exactly
+    as ``import`` does, then discarded before the commit (the transaction removes its staging,
+    and any directory it made)."""
+    def stop(plans, txn) -> None:
+        raise _Planned([(str(eid), sum(r.size for r in txn.staged[eid].records.values()))
+                        for plan in plans for eid in sorted(plan.entries) if eid in txn.staged])
+
+    try:
+        import_archives(layout, root, [(stream, label)], check=stop)
+    except _Planned as p:
+        return p.rows
+    return []
+
+
+def dry_run_listing(out: Output, verb: str, rows: list[tuple[str, int]], where: str) -> None:
+    """``--dry-run`` of push, pull, export and import: what would move, nothing changed."""
+    past = {"push": "pushed to", "pull": "pulled from", "export": "exported to", "import": "imported from"}[verb]
+
+    def human() -> None:
+        for entry_id, size in rows:
+            out.line(f"would {verb:<7}{entry_id}  {format_size(size)}")
+        out.line(f"{plural(len(rows), 'entry', 'entries')} ({format_size(sum(n for _, n in rows))}) would be "
+                 f"{past} {where}; nothing was changed (--dry-run)")
+
+    out.emit(human=human, data={"dry_run": True, "where": where, "entries": [{"id": i, "size": n} for i, n in rows]},
+             ids=[i for i, _ in rows])
+
+
 @click.command("export")
 @click.argument("refs", nargs=-1, metavar="[ID]...")
 @click.option("-o", "--output", "output", required=True, help="Archive to write (.tar.gz), or - for stdout.")
@@ -52,14 +90,16 @@ def exportable(out: Output, entries, include_incomplete: bool, verb: str = "push
 @click.option("--include-incomplete", is_flag=True,
               help="Also export incomplete entries (an engine re-tunes every rank of one: it is warned about), and "
                    "unverified ones (no manifest counts their rank files).")
+@click.option("--dry-run", is_flag=True, help="Print which entries would be exported; write nothing.")
 @json_option
-def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, older_than, unused_for, include_incomplete, as_json):
+def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, older_than, unused_for, include_incomplete,
+               dry_run, as_json):
     """Pack complete entries (all, or the named ones, or those the filters select) into a
     reproducible .tar.gz: the same entries always give the same bytes (Docker layer caching)."""
     to_stdout = output == "-"
     out = Output(as_json, results_to_stderr=to_stdout)  # stdout carries the archive itself
     root = resolve_root(cache_dir, must_exist=True, layout=layout)
-    if to_stdout and sys.stdout.isatty():
+    if to_stdout and sys.stdout.isatty() and not dry_run:
         raise UsageError("refusing to write a binary archive to a terminal: redirect stdout or give -o FILE")
     out_path = None if to_stdout else Path(output)
     if out_path is not None and not out_path.parent.is_dir():
@@ -73,6 +113,9 @@ def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, o
     chosen = exportable(out, entries, include_incomplete, verb="exporting")
     if not chosen:
         raise FiAutotuneError("nothing to export")
+    if dry_run:
+        return dry_run_listing(out, "export", [(str(e.id), e.size_on_disk) for e in chosen],
+                               "stdout" if to_stdout else str(out_path))
     if to_stdout:
         result = export_entries(layout, chosen, sys.stdout.buffer)
         sys.stdout.buffer.flush()
@@ -102,8 +145,10 @@ def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, o
 @cache_dir_option
 @archive_layout_option
 @click.option("--force", is_flag=True, help="Replace a different complete entry, or one tuned on another GPU model.")
+@click.option("--dry-run", is_flag=True,
+              help="Validate the archive and print the entries it would install; the tree is left as it was.")
 @json_option
-def import_cmd(archive, cache_dir, layout, force, as_json):
+def import_cmd(archive, cache_dir, layout, force, dry_run, as_json):
     """Validate an archive (from `export`, or `tar czf x.tgz -C ROOT flashinfer`) and install
     all of its entries or none: a refusal, a bad member, a full disk or a kill leaves the tree as
     it was (a kill mid-install is finished by the next fi-autotune command)."""
@@ -121,6 +166,8 @@ def import_cmd(archive, cache_dir, layout, force, as_json):
             raise FiAutotuneError(f"cannot read {archive}: {e.strerror or e}") from None
         label = archive
     try:
+        if dry_run:
+            return dry_run_listing(out, "import", planned_import(layout, root.path, stream, label), str(root.path))
         result = import_archive(layout, root.path, stream, label, force=force)
     finally:
         if stream is not sys.stdin.buffer:

@@ -14,13 +14,14 @@ from autotune_cache.registry import default_layout, get_layout, layouts as known
 from autotune_cache.tune.quality import selection_summary
 from autotune_cache.tree.scan import CacheEntry, map_entries, scan_cache
 from autotune_cache.tree.store import Store
+from autotune_cache.tree.storehouse import record_views, require_store_filters
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.recovery import recover_journals
 
 from .output import Output
 from .params import (
     cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, flatten, json_option,
-    layout_option, quiet_option, staleness_fingerprint, trees,
+    layout_option, quiet_option, staleness_fingerprint, timeout_option, trees,
 )
 
 SORTS = {
@@ -77,6 +78,7 @@ def _summary(e: CacheEntry, full: bool) -> dict:
 @click.option("--sort", type=click.Choice(sorted(SORTS)), default="id", show_default=True)
 @env_from_option
 @check_env_option
+@timeout_option
 @json_option
 @quiet_option
 def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, sort, env_from, check_env,
@@ -141,29 +143,20 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
     out.emit(human=human, data=data, ids=[e["id"] for e in entries])
 
 
-STORE_HEADERS = ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "SIZE", "PUSHED", "SHA256"]
+STORE_HEADERS = ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "SIZE", "PUSHED", "SHA256", "STATUS"]
 
 
 def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
-    """``ls URL``: the entries published in a store (from its index records)."""
+    """``ls URL``: the entries published in a store (from its index records), filtered as the
+    tree's are (``--older-than``: by push time), each with a status as ``ls`` gives one."""
+    require_store_filters(flt)
     store = Store(url)
     records = store.records()
     for line in store.unreadable:  # one bad record is named, the others list
         out.warn(line)
+    now = time.time()
     fp = Fingerprint.load(env_from) if env_from else None
-    rows = []
-    for r in records:
-        if flt.model and (r.model is None or flt.model.lower() not in r.model.lower()):
-            continue
-        if flt.flashinfer_versions and r.flashinfer_version not in flt.flashinfer_versions:
-            continue
-        if flt.archs and not get_layout(r.layout).sm_archs(r.arch) & set(flt.archs):
-            continue
-        stale = fp.compare(r.metadata) if fp else None
-        if flt.statuses and ("stale" if stale and stale.stale else "complete") not in {s.value for s in flt.statuses}:
-            continue
-        rows.append((r, stale))
-    rows.sort(key=lambda rs: str(rs[0].id))
+    views = sorted((v for v in record_views(records, fp) if flt.reasons(v, now) is not None), key=lambda v: str(v.id))
 
     def human() -> None:
         def parallel(r) -> str:
@@ -173,15 +166,17 @@ def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
             dp = f" dp{t['dp']}{'a' if t.get('dp_attention') else 'r'}" if t.get("dp", 1) > 1 else ""
             return f"tp{t['tp']}{dp} ep{r.ep if r.ep is not None else '?'}"
 
-        if rows:
-            out.table(STORE_HEADERS, [[str(r.id), r.model or "-", (r.gpu or "-").removeprefix("NVIDIA ").replace(" ", "-"),
-                                       parallel(r), str(r.rank_files), format_size(r.size), r.pushed or "-",
-                                       r.sha256[:12] + ("  stale" if s is not None and s.stale else "")]
-                                      for r, s in rows])
-        out.line(f"\n{plural(len(rows), 'entry', 'entries')} in {store}")
+        if views:
+            out.table(STORE_HEADERS, [[str(v.id), v.model or "-", v.gpu_short, parallel(v.record), str(v.record.rank_files),
+                                       v.size_on_disk_str, v.record.pushed or "-", v.record.sha256[:12], v.status.value]
+                                      for v in views])
+        by_status = ", ".join(f"{n} {s}" for s in EntryStatus.names()
+                              if (n := sum(1 for v in views if v.status.value == s)))
+        out.line(f"\n{plural(len(views), 'entry', 'entries')} in {store}" + (f" ({by_status})" if by_status else ""))
 
-    out.emit(human=human, ids=[str(r.id) for r, _ in rows],
-             data=lambda: {"store": str(store), "entries": [{**r.to_dict(), "stale": bool(s and s.stale)} for r, s in rows],
+    out.emit(human=human, ids=[str(v.id) for v in views],
+             data=lambda: {"store": str(store), "entries": [{**v.to_dict(), "stale": v.status == EntryStatus.STALE}
+                                                            for v in views],
                            "unreadable": list(store.unreadable)})
 
 
@@ -193,9 +188,11 @@ def recover_journals_quietly(root, layout=None) -> list[str]:
         return []
 
 
-def scan_trees(cache_dir, layouts, refs, fingerprint=None):
+def scan_trees(cache_dir, layouts, refs, fingerprint=None, gone=None):
     """Scan the trees the ids name (a ``<layout>:`` prefix names its layout; ``--layout`` or
-    ``--cache-dir`` otherwise) and resolve the ids there: [(entry, CacheInfo)]."""
+    ``--cache-dir`` otherwise) and resolve the ids there: [(entry, CacheInfo)]. ``gone(ref,
+    infos)``: True for a ref found nowhere that is accounted for anyway (``rm``: an entry a
+    killed rm had deleted); it is left out instead of failing."""
     names = list(flatten(layouts))
     for ref in refs:
         prefix, sep, _ = ref.partition(":")
@@ -215,6 +212,8 @@ def scan_trees(cache_dir, layouts, refs, fingerprint=None):
             except FiAutotuneError as e:
                 last_error = e
         if not matches:
+            if gone is not None and gone(ref, infos):
+                continue
             raise last_error
         for m in matches:
             if m[0] not in [f[0] for f in found]:

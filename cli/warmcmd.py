@@ -25,7 +25,7 @@ from autotune_cache.tune.recorded import request_of
 from autotune_cache.tune.session import WarmOptions, WarmRun, run_warm
 
 from .output import Output
-from .params import json_option, resolve_root, shard_option, targets_option
+from .params import json_option, resolve_root, shard_option, targets_option, timeout_option
 from .progress import Progress
 from .serving import (build_plan, engine_option_values, engine_options, fold_serving_command, machine_of, request_from,
                       requests_from, serving_command_argument, serving_options)
@@ -79,6 +79,7 @@ def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | 
 @shard_option
 @click.option("--push", "push_url", default=None, metavar="URL",
               help="Publish each entry to this store (s3://, gs://, file://) as soon as it is written.")
+@timeout_option
 @json_option
 @serving_command_argument
 @click.pass_context

@@ -103,12 +103,34 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     tmp = path.parent / f"{OUR_PREFIX}{path.name}.{secrets.token_hex(6)}.tmp"
     try:
         write_new_file(tmp, data, mode)
+        crashpoint("atomic.temp_written")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def remove_our_temps(directory: Path) -> int:
+    """Remove our own temp files (``atomic_write_bytes``'s ``.fi-autotune-*.tmp``) in
+    ``directory``; how many. Call it only holding the lock that every writer of ``directory``
+    holds while its temp file exists (the entry's lock): each one found is then a killed
+    writer's, whatever its age. An engine's own temp files (FlashInfer's ``.autotune_*.tmp``,
+    written with no lock) are never touched here: only their age can say they are dead."""
+    removed = 0
+    try:
+        children = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for child in children:
+        if not (child.name.startswith(OUR_PREFIX) and child.name.endswith(".tmp")):
+            continue
+        with contextlib.suppress(OSError):
+            if child.is_file(follow_symlinks=False):
+                os.unlink(child.path)
+                removed += 1
+    return removed
 
 
 _RENAME_EXCHANGE = 2

@@ -20,11 +20,11 @@ from typing import Callable
 
 from autotune_cache.errors import EntryLocked, FiAutotuneError, UsageError, os_error_message
 from autotune_cache.humanize import format_size, plural
-from autotune_cache.tree.atomic import crashpoint, fsync_dir
-from autotune_cache.tree.dirs import remove_empty_parents, remove_tree
+from autotune_cache.tree.atomic import crashpoint, fsync_dir, remove_our_temps
+from autotune_cache.tree.dirs import list_dir, remove_empty_parents, remove_tree
 from autotune_cache.tree.entry_scan import scan_entry
-from autotune_cache.tree.layout import CacheLayout, trash_name
-from autotune_cache.tree.locks import entry_lock, hold_owner_lock, release_owner_lock
+from autotune_cache.tree.layout import OUR_PREFIX, TRASH_DIR_RE, CacheLayout, EntryId, trash_name
+from autotune_cache.tree.locks import dead_owner, entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
 from autotune_cache.tree.recovery import recover_journals, remove_leftover
 from autotune_cache.tree.select import EntryFilter, beyond_latest
@@ -39,6 +39,7 @@ class DeleteOutcome:
     deleted: bool
     why: str | None = None  # when not deleted: why it was left
     error: str | None = None  # deleted from the tree, but its files could not all be removed
+    trash: Path | None = None  # the emptied trash dir, removed once the whole plan has run
 
 
 def delete_entry(layout: CacheLayout, root: Path, entry, rescan: Callable) -> DeleteOutcome:
@@ -68,9 +69,26 @@ def delete_entry(layout: CacheLayout, root: Path, entry, rescan: Callable) -> De
             crashpoint("prune.renamed")
     except EntryLocked:
         return DeleteOutcome(False, "locked by a running writer")
-    err = remove_tree(trash)
-    remove_empty_parents(entry.path, base)
-    return DeleteOutcome(True, error=err)
+    return DeleteOutcome(True, error=empty_dir(trash), trash=trash)
+
+
+def empty_dir(path: Path) -> str | None:
+    """Remove what is inside ``path`` but not ``path`` itself: an emptied trash dir stays until
+    the whole plan has run, as the record that its entry was being deleted (``in_flight``), so
+    a re-run of a killed ``rm A B`` knows A was deleted, not mistyped."""
+    children, err = list_dir(path, sort=False)
+    for child in children:
+        p = Path(child.path)
+        if child.is_dir(follow_symlinks=False):
+            err = remove_tree(p) or err
+        else:
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                err = err or os_error_message(e, p)
+    return err
 
 
 @dataclass(frozen=True)
@@ -115,6 +133,10 @@ class DeletePlan:
     leftovers: tuple[Finding, ...] = ()
     left_alone: tuple[tuple[str, str], ...] = ()  # (entry id, why) matched but cannot be deleted
     scan_fingerprint: object = field(default=None, repr=False, compare=False)
+    #: Named entries an interrupted rm had already deleted (``in_flight``): not an error.
+    already_deleted: tuple[str, ...] = ()
+    #: Entries holding our own temp files (a killed ``convert``'s): removed under their lock.
+    locked_temps: tuple[CacheEntry, ...] = ()
 
     @property
     def expected_freed_size(self) -> int:
@@ -126,15 +148,20 @@ class DeletePlan:
 
     @property
     def empty(self) -> bool:
-        return not self.candidates and not self.leftovers
+        return not self.candidates and not self.leftovers and not self.locked_temps
 
     def to_dict(self) -> dict:
         return {
             "entries": [{**c.entry.to_dict(), "reasons": list(c.reasons)} for c in self.candidates],
             "leftovers": [t.to_dict() for t in self.leftovers],
             "left_alone": [{"entry": e, "reason": r} for e, r in self.left_alone],
+            "already_deleted": list(self.already_deleted),
+            "temps_in": [str(e.id) for e in self.locked_temps],
             "expected_freed_size": self.expected_freed_size,
         }
+
+    def check_writable(self) -> None:
+        check_writable(self.layout, self.root)
 
     def execute(self) -> DeleteResult:
         deleted, skipped, errors = [], list(self.left_alone), []
@@ -144,17 +171,26 @@ class DeletePlan:
         def rescan(e: CacheEntry) -> CacheEntry:
             return scan_entry(self.layout, e.path, e.id, self.scan_fingerprint)
 
+        trashed = []
         try:
             for cand in self.candidates:
                 out = delete_entry(self.layout, self.root, cand.entry, rescan)
                 if out.deleted:
                     deleted.append((str(cand.entry.id), cand.freed))
+                    trashed.append((out.trash, cand.entry.path))
                     if out.error:
                         errors.append((str(cand.entry.path), f"removed from the tree, but {out.error}"))
                 else:
                     skipped.append((str(cand.entry.id), out.why or "not deleted"))
-            removed = freed = 0
+            for trash, path in trashed:  # every entry of the plan is gone: its records may go too
+                remove_tree(trash)
+                remove_empty_parents(path, base)
             now = time.time()
+            removed = freed = 0
+            for e in self.locked_temps:
+                n = _remove_temps_locked(self.layout, self.root, e)
+                removed += n
+                freed += sum(t.size_on_disk for t in e.temp_files if t.path.name.startswith(OUR_PREFIX)) if n else 0
             for t in self.leftovers:
                 try:
                     st = os.lstat(t.path)
@@ -179,6 +215,16 @@ class DeletePlan:
         finally:
             release_owner_lock(base)
         return DeleteResult(tuple(deleted), tuple(skipped), tuple(errors), removed, freed, recovered)
+
+
+def _remove_temps_locked(layout: CacheLayout, root: Path, e: CacheEntry) -> int:
+    """Our temp files in one entry, removed under its lock (never waiting: a writer holding it
+    is alive, and its temp files with it)."""
+    try:
+        with entry_lock(layout, root, e.id, timeout=0):
+            return sum(remove_our_temps(d) for d in {t.path.parent for t in e.temp_files})
+    except (EntryLocked, FiAutotuneError):
+        return 0
 
 
 def _left_alone(info: CacheInfo, picked: list[CacheEntry]) -> tuple[tuple[str, str], ...]:
@@ -224,16 +270,45 @@ def plan_prune(
             continue
         candidates.append(Candidate(e, reasons))
     leftovers = leftovers_of(info, now)
+    chosen = {c.entry.id for c in candidates}
+    ours = tuple(e for e in info.entries if e.id not in chosen
+                 and any(t.path.name.startswith(OUR_PREFIX) and now - t.mtime < STALE_TEMP_AGE_S for t in e.temp_files))
     return DeletePlan(info.layout, info.root, tuple(candidates), leftovers, _left_alone(info, picked_unreadable),
-                      scan_fingerprint)
+                      scan_fingerprint, locked_temps=ours)
 
 
-def plan_rm(info: CacheInfo, refs: tuple[str, ...]) -> DeletePlan:
-    """The named entries (ids, unique bare keys or paths); unknown names fail before anything."""
+def plan_rm(info: CacheInfo, refs: tuple[str, ...], resumed: dict[EntryId, Finding] | None = None) -> DeletePlan:
+    """The named entries (ids, unique bare keys or paths); unknown names fail before anything.
+    ``resumed``: named entries a killed ``rm`` had already taken out of the tree (``in_flight``):
+    reported as already deleted, their trash dirs removed."""
     entries = info.resolve(refs)
     candidates = [Candidate(e, ("named",)) for e in entries if e.status != EntryStatus.UNREADABLE]
     unreadable = [e for e in entries if e.status == EntryStatus.UNREADABLE]
-    return DeletePlan(info.layout, info.root, tuple(candidates), (), _left_alone(info, unreadable))
+    resumed = resumed or {}
+    return DeletePlan(info.layout, info.root, tuple(candidates), tuple(resumed.values()), _left_alone(info, unreadable),
+                      already_deleted=tuple(sorted(map(str, resumed))))
+
+
+def in_flight(info: CacheInfo, ref: str) -> tuple[EntryId, Finding] | None:
+    """The entry ``ref`` names if a killed ``rm`` or ``prune`` was deleting it: a trash dir of
+    that entry whose owner is gone (only then - a live deleter's trash, or an id that is simply
+    not there, is no proof of anything). Its id is the trash dir's place plus the name in it."""
+    text = ref.strip().rstrip("/")
+    base = info.layout.base(info.root)
+    for f in info.findings:
+        m = TRASH_DIR_RE.match(f.path.name) if f.kind == "trash" else None
+        if m is None:
+            continue
+        try:
+            eid = info.layout.make_id(f.path.parent.relative_to(base).parts + (m["name"],))
+        except ValueError:
+            continue
+        if text not in (str(eid), eid.path_str, eid.name):
+            continue
+        with dead_owner(base, m["owner"]) as dead:
+            if dead:
+                return eid, f
+    return None
 
 
 def leftovers_of(info: CacheInfo, now: float) -> tuple[Finding, ...]:

@@ -22,6 +22,7 @@ from URLs in messages.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -30,6 +31,7 @@ import posixpath
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from autotune_cache.version import __version__
@@ -37,6 +39,7 @@ from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.archive import export_entries
 from autotune_cache.tree.atomic import crashpoint
 from autotune_cache.tree.layout import CacheLayout, EntryId
+from autotune_cache.tree.locks import hold_owner_lock, release_owner_lock
 from autotune_cache.tree.storeio import TIMEOUT_ENV, TooLarge, is_timeout, read_capped, store_timeout, timeout_options
 from autotune_cache.tree.storerecord import MAX_RECORD_BYTES, StoreError, StoreRecord, redact
 
@@ -50,12 +53,14 @@ MAX_MARKER_BYTES = 64 << 10
 #: Which extra provides which protocol (``pip install "fi-autotune[s3]"``).
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
 READ_ONLY_PROTOCOLS = ("http", "https")
+#: A local store's temp files: ``.tmp-<owner token>-<random>`` (``.tmp-<random>``: older fi-autotune, no owner).
+TEMP_PREFIX = ".tmp-"
 
 
-def _fail(url: str, what: str, e: BaseException) -> StoreError:
+def _fail(url: str, what: str, e: BaseException, timeout: float | None = None) -> StoreError:
     if is_timeout(e):
-        return StoreError(f"{what} {redact(url)}: no answer within {store_timeout():g} s "
-                          f"({TIMEOUT_ENV}=SECONDS waits longer)")
+        return StoreError(f"{what} {redact(url)}: no answer within {timeout or store_timeout():g} s "
+                          f"(--timeout SECONDS or {TIMEOUT_ENV}=SECONDS waits longer)")
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return StoreError(f"{what} {redact(url)}: {type(e).__name__}: {msg[:200]}")
 
@@ -75,10 +80,12 @@ class PushResult:
 class Store:
     """One store URL, opened through fsspec."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, timeout: float | None = None):
+        """``timeout``: seconds the store may stay silent (``--timeout``); None: the
+        environment's ``FI_AUTOTUNE_STORE_TIMEOUT``, else the default (``storeio``)."""
         self.url = url.rstrip("/")
         scheme = urlsplit(self.url).scheme.lower()
-        self.timeout = store_timeout()
+        self.timeout = store_timeout(timeout)
         try:
             import fsspec
 
@@ -133,17 +140,17 @@ class Store:
         except FileNotFoundError:
             return []
         except Exception as e:  # noqa: BLE001 - backends raise their own types
-            raise _fail(self.url, "cannot list", e) from None
+            raise _fail(self.url, "cannot list", e, self.timeout) from None
         out = []
         for p, data in zip(paths, self._read_records(paths)):
             where = f"{redact(self.url)}/{p[len(self.root) + 1:]}"
             if isinstance(data, BaseException) and is_timeout(data):
-                raise _fail(self.url, "cannot read", data)  # the store is not answering: not one bad record
+                raise _fail(self.url, "cannot read", data, self.timeout)  # the store is not answering: not one bad record
             try:
                 if isinstance(data, BaseException):
                     if _is_missing(data):
                         continue  # deleted since the listing
-                    raise _fail(self.url, "cannot read", data)
+                    raise _fail(self.url, "cannot read", data, self.timeout)
                 rec = StoreRecord.from_bytes(data, where)
                 if p != self.record_path(rec.layout, rec.id):
                     raise StoreError(f"{where}: the index record names {rec.id}, which belongs elsewhere")
@@ -162,13 +169,13 @@ class Store:
                     got.append(self._read_small(p, MAX_RECORD_BYTES, "index record"))
                 except Exception as e:  # noqa: BLE001
                     if is_timeout(e):
-                        raise _fail(self.url, "cannot read", e) from None
+                        raise _fail(self.url, "cannot read", e, self.timeout) from None
                     got.append(e)
             return got
         try:  # an object store: ranged reads, concurrently
             blobs = self.fs.cat(paths, start=0, end=MAX_RECORD_BYTES + 1, on_error="return")
         except Exception as e:  # noqa: BLE001
-            raise _fail(self.url, "cannot read", e) from None
+            raise _fail(self.url, "cannot read", e, self.timeout) from None
         return [StoreError(f"index record larger than {MAX_RECORD_BYTES} bytes")
                 if isinstance(blobs.get(p), bytes) and len(blobs[p]) > MAX_RECORD_BYTES
                 else blobs.get(p, FileNotFoundError(p)) for p in paths]
@@ -190,7 +197,7 @@ class Store:
         except Exception as e:  # noqa: BLE001
             if _is_missing(e):
                 return None
-            raise _fail(self.url, "cannot read", e) from None
+            raise _fail(self.url, "cannot read", e, self.timeout) from None
         where = f"{redact(self.url)}/{path[len(self.root) + 1:]}"
         rec = StoreRecord.from_bytes(data, where)
         if rec.layout != layout or rec.id != eid:
@@ -211,7 +218,7 @@ class Store:
         except Exception as e:  # noqa: BLE001
             if _is_missing(e):
                 raise StoreError(f"{rec.id}: its record names {rec.bundle}, which is not in {self}") from None
-            raise _fail(self.url, "cannot read", e) from None
+            raise _fail(self.url, "cannot read", e, self.timeout) from None
         digest = hashlib.sha256(data).hexdigest()
         if digest != rec.sha256:
             raise StoreError(f"{rec.id}: bundle {rec.bundle} has sha256 {digest[:16]}..., not {rec.sha256[:16]}... "
@@ -231,7 +238,7 @@ class Store:
                 return {}
             if self.local and isinstance(e, OSError):
                 return {"unreadable": f"{MARKER}: {e}"}  # a FIFO, a directory, no permission
-            raise _fail(self.url, "cannot reach", e) from None
+            raise _fail(self.url, "cannot reach", e, self.timeout) from None
         try:
             d = json.loads(data)
         except (ValueError, RecursionError):
@@ -242,18 +249,40 @@ class Store:
 
     # writing ------------------------------------------------------------------------------------
     def _put(self, path: str, data: bytes) -> None:
-        """Appear whole or not at all: one PUT on an object store; temp name + rename locally."""
+        """Appear whole or not at all: one PUT on an object store; temp name + rename locally.
+        A local temp name carries this process's owner token (``tree.locks``: its lock is held
+        while we run), so the next writer can prove it dead and remove it (``storehouse``); one
+        that fails (a full disk) is removed at once."""
         if self.local:
             directory = posixpath.dirname(path)
             self.fs.makedirs(directory, exist_ok=True)
-            tmp = posixpath.join(directory, f".tmp-{secrets.token_hex(6)}")
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            token = hold_owner_lock(Path(self.root))
+            tmp = posixpath.join(directory, f"{TEMP_PREFIX}{token}-{secrets.token_hex(6)}")
+            try:
+                with open(tmp, "xb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                crashpoint("store.temp_written")
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
         else:
             self.fs.pipe_file(path, data)
+
+    def put_marker(self, *, read_only: bool) -> None:
+        """Write the store's marker (creating the store, sealing or unsealing it)."""
+        try:
+            self._put(self._join(MARKER), json.dumps({"format": STORE_FORMAT, "read_only": read_only}).encode())
+        except Exception as e:  # noqa: BLE001 - backends raise their own types
+            raise _fail(self.url, "cannot write to", e, self.timeout) from None
+
+    def release(self) -> None:
+        """Drop this process's owner lock in a local store (its temp files are all renamed)."""
+        if self.local:
+            release_owner_lock(Path(self.root))
 
     def check_writable(self) -> None:
         if self.protocol in READ_ONLY_PROTOCOLS:
@@ -275,7 +304,7 @@ class Store:
         pushed, unchanged, uploaded, vanished = [], [], 0, []
         try:
             if not self.marker():
-                self._put(self._join(MARKER), json.dumps({"format": STORE_FORMAT, "read_only": False}).encode())
+                self.put_marker(read_only=False)
             for entry, data in bundles:
                 if data is None:
                     vanished.append(str(entry.id))
@@ -294,16 +323,18 @@ class Store:
                     layout.name, entry.id, sha, len(data), rel, dict(entry.metadata), entry.model,
                     entry.topology.to_dict() if entry.topology else None, entry.ep, len(entry.rank_files),
                     datetime.now(timezone.utc).isoformat(timespec="seconds"), __version__,
-                    entry.manifest.key_fields.to_dict() if entry.manifest else None,
+                    entry.manifest.key_fields.to_dict() if entry.manifest else None, entry.status.value,
                 )
                 self._put(self.record_path(layout.name, entry.id), json.dumps(rec.to_dict(), indent=1).encode())
                 pushed.append(str(entry.id))
             if seal:
-                self._put(self._join(MARKER), json.dumps({"format": STORE_FORMAT, "read_only": True}).encode())
+                self.put_marker(read_only=True)
         except FiAutotuneError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise _fail(self.url, "cannot write to", e) from None
+            raise _fail(self.url, "cannot write to", e, self.timeout) from None
+        finally:
+            self.release()
         return PushResult(tuple(pushed), tuple(unchanged), uploaded, tuple(vanished))
 
 

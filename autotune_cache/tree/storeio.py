@@ -20,14 +20,20 @@ TIMEOUT_ENV = "FI_AUTOTUNE_STORE_TIMEOUT"
 DEFAULT_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 10.0
 HTTP_PROTOCOLS = ("http", "https")
+GCS_PROTOCOLS = ("gs", "gcs")
 
 
 class TooLarge(ValueError):
     """An object over its cap (only ``limit + 1`` bytes of it were read)."""
 
 
-def store_timeout() -> float:
-    """Seconds a store may stay silent (the environment's ``FI_AUTOTUNE_STORE_TIMEOUT``)."""
+def store_timeout(given: float | None = None) -> float:
+    """Seconds a store may stay silent: ``given`` (a command's ``--timeout``), else the
+    environment's ``FI_AUTOTUNE_STORE_TIMEOUT``, else the default. The one place that decides."""
+    if given is not None:
+        if not 0 < given < math.inf:
+            raise UsageError(f"--timeout {given:g}: give a number of seconds above 0")
+        return float(given)
     raw = os.environ.get(TIMEOUT_ENV, "").strip()
     if not raw:
         return DEFAULT_TIMEOUT
@@ -40,17 +46,25 @@ def store_timeout() -> float:
     return value
 
 
+def set_store_timeout(seconds: float) -> None:
+    """A command's ``--timeout``: checked, then made what ``store_timeout`` answers for the
+    rest of this process and its children (warm's workers push too), so every store the
+    command opens - whichever library function opens it - waits the same."""
+    os.environ[TIMEOUT_ENV] = repr(store_timeout(seconds))
+
+
 def timeout_options(scheme: str, timeout: float) -> dict:
     """fsspec storage options that bound connecting and each read, per backend."""
     connect = min(CONNECT_TIMEOUT, timeout)
-    if scheme in HTTP_PROTOCOLS:
-        import aiohttp  # fsspec's HTTP backend needs it too: missing, url_to_fs names the extra
+    if scheme in HTTP_PROTOCOLS + GCS_PROTOCOLS:
+        import aiohttp  # fsspec's HTTP backend and gcsfs need it: missing, url_to_fs names the extra
 
-        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=connect,
-                                                                   sock_read=timeout)}}
+        limits = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=timeout)
+        # gcsfs passes ``requests_timeout`` as each request's ``timeout`` (an aiohttp ClientTimeout)
+        return {"requests_timeout": limits} if scheme in GCS_PROTOCOLS else {"client_kwargs": {"timeout": limits}}
     if scheme in ("s3", "s3a"):
         return {"config_kwargs": {"connect_timeout": connect, "read_timeout": timeout}}
-    return {}  # gs:// keeps gcsfs's own (untested here: gcsfs is not installed in CI)
+    return {}  # file:// has no network
 
 
 def is_timeout(e: BaseException) -> bool:

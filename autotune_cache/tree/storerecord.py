@@ -21,6 +21,8 @@ from autotune_cache.tree.layout import EntryId
 RECORD_FORMAT = 1
 #: Largest index record we accept from a store (read with this cap, then parsed).
 MAX_RECORD_BYTES = 1 << 20
+#: What a pushed entry can be (``push`` never publishes a corrupt, diverged or stale one).
+PUSHED_STATUSES = ("complete", "incomplete", "unverified")
 
 
 def redact(url: str) -> str:
@@ -62,6 +64,17 @@ class StoreRecord:
     pushed: str = ""
     tool_version: str = ""
     key_fields: dict | None = None  # from the entry's manifest; None for engine-written entries
+    #: The entry's status when pushed (``push --include-incomplete`` publishes incomplete and
+    #: unverified ones too). Records of older pushes have none: ``status_of`` infers it.
+    status: str = ""
+
+    @property
+    def status_of(self) -> str:
+        """complete, incomplete or unverified: as pushed; for an older record without one,
+        complete only where a manifest (``key_fields``) counted its rank files - never on a guess."""
+        if self.status in PUSHED_STATUSES:
+            return self.status
+        return "complete" if self.key_fields is not None else "unverified"
 
     @property
     def gpu(self) -> str | None:
@@ -82,6 +95,7 @@ class StoreRecord:
             "id": str(self.id), "parts": list(self.id.parts), "sha256": self.sha256, "size": self.size,
             "bundle": self.bundle, "metadata": self.metadata, "model": self.model, "topology": self.topology,
             "ep": self.ep, "rank_files": self.rank_files, "pushed": self.pushed, "key_fields": self.key_fields,
+            "status": self.status_of,
         }
 
     @classmethod
@@ -108,6 +122,6 @@ class StoreRecord:
                 raise ValueError("metadata / key_fields are not objects")
             return cls(layout.name, eid, sha, size, bundle, metadata, d.get("model"), d.get("topology"), d.get("ep"),
                        int(d.get("rank_files") or 0), str(d.get("pushed", "")), str(d.get("tool_version", "")),
-                       key_fields)
+                       key_fields, d["status"] if d.get("status") in PUSHED_STATUSES else "")
         except (ValueError, TypeError, KeyError, RecursionError, UsageError) as e:
             raise StoreError(f"{where}: not a valid index record ({e})") from None

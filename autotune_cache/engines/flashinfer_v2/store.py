@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune_cache.tree.atomic import atomic_write_bytes, ensure_tree_dirs
+from autotune_cache.tree.atomic import atomic_write_bytes, ensure_tree_dirs, remove_our_temps
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.autotuner.filekey import encode_key_fields, parse_key
 from autotune_cache.autotuner.fingerprint import FIELDS
@@ -129,6 +129,9 @@ def write_store(root: Path, metadata: dict, values: dict, measurement_fields: di
         entries_dir = ensure_tree_dirs(env_dir, (ENTRIES,))
         written = unchanged = bare = 0
         with entry_lock(layout, root, layout.make_id((h,)), timeout=120):
+            # under the lock every writer of this environment holds: our temp files here are a killed run's
+            remove_our_temps(env_dir)
+            remove_our_temps(entries_dir)
             if not (env_dir / MANIFEST).exists():
                 atomic_write_bytes(env_dir / MANIFEST, json_bytes(manifest))
             for key in sorted(values):

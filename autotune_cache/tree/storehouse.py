@@ -1,0 +1,263 @@
+"""Store housekeeping: what a killed push left in a file:// store, ``rm`` and ``prune`` of a
+store's entries, and unsealing.
+
+Deleting from a store is plan-then-delete, as in the tree (``delete.py``): the plan lists the
+index records the filters or names select; executing it re-reads each record and removes it
+only if it still names the bundle the plan showed (a push since then wins), *record first,
+then bundle*, so a reader never meets a record whose bundle is gone. A kill in between leaves
+an unreferenced bundle, which no reader sees. A sealed store (or one whose marker cannot be
+read, so may be sealed) is never written: ``unseal`` first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat as stat_mod
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.humanize import format_size
+from autotune_cache.tree.atomic import crashpoint
+from autotune_cache.tree.delete import STALE_TEMP_AGE_S, Candidate, DeleteResult
+from autotune_cache.tree.layout import LOCKS_DIRNAME
+from autotune_cache.tree.locks import dead_owner
+from autotune_cache.tree.select import EntryFilter
+from autotune_cache.tree.status import EntryStatus
+from autotune_cache.tree.store import MARKER, STORE_FORMAT, TEMP_PREFIX, Store
+from autotune_cache.tree.storerecord import StoreRecord
+
+#: A local store's temp file: ``.tmp-<owner token>-<random>``, or an older fi-autotune's
+#: ``.tmp-<random>`` (no owner to ask).
+STORE_TEMP_RE = re.compile(rf"^{re.escape(TEMP_PREFIX)}(?:(?P<owner>[0-9a-f]{{12}})-)?[0-9a-f]{{12}}\Z")
+
+
+def sweep_temps(store: Store) -> tuple[int, int]:
+    """Remove the temp files of killed writers from a file:// store: (files, bytes).
+
+    A temp name carries its writer's owner token, whose lock that writer holds while it runs
+    (``Store._put``): a temp whose token's lock we can take is dead, and goes at once, however
+    young. An older name has no token: it goes only once older than ``STALE_TEMP_AGE_S``, as the
+    tree's temp files do - a push of that age has long finished or died. Object stores have no
+    temp files (one PUT)."""
+    if not store.local:
+        return 0, 0
+    base = Path(store.root)
+    removed = freed = 0
+    now = time.time()
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = [d for d in dirnames if d != LOCKS_DIRNAME]
+        for name in filenames:
+            m = STORE_TEMP_RE.match(name)
+            path = Path(dirpath) / name
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not m or not stat_mod.S_ISREG(st.st_mode):
+                continue
+            if m["owner"]:
+                with dead_owner(base, m["owner"]) as dead:
+                    gone = dead and _unlink(path)
+            else:
+                gone = now - st.st_mtime >= STALE_TEMP_AGE_S and _unlink(path)
+            if gone:
+                removed, freed = removed + 1, freed + st.st_size
+    return removed, freed
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        os.unlink(path)
+    except OSError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class RecordView:
+    """An index record seen as a tree entry, so that the tree's filters (``EntryFilter``) and
+    the deletion output read it unchanged: modified = pushed, last use unknown."""
+
+    record: StoreRecord
+    status: EntryStatus
+
+    @property
+    def id(self):
+        return self.record.id
+
+    layout = property(lambda self: self.record.layout)
+    model = property(lambda self: self.record.model)
+    flashinfer_version = property(lambda self: self.record.flashinfer_version)
+    arch = property(lambda self: self.record.arch)
+    size_on_disk = property(lambda self: self.record.size)
+    size_on_disk_str = property(lambda self: format_size(self.record.size))
+    last_used = None
+
+    @property
+    def gpu_short(self) -> str:
+        g = self.record.gpu
+        return g.removeprefix("NVIDIA ").replace(" ", "-") if g else "-"
+
+    @property
+    def last_modified(self) -> float | None:
+        try:
+            return datetime.fromisoformat(self.record.pushed).timestamp()
+        except (TypeError, ValueError):
+            return None  # an unknown push time is never "older than" anything
+
+    def to_dict(self) -> dict:
+        return {**self.record.to_dict(), "status": self.status.value}
+
+
+def record_views(records: list[StoreRecord], fingerprint=None) -> list[RecordView]:
+    """Each record with its status: as pushed, or stale where ``fingerprint`` (``--env-from``)
+    says the serving image's FlashInfer would ignore it."""
+    out = []
+    for r in records:
+        status = EntryStatus(r.status_of)
+        if fingerprint is not None and fingerprint.compare(r.metadata).stale:
+            status = EntryStatus.STALE
+        out.append(RecordView(r, status))
+    return out
+
+
+def require_store_filters(flt: EntryFilter) -> None:
+    """A store keeps no access time: ``--unused-for`` would select nothing, or on a guess."""
+    if flt.unused_for is not None:
+        raise UsageError("a store does not record when an entry was last used: --unused-for works on a tree only "
+                         "(--older-than selects by push time)")
+
+
+@dataclass(frozen=True)
+class StoreDeletePlan:
+    """What ``rm URL`` / ``prune URL`` would delete; the shape of ``delete.DeletePlan`` so the
+    CLI prints and confirms both alike."""
+
+    store: Store
+    candidates: tuple[Candidate, ...]
+    left_alone: tuple[tuple[str, str], ...] = ()
+    leftovers: tuple = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.candidates
+
+    @property
+    def expected_freed_size_str(self) -> str:
+        return format_size(sum(c.freed for c in self.candidates))
+
+    def to_dict(self) -> dict:
+        return {"store": str(self.store), "entries": [{**c.entry.to_dict(), "reasons": list(c.reasons)}
+                                                      for c in self.candidates],
+                "left_alone": [{"entry": e, "reason": r} for e, r in self.left_alone],
+                "expected_freed_size": sum(c.freed for c in self.candidates)}
+
+    def check_writable(self) -> None:
+        check_deletable(self.store)
+
+    def execute(self) -> DeleteResult:
+        check_deletable(self.store)
+        removed, freed = sweep_temps(self.store)
+        deleted, skipped, errors = [], list(self.left_alone), []
+        try:
+            for cand in self.candidates:
+                why = delete_record(self.store, cand.entry.record)
+                if why is None:
+                    deleted.append((str(cand.entry.id), cand.freed))
+                elif why.startswith("!"):
+                    errors.append((str(cand.entry.id), why[1:]))
+                else:
+                    skipped.append((str(cand.entry.id), why))
+        finally:
+            self.store.release()
+        return DeleteResult(tuple(deleted), tuple(skipped), tuple(errors), removed, freed)
+
+
+def check_deletable(store: Store) -> None:
+    """Refuse to delete from a sealed store, or one that may be (its marker unreadable)."""
+    try:
+        store.check_writable()
+    except FiAutotuneError as e:
+        raise FiAutotuneError(str(e).replace("nothing was pushed", "nothing was deleted")
+                              + ("" if "read-only" not in str(e) else
+                                 f" (`fi-autotune push --unseal {store}` makes it writable)")) from None
+
+
+def delete_record(store: Store, rec: StoreRecord) -> str | None:
+    """Delete one published entry if its record still names ``rec``'s bundle: the record
+    first, then the bundle. None when deleted; else why it stayed ("!..." for an error)."""
+    try:
+        now = store.record(rec.layout, rec.id)
+    except FiAutotuneError as e:
+        return f"!{e}"
+    if now is None:
+        return "already deleted"
+    if now.sha256 != rec.sha256:
+        return "pushed again since the plan was made"
+    try:
+        store.fs.rm_file(store.record_path(rec.layout, rec.id))
+        crashpoint("store.record_removed")
+        with contextlib.suppress(FileNotFoundError):
+            store.fs.rm_file(store.root + "/" + rec.bundle)
+    except Exception as e:  # noqa: BLE001 - backends raise their own types
+        return f"!cannot delete from {store}: {type(e).__name__}: {str(e).strip()[:200]}"
+    return None
+
+
+def plan_store_delete(store: Store, flt: EntryFilter | None = None, refs: tuple[str, ...] = (),
+                      fingerprint=None, now: float | None = None) -> StoreDeletePlan:
+    """The records ``refs`` name (ids or unique bare keys: an unknown one fails before
+    anything), or those matching every filter of ``flt`` (at least one given)."""
+    store.require()
+    records = store.records()
+    if refs:
+        views = {str(v.id): v for v in record_views(records, fingerprint)}
+        picked = []
+        for ref in refs:
+            matches = [v for k, v in views.items() if ref in (k, v.id.name, str(v.id.path_str))]
+            if len(matches) > 1:
+                raise UsageError(f"{ref!r} names {len(matches)} entries in {store}; give one id: "
+                                 + ", ".join(str(v.id) for v in matches))
+            if not matches:
+                raise FiAutotuneError(f"no entry {ref!r} in {store}", hint=f"`fi-autotune ls {store}` lists them")
+            if matches[0] not in [c.entry for c in picked]:
+                picked.append(Candidate(matches[0], ("named",)))
+        return StoreDeletePlan(store, tuple(picked), _unreadable(store))
+    if flt is None or flt.empty:
+        raise UsageError("nothing selected: give at least one of --older-than, --flashinfer-version, --status, "
+                         "--model, --arch (or name entries with rm)")
+    require_store_filters(flt)
+    now = time.time() if now is None else now
+    cands = [Candidate(v, why) for v in record_views(records, fingerprint)
+             if (why := flt.reasons(v, now)) is not None]
+    return StoreDeletePlan(store, tuple(cands), _unreadable(store))
+
+
+def _unreadable(store: Store) -> tuple[tuple[str, str], ...]:
+    """Records that could not be read are never deleted on a guess: named, left alone."""
+    return tuple(("an index record", line) for line in store.unreadable)
+
+
+def unseal(store: Store) -> bool:
+    """Mark a sealed store writable again (the inverse of ``push --read-only``); False when it
+    was not sealed. A marker that cannot be read is not overwritten: it may say more than we
+    know (a newer format)."""
+    marker = store.require()
+    if "unreadable" in marker:
+        raise FiAutotuneError(f"{store}: its marker cannot be read ({marker['unreadable']}): not unsealing "
+                              f"on a guess (restore {MARKER} first)")
+    if not marker.get("read_only"):
+        return False
+    if marker["format"] > STORE_FORMAT:
+        raise FiAutotuneError(f"{store}: store format {marker['format']} is newer than this fi-autotune")
+    try:
+        store.put_marker(read_only=False)
+    finally:
+        store.release()
+    sweep_temps(store)
+    return True
