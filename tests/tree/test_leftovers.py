@@ -1,0 +1,199 @@
+"""What a killed command leaves is removed by the next one that touches that place - and only
+what is provably dead. Real processes killed with SIGKILL at an exact step
+(``FI_AUTOTUNE_CRASH_AT``), real files, a real tmpfs for the full disk; nothing mocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import filelock
+
+from autotune_cache.registry import default_layout
+from autotune_cache.tree.layout import LOCKS_DIRNAME, TRASH_DIR_RE, trash_name
+from tests.synthetic import default_fields, entry_path, write_fake_entry
+
+from ..conftest import run_cli, run_json
+
+SG = default_layout()
+STORE_TMP = re.compile(r"^\.tmp-")
+
+
+def store_temps(store: Path) -> list[Path]:
+    return sorted(p for p in store.rglob(".tmp-*") if LOCKS_DIRNAME not in p.parts)
+
+
+def two_entries(root: Path) -> list[str]:
+    return [str(write_fake_entry(root)),
+            str(write_fake_entry(root, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1))]
+
+
+# --- push to a file:// store ---------------------------------------------------------------------
+
+def test_a_killed_push_leaves_temp_files_the_next_push_removes(tmp_path):
+    """Killed with a temp file written (the marker, a bundle, then an index record under
+    index/): the next push removes every one of them at once - their owner is dead - and
+    publishes everything."""
+    root = tmp_path / "tree"
+    ids = two_entries(root)
+    for nth, where in ((2, "bundles"), (3, "index")):
+        store = tmp_path / f"store{nth}"
+        url = f"file://{store}"
+        killed = run_cli("push", url, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": f"store.temp_written:{nth}"})
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        temps = store_temps(store)
+        assert temps and any(where in t.parts for t in temps), temps
+        again = run_cli("push", url, "--cache-dir", str(root), "--json")
+        assert again.returncode == 0, again.stderr
+        assert "temp file(s) of an interrupted push" in again.stderr
+        assert store_temps(store) == []
+        assert sorted(e["id"] for e in run_json("ls", url)["entries"]) == sorted(ids)
+
+
+def test_a_live_pushers_temp_file_and_a_young_unowned_one_stay(tmp_path):
+    """Only dead files go: a temp whose owner's lock is held (a push in flight) stays, and so
+    does an older fi-autotune's temp (no owner in its name) younger than an hour; an hour-old one goes."""
+    root, store = tmp_path / "tree", tmp_path / "store"
+    two_entries(root)
+    url = f"file://{store}"
+    assert run_cli("push", url, "--cache-dir", str(root)).returncode == 0
+    token = "ab" * 6
+    lock_path = store / LOCKS_DIRNAME / "owners" / f"{token}.lock"
+    live = store / "bundles" / f".tmp-{token}-{'cd' * 6}"
+    young, old = store / "index" / f".tmp-{'ef' * 6}", store / "index" / f".tmp-{'01' * 6}"
+    for p in (live, young, old):
+        p.write_bytes(b"partial")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    held = filelock.FileLock(str(lock_path), timeout=0)
+    held.acquire()
+    try:
+        assert run_cli("push", url, "--cache-dir", str(root)).returncode == 0
+        assert live.exists() and young.exists() and not old.exists()
+    finally:
+        held.release()
+    assert run_cli("push", url, "--cache-dir", str(root)).returncode == 0
+    assert not live.exists() and young.exists()
+
+
+def test_a_full_disk_push_leaves_no_temp_file(tmp_path, tmpfs):
+    root = tmp_path / "tree"
+    two_entries(root)
+    disk = tmpfs("256k")
+    store = disk / "store"
+    assert run_cli("push", f"file://{store}", "--cache-dir", str(root)).returncode == 0
+    (tmp_path / "other").mkdir()
+    write_fake_entry(tmp_path / "other", fields=default_fields("org/big", tp=8, dp=8), arch="sm90", seed=7)
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:  # fill what is left
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    proc = run_cli("push", f"file://{store}", "--cache-dir", str(tmp_path / "other"))
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert store_temps(store) == []
+
+
+# --- convert into FlashInfer's managed store -------------------------------------------------------
+
+def v2_temps(v2root: Path) -> list[Path]:
+    return sorted(p for p in v2root.rglob(".fi-autotune-*.tmp"))
+
+
+def test_a_killed_convert_leaves_temps_that_a_rerun_and_prune_remove(tmp_path):
+    root, v2root = tmp_path / "tree", tmp_path / "v2"
+    eid = str(write_fake_entry(root))
+    args = ("convert", eid, "--layout", "flashinfer-v2", "--to", str(v2root), "--cache-dir", str(root))
+    killed = run_cli(*args, env={"FI_AUTOTUNE_CRASH_AT": "atomic.temp_written:3"})
+    assert killed.returncode == -signal.SIGKILL
+    assert [p.parent.name for p in v2_temps(v2root)] == ["entries"]
+    assert run_cli(*args).returncode == 0
+    assert v2_temps(v2root) == []
+
+    # killed again, then prune (no filter matching any entry) takes the temp under the entry's lock
+    env_dir = next((v2root / "v2").iterdir())
+    for f in (env_dir / "entries").iterdir():
+        f.unlink()
+    killed = run_cli(*args, env={"FI_AUTOTUNE_CRASH_AT": "atomic.temp_written:2"})
+    assert killed.returncode == -signal.SIGKILL and v2_temps(v2root)
+    pruned = run_json("prune", "--layout", "flashinfer-v2", "--cache-dir", str(v2root), "--model", "no-such-model",
+                      "-y", env={"FLASHINFER_AUTOTUNE_CACHE_DIR": str(v2root)})
+    assert pruned["result"]["leftovers_removed"] == 1 and pruned["result"]["deleted"] == []
+    assert v2_temps(v2root) == [] and list((env_dir / "entries").iterdir())  # the entries stay
+
+
+def test_prune_leaves_the_temps_of_an_entry_a_writer_holds(tmp_path):
+    """A temp file in an entry whose lock is held is a live writer's: it stays."""
+    root, v2root = tmp_path / "tree", tmp_path / "v2"
+    eid = str(write_fake_entry(root))
+    assert run_cli("convert", eid, "--layout", "flashinfer-v2", "--to", str(v2root), "--cache-dir", str(root)).returncode == 0
+    env_dir = next((v2root / "v2").iterdir())
+    temp = env_dir / "entries" / ".fi-autotune-x.json.0123456789ab.tmp"
+    temp.write_bytes(b"{")
+    lock = v2root / "v2" / LOCKS_DIRNAME / f"{env_dir.name}.lock"
+    assert lock.parent.is_dir(), sorted(p.name for p in (v2root / "v2").iterdir())
+    held = filelock.FileLock(str(lock), timeout=0)
+    held.acquire()
+    try:
+        run_json("prune", "--layout", "flashinfer-v2", "--cache-dir", str(v2root), "--model", "none", "-y")
+        assert temp.exists()
+    finally:
+        held.release()
+    run_json("prune", "--layout", "flashinfer-v2", "--cache-dir", str(v2root), "--model", "none", "-y")
+    assert not temp.exists()
+
+
+# --- rm killed midway ------------------------------------------------------------------------------
+
+def test_a_rerun_of_a_killed_rm_finishes_the_job(tmp_path):
+    root = tmp_path / "tree"
+    a, b = two_entries(root)
+    keep = str(write_fake_entry(root, fields=default_fields("org/keep", tp=2, dp=1), arch="sm90", seed=3))
+    killed = run_cli("rm", "-y", a, b, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "prune.renamed:1"})
+    assert killed.returncode == -signal.SIGKILL
+    assert any(TRASH_DIR_RE.match(p.name) for p in SG.base(root).rglob("*"))
+    again = run_cli("rm", "-y", a, b, "--cache-dir", str(root), "--json")
+    assert again.returncode == 0, again.stderr
+    out = json.loads(again.stdout)
+    assert out["plan"]["already_deleted"] == [a] and out["result"]["deleted"] == [b]
+    assert not any(TRASH_DIR_RE.match(p.name) for p in SG.base(root).rglob("*"))
+    assert [e["id"] for e in run_json("ls", "--cache-dir", str(root))["entries"]] == [keep]
+    gone = run_cli("rm", "-y", a, "--cache-dir", str(root))  # nothing in flight any more: an unknown id again
+    assert gone.returncode == 1 and "no cache entry" in gone.stderr
+
+
+def test_a_killed_rm_after_its_last_removal_is_still_finished(tmp_path):
+    """The emptied trash dirs stay until the whole plan has run: a kill at the last entry still
+    leaves the record of every one deleted before it."""
+    root = tmp_path / "tree"
+    a, b = two_entries(root)
+    killed = run_cli("rm", "-y", a, b, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "prune.renamed:2"})
+    assert killed.returncode == -signal.SIGKILL
+    again = run_cli("rm", "-y", a, b, "--cache-dir", str(root))
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("already deleted") == 2, again.stderr
+    assert not SG.base(root).exists() or not any(TRASH_DIR_RE.match(p.name) for p in SG.base(root).rglob("*"))
+
+
+def test_a_live_deleters_trash_is_not_already_deleted(tmp_path):
+    """A trash dir whose owner is alive (an rm in flight) proves nothing to another rm: the id is unknown."""
+    root = tmp_path / "tree"
+    a, _ = two_entries(root)
+    path = entry_path(root, SG.parse_id(a))
+    token = "12" * 6
+    os.rename(path, path.parent / trash_name(token, path.name))
+    lock = filelock.FileLock(str(SG.base(root) / LOCKS_DIRNAME / "owners" / f"{token}.lock"), timeout=0)
+    lock.acquire()
+    try:
+        proc = run_cli("rm", "-y", a, "--cache-dir", str(root))
+        assert proc.returncode == 1 and "no cache entry" in proc.stderr, proc.stderr
+        assert (path.parent / trash_name(token, path.name)).is_dir()
+    finally:
+        lock.release()

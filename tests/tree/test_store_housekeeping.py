@@ -1,0 +1,239 @@
+"""Stores that can shrink, be unsealed, and be talked to as the tree is: ``rm URL``, ``prune
+URL``, ``push --unseal``, URL-first transfers, ``--dry-run``, ``--timeout`` and ``ls URL``'s
+status - over a file:// store and a real S3 server on loopback (moto), with real processes."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.synthetic import default_fields, write_fake_entry
+
+from ..conftest import run_cli
+from .test_pull_verify import StoreFiles, cli, store  # noqa: F401 - the store fixture (file:// and S3)
+from .test_store_limits import HangingServer
+
+
+def keys(store: StoreFiles) -> list[str]:
+    """Every object of the store, relative to its root (our lock files left out)."""
+    if store.path is not None:
+        return sorted(str(p.relative_to(store.path)) for p in store.path.rglob("*")
+                      if p.is_file() and ".fi-autotune-locks" not in p.parts)
+    got = store.s3["client"].list_objects_v2(Bucket=store.s3["bucket"], Prefix="caches/").get("Contents", [])
+    return sorted(o["Key"].removeprefix("caches/") for o in got)
+
+
+def ok(*args) -> dict:
+    proc = cli(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def published(store: StoreFiles, root: Path) -> list[str]:
+    ids = [str(write_fake_entry(root)),
+           str(write_fake_entry(root, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1)),
+           str(write_fake_entry(root, fields=default_fields("org/m2", tp=2, dp=1), arch="sm90", seed=2))]
+    ok("push", store.url, "--cache-dir", str(root))
+    return sorted(ids)
+
+
+def listed(store: StoreFiles) -> list[str]:
+    return sorted(e["id"] for e in ok("ls", store.url)["entries"])
+
+
+def test_rm_and_prune_a_store_plan_then_delete(store, tmp_path):
+    ids = published(store, tmp_path / "tree")
+    sm100 = [i for i in ids if "/sm100/" in i]
+    before = keys(store)
+    dry = ok("rm", store.url, sm100[0], "--dry-run")
+    assert [e["id"] for e in dry["plan"]["entries"]] == sm100 and dry["result"] is None
+    assert keys(store) == before
+    refused = cli("rm", store.url, sm100[0])  # no -y on a non-interactive input
+    assert refused.returncode == 2 and keys(store) == before
+    done = ok("rm", "-y", store.url, sm100[0])
+    assert done["result"]["deleted"] == sm100
+    assert listed(store) == [i for i in ids if i not in sm100]
+    assert not any(sm100[0] in k for k in keys(store))  # record and bundle both gone
+
+    unknown = cli("rm", "-y", store.url, "0.7.2.post1/sm90/ffffffffffffffff")
+    assert unknown.returncode == 1 and len(unknown.stderr.strip().splitlines()) <= 2
+    assert listed(store) == [i for i in ids if i not in sm100]
+
+    nothing = cli("prune", store.url, "-y")
+    assert nothing.returncode == 2 and "nothing selected" in nothing.stderr
+    assert cli("prune", store.url, "--unused-for", "1d", "-y").returncode == 2  # a store keeps no access time
+    plan = ok("prune", store.url, "--arch", "sm90", "--dry-run")
+    assert sorted(e["id"] for e in plan["plan"]["entries"]) == [i for i in ids if "/sm90/" in i]
+    young = ok("prune", store.url, "--older-than", "1h", "-y")
+    assert young["plan"]["entries"] == [] and len(listed(store)) == 2
+    pruned = ok("prune", store.url, "--arch", "sm90", "-y")
+    assert sorted(pruned["result"]["deleted"]) == [i for i in ids if "/sm90/" in i]
+    assert listed(store) == []
+    assert [k for k in keys(store) if k.startswith(("index/", "bundles/"))] == []
+
+
+def test_a_sealed_store_refuses_rm_and_prune_until_unsealed(store, tmp_path):
+    root = tmp_path / "tree"
+    ids = published(store, root)
+    ok("push", store.url, "--cache-dir", str(root), "--read-only")
+    for args in (("rm", "-y", store.url, ids[0]), ("prune", store.url, "--arch", "sm90", "-y")):
+        proc = cli(*args)
+        assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "read-only" in proc.stderr and "--unseal" in proc.stderr
+    assert listed(store) == ids
+    assert cli("push", store.url, "--unseal", ids[0]).returncode == 2  # unsealing pushes nothing
+    assert ok("push", "--unseal", store.url)["unsealed"] is True
+    assert ok("push", "--unseal", store.url)["unsealed"] is False
+    assert ok("rm", "-y", store.url, ids[0])["result"]["deleted"] == [ids[0]]
+
+
+def test_an_unreadable_marker_is_neither_deleted_from_nor_unsealed(tmp_path):
+    root, path = tmp_path / "tree", tmp_path / "store"
+    files = StoreFiles(f"file://{path}", path=path)
+    ids = published(files, root)
+    (path / "fi-autotune-store.json").write_text('{"format": 1, "read_o')
+    assert cli("rm", "-y", files.url, ids[0]).returncode == 1
+    proc = cli("push", "--unseal", files.url)
+    assert proc.returncode == 1 and "cannot be read" in proc.stderr
+    assert (path / "fi-autotune-store.json").read_text() == '{"format": 1, "read_o'
+
+
+def test_a_killed_store_rm_never_leaves_a_record_without_its_bundle(store, tmp_path):
+    """Killed between its two deletes, ``rm`` has removed the record, not yet the bundle: no
+    reader meets a dangling record; a pull of the rest works, the bundle is just unreferenced."""
+    root = tmp_path / "tree"
+    ids = published(store, root)
+    killed = run_cli("rm", "-y", store.url, ids[0], env={"FI_AUTOTUNE_CRASH_AT": "store.record_removed"})
+    assert killed.returncode == -signal.SIGKILL
+    assert listed(store) == ids[1:]
+    assert any(k.startswith("bundles/") and ids[0] in k for k in keys(store))  # the bundle, unreferenced
+    pulled = ok("pull", store.url, "--cache-dir", str(tmp_path / "dest"), "--any-env")
+    assert sorted(pulled["imported"]) == ids[1:]
+
+
+def test_rm_skips_an_entry_pushed_again_since_the_plan(tmp_path):
+    root, path = tmp_path / "tree", tmp_path / "store"
+    files = StoreFiles(f"file://{path}", path=path)
+    ids = published(files, root)
+    rec = files.record(ids[0])
+    rec["sha256"] = "0" * 64  # as if pushed again with other bytes between plan and delete
+    from autotune_cache.tree.store import Store
+    from autotune_cache.tree.storehouse import plan_store_delete
+
+    plan = plan_store_delete(Store(files.url), refs=(ids[0],))
+    files.put_record(ids[0], {**rec, "bundle": rec["bundle"].rsplit("/", 1)[0] + "/" + "0" * 64 + ".tar.gz"})
+    result = plan.execute()
+    assert result.deleted == () and result.skipped == ((ids[0], "pushed again since the plan was made"),)
+    assert (path / f"index/sglang/{ids[0]}.json").exists()
+
+
+# --- the transfer surface --------------------------------------------------------------------------
+
+def test_push_takes_the_url_first_or_last_and_suggests_file_urls(tmp_path):
+    root, path = tmp_path / "tree", tmp_path / "store"
+    ids = [str(write_fake_entry(root)),
+           str(write_fake_entry(root, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1))]
+    url = f"file://{path}"
+    assert ok("push", url, ids[0], "--cache-dir", str(root))["pushed"] == [ids[0]]
+    assert ok("push", ids[1], url, "--cache-dir", str(root))["pushed"] == [ids[1]]  # the old order still works
+    proc = cli("push", str(tmp_path / "store2"), "--cache-dir", str(root))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert f"file://{tmp_path / 'store2'}" in proc.stderr
+    assert "URL [ID]..." in cli("push", "--help").stdout
+
+
+def test_dry_run_transfers_change_nothing(tmp_path):
+    root, path, dest = tmp_path / "tree", tmp_path / "store", tmp_path / "dest"
+    ids = sorted([str(write_fake_entry(root)),
+                  str(write_fake_entry(root, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1))])
+    url = f"file://{path}"
+    would = ok("push", url, "--cache-dir", str(root), "--dry-run")
+    assert would["dry_run"] is True and sorted(e["id"] for e in would["entries"]) == ids and not path.exists()
+    ok("push", url, "--cache-dir", str(root))
+    would = ok("pull", url, "--cache-dir", str(dest), "--dry-run", "--any-env")
+    assert sorted(e["id"] for e in would["entries"]) == ids and not dest.exists()
+    archive = tmp_path / "a.tgz"
+    would = ok("export", "-o", str(archive), "--cache-dir", str(root), "--dry-run")
+    assert sorted(e["id"] for e in would["entries"]) == ids and not archive.exists()
+    assert cli("export", "-o", str(archive), "--cache-dir", str(root)).returncode == 0
+    would = ok("import", str(archive), "--cache-dir", str(dest), "--dry-run")
+    assert sorted(e["id"] for e in would["entries"]) == ids and all(e["size"] > 0 for e in would["entries"])
+    assert not dest.exists()
+    human = cli("pull", url, "--cache-dir", str(dest), "--dry-run", "--any-env")
+    assert human.returncode == 0 and "would pull" in human.stdout and "nothing was changed" in human.stdout
+
+
+def test_ls_url_shows_each_entrys_status(tmp_path):
+    root, path = tmp_path / "tree", tmp_path / "store"
+    done = str(write_fake_entry(root))
+    bare = str(write_fake_entry(root, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1,
+                                with_manifest=False))
+    url = f"file://{path}"
+    ok("push", url, "--cache-dir", str(root), "--include-incomplete")
+    got = {e["id"]: e["status"] for e in ok("ls", url)["entries"]}
+    assert got == {done: "complete", bare: "unverified"}
+    assert cli("ls", "-q", url, "--status", "unverified").stdout.split() == [bare]
+    table = cli("ls", url).stdout
+    assert "STATUS" in table.splitlines()[0] and "1 unverified, 1 complete)" in table
+    rec = json.loads((path / f"index/sglang/{done}.json").read_text())
+    del rec["status"]  # a record of an older push: complete only because a manifest counted its files
+    (path / f"index/sglang/{done}.json").write_text(json.dumps(rec))
+    assert {e["id"]: e["status"] for e in ok("ls", url)["entries"]}[done] == "complete"
+
+
+# --- timeouts ----------------------------------------------------------------------------------------
+
+def test_the_timeout_option_bounds_every_store_command(tmp_path):
+    server = HangingServer()
+    url = f"http://127.0.0.1:{server.port}/caches"
+    try:
+        for args in (["ls", url], ["pull", url, "--cache-dir", str(tmp_path / "d"), "--any-env"],
+                     ["check", "--store", url, "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--arch", "sm90",
+                      "--moe-runner-backend", "flashinfer_cutlass"]):
+            t0 = time.monotonic()
+            proc = run_cli(*args, "--timeout", "1", env={"FI_AUTOTUNE_STORE_TIMEOUT": "600"}, timeout=90)
+            assert proc.returncode == 1 and "no answer within 1 s" in proc.stderr, (args, proc.stderr)
+            assert "Traceback" not in proc.stderr and time.monotonic() - t0 < 30
+    finally:
+        server.close()
+    for bad in ("0", "-1", "soon", "inf"):
+        proc = run_cli("ls", f"file://{tmp_path}", "--timeout", bad)
+        assert proc.returncode == 2 and "--timeout" in proc.stderr, (bad, proc.stderr)
+    for cmd in (["push"], ["pull"], ["ls"], ["rm"], ["prune"], ["check"], ["warm"], ["diff"]):
+        assert "--timeout" in run_cli(*cmd, "--help").stdout, cmd
+
+
+def test_gcs_gets_its_timeouts_through_the_keyword_gcsfs_takes(monkeypatch):
+    """No GCS server can run here: a recorder stands in for gcsfs's filesystem class and keeps the
+    keyword arguments our store passes; the real class is checked to take that keyword."""
+    gcsfs = pytest.importorskip("gcsfs")
+    import fsspec
+
+    from autotune_cache.tree.store import Store
+
+    # gcsfs.GCSFileSystem (fsspec's gs://) hands its keywords on to gcsfs.core's, which names it
+    assert "requests_timeout" in inspect.signature(gcsfs.core.GCSFileSystem.__init__).parameters
+    seen = {}
+
+    class Recorder(gcsfs.GCSFileSystem):
+        cachable = False
+
+        def __init__(self, *args, **kwargs):  # records, connects nowhere
+            seen.update(kwargs)
+
+    real = fsspec.get_filesystem_class("gs")
+    fsspec.register_implementation("gs", Recorder, clobber=True)
+    try:
+        monkeypatch.setenv("FI_AUTOTUNE_STORE_TIMEOUT", "600")
+        Store("gs://bucket/caches", timeout=7)
+        limits = seen["requests_timeout"]
+        assert (limits.sock_read, limits.sock_connect, limits.total) == (7, 7, None)
+        Store("gs://bucket/caches")
+        assert seen["requests_timeout"].sock_read == 600 and seen["requests_timeout"].sock_connect == 10
+    finally:
+        fsspec.register_implementation("gs", real, clobber=True)
