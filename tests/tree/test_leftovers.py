@@ -137,6 +137,8 @@ def test_prune_leaves_the_temps_of_an_entry_a_writer_holds(tmp_path):
     env_dir = next((v2root / "v2").iterdir())
     temp = env_dir / "entries" / ".fi-autotune-x.json.0123456789ab.tmp"
     temp.write_bytes(b"{")
+    engines = env_dir / "entries" / ".autotune_x.tmp"  # FlashInfer's own, written with no lock: only age says dead
+    engines.write_bytes(b"{")
     lock = v2root / "v2" / LOCKS_DIRNAME / f"{env_dir.name}.lock"
     assert lock.parent.is_dir(), sorted(p.name for p in (v2root / "v2").iterdir())
     held = filelock.FileLock(str(lock), timeout=0)
@@ -147,7 +149,7 @@ def test_prune_leaves_the_temps_of_an_entry_a_writer_holds(tmp_path):
     finally:
         held.release()
     run_json("prune", "--layout", "flashinfer-v2", "--cache-dir", str(v2root), "--model", "none", "-y")
-    assert not temp.exists()
+    assert not temp.exists() and engines.exists()
 
 
 # --- rm killed midway ------------------------------------------------------------------------------
@@ -159,6 +161,8 @@ def test_a_rerun_of_a_killed_rm_finishes_the_job(tmp_path):
     killed = run_cli("rm", "-y", a, b, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "prune.renamed:1"})
     assert killed.returncode == -signal.SIGKILL
     assert any(TRASH_DIR_RE.match(p.name) for p in SG.base(root).rglob("*"))
+    other = run_cli("rm", "-y", "0.7.2.post1/sm90/ffffffffffffffff", "--cache-dir", str(root))
+    assert other.returncode == 1 and "no cache entry" in other.stderr  # in flight: A only
     again = run_cli("rm", "-y", a, b, "--cache-dir", str(root), "--json")
     assert again.returncode == 0, again.stderr
     out = json.loads(again.stdout)

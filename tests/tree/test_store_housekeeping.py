@@ -10,8 +10,11 @@ import signal
 import time
 from pathlib import Path
 
+import fsspec
 import pytest
 
+from autotune_cache.tree.store import Store
+from autotune_cache.tree.storehouse import plan_store_delete
 from tests.synthetic import default_fields, write_fake_entry
 
 from ..conftest import run_cli
@@ -122,9 +125,6 @@ def test_rm_skips_an_entry_pushed_again_since_the_plan(tmp_path):
     ids = published(files, root)
     rec = files.record(ids[0])
     rec["sha256"] = "0" * 64  # as if pushed again with other bytes between plan and delete
-    from autotune_cache.tree.store import Store
-    from autotune_cache.tree.storehouse import plan_store_delete
-
     plan = plan_store_delete(Store(files.url), refs=(ids[0],))
     files.put_record(ids[0], {**rec, "bundle": rec["bundle"].rsplit("/", 1)[0] + "/" + "0" * 64 + ".tar.gz"})
     result = plan.execute()
@@ -212,10 +212,6 @@ def test_gcs_gets_its_timeouts_through_the_keyword_gcsfs_takes(monkeypatch):
     """No GCS server can run here: a recorder stands in for gcsfs's filesystem class and keeps the
     keyword arguments our store passes; the real class is checked to take that keyword."""
     gcsfs = pytest.importorskip("gcsfs")
-    import fsspec
-
-    from autotune_cache.tree.store import Store
-
     # gcsfs.GCSFileSystem (fsspec's gs://) hands its keywords on to gcsfs.core's, which names it
     assert "requests_timeout" in inspect.signature(gcsfs.core.GCSFileSystem.__init__).parameters
     seen = {}
