@@ -97,13 +97,16 @@ def write_new_file(path: Path, data: bytes, mode: int = 0o644) -> os.stat_result
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` so that no reader can ever see a prefix of it."""
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, tmp_name: str | None = None,
+                       step: str = "atomic.temp_written") -> None:
+    """Replace ``path`` with ``data`` so that no reader can ever see a prefix of it. The temp
+    file beside it is ``tmp_name`` (a store's names carry their owner), else ours; a write that
+    fails (a full disk) removes it. ``step``: its ``crashpoint`` once the temp file is whole."""
     path = Path(path)
-    tmp = path.parent / f"{OUR_PREFIX}{path.name}.{secrets.token_hex(6)}.tmp"
+    tmp = path.parent / (tmp_name or f"{OUR_PREFIX}{path.name}.{secrets.token_hex(6)}.tmp")
     try:
         write_new_file(tmp, data, mode)
-        crashpoint("atomic.temp_written")
+        crashpoint(step)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

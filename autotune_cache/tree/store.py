@@ -22,11 +22,9 @@ from URLs in messages.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
-import os
 import posixpath
 import secrets
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ from urllib.parse import urlsplit
 from autotune_cache.version import __version__
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.archive import export_entries
-from autotune_cache.tree.atomic import crashpoint
+from autotune_cache.tree.atomic import atomic_write_bytes, crashpoint
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.locks import hold_owner_lock, release_owner_lock
 from autotune_cache.tree.storeio import TIMEOUT_ENV, TooLarge, is_timeout, read_capped, store_timeout, timeout_options
@@ -257,18 +255,8 @@ class Store:
             directory = posixpath.dirname(path)
             self.fs.makedirs(directory, exist_ok=True)
             token = hold_owner_lock(Path(self.root))
-            tmp = posixpath.join(directory, f"{TEMP_PREFIX}{token}-{secrets.token_hex(6)}")
-            try:
-                with open(tmp, "xb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                crashpoint("store.temp_written")
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            atomic_write_bytes(Path(path), data, tmp_name=f"{TEMP_PREFIX}{token}-{secrets.token_hex(6)}",
+                               step="store.temp_written")
         else:
             self.fs.pipe_file(path, data)
 

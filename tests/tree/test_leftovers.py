@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import time
 from pathlib import Path
@@ -20,7 +19,6 @@ from tests.synthetic import default_fields, entry_path, write_fake_entry
 from ..conftest import run_cli, run_json
 
 SG = default_layout()
-STORE_TMP = re.compile(r"^\.tmp-")
 
 
 def store_temps(store: Path) -> list[Path]:
