@@ -155,6 +155,8 @@ def rm_cmd(refs, cache_dir, layouts, dry_run, yes, as_json, quiet):
     "already deleted" (not an error), and the rest are deleted.
     """
     out = Output(as_json, quiet)
+    if any(is_store_url(r) for r in refs[1:]):
+        raise UsageError("give the store URL first: rm URL ID...")
     if is_store_url(refs[0]):
         if len(refs) == 1:
             raise UsageError("name the entries to delete from the store: rm URL ID...")

@@ -63,6 +63,7 @@ def test_rm_and_prune_a_store_plan_then_delete(store, tmp_path):
     assert listed(store) == [i for i in ids if i not in sm100]
     assert not any(sm100[0] in k for k in keys(store))  # record and bundle both gone
 
+    assert cli("rm", "-y", sm100[0], store.url).returncode == 2  # the URL goes first
     unknown = cli("rm", "-y", store.url, "0.7.2.post1/sm90/ffffffffffffffff")
     assert unknown.returncode == 1 and len(unknown.stderr.strip().splitlines()) <= 2
     assert listed(store) == [i for i in ids if i not in sm100]
