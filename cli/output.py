@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import click
 
@@ -45,6 +45,37 @@ class Output:
                 click.echo(i, err=self.err)
         else:
             self.human(human)
+
+    def emit_stream(
+        self,
+        *,
+        human: Callable[[], None],
+        head: dict,
+        items_key: str,
+        items: Iterable[dict],
+        tail: Callable[[], dict],
+        id_key: str = "id",
+    ) -> None:
+        """``emit`` for results too many to hold (``ls`` of 100,000 entries): ``--json`` writes
+        the very object ``emit`` would (``head``'s fields, the items under ``items_key``, then
+        ``tail()``'s fields, computed once the items are out), item by item; ``-q`` writes each
+        item's id as it comes; the human view holds what it needs (a table needs its rows)."""
+        if self.mode is Mode.HUMAN:
+            human()
+            return
+        write = (sys.stderr if self.err else sys.stdout).write
+        if self.mode is Mode.QUIET:
+            for item in items:
+                write(f"{item[id_key]}\n")
+            return
+        fields = [f"  {json.dumps(k)}: {_nested(v, 2)}" for k, v in head.items()]
+        write("{\n" + "".join(f + ",\n" for f in fields) + f"  {json.dumps(items_key)}: [")
+        count = 0
+        for item in items:
+            write(("\n" if not count else ",\n") + "    " + _nested(item, 4))
+            count += 1
+        write("\n  ]" if count else "]")
+        write("".join(f",\n  {json.dumps(k)}: {_nested(v, 2)}" for k, v in tail().items()) + "\n}\n")
 
     def human(self, view: Callable[[], None] | None) -> None:
         """Run a human view now (a plan shown before asking to confirm); nothing in other modes."""
@@ -80,3 +111,8 @@ class Output:
     def error(self, text: str) -> None:
         """A failure that does not stop the command (the command exits non-zero at the end)."""
         click.echo(f"{PROG}: error: {text}", err=True)
+
+
+def _nested(value: Any, indent: int) -> str:
+    """``value`` as ``json.dumps(indent=2)`` writes it nested ``indent`` spaces deep."""
+    return json.dumps(value, indent=2, default=str).replace("\n", "\n" + " " * indent)

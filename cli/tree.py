@@ -1,183 +1,22 @@
-"""``ls`` and ``show``: the cache tree as a user sees it."""
+"""``show`` and what the tree commands share: scanning the trees ids name, finishing interrupted
+writes before reading (``ls`` is in ``lscmd``)."""
 
 from __future__ import annotations
-
-import time
 
 import click
 
 from autotune_cache.errors import FiAutotuneError
-from autotune_cache.humanize import format_size, plural
-from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.rankfile import summarize_ops
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.tune.quality import selection_summary
-from autotune_cache.tree.scan import CacheEntry, map_entries, scan_cache
-from autotune_cache.tree.store import Store
-from autotune_cache.tree.storehouse import record_views, require_store_filters
-from autotune_cache.tree.status import EntryStatus
+from autotune_cache.tree.scan import CacheEntry, scan_cache
 from autotune_cache.tree.recovery import recover_journals
 
 from .output import Output
 from .params import (
-    cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, flatten, json_option,
-    layout_option, quiet_option, staleness_fingerprint, timeout_option, trees,
+    cache_dir_option, check_env_option, entry_filter, env_from_option, flatten, json_option, layout_option,
+    staleness_fingerprint, trees,
 )
-
-SORTS = {
-    "id": lambda e: e["id"],
-    "key": lambda e: (e["key"], e["id"]),
-    "model": lambda e: ((e["model"] or "~").lower(), e["id"]),
-    "size": lambda e: (-e["size_on_disk"], e["id"]),
-    "modified": lambda e: (-e["last_modified"], e["id"]),
-    "used": lambda e: (-(e["last_used"] or 0), e["id"]),
-    "status": lambda e: (e["status"], e["id"]),
-}
-
-HEADERS = ["ID", "LAYOUT", "MODEL", "GPU", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "USED", "STATUS"]
-
-LS_HELP = """List cache entries (one per key dir) with their status.
-
-\b
-Columns:
-  ID        <flashinfer version>/<arch>/<key> (SGLang); <layout>:<...> for the other layouts: what show,
-            rm, export and verify take
-  LAYOUT    whose tree: sglang, flashinfer-v2 (FlashInfer's managed store; CONFIGS: its entries)
-  MODEL     the served model path (from fi-autotune's manifest; '-' for engine-written entries)
-  GPU       the GPU the files were tuned on (H100 and H200 are both sm90 and share one path)
-  PARALLEL  tp8 dp8a ep1 = tensor parallel 8, data parallel 8 with dp-attention (dp2r: 2 replicas),
-            expert parallel 1; pp2 when pipelined; ep? = not recorded (no manifest)
-  RANKS     rank files present / expected
-  MODIFIED  last write; USED: last read by an engine (access time; 'unknown' on noatime mounts)
-  STATUS    complete, incomplete (ranks missing), diverged (rank files of one TP group differ: SGLang
-            deletes and re-tunes), corrupt, stale (the fingerprint's FlashInfer would ignore it),
-            unreadable
-"""
-
-
-def _summary(e: CacheEntry, full: bool) -> dict:
-    """What ls needs of an entry, computed where it was scanned (maybe a child process), so only
-    this small dict crosses the pipe."""
-    d = e.to_dict() if full else {
-        "id": str(e.id), "key": e.key, "model": e.model, "status": e.status.value,
-        "size_on_disk": e.size_on_disk, "last_modified": e.last_modified, "last_used": e.last_used,
-        "rank_files": len(e.rank_files),
-    }
-    d["row"] = [str(e.id), e.layout, e.model or "-", e.gpu_short, e.parallel_str, e.ranks_str, str(e.num_configs),
-                e.size_on_disk_str, e.last_modified_str, e.last_used_str, e.status.value]
-    d["notes"] = ([f"{e.id}: {p}" for p in e.problems] + [f"{e.id}: {n}" for n in e.notes]
-                  + [f"{e.id}: {f.kind}: {f.path.name}: {f.message}" for f in e.foreign])
-    return d
-
-
-@click.command("ls", help=LS_HELP)
-@click.argument("store", required=False, metavar="[STORE_URL]")
-@cache_dir_option
-@layout_option
-@filter_options
-@click.option("--sort", type=click.Choice(sorted(SORTS)), default="id", show_default=True)
-@env_from_option
-@check_env_option
-@timeout_option
-@json_option
-@quiet_option
-def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, sort, env_from, check_env,
-           as_json, quiet):
-    out = Output(as_json, quiet)
-    if store is not None:
-        return _ls_store(out, store, entry_filter(model, versions, arch, status, older_than, unused_for), env_from)
-    targets = trees(cache_dir, layouts, every_existing=True)
-    flt = entry_filter(model, versions, arch, status, older_than, unused_for)
-    fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
-    now = time.time()
-
-    def pick(e: CacheEntry):
-        return _summary(e, as_json) if flt.reasons(e, now) is not None else None
-
-    summaries, findings = [], []
-    for layout, root in targets:
-        for done in recover_journals_quietly(root.path, layout):
-            out.note(done)
-        found, seen = map_entries(root.path, pick, layout=layout, fingerprint=fingerprint)
-        summaries += found
-        findings += seen
-    entries = sorted((s for s in summaries if s is not None), key=SORTS[sort])
-    where = ", ".join(str(root.path) for _, root in targets)
-    counts = {s: sum(1 for e in entries if e["status"] == s) for s in EntryStatus.names()}
-    totals = {
-        "entries": len(entries),
-        "rank_files": sum(e["rank_files"] if isinstance(e["rank_files"], int) else len(e["rank_files"]) for e in entries),
-        "size_on_disk": sum(e["size_on_disk"] for e in entries),
-        "by_status": {s: n for s, n in counts.items() if n},
-        "in_tree": len(summaries),  # before the filters: an empty answer is not an empty tree
-    }
-
-    def human() -> None:
-        if entries:
-            out.table(HEADERS, [e["row"] for e in entries])
-        by_status = ", ".join(f"{n} {s}" for s, n in totals["by_status"].items())
-        if totals["in_tree"] > len(entries):  # the filters left some out: say so, never "nothing cached"
-            by_status = (by_status + "; " if by_status else "no entry matches the filters; ") + \
-                f"{totals['in_tree']} in the tree"
-        by_status = by_status or "nothing cached"
-        out.line(f"\n{plural(len(entries), 'entry', 'entries')}, {plural(totals['rank_files'], 'rank file')}, "
-                 f"{format_size(totals['size_on_disk'])} in {where} ({by_status})")
-        for e in entries:
-            for note in e["notes"]:
-                out.note(note)
-        for f in findings:
-            out.note(f"{f.kind}: {f.path}: {f.message}")
-
-    def data() -> dict:
-        for e in entries:
-            del e["row"], e["notes"]
-        return {
-            "root": str(targets[0][1].path) if len(targets) == 1 else None,
-            "roots": {layout.name: str(root.path) for layout, root in targets},
-            "fingerprint": fingerprint.to_dict() if fingerprint else None,
-            "entries": entries,
-            "findings": [f.to_dict() for f in findings] + [f for e in entries for f in e["foreign"]],
-            "totals": totals,
-        }
-
-    out.emit(human=human, data=data, ids=[e["id"] for e in entries])
-
-
-STORE_HEADERS = ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "SIZE", "PUSHED", "SHA256", "STATUS"]
-
-
-def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
-    """``ls URL``: the entries published in a store (from its index records), filtered as the
-    tree's are (``--older-than``: by push time), each with a status as ``ls`` gives one."""
-    require_store_filters(flt)
-    store = Store(url)
-    records = store.records()
-    for line in store.unreadable:  # one bad record is named, the others list
-        out.warn(line)
-    now = time.time()
-    fp = Fingerprint.load(env_from) if env_from else None
-    views = sorted((v for v in record_views(records, fp) if flt.reasons(v, now) is not None), key=lambda v: str(v.id))
-
-    def human() -> None:
-        def parallel(r) -> str:
-            t = r.topology or {}
-            if not t:
-                return "-"
-            dp = f" dp{t['dp']}{'a' if t.get('dp_attention') else 'r'}" if t.get("dp", 1) > 1 else ""
-            return f"tp{t['tp']}{dp} ep{r.ep if r.ep is not None else '?'}"
-
-        if views:
-            out.table(STORE_HEADERS, [[str(v.id), v.model or "-", v.gpu_short, parallel(v.record), str(v.record.rank_files),
-                                       v.size_on_disk_str, v.record.pushed or "-", v.record.sha256[:12], v.status.value]
-                                      for v in views])
-        by_status = ", ".join(f"{n} {s}" for s in EntryStatus.names()
-                              if (n := sum(1 for v in views if v.status.value == s)))
-        out.line(f"\n{plural(len(views), 'entry', 'entries')} in {store}" + (f" ({by_status})" if by_status else ""))
-
-    out.emit(human=human, ids=[str(v.id) for v in views],
-             data=lambda: {"store": str(store), "entries": [{**v.to_dict(), "stale": v.status == EntryStatus.STALE}
-                                                            for v in views],
-                           "unreadable": list(store.unreadable)})
 
 
 def recover_journals_quietly(root, layout=None) -> list[str]:

@@ -82,6 +82,12 @@ class DigestIndex:
         self.learned[key] = _VALUE.pack(bytes.fromhex(sha256), configs, meta_id)
 
     # across forked scanners ---------------------------------------------------------------------
+    def start_delta(self) -> None:
+        """In a forked child: report only what this child reads from here on (a child of a later
+        batch would otherwise send back everything the parent had already merged)."""
+        self.used = set()
+        self.learned = {}
+
     def delta(self) -> tuple:
         """What this process learned and used, for the parent (metadata by value: ids differ)."""
         learned = {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import os
 import pickle
 from pathlib import Path
@@ -26,23 +27,27 @@ from autotune_cache.tree.digestindex import DigestIndex
 from autotune_cache.tree.entry_scan import scan_entry
 from autotune_cache.tree.layout import CacheLayout
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
-from autotune_cache.tree.walk import list_entry_dirs
+from autotune_cache.tree.walk import iter_entry_dirs, list_entry_dirs
 
-__all__ = ["CacheEntry", "CacheInfo", "Finding", "PARALLEL_MIN_ENTRIES", "map_entries", "scan_cache", "scan_entry"]
+__all__ = ["CacheEntry", "CacheInfo", "Finding", "PARALLEL_MIN_ENTRIES", "STREAM_BATCH", "iter_entries", "map_entries", "scan_cache", "scan_entry"]
 
 
 @contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
+def _no_cyclic_gc(freeze: bool = True) -> Iterator[None]:
     """Scanning allocates many small long-lived objects; the cyclic GC would re-walk them again
-    and again (a third of the time on a 10,000-entry tree) without ever finding a cycle."""
+    and again (a third of the time on a 10,000-entry tree) without ever finding a cycle.
+
+    ``freeze``: what the scan made lives until the command ends, so move it out of the
+    collector's sight rather than have the first collection after this walk all of it. A
+    streamed scan (``iter_entries``) drops each batch instead: frozen, its garbage would stay.
+    """
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        # What the scan made lives until the command ends: move it out of the collector's sight
-        # rather than have the first collection after this walk all of it.
-        gc.freeze()
+        if freeze:
+            gc.freeze()
         if enabled:
             gc.enable()
 
@@ -76,64 +81,110 @@ def map_entries(
     fingerprint: Fingerprint | None = None,
     jobs: int | None = None,
 ) -> tuple[list[T], list[Finding]]:
-    """``[fn(entry) for entry in scan]``, spread over forked processes on large trees.
+    """``[fn(entry) for entry in scan]``, spread over forked processes on large trees."""
+    results: list[T] = []
+    batches, findings = iter_entries(root, fn, layout, fingerprint, jobs, batch=None)
+    for part in batches:
+        results += part
+    return results, findings
+
+
+#: Entries scanned per batch when streaming: large enough that the fork pays, small enough that
+#: memory does not grow with the tree (``ls -q``/``--json`` on 100,000 entries).
+STREAM_BATCH = 4096
+
+
+def iter_entries(
+    root: Path,
+    fn: Callable[[CacheEntry], T],
+    layout: CacheLayout | None = None,
+    fingerprint: Fingerprint | None = None,
+    jobs: int | None = None,
+    batch: int | None = STREAM_BATCH,
+) -> tuple[Iterator[list[T]], list[Finding]]:
+    """``fn(entry)`` for every entry, in the walk's order (by id, part by part), in batches of
+    ``batch`` (all at once with ``None``), plus what the walk found that does not belong (filled
+    as the walk goes: complete once the batches are consumed).
 
     Scanning is syscalls plus small-object work that one core cannot make faster; ``ls`` on a
-    10,000-entry tree needs both cores to stay interactive. Children return only ``fn``'s
-    (small, picklable) results; any child failure falls back to doing its share here.
+    10,000-entry tree needs both cores to stay interactive, so each batch is spread over forked
+    processes once it is large enough. Children return only ``fn``'s (small, picklable) results;
+    any child failure falls back to doing its share here. The caller consumes a batch before the
+    next is scanned, so what it keeps decides the memory, not the tree.
     """
     layout = layout or default_layout()
     trusted = policy_for(root).trusted
-    digests: DigestIndex | None = None
+    findings: list[Finding] = []
+    if batch is None:
+        walked = iter([list_entry_dirs_into(layout, root, findings)])
+    else:
+        dirs = iter_entry_dirs(layout, root, findings)
+        walked = iter(lambda: list(itertools.islice(dirs, batch)), [])
+    if jobs is None:
+        jobs = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
-    def run(chunk):
-        return [fn(scan_entry(layout, p, eid, fingerprint, trusted, digests)) for p, eid in chunk]
+    def batches() -> Iterator[list[T]]:
+        digests: DigestIndex | None = None
 
-    with _no_cyclic_gc():
-        entry_dirs, findings = list_entry_dirs(layout, root)
-        digests = DigestIndex.for_root(root, layout.name) if entry_dirs else None
-        if jobs is None:
-            jobs = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
-        if jobs <= 1 or len(entry_dirs) < PARALLEL_MIN_ENTRIES or not hasattr(os, "fork"):
-            results = run(entry_dirs)
+        def run(chunk):
+            return [fn(scan_entry(layout, p, eid, fingerprint, trusted, digests)) for p, eid in chunk]
+
+        for entry_dirs in walked:
+            if not entry_dirs:
+                break
+            if digests is None:
+                digests = DigestIndex.for_root(root, layout.name)
+            with _no_cyclic_gc(freeze=batch is None):
+                yield _map_chunk(run, entry_dirs, jobs, digests)
+        if digests is not None:
+            digests.save()
+
+    return batches(), findings
+
+
+def _map_chunk(run: Callable[[list], list[T]], entry_dirs: list, jobs: int, digests: DigestIndex | None) -> list[T]:
+    """``run(entry_dirs)``, split over ``jobs`` forked processes when that pays, in order."""
+    if jobs <= 1 or len(entry_dirs) < PARALLEL_MIN_ENTRIES or not hasattr(os, "fork"):
+        return run(entry_dirs)
+    chunks = [entry_dirs[i::jobs] for i in range(jobs)]
+    children = []
+    for chunk in chunks[1:]:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            os.close(r)
+            code = 0
             if digests is not None:
-                digests.save()
-            return results, findings
-        chunks = [entry_dirs[i::jobs] for i in range(jobs)]
-        children = []
-        for chunk in chunks[1:]:
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # child
-                os.close(r)
-                code = 0
-                try:
-                    with os.fdopen(w, "wb") as out:
-                        part = run(chunk)
-                        pickle.dump((part, digests.delta() if digests else None), out, protocol=pickle.HIGHEST_PROTOCOL)
-                except BaseException:
-                    code = 1
-                os._exit(code)
-            os.close(w)
-            children.append((pid, r, chunk))
-        results = [run(chunks[0])]
-        for pid, r, chunk in children:
-            with os.fdopen(r, "rb") as f:
-                data = f.read()
-            _, status = os.waitpid(pid, 0)
+                digests.start_delta()
             try:
-                if status != 0:
-                    raise ValueError("child failed")
-                part, delta = pickle.loads(data)
-                if digests is not None and delta is not None:
-                    digests.merge(delta)
-                results.append(part)
-            except Exception:
-                results.append(run(chunk))
-    if digests is not None:
-        digests.save()
+                with os.fdopen(w, "wb") as out:
+                    part = run(chunk)
+                    pickle.dump((part, digests.delta() if digests else None), out, protocol=pickle.HIGHEST_PROTOCOL)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        os.close(w)
+        children.append((pid, r, chunk))
+    results = [run(chunks[0])]
+    for pid, r, chunk in children:
+        with os.fdopen(r, "rb") as f:
+            data = f.read()
+        _, status = os.waitpid(pid, 0)
+        try:
+            if status != 0:
+                raise ValueError("child failed")
+            part, delta = pickle.loads(data)
+            if digests is not None and delta is not None:
+                digests.merge(delta)
+            results.append(part)
+        except Exception:
+            results.append(run(chunk))
     # Interleave back to the listing order.
-    ordered: list[T] = []
-    for i in range(len(entry_dirs)):
-        ordered.append(results[i % jobs][i // jobs])
-    return ordered, findings
+    return [results[i % jobs][i // jobs] for i in range(len(entry_dirs))]
+
+
+def list_entry_dirs_into(layout: CacheLayout, root: Path, findings: list[Finding]) -> list:
+    """``list_entry_dirs``, its findings added to ``findings``."""
+    dirs, found = list_entry_dirs(layout, root)
+    findings += found
+    return dirs

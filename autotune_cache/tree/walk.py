@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat as stat_mod
 from pathlib import Path
+from typing import Iterator
 
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.tree.dirs import dir_size, list_dir
@@ -58,12 +59,18 @@ def _tree_level_finding(path: Path, child: os.DirEntry) -> Finding | None:
 def list_entry_dirs(layout: CacheLayout, root: Path) -> tuple[list[tuple[Path, EntryId]], list[Finding]]:
     """(entry dir, id) for every entry of ``layout`` under ``root``, plus what does not belong."""
     findings: list[Finding] = []
-    out: list[tuple[Path, EntryId]] = []
+    return list(iter_entry_dirs(layout, root, findings)), findings
+
+
+def iter_entry_dirs(layout: CacheLayout, root: Path, findings: list[Finding]) -> Iterator[tuple[Path, EntryId]]:
+    """``list_entry_dirs`` one entry at a time, in the same order (sorted by name at every
+    level): a streamed ``ls`` holds one directory's names, not a Path per entry of the tree.
+    What does not belong is appended to ``findings`` as the walk passes it."""
     base = check_base(layout, root)
     if base is None:
-        return out, findings
+        return
 
-    def walk(path: Path, depth: int, parts: tuple[str, ...]) -> None:
+    def walk(path: Path, depth: int, parts: tuple[str, ...]) -> Iterator[tuple[Path, EntryId]]:
         level = layout.levels[depth]
         children, err = list_dir(path)
         if err:
@@ -82,9 +89,9 @@ def list_entry_dirs(layout: CacheLayout, root: Path) -> tuple[list[tuple[Path, E
             # d_type answers the common case (a real directory with a valid name) without a stat.
             if level.valid(name) and child.is_dir(follow_symlinks=False):
                 if depth + 1 == len(layout.levels):
-                    out.append((path / name, EntryId(layout.name, (*parts, name))))
+                    yield path / name, EntryId(layout.name, (*parts, name))
                 else:
-                    walk(path / name, depth + 1, (*parts, name))
+                    yield from walk(path / name, depth + 1, (*parts, name))
                 continue
             found = _tree_level_finding(path, child)
             if found is None:
@@ -96,5 +103,4 @@ def list_entry_dirs(layout: CacheLayout, root: Path) -> tuple[list[tuple[Path, E
                     found = finding_for(path / name, st, "" if not stat_mod.S_ISDIR(st.st_mode) else f"not a {level.name} directory")
             findings.append(found)
 
-    walk(base, 0, ())
-    return out, findings
+    yield from walk(base, 0, ())

@@ -1,0 +1,232 @@
+"""``ls``: the cache tree (or a store) as a user sees it, streamed where it can be.
+
+A tree can hold 100,000 entries: with ``-q`` and ``--json`` in the walk's order each entry is
+written as it is scanned, so memory stays flat; the table holds only its rows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import click
+
+from autotune_cache.autotuner.fingerprint import Fingerprint
+from autotune_cache.humanize import format_size, plural
+from autotune_cache.tree.scan import CacheEntry, iter_entries
+from autotune_cache.tree.status import EntryStatus
+from autotune_cache.tree.store import Store
+from autotune_cache.tree.storehouse import record_views, require_store_filters
+
+from .output import Mode, Output
+from .params import (
+    cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
+    quiet_option, staleness_fingerprint, timeout_option, trees,
+)
+from .tree import recover_journals_quietly
+
+SORTS = {
+    # part by part, as the tree is walked ("0.7.2" before "0.7.2.post1"): the streamed order
+    "id": lambda e: e["id"].split("/"),
+    "key": lambda e: (e["key"], e["id"].split("/")),
+    "model": lambda e: ((e["model"] or "~").lower(), e["id"].split("/")),
+    "size": lambda e: (-e["size_on_disk"], e["id"].split("/")),
+    "modified": lambda e: (-e["last_modified"], e["id"].split("/")),
+    "used": lambda e: (-(e["last_used"] or 0), e["id"].split("/")),
+    "status": lambda e: (e["status"], e["id"].split("/")),
+}
+
+HEADERS = ["ID", "LAYOUT", "MODEL", "GPU", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "USED", "STATUS"]
+
+#: A note shared by more entries than this is printed once, with the count.
+NOTE_REPEAT = 3
+
+LS_HELP = """List cache entries (one per key dir) with their status.
+
+\b
+Columns:
+  ID        <flashinfer version>/<arch>/<key> (SGLang); <layout>:<...> for the other layouts: what show,
+            rm, export and verify take
+  LAYOUT    whose tree: sglang, flashinfer-v2 (FlashInfer's managed store; CONFIGS: its entries)
+  MODEL     the served model path (from fi-autotune's manifest; '-' for engine-written entries)
+  GPU       the GPU the files were tuned on (H100 and H200 are both sm90 and share one path)
+  PARALLEL  tp8 dp8a ep1 = tensor parallel 8, data parallel 8 with dp-attention (dp2r: 2 replicas),
+            expert parallel 1; pp2 when pipelined; ep? = not recorded (no manifest)
+  RANKS     rank files present / expected
+  MODIFIED  last write; USED: last read by an engine (access time; 'unknown' on noatime mounts)
+  STATUS    complete, incomplete (ranks missing), diverged (rank files of one TP group differ: SGLang
+            deletes and re-tunes), corrupt, stale (the fingerprint's FlashInfer would ignore it),
+            unreadable
+
+\b
+With -q or --json and the default order (--sort id), entries are written as they are scanned:
+memory stays flat however large the tree. Notes that many entries share are printed once.
+"""
+
+
+def _summary(e: CacheEntry, full: bool) -> dict:
+    """What ls needs of an entry, computed where it was scanned (maybe a child process), so only
+    this small dict crosses the pipe."""
+    d = e.to_dict() if full else {
+        "id": str(e.id), "key": e.key, "model": e.model, "status": e.status.value,
+        "size_on_disk": e.size_on_disk, "last_modified": e.last_modified, "last_used": e.last_used,
+        "rank_files": len(e.rank_files),
+    }
+    d["row"] = [str(e.id), e.layout, e.model or "-", e.gpu_short, e.parallel_str, e.ranks_str, str(e.num_configs),
+                e.size_on_disk_str, e.last_modified_str, e.last_used_str, e.status.value]
+    d["notes"] = (list(e.problems) + list(e.notes) + [f"{f.kind}: {f.path.name}: {f.message}" for f in e.foreign])
+    return d
+
+
+@dataclass
+class _Totals:
+    """The footer, counted as the entries go by (the entries themselves need not stay)."""
+
+    entries: int = 0
+    rank_files: int = 0
+    size_on_disk: int = 0
+    by_status: dict = field(default_factory=dict)
+    in_tree: int = 0  # before the filters: an empty answer is not an empty tree
+    foreign: list = field(default_factory=list)
+
+    def count(self, s: dict | None) -> bool:
+        self.in_tree += 1
+        if s is None:
+            return False
+        self.entries += 1
+        self.rank_files += s["rank_files"] if isinstance(s["rank_files"], int) else len(s["rank_files"])
+        self.size_on_disk += s["size_on_disk"]
+        self.by_status[s["status"]] = self.by_status.get(s["status"], 0) + 1
+        self.foreign += s.get("foreign", ())
+        return True
+
+    def to_dict(self) -> dict:
+        order = EntryStatus.names()
+        return {"entries": self.entries, "rank_files": self.rank_files, "size_on_disk": self.size_on_disk,
+                "by_status": {k: self.by_status[k] for k in order if self.by_status.get(k)},
+                "in_tree": self.in_tree}
+
+
+def print_notes(out: Output, notes: dict[str, list[str]]) -> None:
+    """Each note once: ``<id>: <note>`` for a few entries, one counted line for many (10,000
+    engine-written entries share one note; 10,000 lines of it would bury everything else)."""
+    for text, ids in notes.items():
+        if len(ids) <= NOTE_REPEAT:
+            for i in ids:
+                out.note(f"{i}: {text}")
+        else:
+            out.note(f"{len(ids)} entries ({ids[0]}, ...): {text}")
+
+
+@click.command("ls", help=LS_HELP)
+@click.argument("store", required=False, metavar="[STORE_URL]")
+@cache_dir_option
+@layout_option
+@filter_options
+@click.option("--sort", type=click.Choice(sorted(SORTS)), default="id", show_default=True)
+@env_from_option
+@check_env_option
+@timeout_option
+@json_option
+@quiet_option
+def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, sort, env_from, check_env,
+           as_json, quiet):
+    out = Output(as_json, quiet)
+    if store is not None:
+        return _ls_store(out, store, entry_filter(model, versions, arch, status, older_than, unused_for), env_from)
+    targets = trees(cache_dir, layouts, every_existing=True)
+    flt = entry_filter(model, versions, arch, status, older_than, unused_for)
+    fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
+    now = time.time()
+
+    def pick(e: CacheEntry):
+        return _summary(e, as_json) if flt.reasons(e, now) is not None else None
+
+    for layout, root in targets:
+        for done in recover_journals_quietly(root.path, layout):
+            out.note(done)
+    scans = [iter_entries(root.path, pick, layout=layout, fingerprint=fingerprint) for layout, root in targets]
+    totals = _Totals()
+
+    def scanned():
+        for batches, _ in scans:
+            for batch in batches:
+                yield from (s for s in batch if totals.count(s))
+
+    # One tree in the walk's order can stream; another order (or several trees) must be sorted.
+    entries = scanned() if sort == "id" and len(targets) == 1 and out.mode is not Mode.HUMAN \
+        else sorted(scanned(), key=SORTS[sort])
+    where = ", ".join(str(root.path) for _, root in targets)
+
+    def human(entries) -> None:
+        rows, notes = [], {}
+        for e in entries:
+            rows.append(e["row"])
+            for text in e["notes"]:
+                notes.setdefault(text, []).append(e["id"])
+        if rows:
+            out.table(HEADERS, rows)
+        t = totals.to_dict()
+        by_status = ", ".join(f"{n} {s}" for s, n in t["by_status"].items())
+        if t["in_tree"] > t["entries"]:  # the filters left some out: say so, never "nothing cached"
+            by_status = (by_status + "; " if by_status else "no entry matches the filters; ") + \
+                f"{t['in_tree']} in the tree"
+        by_status = by_status or "nothing cached"
+        out.line(f"\n{plural(t['entries'], 'entry', 'entries')}, {plural(t['rank_files'], 'rank file')}, "
+                 f"{format_size(t['size_on_disk'])} in {where} ({by_status})")
+        print_notes(out, notes)
+        for f in (f for _, seen in scans for f in seen):  # complete now that the walk is done
+            out.note(f"{f.kind}: {f.path}: {f.message}")
+
+    def bare(entries):
+        for e in entries:
+            del e["row"], e["notes"]
+            yield e
+
+    out.emit_stream(
+        human=lambda: human(entries), items_key="entries", items=bare(entries),
+        head={"root": str(targets[0][1].path) if len(targets) == 1 else None,
+              "roots": {layout.name: str(root.path) for layout, root in targets},
+              "fingerprint": fingerprint.to_dict() if fingerprint else None},
+        tail=lambda: {"findings": [f.to_dict() for _, seen in scans for f in seen] + totals.foreign,
+                      "totals": totals.to_dict()},
+    )
+
+
+STORE_HEADERS = ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "SIZE", "PUSHED", "SHA256", "STATUS"]
+
+
+def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
+    """``ls URL``: the entries published in a store (from its index records), filtered as the
+    tree's are (``--older-than``: by push time), each with a status as ``ls`` gives one."""
+    require_store_filters(flt)
+    store = Store(url)
+    records = store.records()
+    for line in store.unreadable:  # one bad record is named, the others list
+        out.warn(line)
+    now = time.time()
+    fp = Fingerprint.load(env_from) if env_from else None
+    views = sorted((v for v in record_views(records, fp) if flt.reasons(v, now) is not None), key=lambda v: str(v.id))
+
+    def human() -> None:
+        def parallel(r) -> str:
+            t = r.topology or {}
+            if not t:
+                return "-"
+            dp = f" dp{t['dp']}{'a' if t.get('dp_attention') else 'r'}" if t.get("dp", 1) > 1 else ""
+            return f"tp{t['tp']}{dp} ep{r.ep if r.ep is not None else '?'}"
+
+        if views:
+            out.table(STORE_HEADERS, [[str(v.id), v.model or "-", v.gpu_short, parallel(v.record), str(v.record.rank_files),
+                                       v.size_on_disk_str, v.record.pushed or "-", v.record.sha256[:12], v.status.value]
+                                      for v in views])
+        by_status = ", ".join(f"{n} {s}" for s in EntryStatus.names()
+                              if (n := sum(1 for v in views if v.status.value == s)))
+        out.line(f"\n{plural(len(views), 'entry', 'entries')} in {store}" + (f" ({by_status})" if by_status else ""))
+
+    out.emit(human=human, ids=[str(v.id) for v in views],
+             data=lambda: {"store": str(store), "entries": [{**v.to_dict(), "stale": v.status == EntryStatus.STALE}
+                                                            for v in views],
+                           "unreadable": list(store.unreadable)})
+
+
