@@ -7,7 +7,7 @@ import click
 
 from autotune_cache.autotuner.recipe import T, encode
 from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
-from autotune_cache.errors import UsageError
+from autotune_cache.errors import FiAutotuneError, UsageError
 
 from .output import Output
 from .params import LayoutName, json_option, shard_option, targets_option
@@ -129,17 +129,37 @@ def plan_cmd(ctx, layout, targets_file, shard, store_url, as_json, **kw):
     kw = fold_serving_command(ctx, kw, out)
     request = request_from(kw, layout)
     plans = [build_plan(r, kw["cache_dir"]) for r in request.workers()]
+    hints = would_autotune_with(plans[0], kw, layout)
 
     def human() -> None:
         for i, p in enumerate(plans):
             if i:
                 out.line("\n" + "=" * 20 + " speculative draft worker: its own entry " + "=" * 20)
             print_plan(p, out)
+        for h in hints:
+            out.line(f"Hint        {plans[0].engine.label} would autotune with {h['flags']} "
+                     f"({h['profiles']} profiles)")
 
     def data() -> dict:
         d = plans[0].to_dict()
         if len(plans) > 1:
             d["draft"] = plans[1].to_dict()
+        d["would_autotune_with"] = hints
         return d
 
     out.emit(human=human, data=data)
+
+
+def would_autotune_with(plan, kw: dict, layout: str) -> list[dict]:
+    """Where the engine would not autotune: the option values of its own choices under which it
+    would, each planned for real (a refusal, or a plan with nothing to tune, is not offered)."""
+    found = []
+    for change in plan.engine.alternatives(plan):
+        try:
+            alt = build_plan(request_from({**kw, **change}, layout), kw["cache_dir"], plan.resolution.arch)
+        except FiAutotuneError:
+            continue
+        if alt.autotunes:
+            flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in change.items())
+            found.append({"flags": flags, "options": change, "profiles": alt.profiles})
+    return found

@@ -86,6 +86,11 @@ class Engine(ABC):
         """Why an entry already at the plan's path must not be taken as this plan's (None: it may)."""
         return None
 
+    def alternatives(self, plan: "TuningPlan") -> list[dict]:
+        """Option values to try when ``plan`` would not autotune (``plan`` suggests those under
+        which the engine would): the engine's own choices, each tried through its planner."""
+        return []
+
     def describe(self, plan: "TuningPlan") -> list[tuple[str, str]]:
         """Rows (label, text) a printed plan shows for this engine: its startup pass, its key."""
         return [("Key", f"{plan.key}  ({plan.key_string})")]

@@ -15,12 +15,13 @@ import signal
 import stat as stat_mod
 import threading
 from pathlib import Path
-from typing import Iterator
-
-import filelock
+from typing import TYPE_CHECKING, Iterator
 
 from autotune_cache.errors import EntryLocked, FiAutotuneError, os_error_message
 from autotune_cache.tree.layout import OUR_PREFIX
+
+if TYPE_CHECKING:  # filelock is imported where a lock is taken: ls never takes one (12 ms)
+    import filelock
 
 
 def fsync_dir(path: Path) -> None:
@@ -194,6 +195,8 @@ def deferred_signals() -> Iterator[None]:
 
 def _lock_file(path: Path, timeout: float) -> filelock.BaseFileLock:
     """A held ``filelock`` on ``path``; its parents are made (never through a symlink)."""
+    import filelock
+
     lock = filelock.FileLock(str(path), timeout=timeout)
     lock.acquire()
     return lock
@@ -209,6 +212,8 @@ def file_lock(top: Path, path: Path, what: str, timeout: float = -1) -> Iterator
 
     ``timeout=0`` fails at once with EntryLocked; a tree we cannot write to is one clear error.
     """
+    import filelock
+
     try:
         lock = retry_vanished_dir(lambda: (make_lock_dirs(top, path), _lock_file(path, timeout))[1])
     except filelock.Timeout:
@@ -237,6 +242,8 @@ def retry_vanished_dir(make):
 def try_lock(path: Path) -> filelock.BaseFileLock | None:
     """The lock if nobody holds it (its owner is gone), else None; never waits, never creates
     parent dirs, None where the file cannot be opened (a read-only tree)."""
+    import filelock
+
     lock = filelock.FileLock(str(path), timeout=0)
     try:
         lock.acquire()

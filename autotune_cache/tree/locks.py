@@ -14,8 +14,6 @@ import secrets
 from pathlib import Path
 from typing import Callable, Iterator
 
-import filelock
-
 from autotune_cache.errors import FiAutotuneError, os_error_message
 from autotune_cache.tree.atomic import ensure_tree_dirs, file_lock, retry_vanished_dir, try_lock
 from autotune_cache.tree.layout import LOCKS_DIRNAME, CacheLayout, EntryId
@@ -39,6 +37,8 @@ def hold_owner_lock(base: Path, make_base: Callable[[], object] | None = None) -
     released, a token's lock file may be taken by a cleaner that found it dead). ``make_base``
     (a writer's) makes ``base`` again if it vanished before the lock was held: a refused import
     removes the empty tree it made, and may do so just after this writer made it too."""
+    import filelock  # where a lock is taken: ls never takes one
+
     held = _held()
     if base not in held:
         token = secrets.token_hex(6)

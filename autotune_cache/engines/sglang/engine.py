@@ -8,6 +8,7 @@ from pathlib import Path
 from autotune_cache.engines.base import Engine
 from autotune_cache.engines.sglang.layout import SGLangLayout
 from autotune_cache.engines.sglang.planner import make_plan
+from autotune_cache.engines.sglang.serving_command import flag_table
 from autotune_cache.plan.keys import get_schema
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.tuning import TuningPlan
@@ -34,6 +35,19 @@ class SGLang(Engine):
             schema=request.schema, flashinfer_version=request.flashinfer_version, cache_root=cache_root,
             max_tokens=request.max_tokens, model_path=request.model_path, request=request, worker=request.worker,
         )
+
+    def alternatives(self, plan: TuningPlan) -> list[dict]:
+        """A MoE model left on ``--moe-runner-backend auto`` that SGLang would not autotune: each
+        FlashInfer MoE runner SGLang 0.5.23 takes (its own choices, from the flag table)."""
+        if plan.resolution.autotunes or not plan.spec.moe or plan.request is None \
+                or plan.request.flags.moe_runner_backend not in (None, "auto"):
+            return []
+        flag = flag_table().get("--moe-runner-backend")
+        quant = plan.spec.quant.method if plan.spec.quant else None
+        # flashinfer_mxfp4 dispatches on MXFP4 weights only (flashinfer_cutlass.py raises
+        # "Unexpected quant_info type" for others): never offered for another checkpoint.
+        return [{"moe_runner_backend": c} for c in (flag.choices or ()) if c.startswith("flashinfer")
+                and (c != "flashinfer_mxfp4" or quant == "mxfp4")] if flag else []
 
     def describe(self, plan: TuningPlan) -> list[tuple[str, str]]:
         """SGLang's startup passes, attention, speculative workers, serving sizes and key."""
