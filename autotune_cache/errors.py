@@ -13,8 +13,9 @@ class ExitCode(enum.IntEnum):
     """What ``fi-autotune`` returns (documented in README and ``fi-autotune --help``)."""
 
     OK = 0
-    FAILURE = 1  # the command could not do its job: I/O error, refused overwrite, bad archive
-    USAGE = 2  # the request itself is wrong: bad flag value, unknown id, impossible topology
+    FAILURE = 1  # the command could not do its job: I/O error, refused overwrite, bad archive, an id
+    # that names no entry or several (a lookup failure, as docker's)
+    USAGE = 2  # the request itself is wrong: bad flag value, impossible topology, a duration without unit
     INTERRUPTED = 130  # Ctrl-C / SIGINT (128 + 2), as shells report it
 
 
@@ -32,6 +33,16 @@ class UsageError(FiAutotuneError):
     """The request itself is wrong (exit 2): unknown schema, impossible topology, bad size."""
 
     exit_code = ExitCode.USAGE
+
+
+class AmbiguousEntry(FiAutotuneError):
+    """A reference (a key, a key prefix) that names several entries: a lookup failure like an
+    unknown one (exit 1, as docker's), never a guess between them."""
+
+
+class RootMissing(FiAutotuneError):
+    """The cache root does not exist: an error for a command that reads it, "nothing to do"
+    for ``prune`` (a cron job on a fresh node)."""
 
 
 class EntryLocked(FiAutotuneError):

@@ -81,3 +81,20 @@ def parse_duration(text: str) -> Duration:
     if unit not in _DURATION_UNITS:
         raise UsageError(f"unknown duration unit {unit!r} in {text.strip()!r}: use {_ACCEPTED} (e.g. 30d)")
     return Duration(float(number) * _DURATION_UNITS[unit], text.strip())
+
+
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*\Z")
+_SIZE_UNITS = {u: 1000 ** i for i, u in enumerate(_UNITS)} | {u + "B": 1000 ** i for i, u in enumerate(_UNITS) if u != "B"} \
+    | {u + "iB": 1024 ** i for i, u in enumerate(_UNITS) if u != "B"}
+
+
+def parse_size(text: str) -> int:
+    """``50G``, ``500M``, ``1.5T``, ``10GiB``, ``123`` (bytes): decimal units as ``format_size``
+    prints them (and ``du --si``), ``KiB``/``MiB``/``GiB`` for powers of 1024."""
+    m = _SIZE_RE.match(text)
+    unit = (m[2] or "B") if m else ""
+    norm = unit[:1].upper() + unit[1:] if unit else unit
+    if not m or norm not in _SIZE_UNITS:
+        raise UsageError(f"invalid size {text!r}: a number with an optional unit, "
+                         "K, M, G, T (powers of 1000) or KiB, MiB, GiB, TiB (e.g. 50G)")
+    return int(float(m[1]) * _SIZE_UNITS[norm])

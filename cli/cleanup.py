@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from autotune_cache.errors import ExitCode, UsageError
+from autotune_cache.errors import ExitCode, RootMissing, UsageError
+from autotune_cache.humanize import parse_size
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.installed import installed_flashinfer_version
 from autotune_cache.tree.delete import DeletePlan, describe_result, in_flight, plan_prune, plan_rm
@@ -94,6 +95,13 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
               help="Per deployment (same arch and key: every serving flag but the FlashInfer version), keep the N "
                    "best entries: complete before incomplete; then the installed FlashInfer version (or --env-from's); "
                    "then the newest version; then the most recently modified.")
+@click.option("--missing-ok", is_flag=True,
+              help="A cache root that does not exist is nothing to prune (exit 0), not an error: for cron jobs and "
+                   "image builds on nodes that have not cached anything yet.")
+@click.option("--max-size", "max_size", default=None, metavar="SIZE",
+              help="A size budget (50G, 500M, 10GiB): evict least recently used entries (by access time; by last "
+                   "write where the mount keeps none, after those) until the tree fits, as ccache/sccache do. "
+                   "With other filters, only entries they select are evicted.")
 @env_from_option
 @check_env_option
 @dry_run_option
@@ -102,7 +110,7 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
 @json_option
 @quiet_option
 def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, other_versions, keep_latest,
-              env_from, check_env, dry_run, yes, as_json, quiet):
+              missing_ok, max_size, env_from, check_env, dry_run, yes, as_json, quiet):
     """Delete entries matching every given filter, and leftovers of interrupted writes; with
     STORE_URL (s3://, gs://, file://), the store's published entries (--older-than: by push time).
 
@@ -112,15 +120,24 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
     bundle); a sealed store is refused.
     """
     out = Output(as_json, quiet)
+    budget = None if max_size is None else parse_size(max_size)
     if store is not None:
-        if keep_latest is not None or other_versions or check_env:
-            raise UsageError("--keep-latest, --other-versions and --check-env work on a tree only")
+        if keep_latest is not None or other_versions or check_env or max_size is not None:
+            raise UsageError("--keep-latest, --max-size, --other-versions and --check-env work on a tree only")
         flt = entry_filter(model, versions, arch, status, older_than, unused_for)
         fp = Fingerprint.load(env_from) if env_from else None
         return _run(plan_store_delete(_store(store), flt, fingerprint=fp), out, dry_run, yes)
     if len(layouts) > 1 or any(len(v) > 1 for v in layouts):
         raise UsageError("prune works on one layout at a time: give one --layout")
-    ((layout, root),) = trees(cache_dir, layouts)
+    try:
+        ((layout, root),) = trees(cache_dir, layouts)
+    except RootMissing as e:  # a fresh node: asked for, nothing to prune is not a failure (cron)
+        if not missing_ok:
+            raise
+        why = str(e)
+        out.emit(human=lambda: out.line(f"nothing to prune: {why}"), ids=[],
+                 data={"dry_run": dry_run, "plan": None, "result": None, "root_missing": why})
+        return
     other = None
     if other_versions:
         other = installed_flashinfer_version()
@@ -133,7 +150,8 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
             out.note(done)
     info = scan_cache(root.path, layout, fingerprint=fingerprint)
     prefer = keep_latest_version(env_from) if keep_latest is not None else None
-    plan = plan_prune(info, flt, keep_latest=keep_latest, prefer_version=prefer, scan_fingerprint=fingerprint)
+    plan = plan_prune(info, flt, keep_latest=keep_latest, prefer_version=prefer, scan_fingerprint=fingerprint,
+                      max_size=budget)
     _run(plan, out, dry_run, yes)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from autotune_cache.errors import FiAutotuneError
+from autotune_cache.registry import get_layout
 from autotune_cache.tree.convert import conversion_target, convert_choices, convert_entry, converts_to
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
@@ -15,9 +16,26 @@ from .output import Output
 from .params import cache_dir_option, json_option, resolve_root
 
 
+class ConvertTarget(click.ParamType):
+    """A layout entries convert into. Only those are offered (``--help``); naming one that does
+    not take conversions (vllm) is a usage error that says why, not click's "not one of"."""
+
+    name = "layout"
+
+    def get_metavar(self, param, ctx=None) -> str:  # click 8.1 and 8.2 signatures
+        return "[" + "|".join(n for n in convert_choices() if get_layout(n).accepts_conversion) + "]"
+
+    def convert(self, value, param, ctx):
+        try:
+            conversion_target(value)
+        except FiAutotuneError as e:
+            self.fail(str(e), param, ctx)
+        return value
+
+
 @click.command("convert")
 @click.argument("refs", nargs=-1, required=True, metavar="ID...")
-@click.option("--layout", "target", required=True, type=click.Choice(convert_choices()),
+@click.option("--layout", "target", required=True, type=ConvertTarget(),
               help="The layout to write the same tactics into.")
 @click.option("--to", "to_root", default=None,
               help="Root of the target layout (default: its engine's own: $FLASHINFER_AUTOTUNE_CACHE_DIR, else "

@@ -75,6 +75,6 @@ def key_cmd(model, tp, pp, dp, ep, dtype, quantization, moe_runner_backend, conf
         for f in files:
             out.line(f"  {f}")
 
-    out.emit(human=human, ids=[key], data={
+    out.emit(human=human, ids=[str(eid)], data={
         "key": key, "id": str(eid), "key_string": schema_obj.key_string(fields), "schema": schema,
         "key_fields": fields.to_dict(), "topology": topo.to_dict(), "key_dir": str(kdir), "rank_files": files})

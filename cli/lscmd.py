@@ -13,6 +13,7 @@ import click
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.humanize import format_size, plural
+from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.tree.scan import CacheEntry, iter_entries
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store import Store
@@ -20,7 +21,7 @@ from autotune_cache.tree.storehouse import record_views, require_store_filters
 
 from .output import Mode, Output
 from .params import (
-    cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
+    flatten, resolve_root, cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
     quiet_option, staleness_fingerprint, timeout_option, trees,
 )
 from .tree import recover_journals_quietly
@@ -123,15 +124,21 @@ def print_notes(out: Output, notes: dict[str, list[str]]) -> None:
 @cache_dir_option
 @layout_option
 @filter_options
-@click.option("--sort", type=click.Choice(sorted(SORTS)), default="id", show_default=True)
+@click.option("--sort", type=click.Choice(sorted(SORTS)), default="id", show_default=True,
+              help="Order: id (version, arch, key: the order entries stream in), key, model, status; size, "
+                   "modified, used: largest or newest first.")
+@click.option("--dir", "show_dir", is_flag=True,
+              help="Print the cache root(s) ls would read (as `pip cache dir`, `uv cache dir`), existing or not.")
 @env_from_option
 @check_env_option
 @timeout_option
 @json_option
 @quiet_option
-def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, sort, env_from, check_env,
-           as_json, quiet):
+def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, sort, show_dir, env_from,
+           check_env, as_json, quiet):
     out = Output(as_json, quiet)
+    if show_dir:
+        return _print_roots(out, cache_dir, layouts)
     if store is not None:
         return _ls_store(out, store, entry_filter(model, versions, arch, status, older_than, unused_for), env_from)
     targets = trees(cache_dir, layouts, every_existing=True)
@@ -191,6 +198,20 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
         tail=lambda: {"findings": [f.to_dict() for _, seen in scans for f in seen] + totals.foreign,
                       "totals": totals.to_dict()},
     )
+
+
+def _print_roots(out: Output, cache_dir, layouts) -> None:
+    """Each layout's root, where it comes from, and whether it exists: nothing is read."""
+    names = flatten(layouts) or ([default_layout().name] if cache_dir is not None else
+                                 [n for n, lay in known_layouts().items() if lay.configured()])
+    roots = [(n, resolve_root(cache_dir, must_exist=False, layout=get_layout(n))) for n in names]
+    def human() -> None:
+        for n, r in roots:
+            out.line(f"{r.path}" + ("" if len(roots) == 1 else f"  ({n})"))
+
+    out.emit(human=human, ids=[str(r.path) for _, r in roots],
+             data={"roots": [{"layout": n, "path": str(r.path), "source": r.source, "exists": r.path.is_dir()}
+                             for n, r in roots]})
 
 
 STORE_HEADERS = ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "SIZE", "PUSHED", "SHA256", "STATUS"]

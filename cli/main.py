@@ -64,6 +64,15 @@ def cli(ctx: click.Context, debug: bool) -> None:
         click.echo(ctx.get_help())
 
 
+def hoist_debug(argv: list[str]) -> tuple[list[str], bool]:
+    """``--debug`` anywhere before ``--`` is the group's flag, put first: errors say "run with
+    --debug", and a user adds it at the end of the command they just ran."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    if "--debug" not in argv[:end]:
+        return argv, False
+    return ["--debug", *(a for i, a in enumerate(argv) if i >= end or a != "--debug")], True
+
+
 def _fail(message: str, code: int, debug: bool) -> int:
     if debug:
         traceback.print_exc()
@@ -73,8 +82,8 @@ def _fail(message: str, code: int, debug: bool) -> int:
 
 def main(argv: list[str] | None = None, obj: object = None) -> int:
     """``obj``: click's context object for every command (a test launcher's fake machine)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get("FI_AUTOTUNE_DEBUG") == "1"
+    argv, debug = hoist_debug(list(sys.argv[1:] if argv is None else argv))
+    debug = debug or os.environ.get("FI_AUTOTUNE_DEBUG") == "1"
     try:
         # Without standalone mode click returns the code of a ``click.exceptions.Exit``.
         rv = cli.main(args=argv, prog_name=PROG, standalone_mode=False, obj=obj)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.errors import RootMissing, UsageError
 from autotune_cache.humanize import Duration, parse_duration
 from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, Fingerprint, fingerprint_for_staleness, is_known
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
@@ -91,7 +91,7 @@ def resolve_root(cache_dir: str | None, *, must_exist: bool, layout: CacheLayout
     if root.exists() and not root.is_dir():
         raise UsageError(f"cache root {str(root)!r} (from {choice.source}) exists and is not a directory")
     if must_exist and not root.exists():
-        raise FiAutotuneError(f"cache root {root} does not exist (from {choice.source})")
+        raise RootMissing(f"cache root {root} does not exist (from {choice.source})")
     return choice
 
 
@@ -161,7 +161,7 @@ def trees(cache_dir: str | None, layouts, *, every_existing: bool = False) -> li
             missing.append(choice)
     if not found:
         first, *rest = missing
-        raise FiAutotuneError(f"cache root {first.path} does not exist (from {first.source})"
+        raise RootMissing(f"cache root {first.path} does not exist (from {first.source})"
                               + "".join(f"; nor does {c.path} (from {c.source})" for c in rest))
     return found
 

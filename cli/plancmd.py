@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from autotune_cache.autotuner.recipe import T, encode
+from autotune_cache.plan.config_source import preset_ids
 from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
 from autotune_cache.errors import FiAutotuneError, UsageError
 
@@ -98,7 +99,17 @@ def _print_body(plan, out: Output) -> None:
              + (f", copied to {len(plan.rank_files)} rank files" if plan.autotunes else "; warm writes nothing"))
 
 
+def _list_presets(ctx: click.Context, _param, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        for model in preset_ids():
+            click.echo(model)
+        ctx.exit(0)
+
+
 @click.command("plan")
+@click.option("--list-presets", is_flag=True, is_eager=True, expose_value=False, callback=_list_presets,
+              help="Print the built-in presets (models whose config.json ships with fi-autotune: no hub needed) "
+                   "and exit.")
 @serving_options
 @click.option("--layout", type=LayoutName(planned_layouts), default=DEFAULT_LAYOUT_NAME, show_default=True,
               help="Whose startup tuning to plan: SGLang's, or vLLM's (vllm-dir: under "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from autotune_cache.errors import FiAutotuneError
+from autotune_cache.errors import AmbiguousEntry, FiAutotuneError
 from autotune_cache.autotuner.rankfile import summarize_ops
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.tune.quality import selection_summary
@@ -48,6 +48,8 @@ def scan_trees(cache_dir, layouts, refs, fingerprint=None, gone=None):
         for info in infos:
             try:
                 matches += [(e, info) for e in info.find(ref)]
+            except AmbiguousEntry:
+                raise  # never a guess, whatever the other trees hold
             except FiAutotuneError as e:
                 last_error = e
         if not matches:

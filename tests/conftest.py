@@ -72,7 +72,7 @@ def pytest_collection_modifyitems(config, items):
         has_gpu = False
     if has_gpu:
         return
-    skip = pytest.mark.skip(reason="no CUDA GPU on this machine (run with the device tool: -m gpu)")
+    skip = pytest.mark.skip(reason="no CUDA GPU on this machine (these tests tune on a real GPU: run them there with -m gpu)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -221,6 +221,18 @@ MUTATIONS = [
     ("22b: an unreadable marker is never unsealed", "autotune_cache/tree/storehouse.py",
      "    if \"unreadable\" in marker:\n        raise FiAutotuneError(f\"{store}: its marker", "    if False:\n        raise FiAutotuneError(f\"{store}: its marker",
      "tests/tree/test_store_housekeeping.py::test_an_unreadable_marker_is_neither_deleted_from_nor_unsealed"),
+    ("lead: a key or prefix naming several entries is refused, never a guess", "autotune_cache/tree/records.py",
+     "    if len(matches) > 1:\n        raise AmbiguousEntry(", "    if False:\n        raise AmbiguousEntry(",
+     "tests/cli/test_cli.py::test_a_unique_key_prefix_names_its_entry_and_an_ambiguous_one_deletes_nothing"),
+    ("lead: the ambiguity is final whatever the other trees hold", "cli/tree.py",
+     "            except AmbiguousEntry:\n                raise", "            except AmbiguousEntry:\n                continue",
+     "tests/cli/test_cli.py::test_a_key_under_two_versions_is_ambiguous_everywhere"),
+    ("lead: --max-size evicts only until the tree fits", "autotune_cache/tree/select.py",
+     "        if total <= budget:\n            break", "        if False:\n            break",
+     "tests/cli/test_cli.py::test_prune_max_size_evicts_least_recently_used_until_the_tree_fits"),
+    ("lead: --max-size evicts only what the other filters select", "autotune_cache/tree/select.py",
+     "    order = sorted((e for e in entries if eligible(e)),", "    order = sorted((e for e in entries),",
+     "tests/cli/test_cli.py::test_prune_max_size_evicts_least_recently_used_until_the_tree_fits"),
 ]
 
 

@@ -14,6 +14,7 @@ it is read from the same place as the config.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import socket
@@ -163,7 +164,20 @@ def load_model_config(model: str, config: str | None = None, revision: str | Non
     preset = _preset(model)
     if preset is not None:
         return preset
+    near = close_presets(model)
     raise UsageError(
         f"no config for {model!r} ({why}, no built-in preset): pass --config PATH/config.json, "
-        "a local model directory as --model, or make it reachable in the Hugging Face cache/hub"
+        "a local model directory as --model, or make it reachable in the Hugging Face cache/hub",
+        hint=(f"did you mean {' or '.join(near)}?" if near else "`fi-autotune plan --list-presets` lists the presets"),
     )
+
+
+def close_presets(model: str, n: int = 3) -> list[str]:
+    """The built-in presets nearest a mistyped model id (case and the org part forgiven)."""
+    ids = preset_ids()
+    by_lower = {i.lower(): i for i in ids}
+    names = {i.lower().split("/")[-1]: i for i in ids}
+    want = model.lower()
+    found = difflib.get_close_matches(want, list(by_lower), n=n, cutoff=0.75)
+    found += difflib.get_close_matches(want.split("/")[-1], list(names), n=n, cutoff=0.75)
+    return list(dict.fromkeys(by_lower.get(f) or names[f] for f in found))[:n]

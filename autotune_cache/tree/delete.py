@@ -27,7 +27,7 @@ from autotune_cache.tree.layout import OUR_PREFIX, TRASH_DIR_RE, CacheLayout, En
 from autotune_cache.tree.locks import dead_owner, entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
 from autotune_cache.tree.recovery import recover_journals, remove_leftover
-from autotune_cache.tree.select import EntryFilter, beyond_latest
+from autotune_cache.tree.select import EntryFilter, beyond_latest, over_budget
 from autotune_cache.tree.status import EntryStatus
 
 #: A temp file younger than this may be an engine's save in flight (engines take no lock).
@@ -243,28 +243,41 @@ def plan_prune(
     prefer_version: str | None = None,
     now: float | None = None,
     scan_fingerprint=None,
+    max_size: int | None = None,
 ) -> DeletePlan:
     """Entries matching every criterion, plus leftovers of interrupted writes. ``prefer_version``:
-    the FlashInfer version ``--keep-latest`` keeps first (``select.beyond_latest``)."""
-    if flt.empty and keep_latest is None:
+    the FlashInfer version ``--keep-latest`` keeps first (``select.beyond_latest``). ``max_size``:
+    of the entries the rest selects, only as many as it takes, least recently used first, for
+    the tree to fit (``select.over_budget``)."""
+    if flt.empty and keep_latest is None and max_size is None:
         raise UsageError(
             "nothing selected: give at least one of --older-than, --unused-for, --flashinfer-version, "
-            "--other-versions, --status, --keep-latest, --model, --arch"
+            "--other-versions, --status, --keep-latest, --max-size, --model, --arch"
         )
     if keep_latest is not None and keep_latest < 0:
         raise UsageError("--keep-latest must be >= 0")
     now = time.time() if now is None else now
     beyond = beyond_latest(info.entries, keep_latest, prefer_version) if keep_latest is not None else {}
+    def selected(e: CacheEntry):
+        reasons = flt.reasons(e, now)
+        if reasons is None or keep_latest is None:
+            return reasons
+        first = beyond.get(str(e.id))
+        return None if first is None else reasons + (f"beyond the latest {keep_latest} of its deployment "
+                                                     f"(kept: {first.id})",)
+
+    evict = over_budget(info.entries, max_size, lambda e: e.status != EntryStatus.UNREADABLE
+                        and selected(e) is not None) if max_size is not None else None
     candidates, picked_unreadable = [], []
     for e in info.entries:
-        reasons = flt.reasons(e, now)
+        reasons = selected(e)
         if reasons is None:
             continue
-        if keep_latest is not None:
-            first = beyond.get(str(e.id))
-            if first is None:
+        if evict is not None:
+            why = evict.get(str(e.id))
+            if why is None:
                 continue
-            reasons += (f"beyond the latest {keep_latest} of its deployment (kept: {first.id})",)
+            reasons += (why,)
         if e.status == EntryStatus.UNREADABLE:
             picked_unreadable.append(e)
             continue

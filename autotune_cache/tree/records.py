@@ -6,12 +6,13 @@ is ``entry_scan``'s and ``walk``'s business."""
 from __future__ import annotations
 
 import os
+import re
 import stat as stat_mod
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import RankFile
-from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.errors import AmbiguousEntry, FiAutotuneError
 from autotune_cache.humanize import format_age, format_size
 from autotune_cache.plan.topology import Topology
 from autotune_cache.registry import get_layout
@@ -229,6 +230,9 @@ class CacheInfo:
         return out
 
     def find(self, ref: str) -> list[CacheEntry]:
+        """The entries ``ref`` names: an id, a key, a unique key prefix (at least
+        ``MIN_PREFIX`` hex digits, alone or at the end of an id, as docker and git take), or
+        an entry's path. A key or prefix that names several is refused, listing them."""
         text = ref.strip().rstrip("/")
         eid = self.layout.parse_id(text)
         if eid is not None:
@@ -237,12 +241,13 @@ class CacheInfo:
                 return matches
         if self.layout.is_entry_name(text):
             matches = [e for e in self.entries if e.key == text]
-            if len(matches) > 1:
-                raise UsageError(
-                    f"{ref!r} names {len(matches)} entries; give one id: " + ", ".join(str(e.id) for e in matches)
-                )
             if matches:
-                return matches
+                return _one(ref, matches)
+        head, _, tail = text.rpartition("/")
+        if PREFIX_RE.fullmatch(tail):
+            matches = [e for e in self.entries if e.key.startswith(tail) and (not head or str(e.id).startswith(text))]
+            if matches:
+                return _one(ref, matches)
         p = Path(ref)
         if ("/" in ref or p.is_absolute()) and os.path.lexists(p):
             real = p.resolve()
@@ -251,3 +256,15 @@ class CacheInfo:
                 return matches
         raise FiAutotuneError(f"no cache entry {ref!r} under {self.root}",
                               hint=wrong_tree_hint(self.layout, ref) or "`fi-autotune ls -q` lists the ids")
+
+
+#: The shortest key prefix taken for a whole key (git's default abbreviation is 7; docker takes any).
+MIN_PREFIX = 4
+PREFIX_RE = re.compile(r"[0-9a-f]{%d,}" % MIN_PREFIX)
+
+
+def _one(ref: str, matches: list[CacheEntry]) -> list[CacheEntry]:
+    if len(matches) > 1:
+        raise AmbiguousEntry(f"{ref!r} names {len(matches)} entries; give one id: "
+                             + ", ".join(str(e.id) for e in matches))
+    return matches

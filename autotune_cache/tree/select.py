@@ -1,13 +1,15 @@
 """Choosing entries: the filters ``ls``, ``prune``, ``export``, ``push`` and ``pull`` share
 (``EntryFilter``: every given criterion must match, and each match says why), and the
-"keep the latest N of each deployment" ranking ``prune --keep-latest`` uses."""
+"keep the latest N of each deployment" ranking ``prune --keep-latest`` uses, and the least-
+recently-used order ``prune --max-size`` evicts in."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from autotune_cache.autotuner.installed import version_order
-from autotune_cache.humanize import Duration
+from autotune_cache.humanize import Duration, format_age, format_size
 from autotune_cache.registry import get_layout
 from autotune_cache.tree.records import CacheEntry
 from autotune_cache.tree.status import EntryStatus
@@ -95,4 +97,28 @@ def beyond_latest(entries: tuple[CacheEntry, ...], n: int, prefer_version: str |
         group.sort(key=lambda e: (_status_rank(e), prefer_version is None or e.flashinfer_version != prefer_version))
         for e in group[n:]:
             out[str(e.id)] = group[0]
+    return out
+
+
+def last_touched(e: CacheEntry) -> tuple[float, bool]:
+    """(when last used, known): the access time where the tree keeps one, else the last write
+    (a lower bound: an entry read since then on a noatime mount looks older than it is)."""
+    return (e.last_used, True) if e.last_used else (e.last_modified, False)
+
+
+def over_budget(entries: tuple[CacheEntry, ...], budget: int, eligible: Callable[[CacheEntry], bool]) -> dict[str, str]:
+    """The eligible entries to evict, least recently used first, until the whole tree's size is
+    at most ``budget`` bytes (ccache's and sccache's ``max_size``). Entries whose last use is
+    known go before those known only by their last write. Maps each id to why."""
+    total = sum(e.size_on_disk for e in entries)
+    order = sorted((e for e in entries if eligible(e)),
+                   key=lambda e: (not last_touched(e)[1], last_touched(e)[0], str(e.id)))
+    out: dict[str, str] = {}
+    for e in order:
+        if total <= budget:
+            break
+        when, known = last_touched(e)
+        out[str(e.id)] = (f"least recently used ({'used' if known else 'last use unknown; written'} "
+                          f"{format_age(when)}): the tree is {format_size(total)}, over --max-size {format_size(budget)}")
+        total -= e.size_on_disk
     return out

@@ -43,7 +43,7 @@ def test_key_command_prints_key_string_and_rank_paths(root):
     assert out["key_string"].endswith("|GlmMoeDsaConfig|candidate_selection=v2_default|skip_ops=")
     assert out["rank_files"][7] == str(root / "flashinfer/autotune/0.7.2.post1/sm100/d99390dfa961185d/rank_tp7_pp0_dp7.json")
     q = run_cli("key", *KEY_ARGS, "-q")
-    assert q.stdout.strip() == "d99390dfa961185d"
+    assert q.stdout.strip() == GLM_ID  # -q prints ids, as its help (and every other command) says
 
 
 def test_key_quantization_none_and_replicas(root):
@@ -179,10 +179,79 @@ def test_a_key_under_two_versions_is_ambiguous_everywhere(root, tmp_path):
     b = write_fake_entry(root, flashinfer_version="0.7.1")
     for cmd in (["show", a.name], ["rm", a.name, "-y"], ["export", a.name, "-o", str(tmp_path / "x.tgz")], ["verify", a.name]):
         proc = run_cli(*cmd, "--cache-dir", str(root))
-        assert proc.returncode == 2, (cmd, proc.stderr)
+        assert proc.returncode == 1, (cmd, proc.stderr)  # a lookup failure, as an unknown id is
         assert f"names 2 entries; give one id: {b}, {a}" in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
     assert sorted(ids(root)) == sorted([str(a), str(b)])  # nothing was deleted
+
+
+def test_a_unique_key_prefix_names_its_entry_and_an_ambiguous_one_deletes_nothing(root):
+    a = write_fake_entry(root)
+    b = write_fake_entry(root, fields=default_fields("Qwen/Qwen3-30B-A3B", tp=2, dp=1))
+    shared = next(n for n in range(16, 0, -1) if a.name[:n] == b.name[:n]) if a.name[0] == b.name[0] else 0
+    (doc,) = run_json("show", a.name[:max(4, shared + 1)], "--cache-dir", str(root))
+    assert doc["id"] == str(a)
+    (doc,) = run_json("show", f"{a.parts[0]}/{a.parts[1]}/{a.name[:max(4, shared + 1)]}", "--cache-dir", str(root))
+    assert doc["id"] == str(a)
+    short = run_cli("show", a.name[:3], "--cache-dir", str(root))  # under 4 digits: not a prefix
+    assert short.returncode == 1 and "no cache entry" in short.stderr
+    # two entries under one prefix: refused, listing both, nothing deleted
+    c = write_fake_entry(root, flashinfer_version="0.7.1")
+    proc = run_cli("rm", "-y", a.name[:6], "--cache-dir", str(root))
+    assert proc.returncode == 1 and f"names 2 entries; give one id: {c}, {a}" in proc.stderr, proc.stderr
+    assert sorted(ids(root)) == sorted(map(str, (a, b, c)))
+    gone = run_cli("rm", "-y", b.name[:8], "--cache-dir", str(root))
+    assert gone.returncode == 0, gone.stderr
+    assert sorted(ids(root)) == sorted(map(str, (a, c)))
+
+
+def test_prune_on_a_node_without_a_cache_root_has_nothing_to_do(tmp_path):
+    missing = tmp_path / "never-made"
+    proc = run_cli("prune", "--older-than", "30d", "-y", "--missing-ok", "--cache-dir", str(missing))
+    assert proc.returncode == 0, proc.stderr  # a cron job on a fresh node does not fail
+    assert proc.stdout.strip() == f"nothing to prune: cache root {missing} does not exist (from --cache-dir)"
+    assert not missing.exists()  # and it made nothing
+    doc = json.loads(run_cli("prune", "--older-than", "30d", "--json", "--missing-ok", "--cache-dir", str(missing)).stdout)
+    assert doc["plan"] is None and "does not exist" in doc["root_missing"]
+    # without --missing-ok a missing root (a typo?) is still an error
+    assert run_cli("prune", "--older-than", "30d", "-y", "--cache-dir", str(missing)).returncode == 1
+    # reading commands still say the root is missing (exit 1)
+    assert run_cli("ls", "--cache-dir", str(missing)).returncode == 1
+
+
+def test_debug_goes_anywhere_before_the_double_dash(tmp_path):
+    proc = run_cli("ls", "--cache-dir", str(tmp_path / "nope"), "--debug")
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "No such option" not in proc.stderr
+
+
+def test_prune_max_size_evicts_least_recently_used_until_the_tree_fits(root):
+    a = write_fake_entry(root, seed=1)
+    b = write_fake_entry(root, fields=default_fields("Qwen/Qwen3-30B-A3B", tp=2, dp=1), seed=2)
+    c = write_fake_entry(root, fields=default_fields("Qwen/Qwen3-30B-A3B", tp=4, dp=1), seed=3)
+    age(root, a, 30, atime_days=3)  # used 3 days ago
+    age(root, b, 30, atime_days=1)
+    age(root, c, 30, atime_days=0.1)
+    sizes = {e["id"]: e["size_on_disk"] for e in run_json("ls", "--cache-dir", str(root))["entries"]}
+    total = sum(sizes.values())
+    cd = ["--cache-dir", str(root)]
+    # one byte over the budget once a is gone: a alone goes (the least recently used)
+    plan = run_json("prune", "--max-size", str(total - sizes[str(a)]), "--dry-run", *cd)
+    assert [e["id"] for e in plan["plan"]["entries"]] == [str(a)]
+    assert "least recently used (used 3d ago)" in plan["plan"]["entries"][0]["reasons"][-1]
+    # with a filter only what it selects may go, however old the rest
+    plan = run_json("prune", "--max-size", "1", "--model", "Qwen/Qwen3-30B-A3B", "--dry-run", *cd)
+    assert sorted(e["id"] for e in plan["plan"]["entries"]) == sorted([str(b), str(c)])
+    # an entry the filters keep is never counted as evicted: b, the filter's least recent, goes
+    plan = run_json("prune", "--max-size", str(total - min(sizes.values())), "--model", "Qwen/Qwen3-30B-A3B",
+                    "--dry-run", *cd)
+    assert [e["id"] for e in plan["plan"]["entries"]] == [str(b)]
+    # a budget the tree already fits: nothing
+    assert run_json("prune", "--max-size", f"{total}", "--dry-run", *cd)["plan"]["entries"] == []
+    proc = run_cli("prune", "--max-size", str(total - sizes[str(a)] - 1), "-y", *cd)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(ids(root)) == [str(c)]  # a, then b (older use) went; c, used last, stays
+    bad = run_cli("prune", "--max-size", "50X", *cd)
+    assert bad.returncode == 2 and "invalid size '50X'" in bad.stderr
 
 
 def test_prune_dry_run_is_the_same_plan_and_deletes_nothing(root):

@@ -67,3 +67,13 @@ def test_a_note_many_entries_share_is_printed_once(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if "no manifest" in line]
     assert len(lines) == 1 and lines[0].startswith("5 entries ("), proc.stderr
+
+
+def test_ls_dir_prints_the_root_without_reading_it(tmp_path):
+    missing = tmp_path / "not-yet"
+    proc = run_cli("ls", "--dir", "--cache-dir", str(missing))
+    assert proc.returncode == 0 and proc.stdout == f"{missing}\n"
+    doc = json.loads(run_cli("ls", "--dir", "--json", "--cache-dir", str(missing)).stdout)
+    assert doc["roots"] == [{"layout": "sglang", "path": str(missing), "source": "--cache-dir", "exists": False}]
+    env = run_cli("ls", "--dir", "--layout", "sglang", env={"SGLANG_CACHE_DIR": str(tmp_path / "s")})
+    assert env.stdout.strip() == str(tmp_path / "s")

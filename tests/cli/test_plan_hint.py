@@ -36,3 +36,13 @@ def test_mxfp4_is_offered_only_for_mxfp4_weights():
 def test_no_hint_where_it_autotunes_already_or_has_no_experts():
     assert _plan("--model", "Qwen/Qwen3-30B-A3B", "--moe-runner-backend", "flashinfer_cutlass")["would_autotune_with"] == []
     assert _plan("--model", "meta-llama/Meta-Llama-3.1-8B")["would_autotune_with"] == []
+
+
+def test_presets_are_listed_and_a_mistyped_model_gets_the_nearest():
+    listed = run_cli("plan", "--list-presets")
+    assert listed.returncode == 0 and "Qwen/Qwen3-30B-A3B" in listed.stdout.split()
+    typo = run_cli("plan", "--arch", "sm90", "--model", "qwen/qwen3-30b-a3b")
+    assert typo.returncode == 2 and "did you mean Qwen/Qwen3-30B-A3B" in typo.stderr, typo.stderr
+    assert len(typo.stderr.strip().splitlines()) == 1
+    none = run_cli("plan", "--arch", "sm90", "--model", "foo/bar")
+    assert none.returncode == 2 and "--list-presets" in none.stderr

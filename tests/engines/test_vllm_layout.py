@@ -48,7 +48,7 @@ def test_golden_names_of_vllm_0_33():
         "autotune_configs_dp1_rank2.json", "autotune_configs_dp1_rank3.json"]
 
 
-@pytest.mark.skipif(not VLLM_PYTHON, reason="set FI_AUTOTUNE_VLLM_PYTHON to an interpreter with vLLM to check against it")
+@pytest.mark.skipif(not VLLM_PYTHON, reason="optional live check against vLLM itself: set FI_AUTOTUNE_VLLM_PYTHON to a Python with vLLM 0.33 (CI compares with its recorded goldens)")
 @pytest.mark.parametrize("archs,expect_dir", [("9.0", "90a"), ("10.0", "100a"), ("9.0 10.0", "90a_100a")])
 def test_paths_are_vllms_own(tmp_path, archs, expect_dir):
     layout = get_layout("vllm")

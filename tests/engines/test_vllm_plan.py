@@ -282,7 +282,7 @@ def test_sglangs_call_is_not_vllms(tmp_path):
     assert {k for k in ours if ours[k] != theirs[k]} == {"use_fused_finalize", "quant_scales"}  # None vs []
 
 
-@pytest.mark.skipif(not VLLM_PYTHON, reason="set FI_AUTOTUNE_VLLM_PYTHON to an interpreter with vLLM to check against it")
+@pytest.mark.skipif(not VLLM_PYTHON, reason="optional live check against vLLM itself: set FI_AUTOTUNE_VLLM_PYTHON to a Python with vLLM 0.33 (CI compares with its recorded goldens)")
 @pytest.mark.parametrize("name", sorted(GOLDEN["cases"]))
 def test_golden_calls_are_what_vllm_makes(name):
     case = GOLDEN["cases"][name]["case"]

@@ -36,7 +36,7 @@ SHARED = Path(__file__).resolve().parents[3] / "shared" / "reference" / "model_c
 def test_presets_are_the_reference_configs():
     """The presets are verbatim copies of shared/reference/model_configs (beside the checkout)."""
     if not SHARED.is_dir():
-        pytest.skip("shared/reference is not beside this checkout")
+        pytest.skip("optional reference data (the real config.json files in ../shared/reference) is not present")
     shared = {p.name: p.read_bytes() for p in SHARED.glob("*.json")}
     presets = {p.name: p.read_bytes() for p in REF.glob("*.json") if not p.stem.endswith(".hf_quant_config")}
     assert presets == shared

@@ -223,14 +223,14 @@ def test_autotune_dir_that_is_a_file_is_an_error(tmp_path):
 
 
 def test_ids_resolve_and_ambiguous_keys_list_the_ids(root):
-    from autotune_cache.errors import FiAutotuneError, UsageError
+    from autotune_cache.errors import AmbiguousEntry, FiAutotuneError
 
     a = write_fake_entry(root)
     b = write_fake_entry(root, flashinfer_version="0.7.1")
     info = scan_cache(root)
     assert [e.id for e in info.resolve([str(a)])] == [a]
     assert [e.id for e in info.resolve([str(entry_path(root, b))])] == [b]
-    with pytest.raises(UsageError, match=f"names 2 entries.*{a.parts[0]}/sm100/{a.name}"):
+    with pytest.raises(AmbiguousEntry, match=f"names 2 entries.*{a.parts[0]}/sm100/{a.name}"):
         info.resolve([a.name])
     with pytest.raises(FiAutotuneError, match="no cache entry"):
         info.resolve(["0000000000000000"])
