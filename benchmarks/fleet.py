@@ -8,6 +8,7 @@ targets share work on purpose (the MoE of one model under two served paths), so 
 saving shows too.
 
     python benchmarks/fleet.py --gpus 1,4 --repeat 3 --out benchmarks/results/fleet.json
+    python benchmarks/fleet.py --gpus 1,2 --modes fleet,fleet-targets --repeat 2   # the two deals
 
 Not part of fi-autotune; needs GPUs (sm90) and FlashInfer.
 """
@@ -59,8 +60,9 @@ def run(cmd: list[str], env: dict) -> tuple[dict, float]:
 def once(mode: str, gpus: int, targets_file: Path, targets, tmp: Path) -> dict:
     env = {**os.environ, "FI_AUTOTUNE_FLOOR": "1", "XDG_CACHE_HOME": str(tmp / "xdg")}
     cli = [sys.executable, "-m", "fi_autotune_cli", "warm", "--gpus", str(gpus), "--cache-dir", str(tmp / "root"), "--json"]
-    if mode == "fleet":
-        data, wall = run([*cli, "--targets", str(targets_file)], env)
+    if mode.startswith("fleet"):  # fleet: --deal longest (the default); fleet-targets: --deal targets
+        deal = ["--deal", "targets"] if mode == "fleet-targets" else []
+        data, wall = run([*cli, "--targets", str(targets_file), *deal], env)
         t = data["timings"]
         return {"wall_s": wall, "tuning_gpu_s": t.get("tuning_gpu_s", 0.0), "floor_gpu_s": t.get("floor_gpu_s", 0.0),
                 "profiles": data["profiles_tuned"], "profiles_one_by_one": data["profiles_total"]}
@@ -80,7 +82,7 @@ def table(rows: list[dict]) -> str:
     lines = ["| mode | GPUs | wall s (median) [min-max] | tuning GPU-s | floor GPU-s | overhead | scaling eff. | profiles tuned |",
              "|---|---|---|---|---|---|---|---|"]
     for gpus in sorted({r["gpus"] for r in rows}):
-        for mode in ("separate", "fleet"):
+        for mode in ("separate", "fleet-targets", "fleet"):
             sel = [r for r in rows if r["gpus"] == gpus and r["mode"] == mode]
             if not sel:
                 continue
@@ -103,6 +105,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpus", default="1", help="comma-separated GPU counts, e.g. 1,4")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--modes", default="separate,fleet",
+                    help="comma-separated: separate (one warm per target), fleet (warm --targets, costliest work "
+                         "first), fleet-targets (warm --targets --deal targets: target by target)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fleet.json")
     ap.add_argument("--report", type=Path, nargs="*", help="result files to re-print together (no GPU)")
     ap.add_argument("--no-prerun", action="store_true", help="skip the untimed run that builds or loads the kernel modules")
@@ -128,7 +133,8 @@ def main() -> None:
             print(json.dumps({"prerun": res}), flush=True)
         for gpus in counts:
             for r in range(args.repeat):
-                for mode in (("separate", "fleet") if r % 2 == 0 else ("fleet", "separate")):
+                modes = args.modes.split(",")
+                for mode in (modes if r % 2 == 0 else modes[::-1]):  # interleaved, alternating order
                     with tempfile.TemporaryDirectory(dir=d) as tmp:
                         res = once(mode, gpus, targets_file, targets, Path(tmp))
                     rows.append({"mode": mode, "gpus": gpus, "repeat": r, **res})

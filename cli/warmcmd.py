@@ -19,6 +19,7 @@ from autotune_cache.engines.selection import warm_groups
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tune.fleet import FleetItem
+from autotune_cache.tune.fleetrun import DEALS
 from autotune_cache.tune.publish import writable_store
 from autotune_cache.tune.quality import DEFAULT_THRESHOLD, QualitySettings
 from autotune_cache.tune.recorded import request_of
@@ -76,6 +77,10 @@ def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | 
 @click.option("--race-runs", type=click.IntRange(5, 10000), default=50, show_default=True,
               help="careful: timed runs per candidate in a race.")
 @targets_option
+@click.option("--deal", type=click.Choice(DEALS), default="longest", show_default=True,
+              help="With --targets: longest = the costliest work first across the whole fleet (the shortest total "
+                   "time); targets = target by target in the file's order (the first targets are written and pushed "
+                   "earliest).")
 @shard_option
 @click.option("--push", "push_url", default=None, metavar="URL",
               help="Publish each entry to this store (s3://, gs://, file://) as soon as it is written.")
@@ -83,7 +88,7 @@ def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | 
 @json_option
 @serving_command_argument
 @click.pass_context
-def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, targets_file, shard, push_url,
+def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, targets_file, deal, shard, push_url,
              as_json, **kw):
     """Tune the plan on this machine's GPUs and write every rank file where the engine looks.
 
@@ -96,7 +101,7 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     out = Output(as_json)
     settings = _quality(ctx, quality, repeats, threshold, race_runs)
     groups = warm_groups(layouts)
-    opts = WarmOptions(n, force, None, machine_of(ctx))
+    opts = WarmOptions(n, force, None, machine_of(ctx), deal=deal)
     if targets_file:
         reject_serving_flags(ctx)
         registry.default_engine().refuse_foreign_options(engine_option_values(dict(kw)))

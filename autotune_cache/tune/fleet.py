@@ -148,6 +148,7 @@ def warm_fleet(
     progress: Callable | None = None,
     on_committed: Callable[[FleetItem], None] | None = None,
     machine: Machine = THIS_MACHINE,
+    deal: str = "longest",
 ) -> FleetResult:
     """Tune every item's plan on one pool, identical calls once; each item committed (and handed
     to ``on_committed``) as soon as its own buckets are saved."""
@@ -163,7 +164,8 @@ def warm_fleet(
         for d in dirs:
             locks.append(lock_work_dir(d))
             open_work_dir(d, force)
-        run = FleetRun(todo, work.ops, dirs, [read_done(d, FleetRun.PREFIX) for d in dirs], force, n, on_committed)
+        run = FleetRun(todo, work.ops, dirs, [read_done(d, FleetRun.PREFIX) for d in dirs], force, n, on_committed,
+                       deal)
         distinct, already = work.profiles(), run.already()
         events = run.tune(pool, machine, progress, distinct)
         t_end = time.perf_counter()

@@ -14,8 +14,16 @@ from autotune_cache.tune.machine import Machine
 from autotune_cache.tune.pool import WorkerPool
 from autotune_cache.tune.quality import QualitySettings
 from autotune_cache.tune.supervise import Phase
-from autotune_cache.tune.work import skeleton_of, work_queue
+from autotune_cache.tune.work import profile_cost, skeleton_of, work_queue
 from autotune_cache.tune.workdir import merged_results, one_metadata, read_slot_records
+
+
+#: How a fleet deals its work. ``longest``: the costliest (call, bucket) first across the whole
+#: fleet, whichever target wants it (longest processing time first: the short ones fill the
+#: gaps at the end, so no GPU idles while another finishes a long profile - the fleet's tail).
+#: ``targets``: target by target in the file's order, so the first targets complete, and are
+#: committed and pushed, while the rest is still tuning (earlier first entries, a longer tail).
+DEALS = ("longest", "targets")
 
 
 class FleetRun:
@@ -26,9 +34,11 @@ class FleetRun:
     PREFIX = "tune"
 
     def __init__(self, items: list, ops: list[dict], dirs: list[Path], done: list[set[int]], force: bool, gpus: int,
-                 on_committed: Callable | None):
+                 on_committed: Callable | None, deal: str = "longest"):
+        if deal not in DEALS:
+            raise ValueError(f"deal {deal!r}: one of {', '.join(DEALS)}")
         self.items, self.ops, self.dirs, self.done = items, ops, dirs, done
-        self.force, self.gpus, self.on_committed = force, gpus, on_committed
+        self.force, self.gpus, self.on_committed, self.deal = force, gpus, on_committed, deal
         self.remaining = {id(item): {(g, b) for g, bs in item.needs.items() for b in bs if b not in done[g]}
                           for item in items}
 
@@ -37,8 +47,10 @@ class FleetRun:
         return sum(len(self.done[g] & set(op["buckets"])) * len(op["custom_ops"]) for g, op in enumerate(self.ops))
 
     def queue(self) -> list[tuple[int, int]]:
-        """The work dealt target by target (in the list's order): the first targets complete, and
-        are committed, while the rest is still tuning."""
+        """The (call, bucket) items in the order they are dealt (``DEALS``)."""
+        if self.deal == "longest":
+            items = work_queue(self.ops, self.done)
+            return sorted(items, key=lambda gb: -profile_cost(self.ops[gb[0]], gb[1]))  # stable: ties keep op order
         queue: list[tuple[int, int]] = []
         queued: set[tuple[int, int]] = set()
         for item in self.items:

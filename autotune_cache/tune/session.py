@@ -34,6 +34,7 @@ class WarmOptions:
     store: Store | None = None
     machine: Machine = THIS_MACHINE
     plan_hint: str = "`fi-autotune plan`"
+    deal: str = "longest"  # a fleet's order: fleetrun.DEALS
 
 
 class _EarlyPool:
@@ -154,10 +155,12 @@ def run_fleet(load: Callable[[GpuInfo], list[FleetItem]], opts: WarmOptions, *, 
 
     try:
         info = opts.machine.usable_gpus(opts.gpus, opts.plan_hint)
-        items = load(info)
+        # The workers start (Python, torch, FlashInfer, CUDA context: ~4.5 s) while the targets
+        # are planned, not after.
         pool = early.start(info.count)
+        items = load(info)
         result = warm_fleet(items, gpus=opts.gpus, info=info, pool=pool, force=opts.force, progress=progress,
-                            on_committed=committed, machine=opts.machine)
+                            on_committed=committed, machine=opts.machine, deal=opts.deal)
     finally:
         early.close()
     for item in result.items:  # complete ones already there: convert and push them too

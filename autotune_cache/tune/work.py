@@ -38,6 +38,17 @@ def work_queue(ops: list[dict], done: list[set[int]]) -> list[tuple[int, int]]:
     return [(i, b) for i, op in enumerate(ops) for b in sorted((b for b in op["buckets"] if b not in done[i]), reverse=True)]
 
 
+#: Tokens' worth of fixed cost per profiled tactic (launch, synchronisation, the autotuner's own
+#: bookkeeping): below a few hundred tokens a profile's time hardly depends on the bucket.
+FIXED_TOKENS = 256
+
+
+def profile_cost(op: dict, bucket: int) -> int:
+    """A relative cost of tuning ``op`` at ``bucket`` tokens, for ordering work only: one profile
+    per custom op, each growing with the tokens beyond a fixed part (``FIXED_TOKENS``)."""
+    return len(op["custom_ops"]) * (FIXED_TOKENS + bucket)
+
+
 def skeleton_of(plan: TuningPlan) -> dict:
     """The worker's model skeleton: the LM head it stubs (in a fleet any target's will do: it is
     never run for real, only its stub)."""

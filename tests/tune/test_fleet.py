@@ -205,15 +205,50 @@ def test_warm_targets_tunes_identical_calls_once_and_writes_what_warm_alone_writ
 
 def test_a_target_is_written_while_the_rest_still_tunes(fleet, tmp_path):
     log = tmp_path / "items.log"
-    proc = warm_targets(fleet, tmp_path, "--json", env={"FAKE_LOG": str(log), "FAKE_ITEM_SLEEP": "0.02"})
+    proc = warm_targets(fleet, tmp_path, "--json", "--deal", "targets",
+                        env={"FAKE_LOG": str(log), "FAKE_ITEM_SLEEP": "0.02"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     first = json.loads(proc.stdout)["targets"][0]
     written_at = (Path(first["key_dir"]) / "fi-autotune.manifest.json").stat().st_mtime
     assert written_at < log.stat().st_mtime - 0.5  # the last item came well after the first commit
 
 
+def test_the_fleet_deals_its_costliest_work_first_and_writes_the_same_files(fleet, tmp_path):
+    log = tmp_path / "items.log"
+    proc = warm_targets(fleet, tmp_path, "--json", "--gpus", "1", env={"FAKE_LOG": str(log)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    items = [tuple(map(int, line.split()[1:])) for line in log.read_text().splitlines()]
+    assert len(items) == len(set(items)) == 210
+    buckets = [b for _, b in items]
+    assert buckets[0] == max(buckets) and buckets[-1] == min(buckets)  # longest first, across every target
+    # the other order tunes the same calls into the same files, byte for byte
+    other = tmp_path / "other"
+    other.mkdir()
+    again = warm_targets(fleet, other, "--json", "--gpus", "1", "--deal", "targets")
+    assert again.returncode == 0, again.stderr[-2000:]
+    by_name = {t["name"]: Path(t["key_dir"]) for t in json.loads(again.stdout)["targets"]}
+    for t in json.loads(proc.stdout)["targets"]:
+        mine = Path(t["key_dir"])
+        for f in sorted(mine.glob("rank_*.json")):
+            assert f.read_bytes() == (by_name[t["name"]] / f.name).read_bytes()
+
+
+def test_longest_first_orders_by_cost_across_targets():
+    from types import SimpleNamespace
+    from autotune_cache.tune.fleetrun import FleetRun
+    ops = [{"custom_ops": ["gemm"], "buckets": [1, 8192]}, {"custom_ops": ["gemm1", "gemm2"], "buckets": [1, 4096]}]
+    items = [SimpleNamespace(needs={0: {1, 8192}}), SimpleNamespace(needs={1: {1, 4096}})]
+    run = FleetRun(items, ops, [Path("a"), Path("b")], [set(), set()], False, 1, None, "longest")
+    # two custom ops at 4096 tokens cost more than one at 8192; the small buckets fill the end
+    assert run.queue() == [(1, 4096), (0, 8192), (1, 1), (0, 1)]
+    run = FleetRun(items, ops, [Path("a"), Path("b")], [set(), {4096}], False, 1, None, "targets")
+    assert run.queue() == [(0, 8192), (0, 1), (1, 1)]  # target by target; what was saved is not dealt again
+    with pytest.raises(ValueError):
+        FleetRun(items, ops, [], [set(), set()], False, 1, None, "shortest")
+
+
 def test_a_failed_run_keeps_what_it_wrote_and_resumes(fleet, tmp_path):
-    proc = warm_targets(fleet, tmp_path, "--gpus", "1", env={"FAKE_WORKER_MODE": "crash-after-100"})
+    proc = warm_targets(fleet, tmp_path, "--gpus", "1", "--deal", "targets", env={"FAKE_WORKER_MODE": "crash-after-100"})
     assert proc.returncode == 1 and "exited with -9" in proc.stderr
     assert re.search(r"\d of 5 targets were written before it", proc.stderr), proc.stderr
     written = int(re.search(r"(\d) of 5 targets were written", proc.stderr)[1])
