@@ -8,7 +8,7 @@ targets share work on purpose (the MoE of one model under two served paths), so 
 saving shows too.
 
     python benchmarks/fleet.py --gpus 1,4 --repeat 3 --out benchmarks/results/fleet.json
-    python benchmarks/fleet.py --gpus 1,2 --modes fleet,fleet-targets --repeat 2   # the two deals
+    python benchmarks/fleet.py --gpus 1,2 --modes fleet,fleet-longest --repeat 2   # the two deals
 
 Not part of fi-autotune; needs GPUs (sm90) and FlashInfer.
 """
@@ -60,8 +60,8 @@ def run(cmd: list[str], env: dict) -> tuple[dict, float]:
 def once(mode: str, gpus: int, targets_file: Path, targets, tmp: Path) -> dict:
     env = {**os.environ, "FI_AUTOTUNE_FLOOR": "1", "XDG_CACHE_HOME": str(tmp / "xdg")}
     cli = [sys.executable, "-m", "fi_autotune_cli", "warm", "--gpus", str(gpus), "--cache-dir", str(tmp / "root"), "--json"]
-    if mode.startswith("fleet"):  # fleet: --deal longest (the default); fleet-targets: --deal targets
-        deal = ["--deal", "targets"] if mode == "fleet-targets" else []
+    if mode.startswith("fleet"):  # fleet: the default deal (targets); fleet-longest: --deal longest
+        deal = ["--deal", "longest"] if mode == "fleet-longest" else []
         data, wall = run([*cli, "--targets", str(targets_file), *deal], env)
         t = data["timings"]
         return {"wall_s": wall, "tuning_gpu_s": t.get("tuning_gpu_s", 0.0), "floor_gpu_s": t.get("floor_gpu_s", 0.0),
@@ -82,7 +82,7 @@ def table(rows: list[dict]) -> str:
     lines = ["| mode | GPUs | wall s (median) [min-max] | tuning GPU-s | floor GPU-s | overhead | scaling eff. | profiles tuned |",
              "|---|---|---|---|---|---|---|---|"]
     for gpus in sorted({r["gpus"] for r in rows}):
-        for mode in ("separate", "fleet-targets", "fleet"):
+        for mode in ("separate", "fleet", "fleet-longest"):
             sel = [r for r in rows if r["gpus"] == gpus and r["mode"] == mode]
             if not sel:
                 continue
@@ -106,8 +106,8 @@ def main() -> None:
     ap.add_argument("--gpus", default="1", help="comma-separated GPU counts, e.g. 1,4")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--modes", default="separate,fleet",
-                    help="comma-separated: separate (one warm per target), fleet (warm --targets, costliest work "
-                         "first), fleet-targets (warm --targets --deal targets: target by target)")
+                    help="comma-separated: separate (one warm per target), fleet (warm --targets: target by "
+                         "target), fleet-longest (warm --targets --deal longest: costliest work first)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fleet.json")
     ap.add_argument("--report", type=Path, nargs="*", help="result files to re-print together (no GPU)")
     ap.add_argument("--no-prerun", action="store_true", help="skip the untimed run that builds or loads the kernel modules")

@@ -77,10 +77,10 @@ def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | 
 @click.option("--race-runs", type=click.IntRange(5, 10000), default=50, show_default=True,
               help="careful: timed runs per candidate in a race.")
 @targets_option
-@click.option("--deal", type=click.Choice(DEALS), default="longest", show_default=True,
-              help="With --targets: longest = the costliest work first across the whole fleet (the shortest total "
-                   "time); targets = target by target in the file's order (the first targets are written and pushed "
-                   "earliest).")
+@click.option("--deal", type=click.Choice(DEALS), default="targets", show_default=True,
+              help="With --targets: targets = target by target in the file's order (the first targets are written "
+                   "and pushed earliest); longest = the costliest work first across the whole fleet (no faster on "
+                   "the measured batches: docs/fleet.md).")
 @shard_option
 @click.option("--push", "push_url", default=None, metavar="URL",
               help="Publish each entry to this store (s3://, gs://, file://) as soon as it is written.")

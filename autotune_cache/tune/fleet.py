@@ -148,7 +148,7 @@ def warm_fleet(
     progress: Callable | None = None,
     on_committed: Callable[[FleetItem], None] | None = None,
     machine: Machine = THIS_MACHINE,
-    deal: str = "longest",
+    deal: str = "targets",
 ) -> FleetResult:
     """Tune every item's plan on one pool, identical calls once; each item committed (and handed
     to ``on_committed``) as soon as its own buckets are saved."""

@@ -34,7 +34,7 @@ class WarmOptions:
     store: Store | None = None
     machine: Machine = THIS_MACHINE
     plan_hint: str = "`fi-autotune plan`"
-    deal: str = "longest"  # a fleet's order: fleetrun.DEALS
+    deal: str = "targets"  # a fleet's order: fleetrun.DEALS
 
 
 class _EarlyPool:

@@ -215,7 +215,7 @@ def test_a_target_is_written_while_the_rest_still_tunes(fleet, tmp_path):
 
 def test_the_fleet_deals_its_costliest_work_first_and_writes_the_same_files(fleet, tmp_path):
     log = tmp_path / "items.log"
-    proc = warm_targets(fleet, tmp_path, "--json", "--gpus", "1", env={"FAKE_LOG": str(log)})
+    proc = warm_targets(fleet, tmp_path, "--json", "--gpus", "1", "--deal", "longest", env={"FAKE_LOG": str(log)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     items = [tuple(map(int, line.split()[1:])) for line in log.read_text().splitlines()]
     assert len(items) == len(set(items)) == 210
