@@ -20,7 +20,7 @@ from autotune_cache.tree.recovery import recover_journals
 from .output import PROG, Output
 from .params import (
     cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
-    keep_latest_version, quiet_option, staleness_fingerprint, timeout_option, trees,
+    keep_latest_version, quiet_option, size_filters, staleness_fingerprint, timeout_option, trees,
 )
 from .tree import scan_trees
 
@@ -90,6 +90,7 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
 @cache_dir_option
 @layout_option
 @filter_options
+@size_filters
 @click.option("--other-versions", is_flag=True, help="Entries of every FlashInfer version but the installed one.")
 @click.option("--keep-latest", type=click.IntRange(min=0), default=None,
               help="Per deployment (same arch and key: every serving flag but the FlashInfer version), keep the N "
@@ -109,8 +110,8 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
 @timeout_option
 @json_option
 @quiet_option
-def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, other_versions, keep_latest,
-              missing_ok, max_size, env_from, check_env, dry_run, yes, as_json, quiet):
+def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, larger_than, smaller_than,
+              other_versions, keep_latest, missing_ok, max_size, env_from, check_env, dry_run, yes, as_json, quiet):
     """Delete entries matching every given filter, and leftovers of interrupted writes; with
     STORE_URL (s3://, gs://, file://), the store's published entries (--older-than: by push time).
 
@@ -124,7 +125,8 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
     if store is not None:
         if keep_latest is not None or other_versions or check_env or max_size is not None:
             raise UsageError("--keep-latest, --max-size, --other-versions and --check-env work on a tree only")
-        flt = entry_filter(model, versions, arch, status, older_than, unused_for)
+        flt = entry_filter(model, versions, arch, status, older_than, unused_for, larger_than=larger_than,
+                           smaller_than=smaller_than)
         fp = Fingerprint.load(env_from) if env_from else None
         return _run(plan_store_delete(_store(store), flt, fingerprint=fp), out, dry_run, yes)
     if len(layouts) > 1 or any(len(v) > 1 for v in layouts):
@@ -143,7 +145,8 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
         other = installed_flashinfer_version()
         if other is None:
             raise UsageError("--other-versions needs flashinfer-python installed to know the current version")
-    flt = entry_filter(model, versions, arch, status, older_than, unused_for, other)
+    flt = entry_filter(model, versions, arch, status, older_than, unused_for, other, larger_than=larger_than,
+                       smaller_than=smaller_than)
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
     if not dry_run:
         for done in recover_journals(layout, root.path):

@@ -21,7 +21,7 @@ from autotune_cache.tree.storehouse import record_views, require_store_filters
 
 from .output import Mode, Output
 from .params import (
-    flatten, resolve_root, cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
+    flatten, resolve_root, size_filters, cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
     quiet_option, staleness_fingerprint, timeout_option, trees,
 )
 from .tree import recover_journals_quietly
@@ -38,6 +38,9 @@ SORTS = {
 }
 
 HEADERS = ["ID", "LAYOUT", "MODEL", "GPU", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "USED", "STATUS"]
+
+#: Columns dropped, in this order, until the table fits a narrower terminal (never ID or STATUS).
+FIT_DROP = ("LAYOUT", "CONFIGS", "USED", "GPU", "MODIFIED", "MODEL", "PARALLEL", "RANKS", "SIZE")
 
 #: A note shared by more entries than this is printed once, with the count.
 NOTE_REPEAT = 3
@@ -108,6 +111,13 @@ class _Totals:
                 "in_tree": self.in_tree}
 
 
+def _first(entries, n: int):
+    """The first ``n`` entries; the rest consumed unseen (so the totals count them)."""
+    for i, e in enumerate(entries):
+        if i < n:
+            yield e
+
+
 def print_notes(out: Output, notes: dict[str, list[str]]) -> None:
     """Each note once: ``<id>: <note>`` for a few entries, one counted line for many (10,000
     engine-written entries share one note; 10,000 lines of it would bury everything else)."""
@@ -124,9 +134,13 @@ def print_notes(out: Output, notes: dict[str, list[str]]) -> None:
 @cache_dir_option
 @layout_option
 @filter_options
+@size_filters
 @click.option("--sort", type=click.Choice(sorted(SORTS)), default="id", show_default=True,
               help="Order: id (version, arch, key: the order entries stream in), key, model, status; size, "
                    "modified, used: largest or newest first.")
+@click.option("--reverse", is_flag=True, help="The --sort order reversed (oldest, smallest first; ids descending).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, metavar="N",
+              help="The first N entries of the order (the footer still counts the whole tree).")
 @click.option("--dir", "show_dir", is_flag=True,
               help="Print the cache root(s) ls would read (as `pip cache dir`, `uv cache dir`), existing or not.")
 @env_from_option
@@ -134,15 +148,16 @@ def print_notes(out: Output, notes: dict[str, list[str]]) -> None:
 @timeout_option
 @json_option
 @quiet_option
-def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, sort, show_dir, env_from,
-           check_env, as_json, quiet):
+def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, larger_than, smaller_than,
+           sort, reverse, limit, show_dir, env_from, check_env, as_json, quiet):
     out = Output(as_json, quiet)
     if show_dir:
         return _print_roots(out, cache_dir, layouts)
+    flt = entry_filter(model, versions, arch, status, older_than, unused_for, larger_than=larger_than,
+                       smaller_than=smaller_than)
     if store is not None:
-        return _ls_store(out, store, entry_filter(model, versions, arch, status, older_than, unused_for), env_from)
+        return _ls_store(out, store, flt, env_from)
     targets = trees(cache_dir, layouts, every_existing=True)
-    flt = entry_filter(model, versions, arch, status, older_than, unused_for)
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
     now = time.time()
 
@@ -161,8 +176,12 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
                 yield from (s for s in batch if totals.count(s))
 
     # One tree in the walk's order can stream; another order (or several trees) must be sorted.
-    entries = scanned() if sort == "id" and len(targets) == 1 and out.mode is not Mode.HUMAN \
-        else sorted(scanned(), key=SORTS[sort])
+    if sort == "id" and not reverse and len(targets) == 1 and out.mode is not Mode.HUMAN:
+        entries = scanned()
+    else:
+        entries = iter(sorted(scanned(), key=SORTS[sort], reverse=reverse))
+    if limit is not None:  # the rest is still scanned: the footer counts the whole tree
+        entries = _first(entries, limit)
     where = ", ".join(str(root.path) for _, root in targets)
 
     def human(entries) -> None:
@@ -172,8 +191,10 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
             for text in e["notes"]:
                 notes.setdefault(text, []).append(e["id"])
         if rows:
-            out.table(HEADERS, rows)
+            out.table(HEADERS, rows, fit=FIT_DROP)
         t = totals.to_dict()
+        if len(rows) < t["entries"]:
+            out.line(f"(the first {len(rows)} shown: --limit)")
         by_status = ", ".join(f"{n} {s}" for s, n in t["by_status"].items())
         if t["in_tree"] > t["entries"]:  # the filters left some out: say so, never "nothing cached"
             by_status = (by_status + "; " if by_status else "no entry matches the filters; ") + \

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import json
+import os
+import shutil
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
@@ -87,13 +89,24 @@ class Output:
         if self.mode is Mode.HUMAN:
             click.echo(text, err=self.err)
 
-    def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]], fit: Sequence[str] = ()) -> None:
+        """Aligned columns. ``fit``: the columns that may go, in order, while the table is wider
+        than the terminal (``COLUMNS``, else the tty's width; piped output keeps every column)."""
         if self.mode is not Mode.HUMAN:
             return
         widths = [len(h) for h in headers]
         for row in rows:
             for i, cell in enumerate(row):
                 widths[i] = max(widths[i], len(cell))
+        keep = list(range(len(headers)))
+        limit = terminal_width(self.err)
+        for name in fit:
+            if limit is None or sum(widths[i] for i in keep) + 2 * (len(keep) - 1) <= limit:
+                break
+            keep.remove(list(headers).index(name))
+        if len(keep) < len(headers):
+            headers, widths = [headers[i] for i in keep], [widths[i] for i in keep]
+            rows = [[row[i] for i in keep] for row in rows]
         fmt = "  ".join("{:<%d}" % w for w in widths)
         lines = [fmt.format(*headers).rstrip(), fmt.format(*("-" * w for w in widths)).rstrip()]
         lines.extend(fmt.format(*row).rstrip() for row in rows)
@@ -116,3 +129,15 @@ class Output:
 def _nested(value: Any, indent: int) -> str:
     """``value`` as ``json.dumps(indent=2)`` writes it nested ``indent`` spaces deep."""
     return json.dumps(value, indent=2, default=str).replace("\n", "\n" + " " * indent)
+
+
+def terminal_width(to_stderr: bool = False) -> int | None:
+    """The width a table must fit: ``$COLUMNS`` if set, else the terminal's; None when the output
+    is not a terminal (a pipe or a file gets every column, for scripts)."""
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    stream = sys.stderr if to_stderr else sys.stdout
+    if not stream.isatty():
+        return None
+    return shutil.get_terminal_size().columns

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from autotune_cache.errors import RootMissing, UsageError
-from autotune_cache.humanize import Duration, parse_duration
+from autotune_cache.humanize import Duration, parse_duration, parse_size
 from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, Fingerprint, fingerprint_for_staleness, is_known
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.autotuner.installed import VERSION_RE, installed_flashinfer_version
@@ -226,8 +226,25 @@ def filter_options(fn):
     return fn
 
 
-def entry_filter(model, versions, arch, status, older_than, unused_for, other_versions_than=None) -> EntryFilter:
+size_filter_options = [
+    click.option("--larger-than", default=None, metavar="SIZE",
+                 help="Entries taking more than SIZE on disk (50M, 1G, 10GiB), as docker's and hf's size filters."),
+    click.option("--smaller-than", default=None, metavar="SIZE", help="Entries taking less than SIZE on disk."),
+]
+
+
+def size_filters(fn):
+    """``--larger-than``/``--smaller-than`` (``ls``, ``prune``): sizes parsed by ``humanize.parse_size``."""
+    for option in reversed(size_filter_options):
+        fn = option(fn)
+    return fn
+
+
+def entry_filter(model, versions, arch, status, older_than, unused_for, other_versions_than=None, *,
+                 larger_than: str | None = None, smaller_than: str | None = None) -> EntryFilter:
     return EntryFilter(
+        larger_than=None if larger_than is None else parse_size(larger_than),
+        smaller_than=None if smaller_than is None else parse_size(smaller_than),
         model=model or None,
         flashinfer_versions=flatten(versions),
         archs=flatten(arch),

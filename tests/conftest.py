@@ -39,7 +39,8 @@ def _own_home_caches(tmp_path_factory, monkeypatch):
 
 def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """The real command in a real process, as a user runs it."""
-    full_env = {**os.environ, **(env or {})}
+    # the runner's terminal (xdist workers export COLUMNS) must not shape what a test reads
+    full_env = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "fi_autotune_cli", *args], capture_output=True, text=True,
         env=full_env, input=input, timeout=timeout, cwd=kw.pop("cwd", REPO), **kw,

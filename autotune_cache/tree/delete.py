@@ -252,7 +252,7 @@ def plan_prune(
     if flt.empty and keep_latest is None and max_size is None:
         raise UsageError(
             "nothing selected: give at least one of --older-than, --unused-for, --flashinfer-version, "
-            "--other-versions, --status, --keep-latest, --max-size, --model, --arch"
+            "--other-versions, --status, --keep-latest, --max-size, --larger-than, --smaller-than, --model, --arch"
         )
     if keep_latest is not None and keep_latest < 0:
         raise UsageError("--keep-latest must be >= 0")

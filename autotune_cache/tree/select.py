@@ -26,11 +26,14 @@ class EntryFilter:
     older_than: Duration | None = None  # not modified for this long
     unused_for: Duration | None = None  # not read for this long (access time)
     other_versions_than: str | None = None
+    larger_than: int | None = None  # bytes on disk, strictly more
+    smaller_than: int | None = None  # bytes on disk, strictly less
 
     @property
     def empty(self) -> bool:
         return not (self.model or self.flashinfer_versions or self.archs or self.statuses or self.older_than
-                    or self.unused_for or self.other_versions_than)
+                    or self.unused_for or self.other_versions_than or self.larger_than is not None
+                    or self.smaller_than is not None)
 
     def reasons(self, e: CacheEntry, now: float) -> tuple[str, ...] | None:
         """Why ``e`` matches (for the WHY column), or None when it does not."""
@@ -55,6 +58,14 @@ class EntryFilter:
             if e.status not in self.statuses:
                 return None
             why.append(f"status {e.status}")
+        if self.larger_than is not None:
+            if e.size_on_disk <= self.larger_than:
+                return None
+            why.append(f"{format_size(e.size_on_disk)}, larger than {format_size(self.larger_than)}")
+        if self.smaller_than is not None:
+            if e.size_on_disk >= self.smaller_than:
+                return None
+            why.append(f"{format_size(e.size_on_disk)}, smaller than {format_size(self.smaller_than)}")
         if self.older_than is not None:
             if not e.last_modified or now - e.last_modified < self.older_than.seconds:
                 return None

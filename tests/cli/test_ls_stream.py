@@ -77,3 +77,40 @@ def test_ls_dir_prints_the_root_without_reading_it(tmp_path):
     assert doc["roots"] == [{"layout": "sglang", "path": str(missing), "source": "--cache-dir", "exists": False}]
     env = run_cli("ls", "--dir", "--layout", "sglang", env={"SGLANG_CACHE_DIR": str(tmp_path / "s")})
     assert env.stdout.strip() == str(tmp_path / "s")
+
+
+def test_limit_reverse_and_size_filters(tmp_path):
+    root = tmp_path / "cache"
+    _tree(root)
+    cd = ["--cache-dir", str(root)]
+    everything = run_cli("ls", "-q", *cd).stdout.split()
+    assert run_cli("ls", "-q", "--limit", "2", *cd).stdout.split() == everything[:2]
+    assert run_cli("ls", "-q", "--reverse", *cd).stdout.split() == everything[::-1]
+    data = json.loads(run_cli("ls", "--json", "--limit", "3", *cd).stdout)
+    assert len(data["entries"]) == 3 and data["totals"]["entries"] == 8  # the footer counts the whole tree
+    table = run_cli("ls", "--limit", "3", *cd).stdout
+    assert "(the first 3 shown: --limit)" in table and "\n8 entries" in table
+    sizes = {e["id"]: e["size_on_disk"] for e in json.loads(run_cli("ls", "--json", *cd).stdout)["entries"]}
+    cut = sorted(sizes.values())[len(sizes) // 2]
+    big = run_cli("ls", "-q", "--larger-than", str(cut), *cd).stdout.split()
+    small = run_cli("ls", "-q", "--smaller-than", str(cut), *cd).stdout.split()
+    assert sorted(big) == sorted(i for i, s in sizes.items() if s > cut)
+    assert sorted(small) == sorted(i for i, s in sizes.items() if s < cut)
+    plan = json.loads(run_cli("prune", "--larger-than", str(cut), "--dry-run", "--json", *cd).stdout)
+    assert sorted(e["id"] for e in plan["plan"]["entries"]) == sorted(big)
+    bad = run_cli("ls", "--larger-than", "ten", *cd)
+    assert bad.returncode == 2 and "invalid size 'ten'" in bad.stderr
+
+
+def test_the_table_drops_columns_to_fit_the_terminal_never_the_id_or_status(tmp_path):
+    root = tmp_path / "cache"
+    made = _tree(root)
+    wide = run_cli("ls", "--cache-dir", str(root)).stdout.splitlines()  # piped: every column
+    assert wide[0].split() == ["ID", "LAYOUT", "MODEL", "GPU", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED",
+                               "USED", "STATUS"]
+    narrow = run_cli("ls", "--cache-dir", str(root), env={"COLUMNS": "60"}).stdout.splitlines()
+    assert narrow[0].split()[0] == "ID" and narrow[0].split()[-1] == "STATUS"
+    assert max(len(line) for line in narrow[2:2 + len(made)]) <= 60
+    tiny = run_cli("ls", "--cache-dir", str(root), env={"COLUMNS": "10"}).stdout.splitlines()
+    assert tiny[0].split() == ["ID", "STATUS"]  # ids are never cut, whatever the width
+    assert {line.split()[0] for line in tiny[2:2 + len(made)]} == {str(i) for i in made}
