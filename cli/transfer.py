@@ -134,6 +134,8 @@ def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, o
                 tmp.unlink()
     for entry_id in result.vanished:
         out.note(f"skipped {entry_id}: deleted or replaced while exporting")
+    for entry_id in result.empty:
+        out.note(f"skipped {entry_id}: it holds no rank file (nothing to export)")
     where = "stdout" if to_stdout else str(out_path)
     summary = f"Exported {len(result.entries)} {'entry' if len(result.entries) == 1 else 'entries'} " \
               f"({len(result.members)} files, {result.size} bytes) to {where}"

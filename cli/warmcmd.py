@@ -221,7 +221,8 @@ def verify_cmd(ctx, ref, as_json, **kw):
                 raise UsageError(f"{kw['model']!r} has {len(entries)} entries; give one id: "
                                  + ", ".join(str(e.id) for e in entries))
         entry = entries[0]
-        plan = build_plan(request_of(entry), str(root))
+        # the entry's own arch (or --arch): never "pass --arch" for an entry whose arch is known
+        plan = build_plan(request_of(entry), str(root), kw.get("arch") or entry.arch)
         if plan.key != entry.key:
             raise FiAutotuneError(f"the recorded request now maps to key {plan.key}, not {entry.key}")
         key_dir = entry.path

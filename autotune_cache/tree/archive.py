@@ -96,10 +96,11 @@ class ExportResult:
     members: tuple[str, ...]
     vanished: tuple[str, ...] = ()
     size: int = 0
+    empty: tuple[str, ...] = ()  # held no data file when read: nothing to export (not "vanished")
 
     def to_dict(self) -> dict:
         return {"entries": list(self.entries), "members": list(self.members), "vanished": list(self.vanished),
-                "size": self.size}
+                "size": self.size, "empty": list(self.empty)}
 
 
 def export_entries(layout: CacheLayout, entries: list[CacheEntry], out: BinaryIO) -> ExportResult:
@@ -107,11 +108,14 @@ def export_entries(layout: CacheLayout, entries: list[CacheEntry], out: BinaryIO
     were listed (a concurrent prune) are skipped and reported, never an error."""
     mtime = _source_date_epoch()
     members: list[tuple[str, bytes]] = []
-    exported, vanished = [], []
+    exported, vanished, empty = [], [], []
     for e in sorted(entries, key=lambda e: e.id):
         files = _snapshot(layout, e)
-        if files is None or not any(layout.classify(n, False) is NameKind.DATA for n in files):
+        if files is None:
             vanished.append(str(e.id))
+            continue
+        if not any(layout.classify(n, False) is NameKind.DATA for n in files):
+            empty.append(str(e.id))
             continue
         exported.append(str(e.id))
         members.extend((layout.member_name(e.id, name), data) for name, data in files.items())
@@ -131,7 +135,7 @@ def export_entries(layout: CacheLayout, entries: list[CacheEntry], out: BinaryIO
         raw.seek(0)
         while chunk := raw.read(1 << 20):
             out.write(chunk)
-    return ExportResult(tuple(exported), tuple(n for n, _ in members), tuple(vanished), size)
+    return ExportResult(tuple(exported), tuple(n for n, _ in members), tuple(vanished), size, tuple(empty))
 
 
 # --- import ----------------------------------------------------------------------------------

@@ -634,3 +634,13 @@ def test_flashinfer_not_importable_is_one_line_exit_2(root):
                            "--moe-runner-backend", "flashinfer_cutlass", "--arch", "sm90", "--cache-dir", str(root)],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0 and "Profiles    42" in proc.stdout, proc.stderr
+
+
+def test_export_names_an_empty_entry_as_empty_not_as_vanished(root, tmp_path):
+    a = write_fake_entry(root)
+    empty = entry_path(root, a).parent / "0123456789abcdef"
+    empty.mkdir()
+    proc = run_cli("export", "--include-incomplete", "-o", str(tmp_path / "x.tgz"), "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert f"skipped {a.parts[0]}/{a.parts[1]}/0123456789abcdef: it holds no rank file" in proc.stderr
+    assert "deleted or replaced" not in proc.stderr
