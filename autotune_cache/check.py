@@ -19,10 +19,9 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune_cache import registry
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes, read_regular_file
-from autotune_cache.engines.flashinfer_v2.store import ENTRIES, entry_name, env_hash, store_manifest
+from autotune_cache.engines.flashinfer_v2.store import env_hash, lacking, store_manifest
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.keys import KeyFields
 from autotune_cache.plan.tuning import TuningPlan
@@ -122,12 +121,6 @@ def checkable(op, report: CheckReport) -> bool:
     return False
 
 
-def lookups(op) -> list[list[str]]:
-    """Every lookup of the startup pass for ``op``: per (bucket, custom op) the keys it may be
-    stored under (one per candidate runner; the file holds the winner's)."""
-    return [group for b in op.engine_keys for group in op.recipe.candidate_keys(b)]
-
-
 def check_files(plan: TuningPlan, layout: CacheLayout, report: CheckReport, files: dict[str, bytes],
                 fingerprint: Fingerprint | None) -> None:
     """Completeness, identity, key coverage and environment of one entry's files."""
@@ -159,7 +152,7 @@ def check_files(plan: TuningPlan, layout: CacheLayout, report: CheckReport, file
         for op in w.ops:
             if not checkable(op, report):
                 continue
-            wanted = lookups(op)
+            wanted = op.lookups()
             report.keys_checked += len(wanted)
             lacking = [group[0] for group in wanted if not any(k in keys for k in group)]
             if lacking:
@@ -197,23 +190,13 @@ def check_v2_store(plan: TuningPlan, report: CheckReport, fingerprint: Fingerpri
         for op in w.ops:
             if not checkable(op, report):
                 continue
-            wanted = lookups(op)
+            wanted = op.lookups()
             report.keys_checked += len(wanted)
-            lacking = []
-            for group in wanted:
-                found = False
-                for key in group:
-                    path = env_dir / ENTRIES / entry_name(key)
-                    try:
-                        found = found or json.loads(path.read_bytes()).get("key") == key
-                    except (OSError, ValueError):
-                        pass
-                if not found:
-                    lacking.append(group[0])
-            if lacking:
-                report.keys_missing += len(lacking)
-                report.misses.append(f"{len(lacking)} of {len(wanted)} {op.recipe.id} lookups have no entry "
-                                     f"(e.g. {lacking[0]})")
+            missing = lacking(env_dir, wanted)
+            if missing:
+                report.keys_missing += len(missing)
+                report.misses.append(f"{len(missing)} of {len(wanted)} {op.recipe.id} lookups have no entry "
+                                     f"(e.g. {missing[0]})")
 
 
 def run_check(plan: TuningPlan, reader: CacheLayout, store_url: str | None, fingerprint: Fingerprint | None,
@@ -221,16 +204,21 @@ def run_check(plan: TuningPlan, reader: CacheLayout, store_url: str | None, fing
     """One target's check, as ``reader`` (a layout) would read it: the tree at the plan's root, a
     store, or - for a layout whose directories the serving environment names (FlashInfer's
     managed store) - that environment's directory."""
-    eid = plan.entry_id
-    report = CheckReport(str(eid), str(plan.key_dir) if store_url is None else f"{store_url} {eid}", plan.autotunes)
+    where = plan.id_str
+    report = CheckReport(where, str(plan.key_dir) if store_url is None else f"{store_url} {where}", plan.autotunes)
     if not plan.autotunes:
         return report
-    layout = registry.default_layout()
+    layout = plan.layout_obj  # the tree the plan's engine reads (a single-rank vLLM: FlashInfer's store)
+    if layout.env_keyed:
+        reader, root = layout, plan.cache_root
+    else:
+        root = cache_dir or reader.default_root().path
     if reader.env_keyed:
         if fingerprint is None or store_url is not None:
-            raise UsageError(f"--layout {reader.name} checks a local store against --env-from (the serving image's "
-                             "fingerprint names its directory)")
-        check_v2_store(plan, report, fingerprint, cache_dir or reader.default_root().path)
+            what = "a single-rank vLLM's managed store" if layout.env_keyed else f"--layout {reader.name}"
+            raise UsageError(f"{what} is checked locally against --env-from (the serving image's fingerprint names "
+                             "its directory: `fi-autotune env --json > env.json` there)")
+        check_v2_store(plan, report, fingerprint, root)
     elif store_url is None:
         check_tree(plan, layout, report, fingerprint)
     else:

@@ -11,8 +11,9 @@ from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
 from autotune_cache.errors import ExitCode
 
 from .output import Output
-from .params import LayoutName, env_from_option, json_option, resolve_root, targets_option, timeout_option
-from .serving import build_plan, fold_serving_command, request_from, serving_command_argument, serving_options
+from .params import LayoutName, env_from_option, json_option, targets_option, timeout_option
+from .serving import (build_plan, engine_options, fold_serving_command, request_from, serving_command_argument,
+                      serving_options)
 from .targetscmd import check_targets
 
 
@@ -24,8 +25,10 @@ def _readers() -> list[str]:
 @serving_options
 @click.option("--store", "store_url", default=None, help="Check a store (s3://, gs://, file://, https://) instead of a tree.")
 @click.option("--layout", "layout_name", type=LayoutName(_readers), default=DEFAULT_LAYOUT_NAME, show_default=True,
-              help="The reader to check for: SGLang's rank files, or FlashInfer's managed store (needs --env-from: "
-                   "its directory is named by the serving environment).")
+              help="The reader to check for: SGLang's rank files, FlashInfer's managed store (needs --env-from: "
+                   "its directory is named by the serving environment), or vLLM's files (vllm, vllm-dir; a "
+                   "single-rank vLLM: its managed store, with --env-from).")
+@engine_options
 @env_from_option
 @click.option("--strict", is_flag=True, help="Exit 1 on any miss (fail the build before a slow boot does).")
 @targets_option
@@ -50,11 +53,13 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         check_targets(ctx, out, targets_file, kw, store_url, layout_name, fingerprint, strict)
         return
     kw = fold_serving_command(ctx, kw, out)
-    request = request_from(kw).for_target(fingerprint)
-    root = str(resolve_root(kw["cache_dir"], must_exist=False).path) if store_url is None else kw["cache_dir"]
+    # A planning engine's layout names the engine whose calls are checked; a store's (FlashInfer's
+    # managed store) is read with the default engine's.
+    engine_layout = layout_name if registry.engine_of_layout(layout_name).plans else None
+    request = request_from(kw, engine_layout).for_target(fingerprint)
     checks = []
     for r in request.workers():
-        plan = build_plan(r, root)
+        plan = build_plan(r, kw["cache_dir"])
         report = run_check(plan, reader, store_url, fingerprint, kw["cache_dir"])
         # A flag whose effect on the autotune path is not known: the verdict cannot be trusted.
         unknown = [f"the serving command's {flag} is not understood: fi-autotune cannot tell what it changes"

@@ -54,7 +54,12 @@ def print_plan(plan, out: Output) -> None:
                  f"(moe_tp={r.moe_tp_size}, moe_ep={r.moe_ep_size})")
     for label, text in plan.engine.describe(plan):
         out.line(f"{label:<11} {text}")
-    if plan.autotunes:
+    if plan.autotunes and not plan.layout_obj.holds_rank_files:  # FlashInfer's managed store
+        where = plan.key_dir if plan.bound else f"{plan.key_dir}/<the tuning GPU's environment hash>"
+        out.line(f"Store dir   {where}")
+        out.line(f"Entries     {sum(len(op.lookups()) for w in plan.workloads for op in w.ops)} lookups, one file "
+                 "each under entries/")
+    elif plan.autotunes:
         out.line(f"Key dir     {plan.key_dir}")
         out.line(f"Rank files  {len(plan.rank_files)}: {_compact(plan.rank_files)}")
     elif r.autotunes:
@@ -95,8 +100,9 @@ def _print_body(plan, out: Output) -> None:
             out.line(f"    buckets ({len(op.buckets)}, max {op.buckets[-1]}): {_compact(op.buckets)}")
             out.line(f"    engine dummy pass looks up {len(op.engine_keys)}: {_compact(op.engine_keys)}"
                      + (f"; added to the plan: {', '.join(map(str, op.added))}" if op.added else "; all in the plan"))
-    out.line(f"\nProfiles    {plan.profiles} (op, bucket) profiles to tune"
-             + (f", copied to {len(plan.rank_files)} rank files" if plan.autotunes else "; warm writes nothing"))
+    written = (f", copied to {len(plan.rank_files)} rank files" if plan.layout_obj.holds_rank_files else
+               ", each winner published as its own store entry")
+    out.line(f"\nProfiles    {plan.profiles} (op, bucket) profiles to tune" + (written if plan.autotunes else "; warm writes nothing"))
 
 
 def _list_presets(ctx: click.Context, _param, value: bool) -> None:

@@ -120,7 +120,7 @@ def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = N
     root of the engine's layout."""
     if request.arch is None:
         request = request.with_arch(arch or local_arch())
-    root = resolve_root(cache_dir, must_exist=False, layout=registry.get_layout(request.engine.layout))
+    root = resolve_root(cache_dir, must_exist=False, layout=registry.get_engine(request.engine.name).plan_layout(request))
     return request.plan(root.path)
 
 

@@ -16,7 +16,8 @@ from autotune_cache import registry
 from autotune_cache.check import run_check
 from autotune_cache.engines.requests import build_request
 from autotune_cache.errors import ExitCode, UsageError
-from autotune_cache.plan.options import SERVING_OPTIONS, ServingOptions
+from autotune_cache.engines.selection import WarmGroup, warm_groups, warm_layouts
+from autotune_cache.plan.options import SERVING_OPTIONS, ServingOptions, take_options
 from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
 from autotune_cache.tree.scan import scan_entry
 from autotune_cache.tree.store import Store
@@ -35,28 +36,37 @@ _GLOBAL_ONLY = {"cache_dir"}
 
 
 def target_layouts() -> tuple[str, ...]:
-    """What a target's ``layouts`` may hold: the default engine's tree, plus the stores written
-    from its entries (FlashInfer's managed store)."""
-    default = registry.default_engine()
-    return tuple(x.name for e in registry.engines() if e is default or not e.plans for x in e.layouts)
+    """What a target's ``layouts`` may hold: what ``warm --layout`` writes (one engine's tree, plus
+    the stores written from its entries)."""
+    return tuple(warm_layouts())
 
 
-def target_options(target: Target) -> tuple[ServingOptions, tuple[str, ...]]:
-    """(the serving options, the layouts to write) of one target, checked as the flags are."""
+def target_options(target: Target) -> tuple[ServingOptions, WarmGroup, dict]:
+    """(the serving options, the layouts to write for its one engine, that engine's own options)
+    of one target, checked as the flags are."""
     fields = dict(target.fields)
     layouts: tuple[str, ...] = (registry.default_layout().name,)
     if "layouts" in fields:
         value = fields.pop("layouts")
         values = value.split(",") if isinstance(value, str) else list(value or [])
         layouts = tuple(str(v).strip() for v in values if str(v).strip())
-        allowed = target_layouts()
-        if [v for v in layouts if v not in allowed] or allowed[0] not in layouts:
-            raise UsageError(f"{target.source}: layouts {list(layouts)}: {allowed[0]}, plus "
-                             f"{' or '.join(allowed[1:])} if wanted")
+    try:
+        groups = warm_groups(",".join(layouts))
+    except UsageError as e:
+        raise UsageError(f"{target.source}: layouts {list(layouts)}: {str(e).removeprefix('--layout ')}") from None
+    if len(groups) != 1:
+        raise UsageError(f"{target.source}: layouts {list(layouts)}: one engine per target (its calls differ from "
+                         "the other's): list the target once per engine")
     for name in fields:
         if name in _GLOBAL_ONLY:
             raise UsageError(f"{target.source}: unknown field {name!r} (set --{name.replace('_', '-')} on the command line)")
-    return ServingOptions.from_fields(fields, target.source, also_known=("layouts", "name")), layouts
+    engine = groups[0].engine
+    own = take_options(fields, engine.cli_options, target.source)
+    for other in registry.engines():
+        names = [o.name for o in other.cli_options if o.name in fields or o.name.replace("_", "-") in fields]
+        if other is not engine and names:
+            raise UsageError(f"{target.source}: {names[0]} goes with layouts: [{other.layouts[0].name}]")
+    return ServingOptions.from_fields(fields, target.source, also_known=("layouts", "name")), groups[0], own
 
 
 def reject_serving_flags(ctx: click.Context, allowed: tuple[str, ...] = ("cache_dir", "arch")) -> None:
@@ -79,11 +89,13 @@ def load_fleet(path: str, cache_dir: str | None, arch: str | None, shard: str | 
     targets = load_targets(path)
     out = []
     for t in targets:
-        options, layouts = target_options(t)
+        options, group, engine_options = target_options(t)
+        layouts = group.layouts
         if options.arch is None and arch is not None:
             options = options.replace(arch=arch)
         try:
-            request = build_request(options, detect_gpu_uuids=detect_gpu_uuids)
+            request = build_request(options, layout=group.layout, engine_options=engine_options,
+                                    detect_gpu_uuids=detect_gpu_uuids)
             if fingerprint is not None:  # the serving image's: its GPU's arch, its FlashInfer
                 request = request.for_target(fingerprint)
             plan = build_plan(request, cache_dir)
@@ -92,6 +104,8 @@ def load_fleet(path: str, cache_dir: str | None, arch: str | None, shard: str | 
         out.append((t, plan, layouts))
     seen: dict = {}
     for t, plan, _ in out:
+        if not plan.bound:  # FlashInfer's managed store: targets share its directory, each key stands alone
+            continue
         if plan.autotunes and plan.entry_id in seen:
             raise UsageError(f"{seen[plan.entry_id].source} ({seen[plan.entry_id].name}) and {t.source} ({t.name}) are "
                              f"one entry, {plan.entry_id}: the engine would read the same files")
@@ -107,6 +121,8 @@ def coverage(plan, store=None) -> str:
     """A target's state where the engine (or the pull) will look: covered, partly, missing."""
     if not plan.autotunes:
         return "not tuned by the engine"
+    if not plan.bound:
+        return "unknown (FlashInfer's store: the GPU's environment names its directory; check --env-from tells)"
     layout = plan.layout_obj
     if store is not None:
         return "covered (store)" if store.record(layout.name, plan.entry_id) is not None else "missing (store)"
@@ -136,7 +152,7 @@ def plan_targets(out, loaded, shard, total: int, store_url: str | None) -> None:
         if shard is not None:
             out.line(f"{shard.describe()}: {len(items)} of {total} targets")
         out.table(["TARGET", "ID", "PROFILES", "STATUS"],
-                  [[i.name, str(i.plan.entry_id) if i.plan.autotunes else "-", str(i.profiles if i.plan.autotunes else 0), st]
+                  [[i.name, i.plan.id_str if i.plan.autotunes else "-", str(i.profiles if i.plan.autotunes else 0), st]
                    for i, st in rows])
         saved = f", {1 - merged / alone:.0%} less" if alone else ""
         out.line(f"{len(tuned)} targets to tune: {alone} profiles one by one, {merged} once identical calls are "
@@ -185,7 +201,7 @@ def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0
             out.error(f"{item.name}: {item.message}")
             return
         written[0] += 1
-        out.note(f"written {item.name} ({item.plan.entry_id}), {written[0]} of {count[0]}")
+        out.note(f"written {item.name} ({item.plan.id_str}), {written[0]} of {count[0]}")
 
     progress = Progress(out.mode.value == "human")
     try:
@@ -202,7 +218,7 @@ def _emit_fleet(out: Output, run: FleetRunResult, opts: WarmOptions, chosen) -> 
     result = run.result
 
     def human() -> None:
-        out.table(["TARGET", "ID", "STATUS"], [[i.name, str(i.plan.entry_id), i.status + (f": {i.message}" if i.message and i.status != "written" else "")]
+        out.table(["TARGET", "ID", "STATUS"], [[i.name, i.plan.id_str, i.status + (f": {i.message}" if i.message and i.status != "written" else "")]
                                                for i in result.items])
         if result.profiles_total:
             merged = 1 - result.profiles_distinct / result.profiles_total
@@ -239,7 +255,7 @@ def check_targets(ctx, out, targets_file: str, kw: dict, store_url: str | None, 
         rows = []
         for t, plan, r in reports:
             state = "not tuned by the engine" if not r.autotunes else "OK" if r.ok else f"MISS ({len(r.misses)})"
-            rows.append([t.name, str(plan.entry_id) if r.autotunes else "-", state])
+            rows.append([t.name, plan.id_str if r.autotunes else "-", state])
         out.table(["TARGET", "ID", "RESULT"], rows)
         for t, _, r in reports:
             for m in (r.misses if r.autotunes and not r.ok else ()):

@@ -154,7 +154,10 @@ def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
                  f"tuning {t['tuning_s']:.1f} s{racing}, writing {t['write_s']:.2f} s)")
         if result.selection:
             out.line("Careful: " + describe_summary(result.selection))
-        out.line(f"Wrote {len(result.rank_files)} rank files + manifest to {result.key_dir}")
+        if result.rank_files:
+            out.line(f"Wrote {len(result.rank_files)} rank files + manifest to {result.key_dir}")
+        else:  # FlashInfer's managed store: one entry per key
+            out.line(f"Published into FlashInfer's managed store: {result.message.removeprefix('published ')}")
 
     out.emit(human=human, data=lambda: {**result.to_dict(), "layouts": {k: v.to_dict() for k, v in extra.items()},
                                         **({"push": pushed.to_dict()} if pushed is not None else {})})

@@ -21,6 +21,9 @@ from autotune_cache.tune.gpus import GpuInfo
 from autotune_cache.tune.machine import Machine
 from fi_autotune_cli import main as cli_main
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.synthetic
+from tests.synthetic import DEFAULT_METADATA  # noqa: E402
+
 DEFAULT_GPUS = "2xNVIDIA H200@sm90"
 DEFAULT_WORKER = str(Path(__file__).resolve().parent / "_fake_worker.py")
 
@@ -29,7 +32,9 @@ def fake_machine(gpus: str = DEFAULT_GPUS, worker: str = DEFAULT_WORKER) -> Mach
     """``gpus`` as ``<count>x<name>@<arch>``; ``worker`` the script each worker process runs."""
     count, _, rest = gpus.partition("x")
     name, _, arch = rest.partition("@")
-    return Machine(GpuInfo(int(count), arch, (name,) * int(count)), (sys.executable, worker))
+    # FlashInfer's metadata as the stand-in worker writes it (tests/_fake_worker.py)
+    metadata = {**DEFAULT_METADATA, "gpu": os.environ.get("FAKE_GPU", "NVIDIA H200")}
+    return Machine(GpuInfo(int(count), arch, (name,) * int(count)), (sys.executable, worker), metadata)
 
 
 def run(argv: list[str], machine: Machine) -> int:

@@ -14,6 +14,14 @@ vLLM 0.33.0 on CPU), rebuilt on the GPU with data; FlashInfer is the only engine
    lookup (``AutoTuner.search_cache``) must hit.
 With OTHER_RANK_FILE (the SGLang file of the same run), step 3 again over that file: the control
 that shows the keys differ (it profiles).
+
+``python tests/_vllm_replay.py --v2 GOLDEN_CASE ROOT MAX_NUM_BATCHED_TOKENS``: a single-rank vLLM,
+which reads FlashInfer's managed store instead (``use_flashinfer_autotune_v2``). Its startup pass
+exactly as ``kernel_warmup.flashinfer_autotune`` enters it - ``torch.inference_mode()`` and
+``autotune_v2(mode="tune", cache_root=ROOT)``, inside it ``autotune(tuning_buckets=
+get_hybrid_num_tokens_buckets(N), round_up=True)`` - with profiling counted and the store's entry
+files counted before and after (a covering store profiles and publishes nothing); then serving,
+as in step 4. Given an empty ROOT it is the control (it profiles, and publishes what it tuned).
 """
 
 from __future__ import annotations
@@ -31,9 +39,14 @@ def fingerprint(path: Path):
     return json.dumps(obj.get("_metadata"), sort_keys=True), len([k for k in obj if k != "_metadata"])
 
 
+SERVED_AT = [1, 3, 8, 27, 100, 256, 300, 1000, 2047, 2500, 4000, 5000, 8192, 12000]
+
+
 def main() -> None:
-    case_json, key_dir, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    other = Path(sys.argv[4]) if len(sys.argv) > 4 else None
+    v2 = sys.argv[1] == "--v2"
+    argv = sys.argv[2:] if v2 else sys.argv[1:]
+    case_json, key_dir, n = argv[0], Path(argv[1]), int(argv[2])
+    other = Path(argv[3]) if len(argv) > 3 else None
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
     from flashinfer.fused_moe import cutlass_fused_moe
@@ -79,6 +92,31 @@ def main() -> None:
         run(1)  # kernel modules loaded before anything is counted
     torch.cuda.synchronize()
 
+    def serving() -> dict:
+        counters.reset()
+        for m in SERVED_AT:
+            run(m)
+        torch.cuda.synchronize()
+        return {"token_counts": SERVED_AT, "lookups": len(counters.lookups), "hits": counters.hits,
+                "misses": [x for x in counters.lookups if not x[2]][:5]}
+
+    if v2:
+        from flashinfer import autotune_v2
+
+        def entry_files() -> int:
+            return len(list(key_dir.glob("v2/*/entries/*.json")))
+
+        before = entry_files()
+        counters.reset()
+        with torch.inference_mode(), autotune_v2(mode="tune", cache_root=key_dir):
+            with autotune(tuning_buckets=tuple(get_hybrid_num_tokens_buckets(n)), round_up=True):
+                run(n)
+        torch.cuda.synchronize()
+        startup = {"profiled": counters.profiled, "lookups": len(counters.lookups), "hits": counters.hits,
+                   "entries_before": before, "entries_after": entry_files()}
+        print(json.dumps({"startup_pass": startup, "serving": serving()}))
+        return
+
     ranks = sorted(key_dir.glob("autotune_configs_dp*_rank*.json"))
     prints = {p.name: fingerprint(p) for p in ranks}
     hit_test = bool(ranks) and None not in prints.values() and len(set(prints.values())) == 1
@@ -94,14 +132,7 @@ def main() -> None:
                 "hits": counters.hits}
 
     startup = tuning_pass(ranks[0])
-    counters.reset()
-    served_at = [1, 3, 8, 27, 100, 256, 300, 1000, 2047, 2500, 4000, 5000, 8192, 12000]
-    for m in served_at:
-        run(m)
-    torch.cuda.synchronize()
-    serving = {"token_counts": served_at, "lookups": len(counters.lookups), "hits": counters.hits,
-               "misses": [x for x in counters.lookups if not x[2]][:5]}
-    result = {"rank_files": len(ranks), "vllm_hit_test": hit_test, "startup_pass": startup, "serving": serving}
+    result = {"rank_files": len(ranks), "vllm_hit_test": hit_test, "startup_pass": startup, "serving": serving()}
     if other is not None:
         result["control_other_file"] = tuning_pass(other)
     print(json.dumps(result))

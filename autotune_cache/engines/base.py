@@ -79,6 +79,11 @@ class Engine(ABC):
         """The request once per engine process that tunes into an entry of its own."""
         return [request]
 
+    def plan_layout(self, request: "TuneRequest") -> "CacheLayout":
+        """The tree the plan of ``request`` writes, whose root it goes under when no --cache-dir
+        is given: the request's layout (a single-rank vLLM: FlashInfer's managed store)."""
+        return self.layout(request.engine.layout)
+
     def plan(self, request: "TuneRequest", cache_root: Path) -> "TuningPlan":
         raise UsageError(f"fi-autotune does not plan for {self.title}; it writes it from another engine's entry")
 

@@ -216,6 +216,18 @@ def split_list(value: str | tuple | list | None) -> tuple[str, ...]:
     return tuple(sorted({s.strip() for s in (value or "").split(",") if s.strip()}))
 
 
+def take_options(values: dict, options: "tuple[Option, ...] | list[Option]", where: str) -> dict:
+    """The fields of a targets-file entry that are ``options`` (an engine's own, such as vLLM's
+    config hash), removed from ``values`` and checked as the command line checks them."""
+    out = {}
+    for option in options:
+        for name in (option.name, option.name.replace("_", "-")):
+            if name in values:
+                value = values.pop(name)
+                out[option.name] = None if value is None else _checked(option, value, where)
+    return out
+
+
 def _checked(option: Option, value: Any, where: str) -> Any:
     """One targets-file value, as the command line would take it (numbers for strings and lists
     for comma lists are accepted, as YAML writes them)."""

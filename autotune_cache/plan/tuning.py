@@ -7,7 +7,7 @@ runtime is needed; flashinfer is imported (CPU only) for its bucket functions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +34,11 @@ class OpPlan:
     @property
     def profiles(self) -> int:
         return len(self.buckets) * len(self.recipe.custom_ops)
+
+    def lookups(self) -> list[list[str]]:
+        """Every lookup of the engine's startup pass: per (bucket, custom op) the keys it may be
+        stored under (one per candidate runner; a cache holds the winner's)."""
+        return [group for b in self.engine_keys for group in self.recipe.candidate_keys(b)]
 
     def to_dict(self) -> dict:
         return {
@@ -79,8 +84,29 @@ class TuningPlan:
 
     @property
     def engine(self):
-        """The engine object (``registry``) whose tree the entry is in (``str()``: its label)."""
+        """The engine object (``registry``) that runs the calls (``str()``: its label): the
+        request's - a single-rank vLLM writes FlashInfer's managed store, yet its calls are vLLM's."""
+        if self.request is not None:
+            return registry.get_engine(self.request.engine.name)
         return registry.engine_of_layout(self.layout)
+
+    @property
+    def bound(self) -> bool:
+        """False for a plan into FlashInfer's managed store not yet tied to an environment: its
+        directory is the hash of the tuning GPU's software stack, known once that GPU is
+        (``for_environment``: warm binds it, ``plan --env-from`` too)."""
+        return bool(self.key)
+
+    @property
+    def id_str(self) -> str:
+        """The entry's id for messages: an unbound store plan's names its layout and what is pending."""
+        return str(self.entry_id) if self.bound else f"{self.layout}:<environment hash>"
+
+    def for_environment(self, metadata: dict) -> "TuningPlan":
+        """This plan with the key the environment ``metadata`` (FlashInfer's ``_metadata``) names:
+        unchanged for a layout whose path does not depend on it."""
+        layout = self.layout_obj
+        return replace(self, key=layout.environment_key(metadata)) if layout.env_keyed else self
 
     @property
     def autotunes(self) -> bool:
@@ -109,12 +135,17 @@ class TuningPlan:
 
     @property
     def entry_id(self):
-        fields = {"flashinfer_version": self.flashinfer_version, "arch": self.arch_dir, "key": self.key}
+        if not self.bound:
+            return None
+        fields = {"flashinfer_version": self.flashinfer_version, "arch": self.arch_dir, "key": self.key, "env_hash": self.key}
         layout = self.layout_obj
         return layout.make_id(tuple(fields[level.field] for level in layout.levels))
 
     @property
     def key_dir(self) -> Path:
+        """The entry's directory (an unbound plan's: the store's base, where its directory will be)."""
+        if not self.bound:
+            return self.layout_obj.base(self.cache_root)
         return self.layout_obj.entry_dir(self.cache_root, self.entry_id)
 
     @property
@@ -142,7 +173,7 @@ class TuningPlan:
             "flashinfer_version": self.flashinfer_version,
             "arch": r.arch,
             "layout": self.layout,
-            "id": str(self.entry_id),
+            "id": str(self.entry_id) if self.bound else None,
             "cache_root": str(self.cache_root),
             "key_dir": str(self.key_dir),
             "rank_files": self.rank_files,

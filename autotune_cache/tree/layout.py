@@ -149,6 +149,21 @@ class CacheLayout(ABC):
         """False where the engine has no root at all until the user names one (an unset variable)."""
         return True
 
+    def environment_key(self, metadata: dict) -> str:
+        """An ``env_keyed`` layout's entry name for the environment FlashInfer describes as
+        ``metadata`` (its ``_metadata`` fields)."""
+        raise NotImplementedError(f"the {self.name} layout does not name entries by environment")
+
+    def lacking(self, entry_dir: Path, groups: list[list[str]]) -> list[str]:
+        """An ``env_keyed`` layout's check of one entry: of ``groups`` (per lookup, the keys it may
+        be stored under), the first key of each that the entry does not serve."""
+        raise NotImplementedError(f"the {self.name} layout holds rank files, not one entry per key")
+
+    def publish_tuning(self, root: Path, rank_bytes: dict[str, bytes]):
+        """An ``env_keyed`` layout's write of a warm's tuned files (a result with ``env_dir`` and
+        ``to_dict``): it has no rank files of its own."""
+        raise NotImplementedError(f"the {self.name} layout is written with commit_entry")
+
     @abstractmethod
     def base_parts(self) -> tuple[str, ...]:
         """Directory names from the root to the managed subtree (SGLang: flashinfer/autotune)."""

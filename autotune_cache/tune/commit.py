@@ -24,9 +24,14 @@ class Existing:
 
 
 def existing_entry(plan: TuningPlan, info: GpuInfo) -> Existing | None:
-    """What is at the plan's path (None: nothing); one rule for ``warm`` and ``warm --targets``."""
+    """What is at the plan's path (None: nothing); one rule for ``warm`` and ``warm --targets``.
+    In FlashInfer's managed store (the plan bound to this GPU's environment) each key stands
+    alone: complete when every lookup of the startup pass has its entry."""
     if not plan.key_dir.is_dir():
         return None
+    if plan.layout_obj.env_keyed:
+        groups = [g for w in plan.workloads for op in w.ops for g in op.lookups()]
+        return Existing(None, not plan.layout_obj.lacking(plan.key_dir, groups), None)
     existing = scan_entry(plan.layout_obj, plan.key_dir, plan.entry_id)
     why = other_gpu_refusal(existing.gpu, info.names[0], plan.resolution.arch) or plan.engine.existing_entry_refusal(existing.manifest, plan)
     return Existing(
@@ -37,9 +42,14 @@ def existing_entry(plan: TuningPlan, info: GpuInfo) -> Existing | None:
 
 
 def commit_plan(plan: TuningPlan, rank_bytes: dict[str, bytes], metadata: dict, stats: dict, extra: dict,
-                force: bool) -> None:
-    """The manifest for ``plan`` and its rank files, committed in one step (refusals raise)."""
+                force: bool) -> str:
+    """The manifest for ``plan`` and its rank files, committed in one step (refusals raise); or,
+    for FlashInfer's managed store, every tuned key published as its own entry. What was written
+    (the entry's directory, and for a store how many entries)."""
     layout = plan.layout_obj
+    if layout.env_keyed:
+        published = layout.publish_tuning(plan.cache_root, rank_bytes)
+        return f"{published.env_dir}: {published.written} entries written, {published.unchanged} already there"
     now = utc_now_iso()
     res = plan.resolution
     manifest = Manifest(
@@ -52,3 +62,4 @@ def commit_plan(plan: TuningPlan, rank_bytes: dict[str, bytes], metadata: dict, 
                           check=replace_policy(layout, plan.cache_root, force))
     if result.refused:
         raise FiAutotuneError(f"{plan.entry_id}: {result.refused[0][1]}; nothing was written")
+    return str(plan.key_dir)

@@ -61,7 +61,7 @@ class FleetItem:
         return profiles_of(ops)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "id": str(self.plan.entry_id), "key_dir": str(self.plan.key_dir),
+        return {"name": self.name, "id": self.plan.id_str, "key_dir": str(self.plan.key_dir),
                 "status": self.status, "message": self.message, "profiles": self.profiles,
                 "layouts": list(self.layouts)}
 

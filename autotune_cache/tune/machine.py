@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.tuning import TuningPlan
+from autotune_cache.tune.envprobe import probe_environment
 from autotune_cache.tune.gpus import GpuInfo, detect_gpus
 from autotune_cache.tune.pool import WORKER_ARGV, WorkerPool
 
@@ -21,9 +22,15 @@ from autotune_cache.tune.pool import WORKER_ARGV, WorkerPool
 class Machine:
     gpus: GpuInfo | None = None  # None: detect them (``gpus.detect_gpus``)
     worker_argv: tuple[str, ...] = WORKER_ARGV
+    #: FlashInfer's ``_metadata`` on its GPUs; None: read it there (``envprobe``).
+    metadata: dict | None = None
 
     def detect_gpus(self) -> GpuInfo:
         return self.gpus if self.gpus is not None else detect_gpus()
+
+    def environment(self) -> dict:
+        """What FlashInfer on this machine's GPU writes as ``_metadata`` (a managed store's key)."""
+        return dict(self.metadata) if self.metadata is not None else probe_environment()
 
     def start_pool(self, n: int) -> WorkerPool:
         return WorkerPool(n, self.worker_argv)

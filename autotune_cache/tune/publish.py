@@ -34,8 +34,10 @@ def written_entry(plan: TuningPlan) -> CacheEntry:
 
 
 def derived(plan: TuningPlan, layouts: tuple[str, ...]) -> tuple[str, ...]:
-    """The layouts of ``layouts`` written from the plan's entry (all but its own)."""
-    return tuple(name for name in layouts if name != plan.layout)
+    """The layouts of ``layouts`` written from the plan's entry: all but its own (and but the one
+    asked for, where the engine reads another: a single-rank vLLM's managed store)."""
+    own = {plan.layout, plan.request.engine.layout if plan.request is not None else plan.layout}
+    return tuple(name for name in layouts if name not in own)
 
 
 def write_derived(entry: CacheEntry, name: str, to_root: Path | None = None):

@@ -61,6 +61,15 @@ class WarmRun:
     published: Published
 
 
+def bind_environment(plans: list[TuningPlan], machine: Machine) -> list[TuningPlan]:
+    """Plans into FlashInfer's managed store bound to the directory this machine's GPU environment
+    names (read once, only if one needs it); the others as they are."""
+    if all(p.bound for p in plans):
+        return plans
+    metadata = machine.environment()
+    return [p if p.bound else p.for_environment(metadata) for p in plans]
+
+
 def run_warm(load: Callable[[GpuInfo], TuningPlan], opts: WarmOptions, *, layouts: tuple[str, ...] = ("sglang",),
              quality: QualitySettings | None = None, progress=None) -> WarmRun:
     """One target: ``load(gpus)`` gives its plan; written (or found complete), it is also written
@@ -69,7 +78,7 @@ def run_warm(load: Callable[[GpuInfo], TuningPlan], opts: WarmOptions, *, layout
     try:
         info = opts.machine.usable_gpus(opts.gpus, opts.plan_hint)
         pool = early.start(info.count)
-        plan = load(info)
+        plan = bind_environment([load(info)], opts.machine)[0]
         result = warm(plan, gpus=opts.gpus, force=opts.force, progress=progress, gpu_info=info, pool=pool,
                       quality=quality, machine=opts.machine)
     finally:
@@ -159,6 +168,8 @@ def run_fleet(load: Callable[[GpuInfo], list[FleetItem]], opts: WarmOptions, *, 
         # are planned, not after.
         pool = early.start(info.count)
         items = load(info)
+        for item, plan in zip(items, bind_environment([i.plan for i in items], opts.machine)):
+            item.plan = plan
         result = warm_fleet(items, gpus=opts.gpus, info=info, pool=pool, force=opts.force, progress=progress,
                             on_committed=committed, machine=opts.machine, deal=opts.deal)
     finally:

@@ -82,8 +82,10 @@ def _kept(plan: TuningPlan, info: GpuInfo, quality: QualitySettings | None) -> W
         return None
     was = existing.quality
     how = f"in {was} mode" if was else "by the engine or an older warm"
+    if not plan.layout_obj.holds_rank_files:
+        how = "(every lookup of the startup pass has its entry in FlashInfer's managed store)"
     again = "carefully " if quality is not None and quality.careful and was != "careful" else ""
-    return WarmResult("complete", str(plan.key_dir), message=f"already complete, tuned {how} (use --force to tune "
+    return WarmResult("complete", str(plan.key_dir), message=f"already complete{'' if how.startswith('(') else ', tuned'} {how} (use --force to tune "
                       f"it again {again}and replace it)")
 
 
@@ -105,6 +107,8 @@ def warm(
                           message=f"{plan.engine} would not autotune this configuration: nothing to write")
     info = gpu_info or machine.detect_gpus()
     n = preflight(plan, info, gpus, pool)
+    if not plan.bound:  # FlashInfer's managed store: the directory this GPU's environment names
+        plan = plan.for_environment(machine.environment())
     if not force:
         kept = _kept(plan, info, quality)
         if kept is not None:
@@ -155,15 +159,17 @@ def _tune_and_commit(run: _Run, progress, pool: WorkerPool | None, machine: Mach
              **({"selection": selection_summary(selection)} if quality.careful else {})}
     extra = {"selection": {"settings": quality.to_dict(), **({"ops": selection} if quality.careful else {})}}
     try:
-        commit_plan(plan, rank_bytes, metadata, stats, extra, run.force)
+        written = commit_plan(plan, rank_bytes, metadata, stats, extra, run.force)
     except FiAutotuneError as e:
         raise FiAutotuneError(f"{e} (the tuned buckets are kept in {wd})") from None
     timings["write_s"] = round(time.perf_counter() - t_tuned, 3)
     timings["wall_s"] = round(time.perf_counter() - run.t_start, 3)
     timings["timeline"].update(planned=run.epoch_start, written=time.time())
     shutil.rmtree(wd, ignore_errors=True)
-    return WarmResult("written", str(plan.key_dir), [str(plan.key_dir / r) for r in sorted(rank_bytes)], total - already,
-                      total, run.n, timings, selection=selection_summary(selection) if quality.careful else {})
+    files = [str(plan.key_dir / r) for r in sorted(rank_bytes)] if plan.layout_obj.holds_rank_files else []
+    return WarmResult("written", str(plan.key_dir), files, total - already, total, run.n, timings,
+                      message="" if files else f"published {written}",
+                      selection=selection_summary(selection) if quality.careful else {})
 
 
 def _rank_files(run: _Run, ops: list[dict], per_workload: list[list[int]],

@@ -293,6 +293,46 @@ def test_vllm_layout_serves_vllms_own_call(tmp_path):
     assert r["control_other_file"]["profiled"] > 0
 
 
+def vllm_v2_pass(case: dict, root: Path) -> dict:
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "_vllm_replay.py"), "--v2", json.dumps(case), str(root),
+                           "8192"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_single_gpu_vllm_store_serves_vllms_startup_pass(tmp_path):
+    """warm --layout vllm --tp 1 (no config hash): vLLM's own call tuned and published into
+    FlashInfer's managed store at vLLM's root ($VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR). vLLM's
+    startup pass as it enters it (autotune_v2(mode="tune") around autotune(hybrid buckets,
+    round_up=True)), over that store, profiles nothing and publishes nothing; serving hits at every
+    token count. The control, the same pass over an empty root, profiles. A second warm finds the
+    store complete."""
+    root = tmp_path / "vllm-store"
+    args = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "1", "--moe-runner-backend", "flashinfer_cutlass",
+            "--layout", "vllm", "--gpus", "1", "--json"]
+    env = {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(root)}
+    t0 = time.perf_counter()
+    proc = run_cli("warm", *args, timeout=900, env=env)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["status"] == "written" and Path(out["key_dir"]).parent == root / "v2", out
+    entries = len(list(Path(out["key_dir"]).glob("entries/*.json")))
+    golden = json.loads((REPO / "tests" / "data" / "vllm-0.33.0-cutlass_fused_moe-calls.json").read_text())
+    case = golden["cases"]["tp1"]
+    r = vllm_v2_pass(case, root)
+    control = vllm_v2_pass(case, tmp_path / "empty")
+    again = json.loads(run_cli("warm", *args, timeout=900, env=env).stdout)
+    record("vllm_single_gpu_v2", warm_wall_s=round(wall, 1), profiles=out["profiles_total"], entries=entries,
+           replay=r, control=control, second_warm=again["status"])
+    s = r["startup_pass"]
+    assert s["profiled"] == 0 and s["lookups"] > 0 and s["hits"] == s["lookups"], s
+    assert s["entries_after"] == s["entries_before"] == entries > 0
+    assert r["serving"]["lookups"] > 0 and r["serving"]["hits"] == r["serving"]["lookups"], r["serving"]["misses"]
+    assert control["startup_pass"]["profiled"] > 0 and control["startup_pass"]["entries_after"] > 0
+    assert again["status"] == "complete"
+
+
 GLM_EAGLE = ["--model", "zai-org/GLM-5.1", "--tp", "8", "--moe-runner-backend", "flashinfer_cutlass",
              "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
              "--speculative-num-draft-tokens", "4"]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, RankFile, read_regular_file
 from autotune_cache.engines.flashinfer_v2.convert import write_entry
-from autotune_cache.engines.flashinfer_v2.store import ENTRIES, MANIFEST, default_root, entry_name, env_hash
+from autotune_cache.engines.flashinfer_v2.store import (ENTRIES, MANIFEST, V2Result, default_root, entry_name, env_hash,
+                                                       lacking, merge_rank_files, store_manifest, write_store)
 from autotune_cache.plan.topology import Topology
 from autotune_cache.tree.layout import TEMP_FILE_RE, CacheLayout, EntryId, Level, NameKind, RootChoice
 from autotune_cache.tree.records import CacheEntry, Finding, finding_for
@@ -53,6 +54,18 @@ class FlashInferV2Layout(CacheLayout):
         if TEMP_FILE_RE.match(name) or FI_TEMP_RE.match(name):
             return NameKind.TEMP
         return NameKind.FOREIGN
+
+    def environment_key(self, metadata: dict) -> str:
+        return env_hash(store_manifest(metadata))
+
+    def lacking(self, entry_dir: Path, groups: list[list[str]]) -> list[str]:
+        return lacking(entry_dir, groups)
+
+    def publish_tuning(self, root: Path, rank_bytes: dict[str, bytes]) -> V2Result:
+        """A warm's tuned files published as FlashInfer does, one entry per key, into the
+        environment their ``_metadata`` names."""
+        metadata, values = merge_rank_files(rank_bytes)
+        return write_store(root, metadata, values)
 
     def expected_files(self, topology: Topology) -> list[str]:
         return []

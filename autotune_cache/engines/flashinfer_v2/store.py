@@ -78,6 +78,22 @@ def entry_bytes(file_key: str, value: list) -> bytes:
     return json.dumps(entry, indent=2, sort_keys=True).encode()
 
 
+def holds(env_dir: Path, file_key: str) -> bool:
+    """Whether FlashInfer's ``lookup`` of ``file_key`` hits in ``env_dir``: the entry the key
+    hashes to exists and embeds exactly that key (anything else is a miss to FlashInfer)."""
+    try:
+        entry = json.loads(read_regular_file(env_dir / ENTRIES / entry_name(file_key), limit=1 << 20))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(entry, dict) and entry.get("key") == file_key and isinstance(entry.get("runner"), str)
+
+
+def lacking(env_dir: Path, groups: list[list[str]]) -> list[str]:
+    """Of ``groups`` (per lookup, the keys it may be stored under: one per candidate runner), the
+    first key of each that no entry in ``env_dir`` serves."""
+    return [group[0] for group in groups if not any(holds(env_dir, k) for k in group)]
+
+
 def json_bytes(obj) -> bytes:
     """``_atomic_write_json``'s format: indent 2, sorted keys, no trailing newline."""
     return json.dumps(obj, indent=2, sort_keys=True).encode()

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune_cache.engines.base import Engine
-from autotune_cache.engines.vllm.layout import VllmDirLayout, VllmLayout
+from autotune_cache.engines.vllm.layout import VllmDirLayout, VllmLayout, VllmManagedStore, single_rank
 from autotune_cache.engines.vllm.planner import VLLM_CHECKED, make_vllm_plan, other_config_refusal
 from autotune_cache.engines.vllm.target import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash
-from autotune_cache.errors import UsageError
 from autotune_cache.plan.options import Option
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.tuning import TuningPlan
@@ -18,10 +17,12 @@ class Vllm(Engine):
     name = "vllm"
     label = "vLLM"
     title = f"vLLM {', '.join(VLLM_CHECKED)}"
+    checks = True
     cli_options = (
-        Option("vllm_config_hash", "str", metavar="HASH", help="vllm layouts: the 64-hex hash vLLM names its cache dir by (computed "
-               "by vLLM after it loads the model); its startup line 'Using FlashInfer autotune cache file: ...' or "
-               "that path may be pasted whole."),
+        Option("vllm_config_hash", "str", metavar="HASH", help="vllm layouts, more than one rank: the 64-hex hash vLLM "
+               "names its cache dir by (computed by vLLM after it loads the model); its startup line 'Using FlashInfer "
+               "autotune cache file: ...' or that path may be pasted whole. A single-rank vLLM needs none: it reads "
+               "FlashInfer's managed store, keyed by the environment."),
         Option("max_num_batched_tokens", "positive", help="vllm layouts: the server's --max-num-batched-tokens "
                "[default: 8192, vllm serve's on an H100/H200]."),
     )
@@ -29,17 +30,21 @@ class Vllm(Engine):
     layouts = (VllmLayout(), VllmDirLayout())
 
     def target(self, layout: str | None = None, options: dict | None = None) -> VllmTarget:
-        """From ``--vllm-config-hash`` (required: only vLLM can compute it) and
-        ``--max-num-batched-tokens``."""
+        """From ``--vllm-config-hash`` (only vLLM can compute it; the planner requires it where
+        vLLM reads per-rank files) and ``--max-num-batched-tokens``."""
         layout = self.layout(layout).name
         options = options or {}
         self.refuse_foreign_options(options)
-        if options.get("vllm_config_hash") is None:
-            raise UsageError(f"--layout {layout} needs --vllm-config-hash: vLLM names its cache dir by a hash of "
-                             "its whole resolved config, taken after it loads the model, so only vLLM can say it; "
-                             "copy it from its startup line 'Using FlashInfer autotune cache file: .../<hash>/...'")
+        given = options.get("vllm_config_hash")
         n = options.get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS
-        return VllmTarget.of(parse_config_hash(options["vllm_config_hash"]), n, layout)
+        return VllmTarget.of(parse_config_hash(given) if given is not None else "", n, layout)
+
+    def plan_layout(self, request: TuneRequest):
+        """A single-rank vLLM reads FlashInfer's managed store at its own root, not its files."""
+        f = request.flags
+        if single_rank(f.tp, f.pp, f.dp):
+            return VllmManagedStore(override_only=request.engine.layout == "vllm-dir")
+        return super().plan_layout(request)
 
     def target_from_dict(self, d: dict) -> VllmTarget:
         return VllmTarget.from_dict(d)
@@ -54,8 +59,12 @@ class Vllm(Engine):
 
     def describe(self, plan: TuningPlan) -> list[tuple[str, str]]:
         n = plan.resolution.chunked_prefill_size
-        return [("Tuning pass", f"vLLM's autotune(tuning_buckets=get_hybrid_num_tokens_buckets({n}), round_up=True); "
-                                "vLLM loads the files and skips it when every rank has one"),
+        tuning = f"autotune(tuning_buckets=get_hybrid_num_tokens_buckets({n}), round_up=True)"
+        if plan.layout_obj.env_keyed:
+            return [("Tuning pass", f"vLLM's {tuning} inside autotune_v2(mode=\"tune\", cache_root=<root>): every "
+                                    "lookup the store serves is not profiled"),
+                    ("Key", plan.key or "the tuning GPU's environment hash (FlashInfer's manifest.json; warm binds it)")]
+        return [("Tuning pass", f"vLLM's {tuning}; vLLM loads the files and skips it when every rank has one"),
                 ("Key", f"{plan.key}  ({plan.key_string})")]
 
 

@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune_cache.engines.flashinfer_v2.layout import FlashInferV2Layout
 from autotune_cache.plan.topology import MAX_PARALLEL, MAX_RANK_FILES, Topology, TopologyError
 from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, CacheLayout, Level, NameKind, RootChoice
 from autotune_cache.autotuner.installed import VERSION_RE
@@ -202,3 +203,31 @@ class VllmDirLayout(VllmLayout):
 
     def base_parts(self) -> tuple[str, ...]:
         return ()
+
+
+class VllmManagedStore(FlashInferV2Layout):
+    """FlashInfer's managed store where a single-rank vLLM 0.33 reads it
+    (``resolve_flashinfer_autotune_v2_root``): ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``, else
+    FlashInfer's own default root. The same tree as the ``flashinfer-v2`` layout (whose name it
+    keeps): only the root a plan goes under without ``--cache-dir`` differs. ``override_only``:
+    for ``--layout vllm-dir``, whose server sets the variable (unset here: no root at all)."""
+
+    def __init__(self, override_only: bool = False) -> None:
+        self.override_only = override_only
+
+    def default_root(self) -> RootChoice:
+        value = os.environ.get(OVERRIDE_ENV)
+        if value:
+            return RootChoice(Path(os.path.expanduser(value)), f"${OVERRIDE_ENV} (vLLM's managed-store root)")
+        if self.override_only:
+            return RootChoice(Path(os.devnull) / "unset", f"${OVERRIDE_ENV}")
+        return super().default_root()
+
+    def configured(self) -> bool:
+        return bool(os.environ.get(OVERRIDE_ENV)) or not self.override_only
+
+
+def single_rank(tp: int, pp: int, dp: int) -> bool:
+    """``use_flashinfer_autotune_v2``: vLLM 0.33 on one node with world size 1 (so no PP) reads
+    FlashInfer's managed store; every other deployment its per-rank files."""
+    return tp * pp * dp == 1

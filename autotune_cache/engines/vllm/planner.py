@@ -37,7 +37,7 @@ from autotune_cache.autotuner.installed import flashinfer_version_of
 from autotune_cache.autotuner.recipe import OpRecipe
 from autotune_cache.engines.sglang.recipes import moe_layers_in
 from autotune_cache.engines.sglang.moe_recipes import cutlass_moe
-from autotune_cache.engines.vllm.layout import VllmRankName
+from autotune_cache.engines.vllm.layout import VllmRankName, single_rank
 from autotune_cache.engines.vllm.target import VllmTarget
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.flags import ServerFlags
@@ -92,9 +92,6 @@ def resolve_vllm(spec: "ModelSpec", arch: str, flags: ServerFlags, model_path: s
         topology = Topology(tp=flags.tp, pp=flags.pp, dp=flags.dp, dp_attention=False)
     except TopologyError as e:
         raise UsageError(str(e)) from None
-    if flags.tp * flags.pp * flags.dp == 1:
-        raise UsageError("a single-GPU vLLM (tp x pp x dp = 1) reads FlashInfer's managed store, not per-rank "
-                         "files; fi-autotune does not write that store with vLLM's keys yet")
     if flags.pp > spec.num_layers:
         raise UsageError(f"--pp {flags.pp} exceeds the model's {spec.num_layers} layers")
     if spec.num_attention_heads % flags.tp:
@@ -168,6 +165,12 @@ def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> TuningPlan:
     target = request.engine
     assert isinstance(target, VllmTarget) and request.arch is not None
     flags = request.flags
+    one = single_rank(flags.tp, flags.pp, flags.dp)
+    if not one and not target.config_hash:
+        raise UsageError(f"--layout {target.layout} with {flags.tp * flags.pp * flags.dp} ranks needs --vllm-config-hash: "
+                         "vLLM names its cache dir by a hash of its whole resolved config, taken after it loads the "
+                         "model, so only vLLM can say it; copy it from its startup line 'Using FlashInfer autotune "
+                         "cache file: .../<hash>/...' (docs/cache-layout.md)")
     n = target.max_num_batched_tokens
     source, spec = load_spec(request.model, config=request.config, revision=request.revision,
                              model_path=request.model_path)
@@ -188,10 +191,17 @@ def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> TuningPlan:
                   for d in range(flags.dp) for p in range(flags.pp) for t in range(flags.tp))
     notes = (f"buckets: get_hybrid_num_tokens_buckets({n}) as vLLM's --max-num-batched-tokens {n} makes them "
              "(a speculative decoder raises it: not modelled)",)
+    layout, key, key_string = target.layout, target.config_hash, \
+        "vLLM's config hash, given (vLLM computes it from its whole config after loading the model)"
+    if one:  # FlashInfer's managed store: one entry file per key, in the tuning environment's directory
+        layout, key, key_string = "flashinfer-v2", "", ("FlashInfer's environment hash: a single-rank vLLM reads "
+                                                        "FlashInfer's managed store (autotune_v2), keyed by the GPU's "
+                                                        "software stack, not by vLLM's config")
+        if target.config_hash:
+            notes += ("--vllm-config-hash is not used: a single-rank vLLM reads FlashInfer's managed store",)
     return TuningPlan(
-        model=request.model, source=source, spec=spec, resolution=res, schema=SCHEMA, key=target.config_hash,
-        key_string="vLLM's config hash, given (vLLM computes it from its whole config after loading the model)",
+        model=request.model, source=source, spec=spec, resolution=res, schema=SCHEMA, key=key, key_string=key_string,
         flashinfer_version=version, cache_root=Path(cache_root), workloads=(Workload(ranks, ops, tuple(stages)),),
         max_tokens_override=None, notes=notes, request=replace(request, flashinfer_version=version, schema=SCHEMA),
-        layout=target.layout,
+        layout=layout,
     )

@@ -18,7 +18,7 @@ LAYOUTS = ("vllm", "vllm-dir")  # vllm-dir: $VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR
 class VllmTarget(EngineTarget):
     """What only the vLLM side of a request has."""
 
-    config_hash: str = ""
+    config_hash: str = ""  # "": not given (a single-rank vLLM needs none)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     @classmethod
@@ -35,8 +35,8 @@ class VllmTarget(EngineTarget):
         if not isinstance(d, dict):
             raise ValueError("request.vllm is not an object")
         h, n, layout = d.get("config_hash"), d.get("max_num_batched_tokens"), d.get("layout", "vllm")
-        if not isinstance(h, str) or not re.fullmatch("[0-9a-f]{64}", h):
-            raise ValueError("request.vllm.config_hash is not 64 hex digits")
+        if not isinstance(h, str) or not re.fullmatch("(?:[0-9a-f]{64})?", h):
+            raise ValueError("request.vllm.config_hash is not 64 hex digits (or empty: a single rank's)")
         if type(n) is not int or n < 1 or layout not in LAYOUTS:
             raise ValueError("request.vllm has an invalid max_num_batched_tokens or layout")
         return cls.of(h, n, layout)
