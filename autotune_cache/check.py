@@ -204,6 +204,8 @@ def run_check(plan: TuningPlan, reader: CacheLayout, store_url: str | None, fing
     """One target's check, as ``reader`` (a layout) would read it: the tree at the plan's root, a
     store, or - for a layout whose directories the serving environment names (FlashInfer's
     managed store) - that environment's directory."""
+    if not plan.bound and fingerprint is not None:  # FlashInfer's store: the serving environment names its directory
+        plan = plan.for_environment(fingerprint.fields)
     where = plan.id_str
     report = CheckReport(where, str(plan.key_dir) if store_url is None else f"{store_url} {where}", plan.autotunes)
     if not plan.autotunes:

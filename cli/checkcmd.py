@@ -78,8 +78,8 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
             if report.ok and not report.autotunes:
                 out.line(f"OK: {who}{'; '.join(plan.reasons)}")
             elif report.ok:
-                out.line(f"OK: {who}{report.where}: {report.rank_files} rank files, {report.keys_checked} startup "
-                         "lookups, all present")
+                files = f"{report.rank_files} rank files, " if plan.layout_obj.holds_rank_files else ""
+                out.line(f"OK: {who}{report.where}: {files}{report.keys_checked} startup lookups, all present")
             elif len(report.misses) > n_unknown:
                 out.line(f"{len(report.misses)} miss(es): {who}the engine would tune at startup")
             else:

@@ -24,7 +24,7 @@ EPILOG = "Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted (Ctrl-C). 
 #: Each command by name -> "module:function", imported only when that command runs (or help lists
 #: them): ``ls`` must not pay for the planner's or the tuner's imports.
 COMMANDS = {
-    "plan": "plancmd:plan_cmd", "warm": "warmcmd:warm_cmd", "verify": "warmcmd:verify_cmd",
+    "plan": "plancmd:plan_cmd", "warm": "warmcmd:warm_cmd", "verify": "verifycmd:verify_cmd",
     "check": "checkcmd:check_cmd", "ls": "lscmd:ls_cmd", "show": "tree:show_cmd", "prune": "cleanup:prune_cmd",
     "rm": "cleanup:rm_cmd", "export": "transfer:export_cmd", "import": "transfer:import_cmd",
     "push": "storecmd:push_cmd", "pull": "storecmd:pull_cmd", "convert": "convertcmd:convert_cmd",

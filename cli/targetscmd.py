@@ -98,7 +98,10 @@ def load_fleet(path: str, cache_dir: str | None, arch: str | None, shard: str | 
                                     detect_gpu_uuids=detect_gpu_uuids)
             if fingerprint is not None:  # the serving image's: its GPU's arch, its FlashInfer
                 request = request.for_target(fingerprint)
-            plan = build_plan(request, cache_dir)
+            # --cache-dir is the default engine's tree; another engine's targets go where it reads them
+            plan = build_plan(request, cache_dir if group.engine is registry.default_engine() else None)
+            if fingerprint is not None:
+                plan = plan.for_environment(fingerprint.fields)
         except UsageError as e:
             raise UsageError(f"{t.source} ({t.name}): {e}") from None
         out.append((t, plan, layouts))

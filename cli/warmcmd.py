@@ -10,25 +10,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import click
 
 from autotune_cache import registry
 from autotune_cache.engines.selection import warm_groups
-from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
-from autotune_cache.tree.scan import scan_cache
+from autotune_cache.errors import UsageError
 from autotune_cache.tune.fleet import FleetItem
 from autotune_cache.tune.fleetrun import DEALS
 from autotune_cache.tune.publish import writable_store
 from autotune_cache.tune.quality import DEFAULT_THRESHOLD, QualitySettings
-from autotune_cache.tune.recorded import request_of
 from autotune_cache.tune.session import WarmOptions, WarmRun, run_warm
 
 from .output import Output
-from .params import json_option, resolve_root, shard_option, targets_option, timeout_option
+from .params import json_option, shard_option, targets_option, timeout_option
 from .progress import Progress
-from .serving import (build_plan, engine_option_values, engine_options, fold_serving_command, machine_of, request_from,
+from .serving import (build_plan, engine_option_values, engine_options, fold_serving_command, machine_of,
                       requests_from, serving_command_argument, serving_options)
 from .targetscmd import fleet_command, reject_serving_flags, warm_targets
 
@@ -185,61 +182,3 @@ def describe_summary(s: dict) -> str:
             + (f" (median {margin:.1%} faster than the default)" if margin is not None else "")
             + f", {s['default_kept_by_floor']} kept the default (under the threshold), {s['default_fastest']} default "
               f"fastest; tunes unanimous on {s['tunes_unanimous']}")
-
-
-@click.command("verify")
-@click.argument("ref", required=False, metavar="[ID]")
-@serving_options(model_required=False)
-@json_option
-@click.pass_context
-def verify_cmd(ctx, ref, as_json, **kw):
-    """Replay the engine's startup pass against a cache on this GPU; exit 1 unless every lookup hits.
-
-    Name the entry by its ID (as `ls` prints it; a unique key or the entry's directory work too;
-    flags from the manifest warm wrote), by --model alone (the entry warm wrote for that model),
-    or by --model with the server's flags (any entry those flags map to, engine-written ones included).
-    """
-    # tune.verify imports torch (the skeleton): only ``verify`` pays for it.
-    from autotune_cache.tune.verify import verify
-
-    flags_given = [k for k in kw if k not in ("model", "cache_dir")
-                   and ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE]
-    if ref is None and kw["model"] is None:
-        raise UsageError("give an entry ID or --model")
-    if ref is None and flags_given:
-        plan = build_plan(request_from(kw), kw["cache_dir"])
-        key_dir = plan.key_dir
-        if not key_dir.is_dir():
-            raise FiAutotuneError(f"no cache entry at {key_dir} (id {plan.entry_id} for these flags)")
-    else:
-        root = resolve_root(kw["cache_dir"], must_exist=True).path
-        info = scan_cache(root)
-        if ref is not None:
-            entries = info.resolve([ref])
-        else:
-            entries = [e for e in info.entries if e.model == kw["model"]]
-            if not entries:
-                raise FiAutotuneError(f"no cache entry for {kw['model']!r} under {root}")
-            if len(entries) > 1:
-                raise UsageError(f"{kw['model']!r} has {len(entries)} entries; give one id: "
-                                 + ", ".join(str(e.id) for e in entries))
-        entry = entries[0]
-        # the entry's own arch (or --arch): never "pass --arch" for an entry whose arch is known
-        plan = build_plan(request_of(entry), str(root), kw.get("arch") or entry.arch)
-        if plan.key != entry.key:
-            raise FiAutotuneError(f"the recorded request now maps to key {plan.key}, not {entry.key}")
-        key_dir = entry.path
-    report = verify(plan, key_dir)
-    out = Output(as_json)
-
-    def human() -> None:
-        for w in report.workloads:
-            state = "metadata accepted" if w.metadata_accepted else "METADATA REJECTED by FlashInfer here"
-            out.line(f"{Path(w.rank_file).name} (x{w.ranks} ranks): {w.hits}/{w.lookups} lookups hit, "
-                     f"{w.retuned} would be tuned again, replay {w.replay_s:.2f} s, {state}")
-        pct = 100.0 * report.hits / report.lookups if report.lookups else 0.0
-        out.line(f"{'OK' if report.ok else 'INCOMPLETE'}: {report.hits}/{report.lookups} hits ({pct:.1f}%)")
-
-    out.emit(human=human, data=report.to_dict)
-    if not report.ok:
-        raise click.exceptions.Exit(int(ExitCode.FAILURE))

@@ -87,6 +87,12 @@ class Engine(ABC):
     def plan(self, request: "TuneRequest", cache_root: Path) -> "TuningPlan":
         raise UsageError(f"fi-autotune does not plan for {self.title}; it writes it from another engine's entry")
 
+    def tuning_buckets(self, plan: "TuningPlan") -> "tuple[int, ...] | None":
+        """How the engine's startup pass tunes, for ``verify`` to replay it: the buckets of its one
+        dummy run at the largest inside ``autotune(tuning_buckets=..., round_up=True)`` (vLLM), or
+        None where it runs its own dummy passes at their token counts (SGLang: ``resolution.passes``)."""
+        return None
+
     def existing_entry_refusal(self, manifest, plan: "TuningPlan") -> str | None:
         """Why an entry already at the plan's path must not be taken as this plan's (None: it may)."""
         return None

@@ -10,12 +10,15 @@ torch (the skeleton); the command imports it only when it runs.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune_cache.autotuner.fingerprint import this_host
 from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.plan.tuning import TuningPlan, dummy_tokens
@@ -63,10 +66,20 @@ class VerifyReport:
 
 def verify(plan: TuningPlan, key_dir: Path) -> VerifyReport:
     import torch
-    from flashinfer.autotuner import AutoTuner, autotune
 
     if not torch.cuda.is_available():
         raise UsageError("no CUDA GPU found: verify replays the engine's pass on one")
+    buckets = plan.engine.tuning_buckets(plan)
+    if buckets is not None:
+        return verify_bucketed(plan, Path(key_dir), buckets)
+    return _verify_passes(plan, key_dir)
+
+
+def _verify_passes(plan: TuningPlan, key_dir: Path) -> VerifyReport:
+    """SGLang: its dummy passes at their token counts, over rank 0's file of each workload."""
+    import torch
+    from flashinfer.autotuner import AutoTuner, autotune
+
     device = torch.device("cuda", 0)
     spec, res = plan.spec, plan.resolution
     reports = []
@@ -104,4 +117,76 @@ def verify(plan: TuningPlan, key_dir: Path) -> VerifyReport:
             reports.append(report)
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
+    return VerifyReport(str(key_dir), reports)
+
+
+def rank_fingerprint(path: Path) -> tuple[str, int] | None:
+    """vLLM's ``_autotune_cache_fingerprint``: the file's ``_metadata`` and its number of other fields."""
+    try:
+        obj = parse_cache_bytes(read_regular_file(path))
+    except (OSError, ValueError):
+        return None
+    meta = obj.get("_metadata")
+    return json.dumps(meta, sort_keys=True), len([k for k in obj if k != "_metadata"])
+
+
+def _entry_bytes(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in root.glob("v2/*/entries/*.json")}
+
+
+def verify_bucketed(plan: TuningPlan, key_dir: Path, buckets: tuple[int, ...]) -> VerifyReport:
+    """vLLM: one dummy run at the largest token count inside ``autotune(tuning_buckets=buckets,
+    round_up=True)``, over a copy of what it reads - its rank files (they must pass its hit test:
+    one ``_metadata`` and one field count on every rank, else it tunes everything), or, single
+    rank, its managed store entered as ``autotune_v2(mode="tune", cache_root=...)``. What the pass
+    tunes is a miss: counted from the store's new entries, or from the tuner's new winners."""
+    import torch
+    from flashinfer import autotune_v2
+    from flashinfer.autotuner import AutoTuner, autotune
+
+    device = torch.device("cuda", 0)
+    n = buckets[-1]
+    reports = []
+    for workload in plan.workloads:
+        if not workload.ops:
+            continue
+        w = workload.to_dict()
+        tmp = Path(tempfile.mkdtemp(prefix="fi-autotune-verify-"))
+        try:
+            tuner = AutoTuner.get()
+            tuner.clear_cache()
+            if plan.layout_obj.env_keyed:  # a copy: a miss in tune mode publishes into the store
+                shutil.copytree(key_dir, tmp / key_dir.relative_to(key_dir.parent.parent))
+                # FlashInfer here looks in the directory its own environment hashes to
+                source, accepted = str(key_dir), plan.layout_obj.environment_key(this_host().fields) == key_dir.name
+                context = autotune_v2(mode="tune", cache_root=tmp)
+            else:
+                prints = {name: rank_fingerprint(key_dir / name) for name in w["ranks"]}
+                source = str(key_dir / w["ranks"][0])
+                accepted = None not in prints.values() and len(set(prints.values())) == 1  # vLLM's hit test
+                if accepted:
+                    shutil.copyfile(source, tmp / w["ranks"][0])
+                    accepted = bool(tuner.load_configs(str(tmp / w["ranks"][0])))
+                context = contextlib.nullcontext()
+            before = _entry_bytes(tmp)
+            report = WorkloadReport(source, len(w["ranks"]), accepted)
+            model = SkeletonModel(w["ops"], hidden=plan.spec.hidden_size, vocab=plan.spec.vocab_size,
+                                  tp=plan.resolution.flags.tp, dp=plan.resolution.attn_dp_size,
+                                  dtype=plan.resolution.dtype, device=device)
+            t0 = time.perf_counter()
+            with torch.inference_mode(), context, autotune(True, tuning_buckets=buckets, round_up=True):
+                for layer in model.layers:
+                    layer(n)
+            torch.cuda.synchronize()
+            report.replay_s = round(time.perf_counter() - t0, 3)
+            if plan.layout_obj.env_keyed:  # what the pass published (new, or replaced): what it tuned
+                tuned = [json.loads(data)["key"] for path, data in sorted(_entry_bytes(tmp).items()) if before.get(path) != data]
+            else:
+                tuned = [k.file_key for k in tuner.profiling_cache]
+            report.retuned, report.retuned_keys = len(tuned), tuned[:20]
+            report.lookups = sum(len(op["engine_keys"]) * len(op["custom_ops"]) for op in w["ops"])
+            report.hits = max(0, report.lookups - report.retuned) if accepted else 0
+            reports.append(report)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return VerifyReport(str(key_dir), reports)

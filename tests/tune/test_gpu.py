@@ -322,15 +322,55 @@ def test_single_gpu_vllm_store_serves_vllms_startup_pass(tmp_path):
     case = golden["cases"]["tp1"]
     r = vllm_v2_pass(case, root)
     control = vllm_v2_pass(case, tmp_path / "empty")
+    flags = args[:args.index("--gpus")]
+    verified = run_cli("verify", *flags, "--json", timeout=600, env=env)
+    ver = json.loads(verified.stdout)
+    # one entry gone: verify says so (exit 1), and a second warm tunes only what is missing
+    victim = sorted(Path(out["key_dir"]).glob("entries/*.json"))[0]
+    victim.unlink()
+    partial = run_cli("verify", *flags, "--json", timeout=600, env=env)
     again = json.loads(run_cli("warm", *args, timeout=900, env=env).stdout)
+    third = json.loads(run_cli("warm", *args, timeout=900, env=env).stdout)
     record("vllm_single_gpu_v2", warm_wall_s=round(wall, 1), profiles=out["profiles_total"], entries=entries,
-           replay=r, control=control, second_warm=again["status"])
+           replay=r, control=control, verify=ver, partial_verify=json.loads(partial.stdout),
+           second_warm={k: again[k] for k in ("status", "profiles_tuned", "message")}, third_warm=third["status"])
     s = r["startup_pass"]
     assert s["profiled"] == 0 and s["lookups"] > 0 and s["hits"] == s["lookups"], s
     assert s["entries_after"] == s["entries_before"] == entries > 0
     assert r["serving"]["lookups"] > 0 and r["serving"]["hits"] == r["serving"]["lookups"], r["serving"]["misses"]
     assert control["startup_pass"]["profiled"] > 0 and control["startup_pass"]["entries_after"] > 0
-    assert again["status"] == "complete"
+    assert verified.returncode == 0 and ver["ok"] and ver["hits"] == ver["lookups"] == entries, ver
+    assert partial.returncode == 1 and json.loads(partial.stdout)["workloads"][0]["retuned"] == 1, partial.stdout
+    assert again["status"] == "written" and again["profiles_tuned"] == 42 and "1 entries written, 41 already" in again["message"]
+    assert third["status"] == "complete"
+
+
+def test_vllm_targets_in_a_targets_file(tmp_path):
+    """One targets file, one pool: a single-rank vLLM target (its managed store), a TP2 vLLM target
+    (its rank files, by config hash) and an SGLang TP2 target; each verified by its engine's pass."""
+    h = "7a11" * 16
+    targets = tmp_path / "targets.yaml"
+    targets.write_text("defaults:\n  model: Qwen/Qwen3-30B-A3B\n  moe_runner_backend: flashinfer_cutlass\ntargets:\n"
+                       "  - {name: vllm-1gpu, tp: 1, layouts: [vllm]}\n"
+                       f"  - {{name: vllm-tp2, tp: 2, layouts: [vllm], vllm_config_hash: '{h}'}}\n"
+                       "  - {name: sglang-tp2, tp: 2}\n")
+    env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "",
+           "FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "fi")}
+    proc = run_cli("warm", "--targets", str(targets), "--cache-dir", str(tmp_path / "sg"), "--json", timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    by_name = {t["name"]: t for t in out["targets"]}
+    assert all(t["status"] == "written" for t in by_name.values()), out
+    base = ["--model", "Qwen/Qwen3-30B-A3B", "--moe-runner-backend", "flashinfer_cutlass", "--json"]
+    runs = {"vllm-1gpu": ["--tp", "1", "--layout", "vllm"], "vllm-tp2": ["--tp", "2", "--layout", "vllm", "--vllm-config-hash", h],
+            "sglang-tp2": ["--tp", "2", "--cache-dir", str(tmp_path / "sg")]}
+    results = {}
+    for name, extra in runs.items():
+        v = run_cli("verify", *base, *extra, timeout=600, env=env)
+        results[name] = json.loads(v.stdout) if v.stdout.strip() else v.stderr[-500:]
+        assert v.returncode == 0, (name, v.stdout[-2000:], v.stderr[-2000:])
+    record("vllm_targets", profiles=out.get("profiles_merged"), wall_s=out["timings"].get("command_wall_s"),
+           verify={k: (r["hits"], r["lookups"]) for k, r in results.items()})
 
 
 GLM_EAGLE = ["--model", "zai-org/GLM-5.1", "--tp", "8", "--moe-runner-backend", "flashinfer_cutlass",

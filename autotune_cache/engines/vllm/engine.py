@@ -8,6 +8,7 @@ from autotune_cache.engines.base import Engine
 from autotune_cache.engines.vllm.layout import VllmDirLayout, VllmLayout, VllmManagedStore, single_rank
 from autotune_cache.engines.vllm.planner import VLLM_CHECKED, make_vllm_plan, other_config_refusal
 from autotune_cache.engines.vllm.target import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash
+from autotune_cache.autotuner.buckets import hybrid_buckets
 from autotune_cache.plan.options import Option
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.tuning import TuningPlan
@@ -51,6 +52,10 @@ class Vllm(Engine):
 
     def plan(self, request: TuneRequest, cache_root: Path) -> TuningPlan:
         return make_vllm_plan(request, cache_root)
+
+    def tuning_buckets(self, plan: TuningPlan) -> tuple[int, ...]:
+        """``get_hybrid_num_tokens_buckets(max_num_batched_tokens)``: one dummy run at that many tokens."""
+        return tuple(hybrid_buckets(plan.resolution.chunked_prefill_size))
 
     def existing_entry_refusal(self, manifest, plan: TuningPlan) -> str | None:
         """The hash is given, not derived from the flags: one copied from another server names
