@@ -122,9 +122,11 @@ def test_what_vllm_does_not_tune_is_said(tmp_path, model, flags, why):
     assert not plan.autotunes and any(why in r for r in plan.resolution.reasons)
 
 
-def test_single_rank_is_refused(tmp_path):
-    with pytest.raises(UsageError, match="managed store"):
-        vllm_plan(tmp_path, tp=1)
+def test_more_than_one_rank_needs_the_config_hash(tmp_path):
+    r = TuneRequest(QWEN, ServerFlags(moe_runner_backend="flashinfer_cutlass", tp=2), arch="sm90",
+                    flashinfer_version="0.7.2.post1", engine=VllmTarget.of("", 8192, "vllm"))
+    with pytest.raises(UsageError, match="2 ranks needs --vllm-config-hash"):
+        r.plan(tmp_path)
 
 
 def test_config_hash_from_what_vllm_prints():
@@ -246,7 +248,7 @@ def test_a_manifest_naming_another_vllm_entry_is_not_trusted(tmp_path):
 # that has vLLM ($FI_AUTOTUNE_VLLM_PYTHON) they are recorded again and must not have changed.
 
 GOLDEN = json.loads((REPO / "tests" / "data" / "vllm-0.33.0-cutlass_fused_moe-calls.json").read_text())
-FLAGS = {"tp2": {"tp": 2}, "tp2-dp2": {"tp": 2, "dp": 2}, "tp2-dp2-ep4": {"tp": 2, "dp": 2, "ep": 4},
+FLAGS = {"tp1": {"tp": 1}, "tp2": {"tp": 2}, "tp2-dp2": {"tp": 2, "dp": 2}, "tp2-dp2-ep4": {"tp": 2, "dp": 2, "ep": 4},
          "tp4-ep4": {"tp": 4, "ep": 4}, "tp2-fp8": {"tp": 2}}
 #: Never in a key: the rank offsets, and the output buffer vLLM preallocates (ours is allocated inside).
 NOT_IN_KEY = {"tp_rank", "ep_rank", "output"}

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune_cache.engines.base import Engine
-from autotune_cache.engines.vllm.layout import VllmDirLayout, VllmLayout, VllmManagedStore, single_rank
+from autotune_cache.engines.vllm.layout import OVERRIDE_ENV, VllmDirLayout, VllmLayout, VllmManagedStore, single_rank
 from autotune_cache.engines.vllm.planner import VLLM_CHECKED, make_vllm_plan, other_config_refusal
 from autotune_cache.engines.vllm.target import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash
 from autotune_cache.autotuner.buckets import hybrid_buckets
+from autotune_cache.errors import UsageError
 from autotune_cache.plan.options import Option
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.tuning import TuningPlan
@@ -45,6 +46,9 @@ class Vllm(Engine):
         f = request.flags
         if single_rank(f.tp, f.pp, f.dp):
             return VllmManagedStore(override_only=request.engine.layout == "vllm-dir")
+        if request.engine.layout == "vllm" and VllmDirLayout().configured():
+            raise UsageError(f"${OVERRIDE_ENV} is set here: vLLM then reads <that dir>/<config hash>/, not "
+                             "$VLLM_CACHE_ROOT/flashinfer_autotune_cache/...: use --layout vllm-dir (or unset it)")
         return super().plan_layout(request)
 
     def target_from_dict(self, d: dict) -> VllmTarget:
