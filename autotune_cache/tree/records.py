@@ -118,7 +118,10 @@ class CacheEntry:
 
     @property
     def num_configs(self) -> int:
-        return max((rf.num_configs for rf in self.rank_files if rf.ok), default=0)
+        """Tuned keys: a rank file's (each holds them all), or, where each file is one key
+        (FlashInfer's managed store), the count of readable entries."""
+        counts = [rf.num_configs for rf in self.rank_files if rf.ok]
+        return sum(counts) if not get_layout(self.id.layout).holds_rank_files else max(counts, default=0)
 
     @property
     def ep(self) -> int | None:

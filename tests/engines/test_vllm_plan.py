@@ -327,3 +327,25 @@ def test_tp_must_divide_the_heads_as_vllm_requires(tmp_path):
 def test_a_hash_glued_to_other_letters_is_not_taken():
     with pytest.raises(UsageError):
         parse_config_hash("g" + H)
+
+
+def line_for(version: str, arch: str) -> str:
+    return (f"(Worker_TP0 pid=7) INFO 11-24 00:01:02 [kernel_warmup.py:496] Using FlashInfer autotune cache file: "
+            f"/root/.cache/vllm/flashinfer_autotune_cache/{version}/{arch}/{H}/autotune_configs_dp0_rank0.json. Pass "
+            "--disable-flashinfer-autotune to skip autotuning.")
+
+
+def test_the_pasted_line_must_come_from_the_same_flashinfer_and_gpu(tmp_path):
+    """Provenance: the path vLLM printed names the FlashInfer version and GPU arch of the server
+    that printed it; a hash from another image or GPU is refused, never tuned under."""
+    base = ["plan", "--model", QWEN, "--tp", "2", "--arch", "sm90", "--moe-runner-backend", "flashinfer_cutlass",
+            "--flashinfer-version", "0.7.2.post1", "--layout", "vllm", "--json", "--vllm-config-hash"]
+    env = {"VLLM_CACHE_ROOT": str(tmp_path)}
+    ok = run_cli(*base, line_for("0.7.2.post1", "90a"), env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["request"]["vllm"]["printed_at"] == "0.7.2.post1/90a"
+    for version, arch in (("0.7.1", "90a"), ("0.7.2.post1", "100a")):
+        bad = run_cli(*base, line_for(version, arch), env=env)
+        assert bad.returncode == 2 and f"printed that hash under {version}/{arch}" in bad.stderr, bad.stderr
+    bare = run_cli(*base, H, env=env)  # a bare hash (or vllm-dir's path) carries no provenance to check
+    assert bare.returncode == 0 and "printed_at" not in json.loads(bare.stdout)["request"]["vllm"]

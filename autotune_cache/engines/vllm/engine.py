@@ -7,7 +7,7 @@ from pathlib import Path
 from autotune_cache.engines.base import Engine
 from autotune_cache.engines.vllm.layout import OVERRIDE_ENV, VllmDirLayout, VllmLayout, VllmManagedStore, single_rank
 from autotune_cache.engines.vllm.planner import VLLM_CHECKED, make_vllm_plan, other_config_refusal
-from autotune_cache.engines.vllm.target import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash
+from autotune_cache.engines.vllm.target import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash, printed_levels
 from autotune_cache.autotuner.buckets import hybrid_buckets
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.options import Option
@@ -39,7 +39,10 @@ class Vllm(Engine):
         self.refuse_foreign_options(options)
         given = options.get("vllm_config_hash")
         n = options.get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS
-        return VllmTarget.of(parse_config_hash(given) if given is not None else "", n, layout)
+        if given is None:
+            return VllmTarget.of("", n, layout)
+        levels = printed_levels(given)
+        return VllmTarget.of(parse_config_hash(given), n, layout, "/".join(levels) if levels else "")
 
     def plan_layout(self, request: TuneRequest):
         """A single-rank vLLM reads FlashInfer's managed store at its own root, not its files."""

@@ -37,7 +37,7 @@ from autotune_cache.autotuner.installed import flashinfer_version_of
 from autotune_cache.autotuner.recipe import OpRecipe
 from autotune_cache.engines.sglang.recipes import moe_layers_in
 from autotune_cache.engines.sglang.moe_recipes import cutlass_moe
-from autotune_cache.engines.vllm.layout import VllmRankName, single_rank
+from autotune_cache.engines.vllm.layout import VllmRankName, arch_dir, single_rank
 from autotune_cache.engines.vllm.target import VllmTarget
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.flags import ServerFlags
@@ -172,10 +172,14 @@ def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> TuningPlan:
                          "model, so only vLLM can say it; copy it from its startup line 'Using FlashInfer autotune "
                          "cache file: .../<hash>/...' (docs/cache-layout.md)")
     n = target.max_num_batched_tokens
+    version = flashinfer_version_of(request.flashinfer_version)
+    if target.printed_at and not one and target.printed_at != f"{version}/{arch_dir(request.arch)}":
+        raise UsageError(f"--vllm-config-hash: vLLM printed that hash under {target.printed_at}, but this plan is for "
+                         f"FlashInfer {version} on {arch_dir(request.arch)}: the hash belongs to another image or GPU "
+                         "(give --flashinfer-version/--arch of the server that printed it)")
     source, spec = load_spec(request.model, config=request.config, revision=request.revision,
                              model_path=request.model_path)
     res = resolve_vllm(spec, request.arch, flags, request.served_path, n)
-    version = flashinfer_version_of(request.flashinfer_version)
     stages = pp_layer_ranges(spec.num_layers, flags.pp)
     ops: tuple = ()
     if res.autotunes:

@@ -11,6 +11,8 @@ from autotune_cache.plan.engine_target import EngineTarget
 #: ``SchedulerConfig.max_num_batched_tokens`` of ``vllm serve`` on an 80-141 GB GPU.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _HASH_IN_TEXT = re.compile(r"(?<![0-9a-z])([0-9a-f]{64})(?![0-9a-z])")
+#: The levels above the hash in the path vLLM prints: ``flashinfer_autotune_cache/<version>/<arch dir>/<hash>``.
+_PATH_LEVELS = re.compile(r"flashinfer_autotune_cache/([^/\s]+)/([^/\s]+)/([0-9a-f]{64})(?![0-9a-z])")
 LAYOUTS = ("vllm", "vllm-dir")  # vllm-dir: $VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR
 
 
@@ -20,15 +22,17 @@ class VllmTarget(EngineTarget):
 
     config_hash: str = ""  # "": not given (a single-rank vLLM needs none)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    #: "<version>/<arch dir>" of the path vLLM printed with the hash, if it was pasted ("" else).
+    printed_at: str = ""
 
     @classmethod
     def of(cls, config_hash: str, max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-           layout: str = "vllm") -> "VllmTarget":
-        return cls("vllm", layout, config_hash, max_num_batched_tokens)
+           layout: str = "vllm", printed_at: str = "") -> "VllmTarget":
+        return cls("vllm", layout, config_hash, max_num_batched_tokens, printed_at)
 
     def options(self) -> dict:
         return {"config_hash": self.config_hash, "max_num_batched_tokens": self.max_num_batched_tokens,
-                "layout": self.layout}
+                "layout": self.layout, **({"printed_at": self.printed_at} if self.printed_at else {})}
 
     @classmethod
     def from_dict(cls, d: object) -> "VllmTarget":
@@ -39,7 +43,10 @@ class VllmTarget(EngineTarget):
             raise ValueError("request.vllm.config_hash is not 64 hex digits (or empty: a single rank's)")
         if type(n) is not int or n < 1 or layout not in LAYOUTS:
             raise ValueError("request.vllm has an invalid max_num_batched_tokens or layout")
-        return cls.of(h, n, layout)
+        printed_at = d.get("printed_at", "")
+        if not isinstance(printed_at, str):
+            raise ValueError("request.vllm.printed_at is not a string")
+        return cls.of(h, n, layout, printed_at)
 
 
 def parse_config_hash(text: str) -> str:
@@ -51,3 +58,11 @@ def parse_config_hash(text: str) -> str:
             f"--vllm-config-hash {text[:80]!r}: give the 64-hex hash vLLM prints at startup (\"Using FlashInfer "
             "autotune cache file: .../<hash>/autotune_configs_dp0_rank0.json\"), or that path")
     return found.pop()
+
+
+def printed_levels(text: str) -> tuple[str, str] | None:
+    """(FlashInfer version, arch dir) of the path vLLM printed with the hash, when it printed the
+    full path (not with ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``, which drops both): the provenance
+    the planner checks against its own."""
+    m = _PATH_LEVELS.search(text.strip().lower())
+    return (m[1], m[2]) if m else None
