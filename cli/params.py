@@ -124,8 +124,10 @@ layout_option = click.option(
 def _archivable_layout(ctx, param, value):
     layout = get_layout(value)
     if not layout.archivable:
-        raise click.BadParameter(f"{value} entries are not bundled: convert them from an sglang entry "
-                                 "(`fi-autotune convert ID --layout flashinfer-v2`) where they are needed")
+        raise click.BadParameter(f"{value} entries are not bundled (FlashInfer publishes into the same directory "
+                                 "while it runs, so they are merged key by key, not moved as a whole): write them "
+                                 "where they are read (`warm --layout vllm --tp 1`, or `convert ID --layout "
+                                 "flashinfer-v2` from an sglang entry), or copy <root>/v2/<env hash> into the image")
     return layout
 
 

@@ -13,6 +13,23 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("25: a store entry embedding another key is no hit", "autotune_cache/engines/flashinfer_v2/store.py",
+     "    return isinstance(entry, dict) and entry.get(\"key\") == file_key and", "    return isinstance(entry, dict) and",
+     "tests/engines/test_vllm_single_rank.py::test_an_entry_naming_another_key_is_a_miss"),
+    ("25: an incomplete store is not complete", "autotune_cache/tune/commit.py",
+     "        return Existing(None, not plan.layout_obj.lacking(plan.key_dir, groups), None)",
+     "        return Existing(None, True, None)",
+     "tests/engines/test_vllm_single_rank.py::test_an_entry_gone_makes_it_incomplete"),
+    ("25: a hash printed by another FlashInfer or GPU is refused", "autotune_cache/engines/vllm/planner.py",
+     "    if target.printed_at and not one and target.printed_at != f\"{version}/{arch_dir(request.arch)}\":",
+     "    if False:",
+     "tests/engines/test_vllm_plan.py::test_the_pasted_line_must_come_from_the_same_flashinfer_and_gpu"),
+    ("25: --layout vllm is refused where the override moves vLLM's files", "autotune_cache/engines/vllm/engine.py",
+     "        if request.engine.layout == \"vllm\" and VllmDirLayout().configured():", "        if False:",
+     "tests/engines/test_vllm_single_rank.py::test_targets_file_errors"),
+    ("25: more than one rank needs the config hash", "autotune_cache/engines/vllm/planner.py",
+     "    if not one and not target.config_hash:", "    if False:",
+     "tests/engines/test_vllm_plan.py::test_more_than_one_rank_needs_the_config_hash"),
     ("an unreadable version is never another version", "autotune_cache/tree/select.py",
      "            if e.flashinfer_version is None or e.flashinfer_version == self.other_versions_than:\n",
      "            if e.flashinfer_version == self.other_versions_than:\n",
