@@ -90,8 +90,8 @@ def _print_body(plan, out: Output) -> None:
         for op in w.ops:
             rec = op.recipe
             out.line(f"  {rec.id}: {rec.api}  x{rec.layers} layers  custom_ops={','.join(rec.custom_ops)}"
-                     + ("" if rec.verified else "  [keys from FlashInfer's own code on SGLang's own call; not yet "
-                                                  "run on a GPU]" if rec.keys_checked else
+                     + ("" if rec.verified else "  [keys from FlashInfer's own code on the engine's own call; "
+                                                  "not yet run on a GPU]" if rec.keys_checked else
                         "  [read from SGLang's code; not recorded, not run on a GPU]"))
             out.line(f"    mirrors {rec.mirrors}")
             for k, v in rec.kwargs.items():

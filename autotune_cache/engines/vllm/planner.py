@@ -38,6 +38,7 @@ from autotune_cache.autotuner.recipe import OpRecipe
 from autotune_cache.engines.sglang.recipes import moe_layers_in
 from autotune_cache.engines.sglang.moe_recipes import cutlass_moe
 from autotune_cache.engines.vllm.layout import VllmRankName, arch_dir, single_rank
+from autotune_cache.engines.vllm.sm100 import sm100_refusal, vllm_trtllm_bf16_moe
 from autotune_cache.engines.vllm.target import VllmTarget
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.flags import ServerFlags
@@ -115,20 +116,26 @@ def resolve_vllm(spec: "ModelSpec", arch: str, flags: ServerFlags, model_path: s
     per_tensor_fp8 = model_quant in ("fp8", "modelopt", "modelopt_fp8") and not block_fp8 and (
         model_quant != "fp8" or (spec.quant is not None and spec.quant.activation_scheme == "static"))
     why = None
-    if spec.moe is None:
+    blackwell = arch_major(arch) != 9
+    if blackwell:  # only what was recorded from vLLM's own code there; the rest is refused
+        refusal = sm100_refusal(spec, flags, arch, model_quant)
+        if refusal:
+            raise UsageError(f"vLLM on {arch}: {refusal}")
+    elif spec.moe is None:
         why = ("the model has no MoE layers, and vLLM runs dense layers on its own kernels below sm100 "
                "(per-tensor FP8: its CUTLASS scaled_mm)")
     elif backend != "flashinfer_cutlass":
         why = (f"MoE backend {backend!r}: vLLM tunes FlashInfer's MoE only when the server runs --moe-backend "
                "flashinfer_cutlass (pass --moe-runner-backend flashinfer_cutlass if it does)")
-    elif arch_major(arch) != 9:
-        why = f"{arch}: only Hopper's vLLM call (cutlass_fused_moe) is modelled for vLLM"
     elif block_fp8:
         why = "128x128 block FP8: FlashInfer's CUTLASS MoE has no tactics to tune for block scales on sm90"
     elif model_quant is not None and not per_tensor_fp8:
         why = f"{model_quant} weights on vLLM's flashinfer_cutlass path are not modelled"
     if why:
         reasons.append(f"vLLM would not run FlashInfer autotune: {why}; nothing to cache")
+    elif blackwell:
+        reasons.append(f"MoE backend {backend!r} on sm100 (unquantized): vLLM's TrtLlmBf16ExpertsMonolithic tunes "
+                       "trtllm_bf16_moe at startup (recorded from vLLM's code on CPU; not yet run on Blackwell)")
     else:
         reasons.append("MoE backend 'flashinfer_cutlass' on sm90: vLLM tunes cutlass_fused_moe at startup")
     key_fields = KeyFields(model_path=model_path, dtype=render_dtype(dtype), quantization=flags.quantization,
@@ -189,7 +196,9 @@ def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> TuningPlan:
             raise UsageError(f"pipeline stage {p} (layers {stages[p][0]}-{stages[p][1] - 1}) has no MoE layer: vLLM "
                              "writes no file for its ranks; this split is not modelled")
         buckets = B.hybrid_buckets(n)
-        ops = (OpPlan(vllm_cutlass_moe(spec, res, counts[0]), buckets, buckets, (), n),)
+        recipe = (vllm_trtllm_bf16_moe(spec, res, counts[0], n) if arch_major(request.arch) != 9
+                  else vllm_cutlass_moe(spec, res, counts[0]))
+        ops = (OpPlan(recipe, buckets, buckets, (), n),)
     w = flags.tp * flags.pp
     ranks = tuple(VllmRankName(d, d * w + p * flags.tp + t).filename
                   for d in range(flags.dp) for p in range(flags.pp) for t in range(flags.tp))
