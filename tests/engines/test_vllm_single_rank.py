@@ -6,13 +6,12 @@ of what was written. The real CLI on stand-in GPUs (tests/_fake_gpu_cli.py)."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.errors import FiAutotuneError
 from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.engines.vllm.target import VllmTarget

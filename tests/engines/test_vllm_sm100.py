@@ -93,3 +93,19 @@ def test_golden_is_what_vllm_and_flashinfer_make_now(tmp_path):
     out = subprocess.run([VLLM_PYTHON, "-c", script], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])["cases"] == GOLDEN["cases"]
+
+
+def test_warm_on_a_b200_writes_the_recorded_calls_keys(tmp_path):
+    """The real CLI on a stand-in B200: a single-rank vLLM's store holds exactly FlashInfer's keys
+    for vLLM's recorded call (one entry per bucket)."""
+    from .._fake_gpus import gpu_env, run_gpu_cli
+
+    env = gpu_env(tmp_path, VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=str(tmp_path / "vroot"), FAKE_GPUS="1xNVIDIA B200@sm100",
+                  FAKE_GPU="NVIDIA B200")
+    proc = run_gpu_cli("warm", "--model", QWEN, "--tp", "1", "--layout", "vllm", "--flashinfer-version", "0.7.2.post1",
+                       "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    stored = sorted(json.loads(p.read_text())["key"] for p in Path(out["key_dir"]).glob("entries/*.json"))
+    theirs = sorted(c[1] for k in GOLDEN["cases"]["qwen3-30b-a3b-tp1"]["keys"]["keys"] for c in k["candidates"])
+    assert stored == theirs and len(stored) == 21
