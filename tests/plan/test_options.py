@@ -4,6 +4,7 @@ request builder read the same table."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -57,8 +58,10 @@ def test_engine_options_go_with_their_engine():
         build_request(opts, engine_options={"vllm_config_hash": "ab" * 32})
     r = build_request(opts, layout="vllm-dir", engine_options={"vllm_config_hash": "ab" * 32})
     assert (r.engine.name, r.engine.layout, r.engine.config_hash) == ("vllm", "vllm-dir", "ab" * 32)
+    # the hash is required by the plan, and only where vLLM reads per-rank files (not on one GPU)
+    assert build_request(opts, layout="vllm").engine.config_hash == ""
     with pytest.raises(UsageError, match="needs --vllm-config-hash"):
-        build_request(opts, layout="vllm")
+        build_request(dataclasses.replace(opts, tp=2, arch="sm90"), layout="vllm").plan(Path("/nonexistent"))
 
 
 @pytest.mark.parametrize("fields", [

@@ -162,8 +162,9 @@ def test_targets_usage_errors(fleet, tmp_path):
     bad.write_text("targets:\n  - {model: Qwen/Qwen3-30B-A3B, tp: two}\n")
     proc = run_cli("plan", "--targets", str(bad), "--arch", "sm90")
     assert proc.returncode == 2 and "targets[0]" in proc.stderr and "two" in proc.stderr
-    bad.write_text("targets:\n  - {model: Qwen/Qwen3-30B-A3B, layouts: [vllm]}\n")
-    assert run_cli("plan", "--targets", str(bad), "--arch", "sm90").returncode == 2
+    bad.write_text("targets:\n  - {model: Qwen/Qwen3-30B-A3B, layouts: [sglang, vllm]}\n")
+    proc = run_cli("plan", "--targets", str(bad), "--arch", "sm90")
+    assert proc.returncode == 2 and "one engine per target" in proc.stderr
     proc = run_cli("plan", "--model", "Qwen/Qwen3-30B-A3B", "--arch", "sm90", "--shard", "0/2")
     assert proc.returncode == 2 and "--shard and --store go with --targets" in proc.stderr
     assert "Traceback" not in proc.stderr
