@@ -10,7 +10,8 @@ from pathlib import Path
 
 import click
 
-from autotune_cache.tree.archive import export_entries, import_archive, import_archives
+from autotune_cache.tree.archive import import_archive, import_archives
+from autotune_cache.tree.export import export_entries
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.humanize import format_size, plural
 from autotune_cache.tree.scan import scan_cache

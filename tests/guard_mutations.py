@@ -13,6 +13,18 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("25: a bundle never replaces another tuning of a key without --force", "autotune_cache/engines/flashinfer_v2/bundle.py",
+     "            if not force:\n                return 0, 0, (f\"{fname} is already there", "            if False:\n                return 0, 0, (f\"{fname} is already there",
+     "tests/engines/test_v2_bundles.py::test_import_merges_and_never_replaces_another_tuning_without_force"),
+    ("25: a bundled entry whose key does not hash to its name is refused", "autotune_cache/engines/flashinfer_v2/bundle.py",
+     "        if f\"{ENTRIES}/{entry_name(entry['key'])}\" != fname:", "        if False:",
+     "tests/engines/test_v2_bundles.py::test_a_bundle_flashinfer_would_not_read_is_refused_whole[key]"),
+    ("25: a bundled manifest that does not hash to its directory is refused", "autotune_cache/engines/flashinfer_v2/bundle.py",
+     " or manifest.get(\"cache_schema\") != SCHEMA or env_hash(manifest) != name:", ":",
+     "tests/engines/test_v2_bundles.py::test_a_bundle_flashinfer_would_not_read_is_refused_whole[manifest]"),
+    ("25: what cannot be read as an entry is other content, not absent", "autotune_cache/engines/flashinfer_v2/bundle.py",
+     "    except OSError:\n        return b\"\"", "    except OSError:\n        return None",
+     "tests/engines/test_v2_bundles.py::test_what_cannot_be_read_as_an_entry_is_other_content"),
     ("25: a store entry embedding another key is no hit", "autotune_cache/engines/flashinfer_v2/store.py",
      "    return isinstance(entry, dict) and entry.get(\"key\") == file_key and", "    return isinstance(entry, dict) and",
      "tests/engines/test_vllm_single_rank.py::test_an_entry_naming_another_key_is_a_miss"),

@@ -1,26 +1,18 @@
-"""Moving entries between machines as ``.tar.gz`` bundles (tune on a GPU box, copy into an image).
-
-Export writes a *reproducible* bundle: the same entries always give the same bytes (members
-sorted, mtime/uid/gid/mode fixed, gzip header without name or time), so a Docker layer that
-``ADD``s it is reused as long as the cache is unchanged. Entries are read without locks (a
-read-only tree exports too): each entry dir is opened once and its files read through that
-handle, and the read is retried if the entry was swapped meanwhile.
+"""Reading ``.tar.gz`` bundles back into a tree (``export.py`` writes them).
 
 Import treats the archive as hostile: every member is checked (layout name, no absolute path,
 no ``..``, regular files only, per-member, total and compression-ratio caps, JSON that is a
 FlashInfer cache or our manifest, manifest consistent with its entry) while it is streamed into
-staging dirs, and the whole archive is then committed all-or-nothing (``txn.Transaction``).
+staging dirs, and the whole archive is then committed all-or-nothing (``txn.Transaction``). A
+layout others write into while they run (FlashInfer's managed store, ``data_dirs``) is checked
+whole, then merged file by file (``_import_merged``).
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
-import os
-import stat as stat_mod
 import tarfile
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import BinaryIO, Callable
@@ -31,9 +23,8 @@ from autotune_cache.registry import layouts
 from autotune_cache.tree.layout import (JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE, CacheLayout,
                                         EntryId, NameKind)
 from autotune_cache.tree.manifest import Manifest, NewerManifest
-from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, parse_cache_bytes, read_regular_file
+from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, parse_cache_bytes
 from autotune_cache.tree.entry_scan import manifest_names_other_entry
-from autotune_cache.tree.records import CacheEntry
 from autotune_cache.tree.txn import Transaction
 from autotune_cache.tree.writer import replace_policy
 
@@ -46,96 +37,6 @@ MAX_TOTAL_BYTES = 4 << 30
 MAX_RATIO = 100
 #: The ratio is checked once this much has been decompressed (small archives are never bombs).
 RATIO_GRACE_BYTES = 8 << 20
-
-
-# --- export ----------------------------------------------------------------------------------
-
-def _snapshot(layout: CacheLayout, entry: CacheEntry, attempts: int = 5) -> dict[str, bytes] | None:
-    """The entry's data files and manifest, read through one handle on its dir; None if it
-    vanished. Retried while a writer swaps the entry in between (then we read the new one)."""
-    for _ in range(attempts):
-        try:
-            dfd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            return None
-        try:
-            before = os.fstat(dfd).st_ino
-            files: dict[str, bytes] = {}
-            for name in sorted(os.listdir(dfd)):
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                if not stat_mod.S_ISREG(st.st_mode):
-                    continue
-                kind = layout.classify(name, False)
-                if kind is NameKind.DATA:
-                    files[name] = read_regular_file(name, dir_fd=dfd)
-                elif kind is NameKind.MANIFEST:
-                    files[name] = read_regular_file(name, dir_fd=dfd)
-            try:
-                still = os.lstat(entry.path).st_ino
-            except FileNotFoundError:
-                return None
-            if still == before:
-                return files
-        except FileNotFoundError:
-            continue  # a file vanished under us: the entry was replaced or deleted; look again
-        finally:
-            os.close(dfd)
-    return None
-
-
-def _source_date_epoch() -> int:
-    try:
-        return max(0, int(os.environ.get("SOURCE_DATE_EPOCH", "0")))
-    except ValueError:
-        return 0
-
-
-@dataclass(frozen=True)
-class ExportResult:
-    entries: tuple[str, ...]
-    members: tuple[str, ...]
-    vanished: tuple[str, ...] = ()
-    size: int = 0
-    empty: tuple[str, ...] = ()  # held no data file when read: nothing to export (not "vanished")
-
-    def to_dict(self) -> dict:
-        return {"entries": list(self.entries), "members": list(self.members), "vanished": list(self.vanished),
-                "size": self.size, "empty": list(self.empty)}
-
-
-def export_entries(layout: CacheLayout, entries: list[CacheEntry], out: BinaryIO) -> ExportResult:
-    """Write a reproducible .tar.gz of ``entries`` to ``out``. Entries that vanished since they
-    were listed (a concurrent prune) are skipped and reported, never an error."""
-    mtime = _source_date_epoch()
-    members: list[tuple[str, bytes]] = []
-    exported, vanished, empty = [], [], []
-    for e in sorted(entries, key=lambda e: e.id):
-        files = _snapshot(layout, e)
-        if files is None:
-            vanished.append(str(e.id))
-            continue
-        if not any(layout.classify(n, False) is NameKind.DATA for n in files):
-            empty.append(str(e.id))
-            continue
-        exported.append(str(e.id))
-        members.extend((layout.member_name(e.id, name), data) for name, data in files.items())
-    members.sort()
-    with tempfile.SpooledTemporaryFile(max_size=64 << 20) as raw:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=mtime, compresslevel=9) as gz:
-            with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                for name, data in members:
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    info.mtime = mtime
-                    info.mode = 0o644
-                    info.uid = info.gid = 0
-                    info.uname = info.gname = ""
-                    tar.addfile(info, io.BytesIO(data))
-        size = raw.tell()
-        raw.seek(0)
-        while chunk := raw.read(1 << 20):
-            out.write(chunk)
-    return ExportResult(tuple(exported), tuple(n for n, _ in members), tuple(vanished), size, tuple(empty))
 
 
 # --- import ----------------------------------------------------------------------------------
@@ -243,14 +144,12 @@ def _keep_manifests(txn: Transaction, manifests: dict[EntryId, bytes], label: st
         txn.manifest_bytes[eid] = data
 
 
-def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label: str, *, finish: bool = True) -> ImportPlan:
-    """Validate the archive member by member into ``txn``'s staging dirs; raise on the first
-    bad member (the caller discards the transaction: nothing reaches the tree). Manifests are
-    kept in the transaction until ``finish_staged`` checks and writes them."""
+def archive_members(layout: CacheLayout, stream: BinaryIO, label: str, plan: ImportPlan):
+    """Each data file or manifest of a hostile archive as ``(entry, file name, kind, bytes)``,
+    every member checked first (a bad one raises: the caller writes nothing); what is ours to
+    leave out goes to ``plan.skipped``."""
     counting = _Counting(stream)
     buffered = io.BufferedReader(counting, buffer_size=1 << 16)
-    plan = ImportPlan()
-    manifests: dict[EntryId, bytes] = {}
     total = count = 0
     base = layout.base_parts()
     try:
@@ -284,21 +183,32 @@ def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label
                     raise FiAutotuneError(
                         f"{label}: decompresses more than {MAX_RATIO}x (a real cache bundle is 5-15x): refusing it"
                     )
-                if kind is NameKind.MANIFEST:
-                    if eid in manifests:
-                        raise FiAutotuneError(f"archive member {name!r} appears twice")
-                    manifests[eid] = data
-                    continue
-                try:
-                    parse_cache_bytes(data)
-                except ValueError as e:
-                    raise FiAutotuneError(f"{eid}/{fname}: not a FlashInfer cache file ({str(e)[:80]})") from None
-                try:
-                    txn.add_file(eid, fname, data)
-                except FiAutotuneError as e:
-                    raise FiAutotuneError(f"archive member {name!r}: {e}") from None
+                yield eid, fname, kind, data
     except (tarfile.TarError, EOFError, ValueError) as e:
         raise FiAutotuneError(f"cannot read {label}: {e}") from None
+
+
+def stage_archive(layout: CacheLayout, txn: Transaction, stream: BinaryIO, label: str, *, finish: bool = True) -> ImportPlan:
+    """Validate the archive member by member into ``txn``'s staging dirs; raise on the first
+    bad member (the caller discards the transaction: nothing reaches the tree). Manifests are
+    kept in the transaction until ``finish_staged`` checks and writes them."""
+    plan = ImportPlan()
+    manifests: dict[EntryId, bytes] = {}
+    try:
+        for eid, fname, kind, data in archive_members(layout, stream, label, plan):
+            if kind is NameKind.MANIFEST:
+                if eid in manifests:
+                    raise FiAutotuneError(f"archive member {layout.member_name(eid, fname)!r} appears twice")
+                manifests[eid] = data
+                continue
+            try:
+                parse_cache_bytes(data)
+            except ValueError as e:
+                raise FiAutotuneError(f"{eid}/{fname}: not a FlashInfer cache file ({str(e)[:80]})") from None
+            try:
+                txn.add_file(eid, fname, data)
+            except FiAutotuneError as e:
+                raise FiAutotuneError(f"archive member {layout.member_name(eid, fname)!r}: {e}") from None
     except OSError as e:
         raise FiAutotuneError(f"cannot import {label}: {os_error_message(e)}; nothing was written") from None
 
@@ -353,6 +263,8 @@ def import_archives(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str
     """Import every entry of several archives (``pull``'s bundles) in one transaction: all or none.
     ``check(plans, txn)`` sees what each archive staged before anything is committed, and raises
     to refuse it all: ``pull`` judges the bundles' own contents there, not the store's records."""
+    if layout.data_dirs:
+        return _import_merged(layout, root, sources, force, check)
     txn = Transaction(layout, root)
     skipped: list = []
     incomplete: list = []
@@ -375,6 +287,45 @@ def import_archives(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str
         tuple(map(str, result.committed)), tuple(map(str, result.unchanged)),
         tuple((str(e), why) for e, why in result.refused), tuple(skipped), tuple(incomplete),
     )
+
+
+@dataclass
+class MergedStaging:
+    """What a merged layout's import read and checked, per entry (``check`` sees it as ``txn``)."""
+
+    staged: dict = field(default_factory=dict)
+
+
+def _import_merged(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str]], force: bool,
+                   check: Callable | None) -> ImportResult:
+    """A layout whose entries others write into while they run (``data_dirs``): every bundle read
+    and checked first, then each entry merged file by file (``merge_bundle``); an entry refused
+    there (a conflict without --force) is left as it was and reported."""
+    plans: list[ImportPlan] = []
+    files: dict[EntryId, dict[str, bytes]] = {}
+    for stream, label in sources:
+        plan = ImportPlan()
+        for eid, fname, _kind, data in archive_members(layout, stream, label, plan):
+            if fname in files.setdefault(eid, {}):
+                raise FiAutotuneError(f"archive member {layout.member_name(eid, fname)!r} appears twice")
+            files[eid][fname] = data
+        if not plan.entries:
+            raise FiAutotuneError(f"{label}: no cache entries in the archive")
+        plans.append(plan)
+    staging = MergedStaging({eid: layout.stage_bundle(eid, f) for eid, f in sorted(files.items())})
+    if check is not None:
+        check(plans, staging)
+    imported, unchanged, refused = [], [], []
+    try:
+        for eid, staged in staging.staged.items():
+            written, _same, why = layout.merge_bundle(root, eid, staged, force)
+            if why is not None:
+                refused.append((str(eid), why))
+            else:
+                (imported if written else unchanged).append(str(eid))
+    except OSError as e:
+        raise FiAutotuneError(f"cannot import into {root}: {os_error_message(e)}") from None
+    return ImportResult(tuple(imported), tuple(unchanged), tuple(refused), tuple(s for p in plans for s in p.skipped))
 
 
 def _other_layout_hint(layout: CacheLayout, name: str) -> str:

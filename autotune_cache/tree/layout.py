@@ -126,6 +126,9 @@ class CacheLayout(ABC):
     #: Directories named by the serving environment's hash (FlashInfer's managed store): a
     #: reader of this layout is checked against the serving image's fingerprint (``--env-from``).
     env_keyed: ClassVar[bool] = False
+    #: Subdirectories of an entry that hold its data files (bundled as ``<dir>/<name>``); an entry
+    #: with any is merged file by file on import (``stage_bundle``/``merge_bundle``), never replaced.
+    data_dirs: ClassVar[tuple[str, ...]] = ()
     #: Names directly in ``base(root)`` that belong to another layout sharing the directory.
     skip_names: ClassVar[frozenset[str]] = frozenset()
     #: Data files are FlashInfer autotuner caches (op -> bucket -> tactic), whose tuned ops
@@ -158,6 +161,15 @@ class CacheLayout(ABC):
         """An ``env_keyed`` layout's check of one entry: of ``groups`` (per lookup, the keys it may
         be stored under), the first key of each that the entry does not serve."""
         raise NotImplementedError(f"the {self.name} layout holds rank files, not one entry per key")
+
+    def stage_bundle(self, eid: EntryId, files: dict[str, bytes]):
+        """A merged layout's check of one entry read from bundles (``data_dirs``): an object with
+        ``files``, ``metadata`` and ``records``; raises FiAutotuneError for what the engine would reject."""
+        raise NotImplementedError(f"the {self.name} layout imports through a transaction")
+
+    def merge_bundle(self, root: Path, eid: EntryId, staged, force: bool) -> tuple[int, int, str | None]:
+        """A merged layout's write of one staged entry: (files written, unchanged, refusal)."""
+        raise NotImplementedError(f"the {self.name} layout imports through a transaction")
 
     def publish_tuning(self, root: Path, rank_bytes: dict[str, bytes]):
         """An ``env_keyed`` layout's write of a warm's tuned files (a result with ``env_dir`` and

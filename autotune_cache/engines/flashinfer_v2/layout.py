@@ -13,9 +13,10 @@ import os
 import re
 import stat as stat_mod
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, RankFile, read_regular_file
+from autotune_cache.engines.flashinfer_v2.bundle import StagedEnv, checked_env, merge_env
 from autotune_cache.engines.flashinfer_v2.convert import write_entry
 from autotune_cache.engines.flashinfer_v2.store import (ENTRIES, MANIFEST, V2Result, default_root, entry_name, env_hash,
                                                        lacking, merge_rank_files, store_manifest, write_store)
@@ -36,7 +37,8 @@ class FlashInferV2Layout(CacheLayout):
     env_keyed = True
     description = "FlashInfer's managed store (autotune_v2; vLLM single-rank): <root>/v2/<env hash>/entries/*.json"
     levels = (Level("env_hash", "environment hash", ENV_RE),)
-    archivable = False  # entries/ holds the data: made by `convert` (or warm) where it is read
+    #: Bundled as on disk (``bundle.py``), merged entry by entry on import (FlashInfer writes here too).
+    data_dirs = (ENTRIES,)
     holds_rank_files = False  # one key per file: listed by show --json
 
     def default_root(self) -> RootChoice:
@@ -47,6 +49,8 @@ class FlashInferV2Layout(CacheLayout):
         return ("v2",)
 
     def classify(self, name: str, is_dir: bool) -> NameKind:
+        if name.startswith(ENTRIES + "/"):  # an entry file, named from the environment dir (bundles)
+            return NameKind.DATA if not is_dir and ENTRY_RE.match(name[len(ENTRIES) + 1:]) else NameKind.FOREIGN
         if is_dir:
             return NameKind.ENGINE_SIDE if name == "entries" else NameKind.FOREIGN
         if name == "manifest.json":
@@ -54,6 +58,23 @@ class FlashInferV2Layout(CacheLayout):
         if TEMP_FILE_RE.match(name) or FI_TEMP_RE.match(name):
             return NameKind.TEMP
         return NameKind.FOREIGN
+
+    def parse_member(self, member: str) -> tuple[EntryId, str] | None:
+        """``v2/<env>/manifest.json`` and ``v2/<env>/entries/<x>.json``: the tree as it is on disk."""
+        parts = PurePosixPath(member).parts
+        base = self.base_parts()
+        if len(parts) == len(base) + 3 and parts[: len(base)] == base and parts[-2] == ENTRIES:
+            try:
+                return self.make_id((parts[len(base)],)), f"{ENTRIES}/{parts[-1]}"
+            except ValueError:
+                return None
+        return super().parse_member(member)
+
+    def stage_bundle(self, eid: EntryId, files: dict[str, bytes]) -> StagedEnv:
+        return checked_env(eid.name, files)
+
+    def merge_bundle(self, root: Path, eid: EntryId, staged: StagedEnv, force: bool) -> tuple[int, int, str | None]:
+        return merge_env(self, root, eid, staged, force)
 
     def environment_key(self, metadata: dict) -> str:
         return env_hash(store_manifest(metadata))

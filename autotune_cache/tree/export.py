@@ -1,0 +1,130 @@
+"""``export``: entries as a reproducible ``.tar.gz`` bundle (tune on a GPU box, copy into an image).
+
+The same entries always give the same bytes (members sorted, mtime/uid/gid/mode fixed, gzip
+header without name or time), so a Docker layer that ``ADD``s it is reused as long as the cache
+is unchanged. Entries are read without locks (a read-only tree exports too): each entry dir is
+opened once and its files read through that handle, and the read is retried if the entry was
+swapped meanwhile. ``archive.py`` reads such bundles back.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import stat as stat_mod
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from autotune_cache.autotuner.rankfile import read_regular_file
+from autotune_cache.tree.layout import CacheLayout, NameKind
+from autotune_cache.tree.records import CacheEntry
+
+
+def _snapshot(layout: CacheLayout, entry: CacheEntry, attempts: int = 5) -> dict[str, bytes] | None:
+    """The entry's data files and manifest, read through one handle on its dir; None if it
+    vanished. Retried while a writer swaps the entry in between (then we read the new one)."""
+    for _ in range(attempts):
+        try:
+            dfd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        try:
+            before = os.fstat(dfd).st_ino
+            files: dict[str, bytes] = {}
+            for name in sorted(os.listdir(dfd)):
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if not stat_mod.S_ISREG(st.st_mode):
+                    continue
+                kind = layout.classify(name, False)
+                if kind is NameKind.DATA:
+                    files[name] = read_regular_file(name, dir_fd=dfd)
+                elif kind is NameKind.MANIFEST:
+                    files[name] = read_regular_file(name, dir_fd=dfd)
+            for sub in layout.data_dirs:
+                files.update(_read_data_dir(layout, dfd, sub))
+            try:
+                still = os.lstat(entry.path).st_ino
+            except FileNotFoundError:
+                return None
+            if still == before:
+                return files
+        except FileNotFoundError:
+            continue  # a file vanished under us: the entry was replaced or deleted; look again
+        finally:
+            os.close(dfd)
+    return None
+
+
+def _source_date_epoch() -> int:
+    try:
+        return max(0, int(os.environ.get("SOURCE_DATE_EPOCH", "0")))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    entries: tuple[str, ...]
+    members: tuple[str, ...]
+    vanished: tuple[str, ...] = ()
+    size: int = 0
+    empty: tuple[str, ...] = ()  # held no data file when read: nothing to export (not "vanished")
+
+    def to_dict(self) -> dict:
+        return {"entries": list(self.entries), "members": list(self.members), "vanished": list(self.vanished),
+                "size": self.size, "empty": list(self.empty)}
+
+
+def _read_data_dir(layout: CacheLayout, dfd: int, sub: str) -> dict[str, bytes]:
+    """The data files of one of an entry's ``data_dirs``, named ``<sub>/<name>`` (none if absent)."""
+    try:
+        sfd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    try:
+        files = {}
+        for name in sorted(os.listdir(sfd)):
+            st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
+            if stat_mod.S_ISREG(st.st_mode) and layout.classify(f"{sub}/{name}", False) is NameKind.DATA:
+                files[f"{sub}/{name}"] = read_regular_file(name, dir_fd=sfd)
+        return files
+    finally:
+        os.close(sfd)
+
+
+def export_entries(layout: CacheLayout, entries: list[CacheEntry], out: BinaryIO) -> ExportResult:
+    """Write a reproducible .tar.gz of ``entries`` to ``out``. Entries that vanished since they
+    were listed (a concurrent prune) are skipped and reported, never an error."""
+    mtime = _source_date_epoch()
+    members: list[tuple[str, bytes]] = []
+    exported, vanished, empty = [], [], []
+    for e in sorted(entries, key=lambda e: e.id):
+        files = _snapshot(layout, e)
+        if files is None:
+            vanished.append(str(e.id))
+            continue
+        if not any(layout.classify(n, False) is NameKind.DATA for n in files):
+            empty.append(str(e.id))
+            continue
+        exported.append(str(e.id))
+        members.extend((layout.member_name(e.id, name), data) for name, data in files.items())
+    members.sort()
+    with tempfile.SpooledTemporaryFile(max_size=64 << 20) as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=mtime, compresslevel=9) as gz:
+            with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                for name, data in members:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    info.mtime = mtime
+                    info.mode = 0o644
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    tar.addfile(info, io.BytesIO(data))
+        size = raw.tell()
+        raw.seek(0)
+        while chunk := raw.read(1 << 20):
+            out.write(chunk)
+    return ExportResult(tuple(exported), tuple(n for n, _ in members), tuple(vanished), size, tuple(empty))
