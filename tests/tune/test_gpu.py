@@ -322,6 +322,11 @@ def test_single_gpu_vllm_store_serves_vllms_startup_pass(tmp_path):
     case = golden["cases"]["tp1"]
     r = vllm_v2_pass(case, root)
     control = vllm_v2_pass(case, tmp_path / "empty")
+    # the store travels: exported on the tuning box, imported into an empty root elsewhere
+    bundle = tmp_path / "store.tgz"
+    assert run_cli("export", "--layout", "flashinfer-v2", "--cache-dir", str(root), "-o", str(bundle)).returncode == 0
+    assert run_cli("import", "--layout", "flashinfer-v2", "--cache-dir", str(tmp_path / "pod"), str(bundle)).returncode == 0
+    moved = vllm_v2_pass(case, tmp_path / "pod")
     flags = args[:args.index("--gpus")]
     verified = run_cli("verify", *flags, "--json", timeout=600, env=env)
     ver = json.loads(verified.stdout)
@@ -332,13 +337,14 @@ def test_single_gpu_vllm_store_serves_vllms_startup_pass(tmp_path):
     again = json.loads(run_cli("warm", *args, timeout=900, env=env).stdout)
     third = json.loads(run_cli("warm", *args, timeout=900, env=env).stdout)
     record("vllm_single_gpu_v2", warm_wall_s=round(wall, 1), profiles=out["profiles_total"], entries=entries,
-           replay=r, control=control, verify=ver, partial_verify=json.loads(partial.stdout),
+           replay=r, control=control, moved=moved, verify=ver, partial_verify=json.loads(partial.stdout),
            second_warm={k: again[k] for k in ("status", "profiles_tuned", "message")}, third_warm=third["status"])
     s = r["startup_pass"]
     assert s["profiled"] == 0 and s["lookups"] > 0 and s["hits"] == s["lookups"], s
     assert s["entries_after"] == s["entries_before"] == entries > 0
     assert r["serving"]["lookups"] > 0 and r["serving"]["hits"] == r["serving"]["lookups"], r["serving"]["misses"]
     assert control["startup_pass"]["profiled"] > 0 and control["startup_pass"]["entries_after"] > 0
+    assert moved["startup_pass"]["profiled"] == 0 and moved["startup_pass"]["hits"] == s["lookups"], moved
     assert verified.returncode == 0 and ver["ok"] and ver["hits"] == ver["lookups"] == entries, ver
     assert partial.returncode == 1 and json.loads(partial.stdout)["workloads"][0]["retuned"] == 1, partial.stdout
     assert again["status"] == "written" and again["profiles_tuned"] == 42 and " already there" in again["message"]
