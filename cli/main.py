@@ -80,8 +80,51 @@ def _fail(message: str, code: int, debug: bool) -> int:
     return int(code)
 
 
+class ClosedPipeSafe:
+    """``sys.stdout`` for a reader that may stop reading (``fi-autotune ls | head -1``).
+
+    The first write to a closed pipe points file descriptor 1 at /dev/null and drops the rest of
+    the text, so the command finishes its work and exits with its own status (0 for a listing),
+    every time: whether the pipe closed before or after the last write used to decide between
+    0 and 1, and ``set -o pipefail`` steps (the GitHub Actions default) failed at random.
+    Binary output (``export -o -``) is not covered: its reader stopping part-way leaves an
+    archive cut short, a failure (exit 1)."""
+
+    def __init__(self, wrapped) -> None:
+        self.wrapped = wrapped
+        self.closed_by_reader = False
+
+    def _drop(self) -> None:
+        self.closed_by_reader = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self.wrapped.fileno())  # what is still buffered flushes there
+        finally:
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        if not self.closed_by_reader:
+            try:
+                return self.wrapped.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_by_reader:
+            try:
+                self.wrapped.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def __getattr__(self, name: str):
+        return getattr(self.wrapped, name)
+
+
 def main(argv: list[str] | None = None, obj: object = None) -> int:
     """``obj``: click's context object for every command (a test launcher's fake machine)."""
+    if not isinstance(sys.stdout, ClosedPipeSafe) and hasattr(sys.stdout, "fileno"):
+        sys.stdout = ClosedPipeSafe(sys.stdout)
     argv, debug = hoist_debug(list(sys.argv[1:] if argv is None else argv))
     debug = debug or os.environ.get("FI_AUTOTUNE_DEBUG") == "1"
     try:
@@ -109,8 +152,8 @@ def main(argv: list[str] | None = None, obj: object = None) -> int:
     except KeyboardInterrupt:
         click.echo(f"{PROG}: interrupted", err=True)
         return int(ExitCode.INTERRUPTED)
-    except BrokenPipeError:
-        return int(ExitCode.OK)  # `fi-autotune ls | head`
+    except BrokenPipeError as e:  # not stdout's text (ClosedPipeSafe drops that): binary data cut short
+        return _fail(os_error_message(e), ExitCode.FAILURE, debug)
     except OSError as e:
         return _fail(os_error_message(e), ExitCode.FAILURE, debug)
     except Exception as e:  # noqa: BLE001 - a bug; one line unless asked

@@ -118,8 +118,11 @@ def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, o
         return dry_run_listing(out, "export", [(str(e.id), e.size_on_disk) for e in chosen],
                                "stdout" if to_stdout else str(out_path))
     if to_stdout:
-        result = export_entries(layout, chosen, sys.stdout.buffer)
-        sys.stdout.buffer.flush()
+        try:
+            result = export_entries(layout, chosen, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:  # click would turn it into a silent exit 1
+            raise FiAutotuneError("the reader of stdout stopped before the end: the archive it got is cut short") from None
     else:
         tmp = out_path.parent / f".{out_path.name}.{secrets.token_hex(4)}.tmp"
         try:
