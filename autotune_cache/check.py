@@ -52,10 +52,16 @@ class CheckReport:
     keys_checked: int = 0
     keys_missing: int = 0
     rank_files: int = 0
+    #: Under ``check --strict`` what cannot be checked is a miss: a gate never passes on an unknown.
+    strict: bool = False
 
     @property
     def ok(self) -> bool:
         return not self.misses
+
+    def cannot_check(self, why: str) -> None:
+        """Something the verdict depends on is unknown: a miss under --strict, else a warning."""
+        (self.misses if self.strict else self.warnings).append(why)
 
     def to_dict(self) -> dict:
         return {"entry": self.entry_id, "where": self.where, "autotunes": self.autotunes, "found": self.found,
@@ -171,15 +177,17 @@ def check_files(plan: TuningPlan, layout: CacheLayout, report: CheckReport, file
         if verdict.stale:
             report.misses.append(f"FlashInfer in the serving image would ignore these files ({verdict.describe()})")
         for k, (saved, _) in verdict.unknown.items():
-            report.warnings.append(f"{k}: {saved!r} cannot be checked ({fingerprint.source} does not know its value)")
+            report.cannot_check(f"{k}: {saved!r} cannot be checked ({fingerprint.source} does not know its value: "
+                                "capture it with `fi-autotune env --json` in the serving image, on its GPU)")
 
 
 def check_v2_store(plan: TuningPlan, report: CheckReport, fingerprint: Fingerprint, root) -> None:
     """FlashInfer's managed store: the directory the serving environment hashes to must hold an
     entry for every lookup of the startup pass (each entry stands alone: no rank files)."""
-    if any(not isinstance(v, str) or v in ("unknown", "None") for v in fingerprint.fields.values()):
-        report.warnings.append("the fingerprint has unknown fields: FlashInfer there hashes exactly those values, "
-                               "so the directory below is only right if the serving image reads them the same way")
+    unknown = [k for k, v in fingerprint.fields.items() if not isinstance(v, str) or v in ("unknown", "None")]
+    if unknown:
+        report.cannot_check(f"{', '.join(unknown)} unknown in {fingerprint.source}: FlashInfer there hashes exactly "
+                            "those values, so the directory below is only right if the serving image reads them the same way")
     env_dir = Path(root) / "v2" / env_hash(store_manifest(fingerprint.fields))
     report.where = str(env_dir)
     if not env_dir.is_dir():
@@ -200,14 +208,15 @@ def check_v2_store(plan: TuningPlan, report: CheckReport, fingerprint: Fingerpri
 
 
 def run_check(plan: TuningPlan, reader: CacheLayout, store_url: str | None, fingerprint: Fingerprint | None,
-              cache_dir: str | None) -> CheckReport:
+              cache_dir: str | None, strict: bool = False) -> CheckReport:
     """One target's check, as ``reader`` (a layout) would read it: the tree at the plan's root, a
     store, or - for a layout whose directories the serving environment names (FlashInfer's
     managed store) - that environment's directory."""
     if not plan.bound and fingerprint is not None:  # FlashInfer's store: the serving environment names its directory
         plan = plan.for_environment(fingerprint.fields)
     where = plan.id_str
-    report = CheckReport(where, str(plan.key_dir) if store_url is None else f"{store_url} {where}", plan.autotunes)
+    report = CheckReport(where, str(plan.key_dir) if store_url is None else f"{store_url} {where}", plan.autotunes,
+                         strict=strict)
     if not plan.autotunes:
         return report
     layout = plan.layout_obj  # the tree the plan's engine reads (a single-rank vLLM: FlashInfer's store)

@@ -1,4 +1,9 @@
-"""``check``: will the engine launched with these flags find and use its cache? (no GPU)"""
+"""``check``: will the engine launched with these flags find and use its cache? (no GPU)
+
+One target (the flags, or the serving command after ``--``) and a targets file are checked by
+the same code, worker by worker (a speculative target's draft worker is an entry of its own),
+and report in one shape: a fleet's gate says what each of its targets' own ``check`` says.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,15 @@ import click
 
 from autotune_cache import registry
 from autotune_cache.autotuner.fingerprint import Fingerprint
-from autotune_cache.check import run_check
+from autotune_cache.check import CheckReport, run_check
+from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
-from autotune_cache.errors import ExitCode
 
 from .output import Output
-from .params import LayoutName, env_from_option, json_option, targets_option, timeout_option
+from .params import LayoutName, env_from_option, json_option, resolve_root, targets_option, timeout_option
 from .serving import (build_plan, engine_options, fold_serving_command, request_from, serving_command_argument,
                       serving_options)
-from .targetscmd import check_targets
+from .targetscmd import COMMAND_LINE, FleetError, FleetMember, load_fleet, member_fields, reject_serving_flags
 
 
 def _readers() -> list[str]:
@@ -30,7 +35,8 @@ def _readers() -> list[str]:
                    "single-rank vLLM: its managed store, with --env-from).")
 @engine_options
 @env_from_option
-@click.option("--strict", is_flag=True, help="Exit 1 on any miss (fail the build before a slow boot does).")
+@click.option("--strict", is_flag=True, help="Exit 1 on any miss, and on anything that cannot be checked (fail the "
+                                             "build before a slow boot does).")
 @targets_option
 @timeout_option
 @json_option
@@ -43,54 +49,108 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
     engine computes, complete and identical across each TP group, holding every FlashInfer key
     the startup pass looks up, tuned in an environment matching the serving image
     (`--env-from`, from `fi-autotune env --json` run there)? Each miss is one line saying why.
-    Exit 0 unless `--strict` and something would miss. With --targets, every target of a
-    targets file (the gate an image build runs).
+    Exit 0 unless `--strict` and something would miss (or cannot be checked: a flag not
+    understood, a field of the environment unknown). With --targets, every target of a targets
+    file, each worker checked as its own `check` would (the gate an image build runs).
     """
     out = Output(as_json)
     reader = registry.get_layout(layout_name)
     fingerprint = Fingerprint.load(env_from) if env_from else None
     if targets_file:
-        check_targets(ctx, out, targets_file, kw, store_url, layout_name, fingerprint, strict)
-        return
-    kw = fold_serving_command(ctx, kw, out)
-    # A planning engine's layout names the engine whose calls are checked; a store's (FlashInfer's
-    # managed store) is read with the default engine's.
-    engine_layout = layout_name if registry.engine_of_layout(layout_name).plans else None
-    request = request_from(kw, engine_layout).for_target(fingerprint)
+        reject_serving_flags(ctx)
+        cache_dir = kw["cache_dir"]
+        if store_url is None and not reader.env_keyed:
+            cache_dir = str(resolve_root(cache_dir, must_exist=False).path)
+        fleet = load_fleet(targets_file, cache_dir, kw["arch"], fingerprint=fingerprint)
+        members, errors, named, unknown_flags = fleet.members, list(fleet.errors), True, ()
+    else:
+        kw = fold_serving_command(ctx, kw, out)
+        # A planning engine's layout names the engine whose calls are checked; a store's (FlashInfer's
+        # managed store) is read with the default engine's.
+        engine_layout = layout_name if registry.engine_of_layout(layout_name).plans else None
+        request = request_from(kw, engine_layout).for_target(fingerprint)
+        members = [FleetMember(COMMAND_LINE, r.worker, build_plan(r, kw["cache_dir"]), ()) for r in request.workers()]
+        errors, named, unknown_flags = [], False, tuple(kw.get("not_understood") or ())
     checks = []
-    for r in request.workers():
-        plan = build_plan(r, kw["cache_dir"])
-        report = run_check(plan, reader, store_url, fingerprint, kw["cache_dir"])
+    failed = {e.target.source for e in errors}
+    for m in members:
+        if m.target.source in failed:
+            continue
+        try:
+            report = run_check(m.plan, reader, store_url, fingerprint, kw["cache_dir"], strict=strict)
+        except UsageError as e:
+            if not named:
+                raise
+            errors.append(FleetError(m.target, str(e)))
+            failed.add(m.target.source)
+            continue
         # A flag whose effect on the autotune path is not known: the verdict cannot be trusted.
         unknown = [f"the serving command's {flag} is not understood: fi-autotune cannot tell what it changes"
-                   for flag in kw.get("not_understood") or ()]
+                   for flag in unknown_flags]
         (report.misses if strict else report.warnings).extend(unknown)
-        checks.append((r.worker, plan, report, len(unknown) if strict else 0))
+        checks.append((m, report, len(unknown) if strict else 0))
+    checks = [c for c in checks if c[0].target.source not in failed]
+    _emit(out, checks, errors, named, strict)
+    if errors:
+        raise click.exceptions.Exit(int(ExitCode.USAGE))
+    if strict and not all(r.ok for _, r, _ in checks):
+        raise click.exceptions.Exit(int(ExitCode.FAILURE))
+
+
+def _emit(out: Output, checks: list[tuple[FleetMember, CheckReport, int]], errors: list[FleetError],
+          named: bool, strict: bool) -> None:
+    targets = list(dict.fromkeys([m.target.source for m, _, _ in checks] + [e.target.source for e in errors]))
+    bad = {m.target.source for m, r, _ in checks if not r.ok} | {e.target.source for e in errors}
 
     def human() -> None:
-        for worker, plan, report, n_unknown in checks:
-            who = "" if len(checks) == 1 else f"{worker} worker: "
-            for w in report.warnings:
-                if "is not understood: fi-autotune cannot tell" not in w:  # printed once, by the command parser
-                    out.note(f"warning: {who}{w}")
-            for m in report.misses:
-                out.line(f"MISS: {who}{m}")
-            if report.ok and not report.autotunes:
-                out.line(f"OK: {who}{'; '.join(plan.reasons)}")
-            elif report.ok:
-                files = f"{report.rank_files} rank files, " if plan.layout_obj.holds_rank_files else ""
-                out.line(f"OK: {who}{report.where}: {files}{report.keys_checked} startup lookups, all present")
-            elif len(report.misses) > n_unknown:
-                out.line(f"{len(report.misses)} miss(es): {who}the engine would tune at startup")
-            else:
-                out.line(f"{len(report.misses)} miss(es): {who}not confirmed: the command has flags fi-autotune "
-                         "does not understand")
+        if named:
+            _human_fleet(out, checks, errors, len(targets), len(bad) - len(errors))
+        else:
+            _human_one(out, checks)
 
-    def data() -> dict:
-        if len(checks) == 1:
-            return checks[0][2].to_dict()
-        return {"ok": all(c[2].ok for c in checks), **{c[0]: c[2].to_dict() for c in checks}}
+    out.emit(human=human, data=lambda: {
+        "ok": not bad, "strict": strict,
+        "workers": [{**member_fields(m, named), **r.to_dict()} for m, r, _ in checks],
+        "errors": [e.to_dict() for e in errors],
+        "targets": len(targets), "covered": len(targets) - len(bad), "missing": len(bad)})
 
-    out.emit(human=human, data=data)
-    if strict and not all(c[2].ok for c in checks):
-        raise click.exceptions.Exit(int(ExitCode.FAILURE))
+
+def _human_one(out: Output, checks) -> None:
+    for m, report, n_unknown in checks:
+        who = "" if len(checks) == 1 else f"{m.worker} worker: "
+        for w in report.warnings:
+            if "is not understood: fi-autotune cannot tell" not in w:  # printed once, by the command parser
+                out.note(f"warning: {who}{w}")
+        for miss in report.misses:
+            out.line(f"MISS: {who}{miss}")
+        if report.ok and not report.autotunes:
+            out.line(f"OK: {who}{'; '.join(m.plan.reasons)}")
+        elif report.ok:
+            files = f"{report.rank_files} rank files, " if m.plan.layout_obj.holds_rank_files else ""
+            out.line(f"OK: {who}{report.where}: {files}{report.keys_checked} startup lookups, all present")
+        elif len(report.misses) > n_unknown:
+            out.line(f"{len(report.misses)} miss(es): {who}the engine would tune at startup")
+        else:
+            out.line(f"{len(report.misses)} miss(es): {who}not confirmed: the command has flags fi-autotune "
+                     "does not understand")
+
+
+def _human_fleet(out: Output, checks, errors: list[FleetError], total: int, missing: int) -> None:
+    # A reason cut to fit a column is a reason lost ("the nearest entry, 0."): the table says
+    # which workers miss, and each miss follows it, whole, on its own line.
+    rows = []
+    for m, r, _ in checks:
+        state = "not tuned by the engine" if not r.autotunes else "OK" if r.ok else f"MISS ({len(r.misses)})"
+        rows.append([m.name, m.plan.id_str if r.autotunes else "-", state])
+    rows += [[e.target.name, "-", "ERROR"] for e in errors]
+    out.table(["TARGET", "ID", "RESULT"], rows)
+    for m, r, _ in checks:
+        for w in r.warnings:
+            out.note(f"warning: {m.name}: {w}")
+        for miss in r.misses:
+            out.line(f"MISS: {m.name}: {miss}")
+    for e in errors:
+        out.error(e.line())
+    out.line(f"{total - missing - len(errors)} of {total} targets covered"
+             + (f"; {missing} would tune at startup" if missing else "")
+             + (f"; {len(errors)} could not be checked" if errors else ""))

@@ -26,11 +26,40 @@ class Mode(enum.Enum):
     QUIET = "quiet"
 
 
+#: The version of each command's ``--json`` envelope. Every object a command prints starts with
+#: ``"format": "fi-autotune.<command>/<version>"``; the version goes up when a field changes
+#: meaning or goes away (fields are only ever added within a version). The schemas are
+#: docs/schemas/<command>.schema.json; tests/cli/test_json_schemas.py holds every output to them.
+JSON_FORMATS = {
+    "plan": 1, "warm": 1, "verify": 1, "check": 1, "ls": 1, "show": 1, "prune": 1, "rm": 1, "export": 1,
+    "import": 1, "push": 1, "pull": 1, "convert": 1, "diff": 1, "env": 1, "key": 1,
+}
+
+
+def json_format(command: str) -> str:
+    return f"{PROG}.{command}/{JSON_FORMATS[command]}"
+
+
+def envelope(command: str, data: Any) -> dict:
+    """``data`` as ``command``'s envelope: ``format`` first; a list (``show``, ``convert``) goes
+    under ``entries``, so every command prints one object."""
+    fmt = json_format(command)
+    if isinstance(data, list):
+        data = {"entries": data}
+    if data.get("format", fmt) != fmt:
+        raise AssertionError(f"{command}'s JSON carries format {data['format']!r}, not {fmt!r}")
+    return {"format": fmt, **{k: v for k, v in data.items() if k != "format"}}
+
+
 class Output:
-    def __init__(self, as_json: bool = False, quiet: bool = False, results_to_stderr: bool = False):
-        """``results_to_stderr``: stdout carries data of its own (``export -o -``)."""
+    def __init__(self, as_json: bool = False, quiet: bool = False, results_to_stderr: bool = False,
+                 command: str | None = None):
+        """``results_to_stderr``: stdout carries data of its own (``export -o -``). ``command``:
+        whose envelope ``--json`` prints (default: the click command running)."""
         self.mode = Mode.JSON if as_json else Mode.QUIET if quiet else Mode.HUMAN
         self.err = results_to_stderr
+        ctx = click.get_current_context(silent=True)
+        self.command = command or (ctx.command.name if ctx is not None else None)
 
     # the one call a command makes for its result -------------------------------------------
     def emit(
@@ -41,7 +70,8 @@ class Output:
         ids: Sequence[str] | None = None,
     ) -> None:
         if self.mode is Mode.JSON:
-            click.echo(json.dumps(data() if callable(data) else data, indent=2, default=str), err=self.err)
+            obj = envelope(self.command, data() if callable(data) else data)
+            click.echo(json.dumps(obj, indent=2, default=str), err=self.err)
         elif self.mode is Mode.QUIET:
             for i in ids or ():
                 click.echo(i, err=self.err)
@@ -70,6 +100,7 @@ class Output:
             for item in items:
                 write(f"{item[id_key]}\n")
             return
+        head = {"format": json_format(self.command), **head}
         fields = [f"  {json.dumps(k)}: {_nested(v, 2)}" for k, v in head.items()]
         write("{\n" + "".join(f + ",\n" for f in fields) + f"  {json.dumps(items_key)}: [")
         count = 0

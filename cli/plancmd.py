@@ -14,7 +14,7 @@ from .output import Output
 from .params import LayoutName, json_option, shard_option, targets_option
 from .serving import (build_plan, engine_options, fold_serving_command, planned_layouts, request_from,
                       serving_command_argument, serving_options)
-from .targetscmd import load_fleet, plan_targets, reject_serving_flags
+from .targetscmd import COMMAND_LINE, FleetMember, load_fleet, plan_data, plan_targets, reject_serving_flags
 
 
 def _fmt_kwarg(value) -> str:
@@ -138,14 +138,14 @@ def plan_cmd(ctx, layout, targets_file, shard, store_url, as_json, **kw):
     out = Output(as_json)
     if targets_file:
         reject_serving_flags(ctx)
-        loaded, chosen, total = load_fleet(targets_file, kw["cache_dir"], kw["arch"], shard)
-        plan_targets(out, loaded, chosen, total, store_url)
+        plan_targets(out, load_fleet(targets_file, kw["cache_dir"], kw["arch"], shard), store_url)
         return
     if shard or store_url:
         raise UsageError("--shard and --store go with --targets")
     kw = fold_serving_command(ctx, kw, out)
     request = request_from(kw, layout)
-    plans = [build_plan(r, kw["cache_dir"]) for r in request.workers()]
+    members = [FleetMember(COMMAND_LINE, r.worker, build_plan(r, kw["cache_dir"]), ()) for r in request.workers()]
+    plans = [m.plan for m in members]
     hints = would_autotune_with(plans[0], kw, layout)
 
     def human() -> None:
@@ -157,14 +157,7 @@ def plan_cmd(ctx, layout, targets_file, shard, store_url, as_json, **kw):
             out.line(f"Hint        {plans[0].engine.label} would autotune with {h['flags']} "
                      f"({h['profiles']} profiles)")
 
-    def data() -> dict:
-        d = plans[0].to_dict()
-        if len(plans) > 1:
-            d["draft"] = plans[1].to_dict()
-        d["would_autotune_with"] = hints
-        return d
-
-    out.emit(human=human, data=data)
+    out.emit(human=human, data=lambda: plan_data(members, [], named=False, hints=hints))
 
 
 def would_autotune_with(plan, kw: dict, layout: str) -> list[dict]:

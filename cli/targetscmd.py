@@ -8,15 +8,14 @@ command line, with the same checks - and becomes a typed request directly.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import click
 
 from autotune_cache import registry
-from autotune_cache.check import run_check
 from autotune_cache.engines.requests import build_request
 from autotune_cache.errors import ExitCode, UsageError
-from autotune_cache.engines.selection import WarmGroup, warm_groups, warm_layouts
+from autotune_cache.engines.selection import WarmGroup, warm_groups
 from autotune_cache.plan.options import SERVING_OPTIONS, ServingOptions, take_options
 from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
 from autotune_cache.tree.scan import scan_entry
@@ -27,18 +26,13 @@ from autotune_cache.tune.publish import writable_store
 from autotune_cache.tune.session import FleetRunResult, WarmOptions, run_fleet
 
 from .output import Output
-from .params import resolve_root
 from .progress import Progress
 from .serving import build_plan
 
+#: The one target of a command without --targets: its flags (or serving command).
+COMMAND_LINE = Target("", {}, "the command line")
 #: Fields a target may not set: one command works on one tree.
 _GLOBAL_ONLY = {"cache_dir"}
-
-
-def target_layouts() -> tuple[str, ...]:
-    """What a target's ``layouts`` may hold: what ``warm --layout`` writes (one engine's tree, plus
-    the stores written from its entries)."""
-    return tuple(warm_layouts())
 
 
 def target_options(target: Target) -> tuple[ServingOptions, WarmGroup, dict]:
@@ -81,43 +75,99 @@ def reject_serving_flags(ctx: click.Context, allowed: tuple[str, ...] = ("cache_
         raise UsageError("a serving command after -- names one target: not with --targets")
 
 
+@dataclass(frozen=True)
+class FleetMember:
+    """One entry of a fleet: a target's worker (the target itself, or its speculative draft worker,
+    which SGLang tunes into an entry of its own), with the layouts its target writes."""
+
+    target: Target
+    worker: str
+    plan: object
+    layouts: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.target.name if self.worker == "target" else f"{self.target.name} {self.worker}"
+
+
+@dataclass(frozen=True)
+class FleetError:
+    """A target that could not be planned (or checked): named, while the others go on."""
+
+    target: Target
+    message: str
+
+    def to_dict(self) -> dict:
+        return {"target": self.target.name, "source": self.target.source, "error": self.message}
+
+    def line(self) -> str:
+        return f"{self.target.source}: {self.message}"
+
+
+@dataclass
+class Fleet:
+    """A targets file planned: every target's every worker (what its single plan has), the targets
+    that failed, and the shard."""
+
+    members: list[FleetMember]
+    errors: list[FleetError]
+    shard: Shard | None
+    total: int  # targets in the whole file
+
+
+def _plan_target(t: Target, cache_dir: str | None, arch: str | None, fingerprint) -> list[FleetMember]:
+    options, group, engine_options = target_options(t)
+    if options.arch is None and arch is not None:
+        options = options.replace(arch=arch)
+    request = build_request(options, layout=group.layout, engine_options=engine_options,
+                            detect_gpu_uuids=detect_gpu_uuids)
+    if fingerprint is not None:  # the serving image's: its GPU's arch, its FlashInfer
+        request = request.for_target(fingerprint)
+    members = []
+    for r in request.workers():
+        # --cache-dir is the default engine's tree; another engine's targets go where it reads them
+        plan = build_plan(r, cache_dir if group.engine is registry.default_engine() else None)
+        if fingerprint is not None:
+            plan = plan.for_environment(fingerprint.fields)
+        members.append(FleetMember(t, r.worker, plan, group.layouts))
+    return members
+
+
 def load_fleet(path: str, cache_dir: str | None, arch: str | None, shard: str | None = None,
-               use_env_shard: bool = False, fingerprint=None) -> tuple[list[tuple[Target, object, tuple[str, ...]]], Shard | None, int]:
-    """Every target's (Target, plan, layouts), cut to this shard. ``arch``: the command line's
-    --arch or this machine's GPU, for targets that do not name theirs. Returns also how many
-    targets the whole file holds."""
+               use_env_shard: bool = False, fingerprint=None) -> Fleet:
+    """Every target's workers planned, cut to this shard. ``arch``: the command line's --arch or
+    this machine's GPU, for targets that do not name theirs. A target whose fields are wrong is
+    an error of its own (named ``targets[i]``); the others are planned all the same."""
+    members: list[FleetMember] = []
+    errors: list[FleetError] = []
     targets = load_targets(path)
-    out = []
     for t in targets:
-        options, group, engine_options = target_options(t)
-        layouts = group.layouts
-        if options.arch is None and arch is not None:
-            options = options.replace(arch=arch)
         try:
-            request = build_request(options, layout=group.layout, engine_options=engine_options,
-                                    detect_gpu_uuids=detect_gpu_uuids)
-            if fingerprint is not None:  # the serving image's: its GPU's arch, its FlashInfer
-                request = request.for_target(fingerprint)
-            # --cache-dir is the default engine's tree; another engine's targets go where it reads them
-            plan = build_plan(request, cache_dir if group.engine is registry.default_engine() else None)
-            if fingerprint is not None:
-                plan = plan.for_environment(fingerprint.fields)
+            members += _plan_target(t, cache_dir, arch, fingerprint)
         except UsageError as e:
-            raise UsageError(f"{t.source} ({t.name}): {e}") from None
-        out.append((t, plan, layouts))
+            errors.append(FleetError(t, str(e).removeprefix(f"{t.source}: ")))
     seen: dict = {}
-    for t, plan, _ in out:
-        if not plan.bound:  # FlashInfer's managed store: targets share its directory, each key stands alone
+    for m in members:
+        if not m.plan.bound:  # FlashInfer's managed store: targets share its directory, each key stands alone
             continue
-        if plan.autotunes and plan.entry_id in seen:
-            raise UsageError(f"{seen[plan.entry_id].source} ({seen[plan.entry_id].name}) and {t.source} ({t.name}) are "
-                             f"one entry, {plan.entry_id}: the engine would read the same files")
-        seen.setdefault(plan.entry_id, t)
+        first = seen.setdefault(m.plan.entry_id, m)
+        if m.plan.autotunes and first is not m:
+            raise UsageError(f"{first.target.source} ({first.name}) and {m.target.source} ({m.name}) are one entry, "
+                             f"{m.plan.entry_id}: the engine would read the same files")
     chosen = parse_shard(shard) if shard else (shard_from_env() if use_env_shard else None)
-    if chosen is None or chosen.count == 1:
-        return out, chosen, len(out)
-    owners = assign([p.profiles if p.autotunes else 0 for _, p, _ in out], chosen.count)
-    return [x for x, s in zip(out, owners) if s == chosen.index], chosen, len(out)
+    if chosen is not None and chosen.count > 1:
+        owners = assign([m.plan.profiles if m.plan.autotunes else 0 for m in members], chosen.count)
+        members = [m for m, s in zip(members, owners) if s == chosen.index]
+    return Fleet(members, errors, chosen, len(targets))
+
+
+def report_errors(out: Output, fleet: Fleet) -> None:
+    """Each target that failed, one line on stderr; then exit 2 (its fields are wrong), once the
+    others have run."""
+    for e in fleet.errors:
+        out.error(e.line())
+    if fleet.errors:
+        raise click.exceptions.Exit(int(ExitCode.USAGE))
 
 
 def coverage(plan, store=None) -> str:
@@ -137,52 +187,77 @@ def coverage(plan, store=None) -> str:
     return f"partly ({e.status}, {e.ranks_str} rank files)"
 
 
-def fleet_items(loaded) -> list[FleetItem]:
-    return [FleetItem(t.name, plan, layouts) for t, plan, layouts in loaded]
+def fleet_items(members: list[FleetMember]) -> list[FleetItem]:
+    return [FleetItem(m.name, m.plan, m.layouts) for m in members]
 
 
-def plan_targets(out, loaded, shard, total: int, store_url: str | None) -> None:
-    """``plan --targets``: per target its id, work and coverage; the work once merged."""
-    store = Store(store_url) if store_url else None
-    items = fleet_items(loaded)
-    rows = [(i, coverage(i.plan, store)) for i in items]
+def member_fields(m: FleetMember, named: bool = True) -> dict:
+    """Who a worker's JSON object belongs to: the same fields in every command's ``workers``."""
+    return {"target": m.target.name if named else None, "source": m.target.source if named else None,
+            "worker": m.worker}
+
+
+def plan_data(members: list[FleetMember], errors: list[FleetError], *, shard: Shard | None = None,
+              total: int | None = None, store=None, named: bool = True, hints: list | None = None) -> dict:
+    """``plan --json``, one shape for one target (``named=False``: the command line's) and for a
+    targets file: every worker of every target in ``workers``, one worker or two alike."""
+    items = fleet_items(members)
     tuned = [i for i in items if i.plan.autotunes]
     work = merge_work(tuned)
-    alone = sum(i.profiles for i in tuned)
-    merged = work.profiles()
-
-    def human() -> None:
-        if shard is not None:
-            out.line(f"{shard.describe()}: {len(items)} of {total} targets")
-        out.table(["TARGET", "ID", "PROFILES", "STATUS"],
-                  [[i.name, i.plan.id_str if i.plan.autotunes else "-", str(i.profiles if i.plan.autotunes else 0), st]
-                   for i, st in rows])
-        saved = f", {1 - merged / alone:.0%} less" if alone else ""
-        out.line(f"{len(tuned)} targets to tune: {alone} profiles one by one, {merged} once identical calls are "
-                 f"merged ({len(work.ops)} distinct calls{saved})")
-
-    out.emit(human=human, data=lambda: {
+    return {
         "shard": None if shard is None else {"index": shard.index, "count": shard.count, "source": shard.source},
         "targets_in_file": total,
-        "targets": [{**i.to_dict(), "coverage": st, "source": t.source, "plan": i.plan.to_dict()}
-                    for (i, st), (t, _, _) in zip(rows, loaded)],
-        "profiles_one_by_one": alone, "profiles_merged": merged, "distinct_calls": len(work.ops)})
+        "workers": [{**member_fields(m, named), "coverage": coverage(m.plan, store) if named else None,
+                     **m.plan.to_dict()} for m in members],
+        "errors": [e.to_dict() for e in errors],
+        "profiles_one_by_one": sum(i.profiles for i in tuned), "profiles_merged": work.profiles(),
+        "distinct_calls": len(work.ops), "would_autotune_with": list(hints or ()),
+    }
+
+
+def plan_targets(out, fleet: Fleet, store_url: str | None) -> None:
+    """``plan --targets``: per target's worker its id, work and coverage; the work once merged."""
+    store = Store(store_url) if store_url else None
+    data = plan_data(fleet.members, fleet.errors, shard=fleet.shard, total=fleet.total, store=store)
+
+    def human() -> None:
+        if fleet.shard is not None:
+            out.line(f"{fleet.shard.describe()}: {len(fleet.members)} entries of {fleet.total} targets")
+        out.table(["TARGET", "ID", "PROFILES", "STATUS"],
+                  [[w["target"] if w["worker"] == "target" else f"{w['target']} {w['worker']}",
+                    w["id"] if w["autotunes"] else "-", str(w["profiles"] if w["autotunes"] else 0), w["coverage"]]
+                   for w in data["workers"]])
+        alone, merged = data["profiles_one_by_one"], data["profiles_merged"]
+        saved = f", {1 - merged / alone:.0%} less" if alone else ""
+        tuned = sum(1 for w in data["workers"] if w["autotunes"])
+        out.line(f"{tuned} entries to tune: {alone} profiles one by one, {merged} once identical calls are "
+                 f"merged ({data['distinct_calls']} distinct calls{saved})")
+
+    out.emit(human=human, data=data)
+    report_errors(out, fleet)
 
 
 def warm_targets(kw: dict, opts: WarmOptions, targets_file: str, shard: str | None, push_url: str | None,
                  out: Output, t0: float) -> None:
-    """``warm --targets``: one pool for the whole list; each target written (then converted and
-    pushed) as soon as its last bucket is done."""
+    """``warm --targets``: one pool for the whole list; each entry (a target, its draft worker)
+    written (then converted and pushed) as soon as its last bucket is done."""
+    fleets: list[Fleet] = []
+
     def load(info):
-        loaded, chosen, total = load_fleet(targets_file, kw["cache_dir"], info.arch, shard, use_env_shard=True)
-        if chosen is not None:
-            out.note(f"{chosen.describe()}: {len(loaded)} of {total} targets")
-        return fleet_items(loaded), chosen
+        fleet = load_fleet(targets_file, kw["cache_dir"], info.arch, shard, use_env_shard=True)
+        fleets.append(fleet)
+        for e in fleet.errors:
+            out.error(e.line())
+        if fleet.shard is not None:
+            out.note(f"{fleet.shard.describe()}: {len(fleet.members)} entries of {fleet.total} targets")
+        return fleet_items(fleet.members), fleet.shard
 
-    fleet_command(load, replace(opts, plan_hint="`fi-autotune plan --targets`"), push_url, out, t0)
+    fleet_command(load, replace(opts, plan_hint="`fi-autotune plan --targets`"), push_url, out, t0,
+                  failed_targets=lambda: bool(fleets and fleets[0].errors))
 
 
-def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0: float) -> None:
+def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0: float,
+                  failed_targets=lambda: False) -> None:
     """Tune ``load(gpu_info) -> (FleetItems, shard or None)`` on one pool of workers
     (``tune.session.run_fleet``: each written item converted to the layouts it lists and pushed);
     report, exit 1 if any failed. Shared by ``warm --targets``, ``warm --layout sglang,vllm``
@@ -213,6 +288,8 @@ def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0
         progress.close()  # before main() prints an interruption (exit 130)
     run.result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
     _emit_fleet(out, run, opts, shard[0])
+    if failed_targets():  # the file names targets that could not be planned: its fields are wrong
+        raise click.exceptions.Exit(int(ExitCode.USAGE))
     if run.failed:
         raise click.exceptions.Exit(int(ExitCode.FAILURE))
 
@@ -238,34 +315,3 @@ def _emit_fleet(out: Output, run: FleetRunResult, opts: WarmOptions, chosen) -> 
                                         "converted": run.converted,
                                         "shard": None if chosen is None else {"index": chosen.index, "count": chosen.count,
                                                                               "source": chosen.source}})
-
-
-def check_targets(ctx, out, targets_file: str, kw: dict, store_url: str | None, layout_name: str, fingerprint,
-                  strict: bool) -> None:
-    """``check --targets``: which targets the tree (or store) covers; --strict fails on any miss."""
-    reject_serving_flags(ctx)
-    reader = registry.get_layout(layout_name)
-    cache_dir = kw["cache_dir"]
-    if store_url is None and not reader.env_keyed:
-        cache_dir = str(resolve_root(cache_dir, must_exist=False).path)
-    loaded, _, total = load_fleet(targets_file, cache_dir, kw["arch"], fingerprint=fingerprint)
-    reports = [(t, plan, run_check(plan, reader, store_url, fingerprint, kw["cache_dir"])) for t, plan, _ in loaded]
-    bad = [r for _, _, r in reports if r.autotunes and not r.ok]
-
-    def human() -> None:
-        # A reason cut to fit a column is a reason lost ("the nearest entry, 0."): the table
-        # says which targets miss, and each miss follows it, whole, on its own line.
-        rows = []
-        for t, plan, r in reports:
-            state = "not tuned by the engine" if not r.autotunes else "OK" if r.ok else f"MISS ({len(r.misses)})"
-            rows.append([t.name, plan.id_str if r.autotunes else "-", state])
-        out.table(["TARGET", "ID", "RESULT"], rows)
-        for t, _, r in reports:
-            for m in (r.misses if r.autotunes and not r.ok else ()):
-                out.line(f"MISS: {t.name}: {m}")
-        out.line(f"{total - len(bad)} of {total} targets covered" + (f"; {len(bad)} would tune at startup" if bad else ""))
-
-    out.emit(human=human, data=lambda: {"targets": [{"name": t.name, **r.to_dict()} for t, _, r in reports],
-                                        "covered": total - len(bad), "missing": len(bad)})
-    if strict and bad:
-        raise click.exceptions.Exit(int(ExitCode.FAILURE))

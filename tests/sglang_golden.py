@@ -88,7 +88,15 @@ def our_plan(golden: dict, cache_dir: Path) -> tuple[int, dict | str]:
         return int(e.exit_code), f"fi-autotune: error: {e}"
     if result.exit_code != 0:
         return result.exit_code, (result.stderr if hasattr(result, "stderr") else result.output)
-    return 0, json.loads(result.stdout)
+    return 0, by_worker(json.loads(result.stdout))
+
+
+def by_worker(envelope: dict) -> dict:
+    """``plan --json``'s envelope as the goldens compare it: the target worker's plan, with the
+    draft worker's (speculative decoding) under ``draft`` and the planner's hints beside it."""
+    target, *rest = envelope["workers"]
+    assert [w["worker"] for w in envelope["workers"]] == ["target", *(["draft"] if rest else [])]
+    return {**target, **({"draft": rest[0]} if rest else {}), "would_autotune_with": envelope["would_autotune_with"]}
 
 
 # --- calls --------------------------------------------------------------------------------------

@@ -40,6 +40,18 @@ FIELDS = (
 INDETERMINATE = (None, "unknown", "None")
 WILDCARD = "*"
 FORMAT = 1
+#: ``env --json``'s envelope (cli/output.py's ``json_format("env")``); files written before the
+#: envelopes carry the bare ``FORMAT`` number, and are read alike.
+ENVELOPE = f"fi-autotune.env/{FORMAT}"
+
+
+def _format_number(value: object) -> int | None:
+    """1 for ``1`` or ``"fi-autotune.env/1"``; None for anything else."""
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.startswith("fi-autotune.env/") and value[16:].isdigit():
+        return int(value[16:])
+    return None
 
 
 def is_known(value: object) -> bool:
@@ -84,6 +96,12 @@ class Fingerprint:
         value = self.fields.get("gpu")
         return value if is_known(value) else None
 
+    @property
+    def unknown(self) -> list[str]:
+        """What this environment could not be read for (FlashInfer's fields, and the GPU's arch):
+        a fingerprint with any cannot stand for a serving environment."""
+        return [f for f, v in self.fields.items() if not is_known(v)] + ([] if self.arch else ["arch"])
+
     def compare(self, saved: object) -> EnvVerdict:
         """What FlashInfer with this fingerprint would say of a file's ``_metadata``.
 
@@ -104,13 +122,14 @@ class Fingerprint:
 
     def to_dict(self) -> dict:
         return {
-            "format": FORMAT,
+            "format": ENVELOPE,
             "tool": "fi-autotune env",
             "fingerprint": dict(self.fields),
             "arch": self.arch,
             "gpus": list(self.gpus),
             "host": self.host,
             "captured": self.captured,
+            "unknown": self.unknown,
         }
 
     @classmethod
@@ -126,7 +145,8 @@ class Fingerprint:
             raise UsageError(f"--env-from {path}: not JSON (expected `fi-autotune env --json` output)") from None
         source = f"--env-from {path}"
         if isinstance(obj, dict) and isinstance(obj.get("fingerprint"), dict):
-            if obj.get("format", FORMAT) > FORMAT:
+            number = _format_number(obj.get("format", FORMAT))
+            if number is None or number > FORMAT:
                 raise UsageError(f"--env-from {path}: written by a newer fi-autotune (format {obj.get('format')})")
             return cls(_checked(obj["fingerprint"], path), source, obj.get("arch"), tuple(obj.get("gpus") or ()),
                        obj.get("host"), obj.get("captured"))

@@ -166,7 +166,7 @@ def test_show_by_id_unique_key_and_path(root):
         assert proc.returncode == 0, proc.stderr
         assert "zai-org/GLM-5.1-FP8" in proc.stdout and "trtllm::fused_moe::gemm1" in proc.stdout
         assert "GPU       NVIDIA H200" in proc.stdout and "tp=8 pp=1 dp=8 (dp-attention)" in proc.stdout
-    (doc,) = run_json("show", eid.name, "--cache-dir", str(root))
+    (doc,) = run_json("show", eid.name, "--cache-dir", str(root))["entries"]
     ops = {o["custom_op"]: o for o in doc["ops"]}
     assert ops["trtllm::fused_moe::gemm1"]["buckets"] == 21
     assert doc["metadata"]["gpu"] == "NVIDIA H200" and doc["gpu"] == "NVIDIA H200"
@@ -189,9 +189,9 @@ def test_a_unique_key_prefix_names_its_entry_and_an_ambiguous_one_deletes_nothin
     a = write_fake_entry(root)
     b = write_fake_entry(root, fields=default_fields("Qwen/Qwen3-30B-A3B", tp=2, dp=1))
     shared = next(n for n in range(16, 0, -1) if a.name[:n] == b.name[:n]) if a.name[0] == b.name[0] else 0
-    (doc,) = run_json("show", a.name[:max(4, shared + 1)], "--cache-dir", str(root))
+    (doc,) = run_json("show", a.name[:max(4, shared + 1)], "--cache-dir", str(root))["entries"]
     assert doc["id"] == str(a)
-    (doc,) = run_json("show", f"{a.parts[0]}/{a.parts[1]}/{a.name[:max(4, shared + 1)]}", "--cache-dir", str(root))
+    (doc,) = run_json("show", f"{a.parts[0]}/{a.parts[1]}/{a.name[:max(4, shared + 1)]}", "--cache-dir", str(root))["entries"]
     assert doc["id"] == str(a)
     short = run_cli("show", a.name[:3], "--cache-dir", str(root))  # under 4 digits: not a prefix
     assert short.returncode == 1 and "no cache entry" in short.stderr
@@ -551,19 +551,37 @@ def test_tree_commands_do_not_import_torch_or_flashinfer(root, tmp_path):
 # --- environments -----------------------------------------------------------------------------
 
 def test_env_prints_flashinfers_own_fields(tmp_path):
-    data = run_json("env")
+    data = run_json("env", "--allow-unknown")
     assert set(data["fingerprint"]) == {"flashinfer_version", "cuda_version", "cublas_version", "cudnn_version",
                                         "cudnn_frontend_version", "cutlass_dsl_version", "gpu"}
     from importlib.metadata import version
 
     assert data["fingerprint"]["flashinfer_version"] == version("flashinfer-python")
     human = run_cli("env")
-    assert human.returncode == 0 and "flashinfer_version" in human.stdout
+    assert "flashinfer_version" in human.stdout
+    assert human.returncode == (1 if data["unknown"] else 0)
+
+
+def test_env_where_the_gpu_or_cuda_cannot_be_read_is_no_fingerprint(tmp_path):
+    """A gate must never pass on an unknown: `env --json > env.json` on a host without a GPU exits
+    1 and prints no JSON (the redirect leaves a file --env-from refuses); --allow-unknown writes
+    it, its unknown fields listed."""
+    marked = run_json("env", "--allow-unknown")
+    if not marked["unknown"]:
+        pytest.skip("this host reads every field")
+    assert marked["format"] == "fi-autotune.env/1" and "gpu" in marked["unknown"]
+    proc = run_cli("env", "--json")
+    assert proc.returncode == 1 and proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
+    assert "cannot read" in proc.stderr and "gpu" in proc.stderr and "--allow-unknown" in proc.stderr
+    saved = tmp_path / "env.json"
+    saved.write_text(proc.stdout)
+    refused = run_cli("check", "--strict", "--env-from", str(saved), "--model", "Qwen/Qwen3-30B-A3B", "--arch", "sm90")
+    assert refused.returncode == 2 and "not JSON" in refused.stderr
 
 
 def test_no_gpu_host_never_calls_a_cache_stale(root, tmp_path):
     """The CI host has no GPU: its fingerprint reads gpu 'unknown'. It is no serving environment."""
-    if run_json("env")["fingerprint"]["gpu"] not in ("unknown", None):
+    if run_json("env", "--allow-unknown")["fingerprint"]["gpu"] not in ("unknown", None):
         pytest.skip("this host has a GPU")
     write_fake_entry(root)
     proc = run_cli("ls", "--check-env", "--cache-dir", str(root))

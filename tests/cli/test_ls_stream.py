@@ -22,9 +22,9 @@ def _tree(root):
 def test_streamed_json_is_the_object_emit_writes(capsys):
     items = [{"id": "a", "nested": {"x": [1, 2]}}, {"id": "b", "e": []}]
     for entries in ([], items):
-        Output(as_json=True).emit(data={"root": "/r", "entries": entries, "totals": {"n": len(entries)}})
+        Output(as_json=True, command="ls").emit(data={"root": "/r", "entries": entries, "totals": {"n": len(entries)}})
         whole = capsys.readouterr().out
-        Output(as_json=True).emit_stream(human=lambda: None, head={"root": "/r"}, items_key="entries",
+        Output(as_json=True, command="ls").emit_stream(human=lambda: None, head={"root": "/r"}, items_key="entries",
                                          items=iter(entries), tail=lambda: {"totals": {"n": len(entries)}})
         assert capsys.readouterr().out == whole
 
@@ -42,7 +42,7 @@ def test_quiet_json_and_table_list_the_same_entries_in_the_same_order(tmp_path):
         streamed.index(next(s for s in streamed if s.startswith("0.7.2.post1/")))
     data = json.loads(run_cli("ls", "--json", *cd).stdout)
     assert [e["id"] for e in data["entries"]] == streamed
-    assert list(data) == ["root", "roots", "fingerprint", "entries", "findings", "totals"]
+    assert list(data) == ["format", "root", "roots", "fingerprint", "entries", "findings", "totals"]
     assert data["totals"]["entries"] == data["totals"]["in_tree"] == 8
     assert data["totals"]["by_status"] == {"complete": 3, "unverified": 5}
     assert all("row" not in e and "notes" not in e for e in data["entries"])

@@ -53,7 +53,7 @@ def test_a_name_taken_is_refused():
 def test_plan_for_the_toy_engine(toy, capsys):
     code, out, err = cli(capsys, "plan", "--layout", "toy", *QWEN, "--json")
     assert code == 0, err
-    plan = json.loads(out)
+    (plan,) = json.loads(out)["workers"]
     assert plan["layout"] == "toy" and plan["key_dir"].startswith(str(toy / "toy-autotune" / "0.7.2.post1" / "sm90"))
     code, out, err = cli(capsys, "plan", "--layout", "toy", *QWEN)
     assert code == 0, err
@@ -73,7 +73,7 @@ def test_ls_show_rm_on_the_toy_tree(toy, capsys):
     assert listed.startswith("toy:")
     code, out, err = cli(capsys, "show", listed, "--layout", "toy", "--cache-dir", str(toy), "--json")
     assert code == 0, err
-    assert json.loads(out)[0]["status"] == "complete"
+    assert json.loads(out)["entries"][0]["status"] == "complete"
     code, out, err = cli(capsys, "rm", listed, "--layout", "toy", "--cache-dir", str(toy), "-y")
     assert code == 0, err
     assert not plan.key_dir.exists()

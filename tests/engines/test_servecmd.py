@@ -94,13 +94,13 @@ def test_disabled_autotune_is_carried():
 
 
 def test_plan_from_the_serving_command_matches_the_flags(tmp_path):
-    by_flags = run_json("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100",
-                        "--cache-dir", str(tmp_path))
+    (by_flags,) = run_json("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100",
+                           "--cache-dir", str(tmp_path))["workers"]
     proc = run_cli("plan", "--arch", "sm100", "--cache-dir", str(tmp_path), "--json", "--", "python", "-m",
                    "sglang.launch_server", "--model-path", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8",
                    "--enable-dp-attention", "--host", "0.0.0.0")
     assert proc.returncode == 0, proc.stderr
-    by_cmd = json.loads(proc.stdout)
+    (by_cmd,) = json.loads(proc.stdout)["workers"]
     assert by_cmd["key"] == by_flags["key"] == "d99390dfa961185d"
     assert "--host 0.0.0.0" in proc.stderr
 
@@ -110,17 +110,17 @@ def test_served_path_is_not_where_the_config_comes_from(tmp_path):
     proc = run_cli("plan", "--model", "/models/GLM-5.1-FP8", "--arch", "sm100", "--cache-dir", str(tmp_path))
     assert proc.returncode == 2 and "--model-path /models/GLM-5.1-FP8" in proc.stderr and "--config" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    served = run_json("plan", "--model", "zai-org/GLM-5.1-FP8", "--model-path", "/models/GLM-5.1-FP8", "--tp", "8",
-                      "--dp", "8", "--arch", "sm100", "--cache-dir", str(tmp_path))
+    (served,) = run_json("plan", "--model", "zai-org/GLM-5.1-FP8", "--model-path", "/models/GLM-5.1-FP8", "--tp", "8",
+                         "--dp", "8", "--arch", "sm100", "--cache-dir", str(tmp_path))["workers"]
     assert served["key_string"].startswith("/models/GLM-5.1-FP8|") and served["source"]["kind"] == "preset"
     config = tmp_path / "cfg"
     config.mkdir()
-    preset = run_json("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100",
-                      "--cache-dir", str(tmp_path))
+    (preset,) = run_json("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100",
+                         "--cache-dir", str(tmp_path))["workers"]
     assert preset["key"] == "d99390dfa961185d"
     from autotune_cache.plan.config_source import PRESETS_DIR
 
     (config / "config.json").write_bytes((PRESETS_DIR / "zai-org--GLM-5.1-FP8.json").read_bytes())
-    from_config = run_json("plan", "--model-path", "/models/GLM-5.1-FP8", "--config", str(config), "--tp", "8",
-                           "--dp", "8", "--arch", "sm100", "--cache-dir", str(tmp_path))
+    (from_config,) = run_json("plan", "--model-path", "/models/GLM-5.1-FP8", "--config", str(config), "--tp", "8",
+                              "--dp", "8", "--arch", "sm100", "--cache-dir", str(tmp_path))["workers"]
     assert from_config["key"] == served["key"] and from_config["source"]["kind"] == "config-file"

@@ -74,7 +74,7 @@ def test_plan_warns_and_check_strict_misses_on_a_flag_not_understood(tmp_path):
     relaxed = run_cli("check", "--arch", "sm90", "--cache-dir", str(tmp_path), *serve)
     assert relaxed.stderr.count(f"not understood: {' '.join(frag)}") == 1  # a warning, once
     assert "is not understood" in json.loads(run_cli("check", "--json", "--arch", "sm90", "--cache-dir", str(tmp_path),
-                                                    *serve).stdout)["warnings"][-1]
+                                                    *serve).stdout)["workers"][0]["warnings"][-1]
 
 
 def test_parsing_follows_sglangs_argparse():

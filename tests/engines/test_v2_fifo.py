@@ -19,7 +19,7 @@ def test_convert_replaces_a_fifo_in_entries_instead_of_hanging(root, tmp_path):
     eid = write_plan_entry(plan)
     v2root = tmp_path / "v2"
     args = ("convert", str(eid), "--layout", "flashinfer-v2", "--to", str(v2root), "--cache-dir", str(root))
-    (first,) = run_json(*args)
+    (first,) = run_json(*args)["entries"]
     entries = sorted((v2root / "v2" / first["env_hash"] / "entries").iterdir())
     victim = entries[0]
     victim.unlink()
@@ -28,5 +28,5 @@ def test_convert_replaces_a_fifo_in_entries_instead_of_hanging(root, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert stat.S_ISREG(os.lstat(victim).st_mode)
     again = run_json(*args)
-    assert again[0]["written"] == 0 and again[0]["unchanged"] == first["written"]
+    assert again["entries"][0]["written"] == 0 and again["entries"][0]["unchanged"] == first["written"]
     assert "Traceback" not in proc.stderr

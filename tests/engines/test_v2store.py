@@ -45,7 +45,7 @@ def test_flashinfer_reads_back_every_entry(root, tmp_path, which):
     eid = write_plan_entry(plan, seed=which)
     v2root = tmp_path / "fi-autotune-v2"
     out = run_json("convert", str(eid), "--layout", "flashinfer-v2", "--to", str(v2root), "--cache-dir", str(root))
-    (result,) = out
+    (result,) = out["entries"]
     rank = json.loads(next((root / "flashinfer/autotune" / str(eid)).glob("rank_*.json")).read_text())
     keys = {k: v for k, v in rank.items() if not k.startswith("_")}
     assert result["written"] == len(keys) and result["without_key_fields"] == 0
@@ -73,7 +73,7 @@ def test_flashinfer_reads_back_every_entry(root, tmp_path, which):
     (entry,) = listed["entries"]
     assert entry["id"] == f"flashinfer-v2:{result['env_hash']}" and entry["status"] == "complete"
     again = run_json("convert", str(eid), "--layout", "flashinfer-v2", "--to", str(v2root), "--cache-dir", str(root))
-    assert again[0]["written"] == 0 and again[0]["unchanged"] == len(keys)
+    assert again["entries"][0]["written"] == 0 and again["entries"][0]["unchanged"] == len(keys)
 
 
 def test_vllm_is_not_a_conversion(root):
@@ -93,7 +93,7 @@ def test_check_the_store_the_serving_environment_reads(root, tmp_path):
             "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass"]
     ok = run_cli(*args)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert json.loads(ok.stdout)["keys_checked"] == 42
+    assert json.loads(ok.stdout)["workers"][0]["keys_checked"] == 42
     other = tmp_path / "h100.json"
     other.write_text(json.dumps({"fingerprint": {**DEFAULT_METADATA, "gpu": "NVIDIA H100 80GB HBM3"}, "arch": "sm90"}))
     miss = run_cli(*[a if a != str(env) else str(other) for a in args])

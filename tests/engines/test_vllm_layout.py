@@ -198,7 +198,7 @@ def test_vllm_dir_layout_follows_the_override_and_leaves_v2_alone(tmp_path):
     assert proc.returncode == 2 and "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR, which is not set" in proc.stderr
     assert "Traceback" not in proc.stderr
     # A bare hash names it wherever it is unique.
-    shown = run_json("show", H1, "--layout", "vllm-dir", env=env)[0]
+    shown = run_json("show", H1, "--layout", "vllm-dir", env=env)["entries"][0]
     assert shown["id"] == f"vllm-dir:{H1}"
 
 
@@ -253,7 +253,7 @@ def test_metadata_that_differs_across_ranks_is_diverged(tmp_path):
     # Counts alone: a note, since pp > 1 would make them legitimately differ.
     (path / "autotune_configs_dp0_rank1.json").write_bytes(
         cache_file_bytes(DEFAULT_METADATA, dict(list(fake_configs().items())[:-1])))
-    shown = run_json("show", f"vllm:0.7.2.post1/90a/{H1}", env=vllm_env(root))[0]
+    shown = run_json("show", f"vllm:0.7.2.post1/90a/{H1}", env=vllm_env(root))["entries"][0]
     assert shown["status"] == "unverified" and any("vLLM tunes again unless pp > 1" in n for n in shown["notes"])
 
 

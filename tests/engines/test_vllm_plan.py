@@ -343,9 +343,9 @@ def test_the_pasted_line_must_come_from_the_same_flashinfer_and_gpu(tmp_path):
     env = {"VLLM_CACHE_ROOT": str(tmp_path)}
     ok = run_cli(*base, line_for("0.7.2.post1", "90a"), env=env)
     assert ok.returncode == 0, ok.stderr
-    assert json.loads(ok.stdout)["request"]["vllm"]["printed_at"] == "0.7.2.post1/90a"
+    assert json.loads(ok.stdout)["workers"][0]["request"]["vllm"]["printed_at"] == "0.7.2.post1/90a"
     for version, arch in (("0.7.1", "90a"), ("0.7.2.post1", "100a")):
         bad = run_cli(*base, line_for(version, arch), env=env)
         assert bad.returncode == 2 and f"printed that hash under {version}/{arch}" in bad.stderr, bad.stderr
     bare = run_cli(*base, H, env=env)  # a bare hash (or vllm-dir's path) carries no provenance to check
-    assert bare.returncode == 0 and "printed_at" not in json.loads(bare.stdout)["request"]["vllm"]
+    assert bare.returncode == 0 and "printed_at" not in json.loads(bare.stdout)["workers"][0]["request"]["vllm"]

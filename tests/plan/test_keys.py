@@ -117,8 +117,8 @@ def test_engine_option_and_installed_sglang(tmp_path):
     from ..conftest import run_cli
 
     args = ["plan", "--model", "deepseek-ai/DeepSeek-R1", "--tp", "8", "--arch", "sm100", "--json", "--cache-dir", str(tmp_path)]
-    assert json.loads(run_cli(*args, "--engine", "sglang==0.5.20").stdout)["key"] == "db1c0018a6755b11"
-    assert json.loads(run_cli(*args).stdout)["key"] == "d6c188ee4ed2a6da"
+    assert json.loads(run_cli(*args, "--engine", "sglang==0.5.20").stdout)["workers"][0]["key"] == "db1c0018a6755b11"
+    assert json.loads(run_cli(*args).stdout)["workers"][0]["key"] == "d6c188ee4ed2a6da"
     site = tmp_path / "site"
     dist = site / "sglang-0.5.17.dist-info"
     dist.mkdir(parents=True)
@@ -127,7 +127,7 @@ def test_engine_option_and_installed_sglang(tmp_path):
     import os
 
     proc = run_cli(*args, env={"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
-    assert json.loads(proc.stdout)["key"] == "027ee27644446cb3"
+    assert json.loads(proc.stdout)["workers"][0]["key"] == "027ee27644446cb3"
     bad = run_cli(*args, "--engine", "sglang==0.5.99")
     assert bad.returncode == 2 and "known: 0.5.12-0.5.16" in bad.stderr
 
@@ -140,7 +140,7 @@ def test_megamoe_rank_files_are_named_by_gpu(tmp_path):
     uuids = "GPU-DF3C1114-24C7-4A43-8149-B2A9B8445BB9,GPU-0a1b2c3d-24c7-4a43-8149-b2a9b8445bb9"
     proc = run_cli("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "2", "--dp", "2", "--arch", "sm100",
                    "--moe-runner-backend", "flashinfer_megamoe", "--gpu-uuids", uuids, "--json", "--cache-dir", str(tmp_path))
-    plan = json.loads(proc.stdout)
+    (plan,) = json.loads(proc.stdout)["workers"]
     assert plan["rank_files"] == ["rank_tp0_pp0_dp0_gpudf3c1114-24c7-4a43-8149-b2a9b8445bb9.json",
                                   "rank_tp1_pp0_dp1_gpu0a1b2c3d-24c7-4a43-8149-b2a9b8445bb9.json"]
     assert any("not modelled" in n for n in plan["notes"])

@@ -259,7 +259,7 @@ def test_invalid_topology_for_the_model(tmp_path, flags, needle):
 def test_plan_cli_json_and_errors(tmp_path):
     proc = run_cli("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100", "--json", "--cache-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    d = json.loads(proc.stdout)
+    (d,) = json.loads(proc.stdout)["workers"]
     assert d["key"] == "d99390dfa961185d" and d["autotunes"] and d["source"]["kind"] == "preset"
     assert d["key_dir"].endswith("flashinfer/autotune/0.7.2.post1/sm100/d99390dfa961185d") or "/sm100/d99390dfa961185d" in d["key_dir"]
     human = run_cli("plan", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100", "--cache-dir", str(tmp_path))

@@ -123,9 +123,9 @@ def test_assign_is_balanced_and_deterministic():
 
 def test_plan_shards_partition_the_list(fleet, tmp_path):
     full = json.loads(run_cli("plan", "--targets", str(fleet), "--json").stdout)
-    assert [t["name"] for t in full["targets"]] == NAMES
+    assert [t["target"] for t in full["workers"]] == NAMES
     parts = [json.loads(run_cli("plan", "--targets", str(fleet), "--shard", f"{i}/3", "--json").stdout) for i in range(3)]
-    names = [t["name"] for p in parts for t in p["targets"]]
+    names = [t["target"] for p in parts for t in p["workers"]]
     assert sorted(names) == sorted(NAMES) and len(names) == len(set(names))
 
 
@@ -135,21 +135,21 @@ def test_plan_targets_merges_identical_calls_and_shows_coverage(fleet, tmp_path)
     root = tmp_path / "root"
     proc = run_cli("plan", "--targets", str(fleet), "--cache-dir", str(root))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == ("5 targets to tune: 294 profiles one by one, 252 once identical calls "
+    assert proc.stdout.splitlines()[-1] == ("5 entries to tune: 294 profiles one by one, 252 once identical calls "
                                             "are merged (10 distinct calls, 14% less)")
     data = json.loads(run_cli("plan", "--targets", str(fleet), "--cache-dir", str(root), "--json").stdout)
-    assert {t["coverage"] for t in data["targets"]} == {"missing"}
+    assert {t["coverage"] for t in data["workers"]} == {"missing"}
     assert data["profiles_one_by_one"] == 294 and data["profiles_merged"] == 252
     from tests.synthetic import entry_path, write_plan_entry
     from autotune_cache.plan.request import TuneRequest
 
-    plan = TuneRequest.from_dict(data["targets"][2]["plan"]["request"]).plan(root)
+    plan = TuneRequest.from_dict(data["workers"][2]["request"]).plan(root)
     write_plan_entry(plan)
-    partial = TuneRequest.from_dict(data["targets"][0]["plan"]["request"]).plan(root)
+    partial = TuneRequest.from_dict(data["workers"][0]["request"]).plan(root)
     eid = write_plan_entry(partial)
     next(entry_path(root, eid).glob("rank_*.json")).unlink()
     data = json.loads(run_cli("plan", "--targets", str(fleet), "--cache-dir", str(root), "--json").stdout)
-    assert [t["coverage"] for t in data["targets"]][:3] == ["partly (incomplete, 3/4 rank files)", "missing", "covered"]
+    assert [t["coverage"] for t in data["workers"]][:3] == ["partly (incomplete, 3/4 rank files)", "missing", "covered"]
 
 
 def test_targets_usage_errors(fleet, tmp_path):
@@ -292,7 +292,7 @@ def test_the_documented_example_plans(tmp_path):
     proc = run_cli("plan", "--targets", str(tmp_path / "targets.yaml"), "--cache-dir", str(tmp_path / "root"), "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert len(data["targets"]) == 5 and data["profiles_merged"] < data["profiles_one_by_one"]
+    assert len(data["workers"]) == 5 and data["profiles_merged"] < data["profiles_one_by_one"]
     assert f"plans 5 targets as {data['profiles_one_by_one']} profiles one by one and {data['profiles_merged']} merged" in doc
 
 

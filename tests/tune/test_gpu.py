@@ -78,7 +78,7 @@ def assert_byte_identical(result: dict) -> bytes:
 
 def assert_plan_keys_present(args, root: Path, data: bytes) -> int:
     """The plan predicts the FlashInfer keys of its verified recipes; the file must hold every one."""
-    plan = run_json("plan", *args, "--cache-dir", str(root))
+    (plan,) = run_json("plan", *args, "--cache-dir", str(root))["workers"]
     keys = {k for k in json.loads(data) if k not in RESERVED_KEYS}
     expected = set()
     for w in plan["workloads"]:

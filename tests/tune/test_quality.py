@@ -220,7 +220,7 @@ def test_show_reports_how_each_tactic_was_chosen(plan, monkeypatch):
     bucket_rows = [line for line in out.stdout.splitlines() if line.startswith("moe.") and "1/3" in line]
     assert len(bucket_rows) == 21
     data = json.loads(run("show", str(entry.id), "--cache-dir", str(plan.cache_root), "--json").stdout)
-    assert data[0]["manifest"]["extra"]["selection"]["settings"]["mode"] == "careful"
+    assert data["entries"][0]["manifest"]["extra"]["selection"]["settings"]["mode"] == "careful"
 
 
 def test_threshold_must_be_a_number():
