@@ -205,8 +205,8 @@ FILTER_HELP = {
     "versions": "Only these FlashInfer versions (comma-separated or repeated).",
     "arch": "Only these archs, e.g. sm90,sm100 (comma-separated or repeated, any case).",
     "status": "Only these statuses: " + ", ".join(EntryStatus.names()) + " (comma-separated or repeated).",
-    "older_than": "Only entries not modified for this long: a number with s, m, h, d or w (30d, 12h, 90m); "
-                  "a bare number is refused.",
+    "older_than": "Only entries not modified for this long: a number with s, m, h, d or w, any case, or "
+                  "their long forms (30d, 12h, 90min, 2 weeks); a bare number is refused.",
     "unused_for": "Only entries no engine has read for this long, from access times (30d). Where the "
                   "filesystem keeps no access times (noatime mounts) last use is unknown and nothing is selected; "
                   "relatime (the Linux default) is exact to a day.",
@@ -230,7 +230,8 @@ def filter_options(fn):
 
 size_filter_options = [
     click.option("--larger-than", default=None, metavar="SIZE",
-                 help="Entries taking more than SIZE on disk (50M, 1G, 10GiB), as docker's and hf's size filters."),
+                 help="Entries taking more than SIZE on disk (50M, 1G, 10GiB; a unit is required, any case), "
+                      "as docker's and hf's size filters."),
     click.option("--smaller-than", default=None, metavar="SIZE", help="Entries taking less than SIZE on disk."),
 ]
 

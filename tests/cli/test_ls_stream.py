@@ -92,11 +92,11 @@ def test_limit_reverse_and_size_filters(tmp_path):
     assert "(the first 3 shown: --limit)" in table and "\n8 entries" in table
     sizes = {e["id"]: e["size_on_disk"] for e in json.loads(run_cli("ls", "--json", *cd).stdout)["entries"]}
     cut = sorted(sizes.values())[len(sizes) // 2]
-    big = run_cli("ls", "-q", "--larger-than", str(cut), *cd).stdout.split()
-    small = run_cli("ls", "-q", "--smaller-than", str(cut), *cd).stdout.split()
+    big = run_cli("ls", "-q", "--larger-than", f"{cut}B", *cd).stdout.split()
+    small = run_cli("ls", "-q", "--smaller-than", f"{cut}B", *cd).stdout.split()
     assert sorted(big) == sorted(i for i, s in sizes.items() if s > cut)
     assert sorted(small) == sorted(i for i, s in sizes.items() if s < cut)
-    plan = json.loads(run_cli("prune", "--larger-than", str(cut), "--dry-run", "--json", *cd).stdout)
+    plan = json.loads(run_cli("prune", "--larger-than", f"{cut}B", "--dry-run", "--json", *cd).stdout)
     assert sorted(e["id"] for e in plan["plan"]["entries"]) == sorted(big)
     bad = run_cli("ls", "--larger-than", "ten", *cd)
     assert bad.returncode == 2 and "invalid size 'ten'" in bad.stderr
