@@ -254,8 +254,9 @@ def plan_prune(
             "nothing selected: give at least one of --older-than, --unused-for, --flashinfer-version, "
             "--other-versions, --status, --keep-latest, --max-size, --larger-than, --smaller-than, --model, --arch"
         )
-    if keep_latest is not None and keep_latest < 0:
-        raise UsageError("--keep-latest must be >= 0")
+    if keep_latest is not None and keep_latest < 1:  # 0 would delete every entry, each "kept"
+        raise UsageError(f"--keep-latest {keep_latest}: keep at least 1 entry per deployment "
+                         "(to delete entries, select them: --flashinfer-version, --status, --older-than)")
     now = time.time() if now is None else now
     beyond = beyond_latest(info.entries, keep_latest, prefer_version) if keep_latest is not None else {}
     def selected(e: CacheEntry):
