@@ -26,6 +26,7 @@ from autotune_cache.tree.entry_scan import scan_entry
 from autotune_cache.tree.layout import OUR_PREFIX, TRASH_DIR_RE, CacheLayout, EntryId, trash_name
 from autotune_cache.tree.locks import dead_owner, entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
+from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.recovery import recover_journals, remove_leftover
 from autotune_cache.tree.select import EntryFilter, beyond_latest, over_budget
 from autotune_cache.tree.status import EntryStatus
@@ -307,7 +308,7 @@ def in_flight(info: CacheInfo, ref: str) -> tuple[EntryId, Finding] | None:
     """The entry ``ref`` names if a killed ``rm`` or ``prune`` was deleting it: a trash dir of
     that entry whose owner is gone (only then - a live deleter's trash, or an id that is simply
     not there, is no proof of anything). Its id is the trash dir's place plus the name in it."""
-    text = ref.strip().rstrip("/")
+    text = exact_ref(ref).rstrip("/")
     base = info.layout.base(info.root)
     for f in info.findings:
         m = TRASH_DIR_RE.match(f.path.name) if f.kind == "trash" else None
