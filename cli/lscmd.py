@@ -92,10 +92,13 @@ class _Totals:
     by_status: dict = field(default_factory=dict)
     in_tree: int = 0  # before the filters: an empty answer is not an empty tree
     foreign: list = field(default_factory=list)
+    versions_left_out: set = field(default_factory=set)  # of the entries --flashinfer-version left out
 
     def count(self, s: dict | None) -> bool:
         self.in_tree += 1
-        if s is None:
+        if s is None or OTHER_VERSION in s:
+            if s is not None:
+                self.versions_left_out.add(s[OTHER_VERSION])
             return False
         self.entries += 1
         self.rank_files += s["rank_files"] if isinstance(s["rank_files"], int) else len(s["rank_files"])
@@ -109,6 +112,20 @@ class _Totals:
         return {"entries": self.entries, "rank_files": self.rank_files, "size_on_disk": self.size_on_disk,
                 "by_status": {k: self.by_status[k] for k in order if self.by_status.get(k)},
                 "in_tree": self.in_tree}
+
+
+#: What ``pick`` returns for an entry ``--flashinfer-version`` left out: its version, so an empty
+#: answer can name the versions the tree does hold (``0.7.2`` asked, ``0.7.2.post1`` there).
+OTHER_VERSION = "other_version"
+
+
+def version_hint(asked: tuple[str, ...], totals: _Totals) -> str | None:
+    """"no entry under 0.7.2; the tree has 0.7.2.post1" when the versions asked for matched
+    nothing: an empty listing must not read as "nothing cached for my FlashInfer"."""
+    if not asked or totals.entries or not totals.versions_left_out:
+        return None
+    present = ", ".join(sorted(v for v in totals.versions_left_out if v))
+    return f"no entry under {', '.join(asked)}; the tree has {present} (versions match exactly)"
 
 
 def _first(entries, n: int):
@@ -162,7 +179,16 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
     now = time.time()
 
     def pick(e: CacheEntry):
-        return _summary(e, as_json) if flt.reasons(e, now) is not None else None
+        if flt.reasons(e, now) is not None:
+            return _summary(e, as_json)
+        if flt.flashinfer_versions and e.flashinfer_version not in flt.flashinfer_versions:
+            return {OTHER_VERSION: e.flashinfer_version}
+        return None
+
+    def hint_versions() -> None:
+        hint = version_hint(flt.flashinfer_versions, totals)
+        if hint:
+            out.note(hint)
 
     for layout, root in targets:
         for done in recover_journals_quietly(root.path, layout):
@@ -205,6 +231,7 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
         print_notes(out, notes)
         for f in (f for _, seen in scans for f in seen):  # complete now that the walk is done
             out.note(f"{f.kind}: {f.path}: {f.message}")
+        hint_versions()
 
     def bare(entries):
         for e in entries:
@@ -219,6 +246,8 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
         tail=lambda: {"findings": [f.to_dict() for _, seen in scans for f in seen] + totals.foreign,
                       "totals": totals.to_dict()},
     )
+    if out.mode is not Mode.HUMAN:  # the human view says it under its footer
+        hint_versions()
 
 
 def _print_roots(out: Output, cache_dir, layouts) -> None:
