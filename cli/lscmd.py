@@ -128,6 +128,18 @@ def version_hint(asked: tuple[str, ...], totals: _Totals) -> str | None:
     return f"no entry under {', '.join(asked)}; the tree has {present} (versions match exactly)"
 
 
+def _picker(flt, now: float, full: bool):
+    """What the scan returns for each entry (maybe in a child process): its summary where the
+    filters select it; where ``--flashinfer-version`` leaves it out, its version."""
+    def pick(e: CacheEntry):
+        if flt.reasons(e, now) is not None:
+            return _summary(e, full)
+        if flt.flashinfer_versions and e.flashinfer_version not in flt.flashinfer_versions:
+            return {OTHER_VERSION: e.flashinfer_version}
+        return None
+    return pick
+
+
 def _first(entries, n: int):
     """The first ``n`` entries; the rest consumed unseen (so the totals count them)."""
     for i, e in enumerate(entries):
@@ -178,16 +190,10 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
     now = time.time()
 
-    def pick(e: CacheEntry):
-        if flt.reasons(e, now) is not None:
-            return _summary(e, as_json)
-        if flt.flashinfer_versions and e.flashinfer_version not in flt.flashinfer_versions:
-            return {OTHER_VERSION: e.flashinfer_version}
-        return None
+    pick = _picker(flt, now, as_json)
 
     def hint_versions() -> None:
-        hint = version_hint(flt.flashinfer_versions, totals)
-        if hint:
+        if hint := version_hint(flt.flashinfer_versions, totals):
             out.note(hint)
 
     for layout, root in targets:
