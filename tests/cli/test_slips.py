@@ -215,3 +215,64 @@ def test_a_misspelled_arch_lists_the_accepted_forms(root):
     proc = run_cli("ls", "--arch", "sm_90", "--cache-dir", str(root))
     one_line_usage_error(proc)
     assert "sm90" in proc.stderr and "sm100a" in proc.stderr and "did you mean sm90" in proc.stderr, proc.stderr
+
+
+# --- 5. access times that cannot be trusted ------------------------------------------------------
+
+def _times(root, eid, *, used_s_ago: float, modified_days_ago: float) -> None:
+    now = time.time()
+    for p in entry_path(root, eid).iterdir():
+        os.utime(p, (now - used_s_ago, now - modified_days_ago * 86400))
+
+
+def _three(root):
+    return [write_fake_entry(root, fields=default_fields(m, tp=2, dp=1)) for m in ("A", "B", "C")]
+
+
+def test_access_times_left_by_a_copy_are_not_taken_for_use(root):
+    """rsync (and a restore) leaves every entry read within seconds of the others, however far
+    apart they were written: "last used" would then rank a 60-day-old entry as fresh as one
+    the engine reads every day. ls says so; --max-size evicts by last write and says it."""
+    a, b, c = _three(root)
+    _times(root, a, used_s_ago=3, modified_days_ago=60)
+    _times(root, b, used_s_ago=2, modified_days_ago=1)
+    _times(root, c, used_s_ago=1, modified_days_ago=30)
+    listed = run_cli("ls", "--json", "--cache-dir", str(root))
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["atime"]["trusted"] is False
+    assert "access times" in listed.stderr and "within" in listed.stderr, listed.stderr
+    human = run_cli("ls", "--cache-dir", str(root))
+    assert "access times" in human.stderr, human.stderr
+    size = sum(e["size_on_disk"] for e in json.loads(listed.stdout)["entries"])
+    proc = run_cli("prune", "--max-size", f"{size - 1}B", "--dry-run", "--json", "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    (picked,) = json.loads(proc.stdout)["plan"]["entries"]
+    assert picked["id"] == str(a), picked  # the oldest write, not the "least recently used" copy order
+    assert "last write" in proc.stderr, proc.stderr
+    proc = run_cli("prune", "--unused-for", "1s", "--dry-run", "--json", "--cache-dir", str(root))
+    assert proc.returncode == 0 and json.loads(proc.stdout)["plan"]["entries"] == []
+    assert "--older-than" in proc.stderr, proc.stderr
+
+
+def test_access_times_spread_like_use_are_trusted(root):
+    a, b, c = _three(root)
+    _times(root, a, used_s_ago=5 * 86400, modified_days_ago=60)
+    _times(root, b, used_s_ago=3600, modified_days_ago=1)
+    _times(root, c, used_s_ago=20 * 86400, modified_days_ago=30)
+    listed = run_cli("ls", "--json", "--cache-dir", str(root))
+    assert json.loads(listed.stdout)["atime"] == {"trusted": True, "why": None}
+    assert "access times" not in listed.stderr
+    size = sum(e["size_on_disk"] for e in json.loads(listed.stdout)["entries"])
+    plan = run_json("prune", "--max-size", f"{size - 1}B", "--dry-run", "--cache-dir", str(root))
+    assert [e["id"] for e in plan["plan"]["entries"]] == [str(c)]  # least recently used
+
+
+def test_a_noatime_mount_is_named(tmpfs):
+    mnt = tmpfs("8m", "noatime")
+    write_fake_entry(mnt)
+    listed = run_cli("ls", "--json", "--cache-dir", str(mnt))
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["atime"]["trusted"] is False
+    assert "noatime" in listed.stderr, listed.stderr
+    proc = run_cli("prune", "--unused-for", "30d", "--dry-run", "--cache-dir", str(mnt))
+    assert proc.returncode == 0 and "noatime" in proc.stderr and "--older-than" in proc.stderr, proc.stderr
