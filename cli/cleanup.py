@@ -31,6 +31,9 @@ yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask for conf
 def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = False) -> None:
     """Print the plan; unless --dry-run, confirm and execute it; print what happened. ``named``
     (``rm``): the user asked for exactly these entries, so one left in place is a failure."""
+    for note in getattr(plan, "notes", ()):  # in every mode: what the plan went by instead
+        out.note(note)
+
     def human_plan() -> None:
         if plan.candidates:
             out.table(
@@ -101,8 +104,9 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
               help="A cache root that does not exist is nothing to prune (exit 0), not an error: for cron jobs and "
                    "image builds on nodes that have not cached anything yet.")
 @click.option("--max-size", "max_size", default=None, metavar="SIZE",
-              help="A size budget (50G, 500M, 10GiB): evict least recently used entries (by access time; by last "
-                   "write where the mount keeps none, after those) until the tree fits, as ccache/sccache do. "
+              help="A size budget (50G, 500M, 10GiB; a unit is required, 0 refused): evict least recently used "
+                   "entries (by access time; by last write where the mount keeps none, after those, or for every "
+                   "entry where access times cannot be trusted, with a note) until the tree fits, as ccache/sccache do. "
                    "With other filters, only entries they select are evicted.")
 @env_from_option
 @check_env_option

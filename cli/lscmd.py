@@ -14,6 +14,7 @@ import click
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.humanize import format_size, plural
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
+from autotune_cache.tree.atime import TimeSpan, atime_doubt
 from autotune_cache.tree.scan import CacheEntry, iter_entries
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store import Store
@@ -93,6 +94,7 @@ class _Totals:
     in_tree: int = 0  # before the filters: an empty answer is not an empty tree
     foreign: list = field(default_factory=list)
     versions_left_out: set = field(default_factory=set)  # of the entries --flashinfer-version left out
+    times: TimeSpan = field(default_factory=TimeSpan)  # of those listed: can their USED be trusted?
 
     def count(self, s: dict | None) -> bool:
         self.in_tree += 1
@@ -101,6 +103,7 @@ class _Totals:
                 self.versions_left_out.add(s[OTHER_VERSION])
             return False
         self.entries += 1
+        self.times.add(s["last_used"], s["last_modified"])
         self.rank_files += s["rank_files"] if isinstance(s["rank_files"], int) else len(s["rank_files"])
         self.size_on_disk += s["size_on_disk"]
         self.by_status[s["status"]] = self.by_status.get(s["status"], 0) + 1
@@ -126,6 +129,20 @@ def version_hint(asked: tuple[str, ...], totals: _Totals) -> str | None:
         return None
     present = ", ".join(sorted(v for v in totals.versions_left_out if v))
     return f"no entry under {', '.join(asked)}; the tree has {present} (versions match exactly)"
+
+
+def tree_atime_doubt(totals: _Totals, targets) -> str | None:
+    """Why the USED column of what was listed is not last use (a noatime mount, a copy's
+    access times), or None: asked once the walk is done."""
+    return next(filter(None, (atime_doubt(root.path, totals.times) for _, root in targets)), None)
+
+
+def closing_notes(out: Output, flt, totals: _Totals, targets) -> None:
+    """What an empty or misleading listing needs said, on stderr once the walk is done."""
+    if hint := version_hint(flt.flashinfer_versions, totals):
+        out.note(hint)
+    if doubt := tree_atime_doubt(totals, targets):
+        out.note(f"USED is not last use: {doubt}")
 
 
 def _picker(flt, now: float, full: bool):
@@ -193,8 +210,10 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
     pick = _picker(flt, now, as_json)
 
     def hint_versions() -> None:
-        if hint := version_hint(flt.flashinfer_versions, totals):
-            out.note(hint)
+        closing_notes(out, flt, totals, targets)
+
+    def atime() -> str | None:  # once the walk is done: every listed entry has been counted
+        return tree_atime_doubt(totals, targets)
 
     for layout, root in targets:
         for done in recover_journals_quietly(root.path, layout):
@@ -250,7 +269,7 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
               "roots": {layout.name: str(root.path) for layout, root in targets},
               "fingerprint": fingerprint.to_dict() if fingerprint else None},
         tail=lambda: {"findings": [f.to_dict() for _, seen in scans for f in seen] + totals.foreign,
-                      "totals": totals.to_dict()},
+                      "totals": totals.to_dict(), "atime": {"trusted": atime() is None, "why": atime()}},
     )
     if out.mode is not Mode.HUMAN:  # the human view says it under its footer
         hint_versions()

@@ -220,7 +220,8 @@ FILTER_HELP = {
     "older_than": "Only entries not modified for this long: a number with s, m, h, d or w, any case, or "
                   "their long forms (30d, 12h, 90min, 2 weeks); a bare number is refused.",
     "unused_for": "Only entries no engine has read for this long, from access times (30d). Where the "
-                  "filesystem keeps no access times (noatime mounts) last use is unknown and nothing is selected; "
+                  "filesystem keeps no access times (noatime mounts), or a copy left them (every entry read within "
+                  "seconds: rsync, a restore), last use is unknown and nothing is selected, with a note; "
                   "relatime (the Linux default) is exact to a day.",
 }
 

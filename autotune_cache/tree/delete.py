@@ -11,6 +11,7 @@ gone, temp files older than an hour) are removed too.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat as stat_mod
 import time
@@ -20,6 +21,7 @@ from typing import Callable
 
 from autotune_cache.errors import EntryLocked, FiAutotuneError, UsageError, os_error_message
 from autotune_cache.humanize import format_size, plural
+from autotune_cache.tree.atime import TimeSpan, atime_doubt
 from autotune_cache.tree.atomic import crashpoint, fsync_dir, remove_our_temps
 from autotune_cache.tree.dirs import list_dir, remove_empty_parents, remove_tree
 from autotune_cache.tree.entry_scan import scan_entry
@@ -138,6 +140,8 @@ class DeletePlan:
     already_deleted: tuple[str, ...] = ()
     #: Entries holding our own temp files (a killed ``convert``'s): removed under their lock.
     locked_temps: tuple[CacheEntry, ...] = ()
+    #: What the plan could not go by, and what it went by instead (access times it did not trust).
+    notes: tuple[str, ...] = ()
 
     @property
     def expected_freed_size(self) -> int:
@@ -159,6 +163,7 @@ class DeletePlan:
             "already_deleted": list(self.already_deleted),
             "temps_in": [str(e.id) for e in self.locked_temps],
             "expected_freed_size": self.expected_freed_size,
+            "notes": list(self.notes),
         }
 
     def check_writable(self) -> None:
@@ -259,6 +264,7 @@ def plan_prune(
         raise UsageError(f"--keep-latest {keep_latest}: keep at least 1 entry per deployment "
                          "(to delete entries, select them: --flashinfer-version, --status, --older-than)")
     now = time.time() if now is None else now
+    info, notes = _untrusted_atimes(info, max_size is not None, flt.unused_for is not None)
     beyond = beyond_latest(info.entries, keep_latest, prefer_version) if keep_latest is not None else {}
     def selected(e: CacheEntry):
         reasons = flt.reasons(e, now)
@@ -289,7 +295,26 @@ def plan_prune(
     ours = tuple(e for e in info.entries if e.id not in chosen
                  and any(t.path.name.startswith(OUR_PREFIX) and now - t.mtime < STALE_TEMP_AGE_S for t in e.temp_files))
     return DeletePlan(info.layout, info.root, tuple(candidates), leftovers, _left_alone(info, picked_unreadable),
-                      scan_fingerprint, locked_temps=ours)
+                      scan_fingerprint, locked_temps=ours, notes=notes)
+
+
+def _untrusted_atimes(info: CacheInfo, by_size: bool, by_use: bool) -> tuple[CacheInfo, tuple[str, ...]]:
+    """``info`` with last use unknown on every entry where the tree's access times say nothing
+    about use (``atime.atime_doubt``: a noatime mount, or a copy's access times), and notes
+    saying so and what ``--max-size`` / ``--unused-for`` go by instead. Unchanged otherwise."""
+    span = TimeSpan()
+    for e in info.entries:
+        span.add(e.last_used, e.last_modified)
+    doubt = atime_doubt(info.root, span) if (by_size or by_use) else None
+    if doubt is None:
+        return info, ()
+    notes = [f"access times cannot be trusted: {doubt}"]
+    if by_size:
+        notes.append("--max-size evicts by last write instead, oldest first")
+    if by_use:
+        notes.append("--unused-for selects nothing (last use unknown): use --older-than (last write) instead")
+    entries = tuple(dataclasses.replace(e, last_used=None) for e in info.entries)
+    return dataclasses.replace(info, entries=entries), tuple(notes)
 
 
 def plan_rm(info: CacheInfo, refs: tuple[str, ...], resumed: dict[EntryId, Finding] | None = None) -> DeletePlan:

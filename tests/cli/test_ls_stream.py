@@ -42,7 +42,7 @@ def test_quiet_json_and_table_list_the_same_entries_in_the_same_order(tmp_path):
         streamed.index(next(s for s in streamed if s.startswith("0.7.2.post1/")))
     data = json.loads(run_cli("ls", "--json", *cd).stdout)
     assert [e["id"] for e in data["entries"]] == streamed
-    assert list(data) == ["root", "roots", "fingerprint", "entries", "findings", "totals"]
+    assert list(data) == ["root", "roots", "fingerprint", "entries", "findings", "totals", "atime"]
     assert data["totals"]["entries"] == data["totals"]["in_tree"] == 8
     assert data["totals"]["by_status"] == {"complete": 3, "unverified": 5}
     assert all("row" not in e and "notes" not in e for e in data["entries"])

@@ -234,9 +234,9 @@ def test_access_times_left_by_a_copy_are_not_taken_for_use(root):
     apart they were written: "last used" would then rank a 60-day-old entry as fresh as one
     the engine reads every day. ls says so; --max-size evicts by last write and says it."""
     a, b, c = _three(root)
-    _times(root, a, used_s_ago=3, modified_days_ago=60)
+    _times(root, a, used_s_ago=1, modified_days_ago=60)
     _times(root, b, used_s_ago=2, modified_days_ago=1)
-    _times(root, c, used_s_ago=1, modified_days_ago=30)
+    _times(root, c, used_s_ago=3, modified_days_ago=30)  # the copy read it first
     listed = run_cli("ls", "--json", "--cache-dir", str(root))
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["atime"]["trusted"] is False
