@@ -201,6 +201,19 @@ def test_an_id_with_a_stray_character_deletes_nothing(tmp_path, make, form):
     assert not path.exists() and twin.is_dir()
 
 
+def test_a_store_id_with_a_stray_character_is_refused(tmp_path):
+    root, other, store = tmp_path / "tree", tmp_path / "other", tmp_path / "store"
+    eid = str(write_fake_entry(root, arch="sm90"))
+    url = f"file://{store}"
+    assert run_cli("push", url, "--cache-dir", str(root)).returncode == 0
+    for args in (("rm", "-y", url, eid + "\n"), ("rm", "-y", url, " " + eid.rpartition("/")[2]),
+                 ("pull", url, eid + "\r", "--cache-dir", str(other)), ("push", url, eid + "\n", "--cache-dir", str(root))):
+        proc = run_cli(*args)
+        assert proc.returncode == 2 and "not an entry id" in proc.stderr, (args, proc.stderr)
+    listed = run_cli("ls", "-q", url)
+    assert listed.stdout.split() == [eid], listed.stderr
+
+
 # --- 6. small ------------------------------------------------------------------------------------
 
 def test_a_version_the_tree_does_not_hold_names_those_it_does(root):
