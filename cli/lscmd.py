@@ -141,7 +141,7 @@ def closing_notes(out: Output, flt, totals: _Totals, targets) -> None:
     """What an empty or misleading listing needs said, on stderr once the walk is done."""
     if hint := version_hint(flt.flashinfer_versions, totals):
         out.note(hint)
-    if doubt := tree_atime_doubt(totals, targets):
+    if totals.entries and (doubt := tree_atime_doubt(totals, targets)):  # no USED column, nothing to doubt
         out.note(f"USED is not last use: {doubt}")
 
 
