@@ -49,8 +49,16 @@ def plural(n: int, singular: str, plural_form: str | None = None) -> str:
     return f"{n} {singular if n == 1 else (plural_form or singular + 's')}"
 
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*\Z")
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: One grammar for every duration and size option (docs/cli.md, "Units"): a number, optional
+#: spaces, a unit in any case. The unit is never optional: these values select entries to delete.
+_VALUE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*\Z")
+_DURATION_UNITS = {name: seconds for names, seconds in (
+    (("s", "sec", "secs", "second", "seconds"), 1),
+    (("m", "min", "mins", "minute", "minutes"), 60),
+    (("h", "hr", "hrs", "hour", "hours"), 3600),
+    (("d", "day", "days"), 86400),
+    (("w", "wk", "wks", "week", "weeks"), 7 * 86400),
+) for name in names}
 _ACCEPTED = "s (seconds), m (minutes), h (hours), d (days) or w (weeks)"
 
 
@@ -66,35 +74,47 @@ class Duration:
 
 
 def parse_duration(text: str) -> Duration:
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``.
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``; any case, and the long forms (``30 days``,
+    ``12hr``, ``90 minutes``).
 
     The unit is required: these spans select entries to delete, and a bare ``30`` meant as days
     but read as seconds would select everything. A unit we do not take (``2y``, ``1mo``) is named
     with the ones we do, rather than guessed (a year or a month has no single length)."""
-    m = _DURATION_RE.match(text)
+    m = _VALUE_RE.match(text)
     if not m:
         raise UsageError(f"invalid duration {text!r}: use a number with a unit, {_ACCEPTED} (e.g. 30d)")
     number, unit = m[1], m[2]
     if not unit:
         raise UsageError(f"duration {text.strip()!r} has no unit: write {number}d for days "
                          f"(units: {_ACCEPTED})")
-    if unit not in _DURATION_UNITS:
+    if unit.lower() not in _DURATION_UNITS:
         raise UsageError(f"unknown duration unit {unit!r} in {text.strip()!r}: use {_ACCEPTED} (e.g. 30d)")
-    return Duration(float(number) * _DURATION_UNITS[unit], text.strip())
+    return Duration(float(number) * _DURATION_UNITS[unit.lower()], text.strip())
 
 
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*\Z")
-_SIZE_UNITS = {u: 1000 ** i for i, u in enumerate(_UNITS)} | {u + "B": 1000 ** i for i, u in enumerate(_UNITS) if u != "B"} \
-    | {u + "iB": 1024 ** i for i, u in enumerate(_UNITS) if u != "B"}
+#: Sizes: K, M, G, T, P are powers of 1000 (as ``format_size`` prints them, and ``du --si``),
+#: KiB... PiB (or Ki... Pi) powers of 1024; a trailing B or b is bytes either way (a cache is
+#: never measured in bits, so ``50Gb`` is 50 GB, not a slip to refuse); ``B`` alone is bytes.
+_SIZE_UNITS = {"b": 1} | {
+    prefix + tail: base ** power
+    for power, prefix in enumerate("kmgtp", start=1)
+    for tail, base in (("", 1000), ("b", 1000), ("i", 1024), ("ib", 1024))
+}
+_SIZE_ACCEPTED = "K, M, G, T, P (powers of 1000) or KiB, MiB, GiB, TiB, PiB (powers of 1024), any case"
 
 
 def parse_size(text: str) -> int:
-    """``50G``, ``500M``, ``1.5T``, ``10GiB``, ``123`` (bytes): decimal units as ``format_size``
-    prints them (and ``du --si``), ``KiB``/``MiB``/``GiB`` for powers of 1024."""
-    m = _SIZE_RE.match(text)
-    unit = (m[2] or "B") if m else ""
-    norm = unit[:1].upper() + unit[1:] if unit else unit
-    if not m or norm not in _SIZE_UNITS:
-        raise UsageError(f"invalid size {text!r}: a number with an optional unit, "
-                         "K, M, G, T (powers of 1000) or KiB, MiB, GiB, TiB (e.g. 50G)")
-    return int(float(m[1]) * _SIZE_UNITS[norm])
+    """``50G``, ``500M``, ``1.5T``, ``10GiB``, ``50gb``, ``7B``; any case.
+
+    The unit is required, as a duration's: ``prune --max-size 50`` read as 50 bytes would evict
+    every entry, so a bare number is a usage error suggesting ``50G``."""
+    m = _VALUE_RE.match(text)
+    if not m:
+        raise UsageError(f"invalid size {text!r}: use a number with a unit, {_SIZE_ACCEPTED} (e.g. 50G)")
+    number, unit = m[1], m[2]
+    if unit == "":
+        raise UsageError(f"size {text.strip()!r} has no unit: write {number}G for gigabytes "
+                         f"(units: {_SIZE_ACCEPTED}; B for bytes)")
+    if unit.lower() not in _SIZE_UNITS:
+        raise UsageError(f"invalid size {text.strip()!r}: unknown unit {unit!r}; use {_SIZE_ACCEPTED} (e.g. 50G)")
+    return int(float(number) * _SIZE_UNITS[unit.lower()])

@@ -31,6 +31,9 @@ yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask for conf
 def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = False) -> None:
     """Print the plan; unless --dry-run, confirm and execute it; print what happened. ``named``
     (``rm``): the user asked for exactly these entries, so one left in place is a failure."""
+    for note in getattr(plan, "notes", ()):  # in every mode: what the plan went by instead
+        out.note(note)
+
     def human_plan() -> None:
         if plan.candidates:
             out.table(
@@ -92,16 +95,18 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
 @filter_options
 @size_filters
 @click.option("--other-versions", is_flag=True, help="Entries of every FlashInfer version but the installed one.")
-@click.option("--keep-latest", type=click.IntRange(min=0), default=None,
+@click.option("--keep-latest", type=int, default=None, metavar="N",
               help="Per deployment (same arch and key: every serving flag but the FlashInfer version), keep the N "
-                   "best entries: complete before incomplete; then the installed FlashInfer version (or --env-from's); "
-                   "then the newest version; then the most recently modified.")
+                   "(at least 1) best entries: first the installed FlashInfer version (or --env-from's), the only "
+                   "one the engine reads; then complete before unverified before incomplete; then the newest "
+                   "version; then the most recently modified.")
 @click.option("--missing-ok", is_flag=True,
               help="A cache root that does not exist is nothing to prune (exit 0), not an error: for cron jobs and "
                    "image builds on nodes that have not cached anything yet.")
 @click.option("--max-size", "max_size", default=None, metavar="SIZE",
-              help="A size budget (50G, 500M, 10GiB): evict least recently used entries (by access time; by last "
-                   "write where the mount keeps none, after those) until the tree fits, as ccache/sccache do. "
+              help="A size budget (50G, 500M, 10GiB; a unit is required, 0 refused): evict least recently used "
+                   "entries (by access time; by last write where the mount keeps none, after those, or for every "
+                   "entry where access times cannot be trusted, with a note) until the tree fits, as ccache/sccache do. "
                    "With other filters, only entries they select are evicted.")
 @env_from_option
 @check_env_option
@@ -122,6 +127,9 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
     """
     out = Output(as_json, quiet)
     budget = None if max_size is None else parse_size(max_size)
+    if budget == 0:  # a slip (a lost digit, an unset variable's default) must not empty the tree
+        raise UsageError(f"--max-size {max_size} keeps no entry: it would delete every entry; to empty the tree, "
+                         f"name them: {PROG} rm $({PROG} ls -q)")
     if store is not None:
         if keep_latest is not None or other_versions or check_env or max_size is not None:
             raise UsageError("--keep-latest, --max-size, --other-versions and --check-env work on a tree only")

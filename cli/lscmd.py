@@ -14,6 +14,7 @@ import click
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.humanize import format_size, plural
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
+from autotune_cache.tree.atime import TimeSpan, atime_doubt
 from autotune_cache.tree.scan import CacheEntry, iter_entries
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store import Store
@@ -92,12 +93,17 @@ class _Totals:
     by_status: dict = field(default_factory=dict)
     in_tree: int = 0  # before the filters: an empty answer is not an empty tree
     foreign: list = field(default_factory=list)
+    versions_left_out: set = field(default_factory=set)  # of the entries --flashinfer-version left out
+    times: TimeSpan = field(default_factory=TimeSpan)  # of those listed: can their USED be trusted?
 
     def count(self, s: dict | None) -> bool:
         self.in_tree += 1
-        if s is None:
+        if s is None or OTHER_VERSION in s:
+            if s is not None:
+                self.versions_left_out.add(s[OTHER_VERSION])
             return False
         self.entries += 1
+        self.times.add(s["last_used"], s["last_modified"])
         self.rank_files += s["rank_files"] if isinstance(s["rank_files"], int) else len(s["rank_files"])
         self.size_on_disk += s["size_on_disk"]
         self.by_status[s["status"]] = self.by_status.get(s["status"], 0) + 1
@@ -109,6 +115,46 @@ class _Totals:
         return {"entries": self.entries, "rank_files": self.rank_files, "size_on_disk": self.size_on_disk,
                 "by_status": {k: self.by_status[k] for k in order if self.by_status.get(k)},
                 "in_tree": self.in_tree}
+
+
+#: What ``pick`` returns for an entry ``--flashinfer-version`` left out: its version, so an empty
+#: answer can name the versions the tree does hold (``0.7.2`` asked, ``0.7.2.post1`` there).
+OTHER_VERSION = "other_version"
+
+
+def version_hint(asked: tuple[str, ...], totals: _Totals) -> str | None:
+    """"no entry under 0.7.2; the tree has 0.7.2.post1" when the versions asked for matched
+    nothing: an empty listing must not read as "nothing cached for my FlashInfer"."""
+    if not asked or totals.entries or not totals.versions_left_out:
+        return None
+    present = ", ".join(sorted(v for v in totals.versions_left_out if v))
+    return f"no entry under {', '.join(asked)}; the tree has {present} (versions match exactly)"
+
+
+def tree_atime_doubt(totals: _Totals, targets) -> str | None:
+    """Why the USED column of what was listed is not last use (a noatime mount, a copy's
+    access times), or None: asked once the walk is done."""
+    return next(filter(None, (atime_doubt(root.path, totals.times) for _, root in targets)), None)
+
+
+def closing_notes(out: Output, flt, totals: _Totals, targets) -> None:
+    """What an empty or misleading listing needs said, on stderr once the walk is done."""
+    if hint := version_hint(flt.flashinfer_versions, totals):
+        out.note(hint)
+    if totals.entries and (doubt := tree_atime_doubt(totals, targets)):  # no USED column, nothing to doubt
+        out.note(f"USED is not last use: {doubt}")
+
+
+def _picker(flt, now: float, full: bool):
+    """What the scan returns for each entry (maybe in a child process): its summary where the
+    filters select it; where ``--flashinfer-version`` leaves it out, its version."""
+    def pick(e: CacheEntry):
+        if flt.reasons(e, now) is not None:
+            return _summary(e, full)
+        if flt.flashinfer_versions and e.flashinfer_version not in flt.flashinfer_versions:
+            return {OTHER_VERSION: e.flashinfer_version}
+        return None
+    return pick
 
 
 def _first(entries, n: int):
@@ -161,8 +207,13 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
     now = time.time()
 
-    def pick(e: CacheEntry):
-        return _summary(e, as_json) if flt.reasons(e, now) is not None else None
+    pick = _picker(flt, now, as_json)
+
+    def hint_versions() -> None:
+        closing_notes(out, flt, totals, targets)
+
+    def atime() -> str | None:  # once the walk is done: every listed entry has been counted
+        return tree_atime_doubt(totals, targets)
 
     for layout, root in targets:
         for done in recover_journals_quietly(root.path, layout):
@@ -205,6 +256,7 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
         print_notes(out, notes)
         for f in (f for _, seen in scans for f in seen):  # complete now that the walk is done
             out.note(f"{f.kind}: {f.path}: {f.message}")
+        hint_versions()
 
     def bare(entries):
         for e in entries:
@@ -217,8 +269,10 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
               "roots": {layout.name: str(root.path) for layout, root in targets},
               "fingerprint": fingerprint.to_dict() if fingerprint else None},
         tail=lambda: {"findings": [f.to_dict() for _, seen in scans for f in seen] + totals.foreign,
-                      "totals": totals.to_dict()},
+                      "totals": totals.to_dict(), "atime": {"trusted": atime() is None, "why": atime()}},
     )
+    if out.mode is not Mode.HUMAN:  # the human view says it under its footer
+        hint_versions()
 
 
 def _print_roots(out: Output, cache_dir, layouts) -> None:

@@ -35,13 +35,15 @@ class DurationType(click.ParamType):
 class CommaList(click.ParamType):
     """Comma-separated values (the option may also repeat); each one normalized and checked."""
 
-    def __init__(self, name: str, normalize=lambda s: s, check=None, choices=None):
+    def __init__(self, name: str, normalize=lambda s: s, check=None, choices=None, hint=None):
         """``choices``: a list, or a function giving one when a value is checked (the registry's
-        layouts, which a test may extend after this module is imported)."""
+        layouts, which a test may extend after this module is imported). ``hint(raw)``: what to
+        add to "invalid ...", so a refusal says what would be taken."""
         self.name = name
         self.normalize = normalize
         self.check = check
         self.choices = choices
+        self.hint = hint
 
     def convert(self, value, param, ctx) -> tuple:
         if isinstance(value, tuple):
@@ -55,14 +57,23 @@ class CommaList(click.ParamType):
             if choices is not None and item not in choices:
                 self.fail(f"unknown {self.name} {raw.strip()!r}; known: {', '.join(choices)}", param, ctx)
             if self.check is not None and not self.check(item):
-                self.fail(f"invalid {self.name} {raw.strip()!r}", param, ctx)
+                hint = f": {self.hint(raw.strip())}" if self.hint is not None else ""
+                self.fail(f"invalid {self.name} {raw.strip()!r}{hint}", param, ctx)
             out.append(item)
         return tuple(out)
 
 
 _ARCH_RE = re.compile(r"^sm[0-9]{2,3}[a-z]?\Z")
 
-ARCHS = CommaList("arch", normalize=str.lower, check=lambda a: bool(_ARCH_RE.match(a)))
+
+def _arch_hint(raw: str) -> str:
+    """The accepted forms, and the nearest one where punctuation is all that differs (``sm_90``)."""
+    near = re.sub(r"[^a-z0-9]", "", raw.lower())
+    guess = f"; did you mean {near}?" if _ARCH_RE.match(near) else ""
+    return f"give sm<major><minor>[suffix], e.g. sm90, sm100a, SM90 (any case){guess}"
+
+
+ARCHS = CommaList("arch", normalize=str.lower, check=lambda a: bool(_ARCH_RE.match(a)), hint=_arch_hint)
 STATUSES = CommaList("status", normalize=str.lower, choices=EntryStatus.names())
 VERSIONS = CommaList("FlashInfer version", check=lambda v: bool(VERSION_RE.match(v)))
 DURATION = DurationType()
@@ -202,13 +213,15 @@ check_env_option = click.option(
 
 FILTER_HELP = {
     "model": "Only entries whose model path contains this (case-insensitive; entries without a manifest have none).",
-    "versions": "Only these FlashInfer versions (comma-separated or repeated).",
+    "versions": "Only these FlashInfer versions (comma-separated or repeated), matched exactly: 0.7.2 is not "
+                "0.7.2.post1 (ls names the versions the tree holds when none matches).",
     "arch": "Only these archs, e.g. sm90,sm100 (comma-separated or repeated, any case).",
     "status": "Only these statuses: " + ", ".join(EntryStatus.names()) + " (comma-separated or repeated).",
-    "older_than": "Only entries not modified for this long: a number with s, m, h, d or w (30d, 12h, 90m); "
-                  "a bare number is refused.",
+    "older_than": "Only entries not modified for this long: a number with s, m, h, d or w, any case, or "
+                  "their long forms (30d, 12h, 90min, 2 weeks); a bare number is refused.",
     "unused_for": "Only entries no engine has read for this long, from access times (30d). Where the "
-                  "filesystem keeps no access times (noatime mounts) last use is unknown and nothing is selected; "
+                  "filesystem keeps no access times (noatime mounts), or a copy left them (every entry read within "
+                  "seconds: rsync, a restore), last use is unknown and nothing is selected, with a note; "
                   "relatime (the Linux default) is exact to a day.",
 }
 
@@ -230,7 +243,8 @@ def filter_options(fn):
 
 size_filter_options = [
     click.option("--larger-than", default=None, metavar="SIZE",
-                 help="Entries taking more than SIZE on disk (50M, 1G, 10GiB), as docker's and hf's size filters."),
+                 help="Entries taking more than SIZE on disk (50M, 1G, 10GiB; a unit is required, any case), "
+                      "as docker's and hf's size filters."),
     click.option("--smaller-than", default=None, metavar="SIZE", help="Entries taking less than SIZE on disk."),
 ]
 

@@ -11,6 +11,7 @@ from autotune_cache.registry import default_layout, get_layout, layouts as known
 from autotune_cache.tune.quality import selection_summary
 from autotune_cache.tree.scan import CacheEntry, scan_cache
 from autotune_cache.tree.recovery import recover_journals
+from autotune_cache.tree.refs import exact_ref
 
 from .output import Output
 from .params import (
@@ -32,6 +33,8 @@ def scan_trees(cache_dir, layouts, refs, fingerprint=None, gone=None):
     ``--cache-dir`` otherwise) and resolve the ids there: [(entry, CacheInfo)]. ``gone(ref,
     infos)``: True for a ref found nowhere that is accounted for anyway (``rm``: an entry a
     killed rm had deleted); it is left out instead of failing."""
+    for ref in refs:
+        exact_ref(ref)  # before anything is scanned: a stray newline is a slip, not a missing entry
     names = list(flatten(layouts))
     for ref in refs:
         prefix, sep, _ = ref.partition(":")

@@ -11,6 +11,7 @@ gone, temp files older than an hour) are removed too.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat as stat_mod
 import time
@@ -20,12 +21,14 @@ from typing import Callable
 
 from autotune_cache.errors import EntryLocked, FiAutotuneError, UsageError, os_error_message
 from autotune_cache.humanize import format_size, plural
+from autotune_cache.tree.atime import TimeSpan, atime_doubt
 from autotune_cache.tree.atomic import crashpoint, fsync_dir, remove_our_temps
 from autotune_cache.tree.dirs import list_dir, remove_empty_parents, remove_tree
 from autotune_cache.tree.entry_scan import scan_entry
 from autotune_cache.tree.layout import OUR_PREFIX, TRASH_DIR_RE, CacheLayout, EntryId, trash_name
 from autotune_cache.tree.locks import dead_owner, entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
+from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.recovery import recover_journals, remove_leftover
 from autotune_cache.tree.select import EntryFilter, beyond_latest, over_budget
 from autotune_cache.tree.status import EntryStatus
@@ -137,6 +140,8 @@ class DeletePlan:
     already_deleted: tuple[str, ...] = ()
     #: Entries holding our own temp files (a killed ``convert``'s): removed under their lock.
     locked_temps: tuple[CacheEntry, ...] = ()
+    #: What the plan could not go by, and what it went by instead (access times it did not trust).
+    notes: tuple[str, ...] = ()
 
     @property
     def expected_freed_size(self) -> int:
@@ -158,6 +163,7 @@ class DeletePlan:
             "already_deleted": list(self.already_deleted),
             "temps_in": [str(e.id) for e in self.locked_temps],
             "expected_freed_size": self.expected_freed_size,
+            "notes": list(self.notes),
         }
 
     def check_writable(self) -> None:
@@ -254,9 +260,11 @@ def plan_prune(
             "nothing selected: give at least one of --older-than, --unused-for, --flashinfer-version, "
             "--other-versions, --status, --keep-latest, --max-size, --larger-than, --smaller-than, --model, --arch"
         )
-    if keep_latest is not None and keep_latest < 0:
-        raise UsageError("--keep-latest must be >= 0")
+    if keep_latest is not None and keep_latest < 1:  # 0 would delete every entry, each "kept"
+        raise UsageError(f"--keep-latest {keep_latest}: keep at least 1 entry per deployment "
+                         "(to delete entries, select them: --flashinfer-version, --status, --older-than)")
     now = time.time() if now is None else now
+    info, notes = _untrusted_atimes(info, max_size is not None, flt.unused_for is not None)
     beyond = beyond_latest(info.entries, keep_latest, prefer_version) if keep_latest is not None else {}
     def selected(e: CacheEntry):
         reasons = flt.reasons(e, now)
@@ -287,7 +295,26 @@ def plan_prune(
     ours = tuple(e for e in info.entries if e.id not in chosen
                  and any(t.path.name.startswith(OUR_PREFIX) and now - t.mtime < STALE_TEMP_AGE_S for t in e.temp_files))
     return DeletePlan(info.layout, info.root, tuple(candidates), leftovers, _left_alone(info, picked_unreadable),
-                      scan_fingerprint, locked_temps=ours)
+                      scan_fingerprint, locked_temps=ours, notes=notes)
+
+
+def _untrusted_atimes(info: CacheInfo, by_size: bool, by_use: bool) -> tuple[CacheInfo, tuple[str, ...]]:
+    """``info`` with last use unknown on every entry where the tree's access times say nothing
+    about use (``atime.atime_doubt``: a noatime mount, or a copy's access times), and notes
+    saying so and what ``--max-size`` / ``--unused-for`` go by instead. Unchanged otherwise."""
+    span = TimeSpan()
+    for e in info.entries:
+        span.add(e.last_used, e.last_modified)
+    doubt = atime_doubt(info.root, span) if (by_size or by_use) else None
+    if doubt is None:
+        return info, ()
+    notes = [f"access times cannot be trusted: {doubt}"]
+    if by_size:
+        notes.append("--max-size evicts by last write instead, oldest first")
+    if by_use:
+        notes.append("--unused-for selects nothing (last use unknown): use --older-than (last write) instead")
+    entries = tuple(dataclasses.replace(e, last_used=None) for e in info.entries)
+    return dataclasses.replace(info, entries=entries), tuple(notes)
 
 
 def plan_rm(info: CacheInfo, refs: tuple[str, ...], resumed: dict[EntryId, Finding] | None = None) -> DeletePlan:
@@ -306,7 +333,7 @@ def in_flight(info: CacheInfo, ref: str) -> tuple[EntryId, Finding] | None:
     """The entry ``ref`` names if a killed ``rm`` or ``prune`` was deleting it: a trash dir of
     that entry whose owner is gone (only then - a live deleter's trash, or an id that is simply
     not there, is no proof of anything). Its id is the trash dir's place plus the name in it."""
-    text = ref.strip().rstrip("/")
+    text = exact_ref(ref).rstrip("/")
     base = info.layout.base(info.root)
     for f in info.findings:
         m = TRASH_DIR_RE.match(f.path.name) if f.kind == "trash" else None

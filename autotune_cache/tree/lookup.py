@@ -44,5 +44,5 @@ def tree_of_entry_dir(path: Path) -> str | None:
 
 def wrong_tree_hint(layout: CacheLayout, ref: str) -> str | None:
     """Where ``ref`` belongs when it names an entry of another tree, or None."""
-    text = ref.strip().rstrip("/")
+    text = ref.rstrip("/")  # never stripped of spaces: ids match exactly (tree/refs.py)
     return tree_of_entry_dir(Path(ref)) or other_layout_id(layout, text)

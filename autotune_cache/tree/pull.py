@@ -21,6 +21,7 @@ from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.archive import ImportPlan, ImportResult, import_archives
 from autotune_cache.tree.layout import CacheLayout, EntryId
+from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.store import Store
 from autotune_cache.tree.storerecord import StoreError, StoreRecord
 from autotune_cache.tree.txn import StagedEntry, Transaction
@@ -43,7 +44,7 @@ class PullResult:
 
 def _id_of(store: Store, layout: CacheLayout, ref: str, listing: list | None) -> tuple[EntryId, list | None]:
     """The id a ref names in the store: an id of the layout, or a bare key naming one entry."""
-    eid = layout.parse_id(ref)
+    eid = layout.parse_id(exact_ref(ref))
     if eid is not None:
         return eid, listing
     listing = listing if listing is not None else store.records(layout.name)

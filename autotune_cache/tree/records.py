@@ -19,6 +19,7 @@ from autotune_cache.registry import get_layout
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.lookup import wrong_tree_hint
 from autotune_cache.tree.manifest import Manifest
+from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.status import EntryStatus
 
 
@@ -236,7 +237,7 @@ class CacheInfo:
         """The entries ``ref`` names: an id, a key, a unique key prefix (at least
         ``MIN_PREFIX`` hex digits, alone or at the end of an id, as docker and git take), or
         an entry's path. A key or prefix that names several is refused, listing them."""
-        text = ref.strip().rstrip("/")
+        text = exact_ref(ref).rstrip("/")
         eid = self.layout.parse_id(text)
         if eid is not None:
             matches = [e for e in self.entries if e.id == eid]

@@ -89,10 +89,12 @@ def _status_rank(e: CacheEntry) -> int:
 
 
 def beyond_latest(entries: tuple[CacheEntry, ...], n: int, prefer_version: str | None = None) -> dict[str, CacheEntry]:
-    """Per deployment, the entries beyond the ``n`` best. Best: complete ones first (an incomplete
-    entry is never kept over a complete one); then the FlashInfer version that will read them
+    """Per deployment, the entries beyond the ``n`` best (``n`` >= 1: keeping none is no
+    "latest", and ``prune`` refuses 0). Best: first the FlashInfer version that will read them
     (``prefer_version``: the installed one, or the serving image's from ``--env-from``), since
-    the engine ignores every other version's directory; then the newest version; then the most
+    the engine ignores every other version's directory - an entry under a version nobody runs,
+    however complete, never displaces one the engine reads (an engine-written one is unverified);
+    then complete before unverified before the rest; then the newest version; then the most
     recently modified (a ``touch`` must not outrank the version in use). Maps each id beyond to
     the entry that ranks first in its group."""
     groups: dict[tuple, list[CacheEntry]] = {}
@@ -105,7 +107,8 @@ def beyond_latest(entries: tuple[CacheEntry, ...], n: int, prefer_version: str |
         group.sort(key=lambda e: str(e.id))
         group.sort(key=lambda e: e.last_modified, reverse=True)
         group.sort(key=lambda e: version_order(e.flashinfer_version), reverse=True)
-        group.sort(key=lambda e: (_status_rank(e), prefer_version is None or e.flashinfer_version != prefer_version))
+        group.sort(key=_status_rank)
+        group.sort(key=lambda e: prefer_version is None or e.flashinfer_version != prefer_version)
         for e in group[n:]:
             out[str(e.id)] = group[0]
     return out

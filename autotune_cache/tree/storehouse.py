@@ -26,6 +26,7 @@ from autotune_cache.tree.atomic import crashpoint
 from autotune_cache.tree.delete import STALE_TEMP_AGE_S, Candidate, DeleteResult
 from autotune_cache.tree.layout import LOCKS_DIRNAME
 from autotune_cache.tree.locks import dead_owner
+from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store import MARKER, STORE_FORMAT, TEMP_PREFIX, Store
@@ -218,7 +219,7 @@ def plan_store_delete(store: Store, flt: EntryFilter | None = None, refs: tuple[
     if refs:
         views = {str(v.id): v for v in record_views(records, fingerprint)}
         picked = []
-        for ref in refs:
+        for ref in map(exact_ref, refs):
             matches = [v for k, v in views.items() if ref in (k, v.id.name, str(v.id.path_str))]
             if len(matches) > 1:
                 raise UsageError(f"{ref!r} names {len(matches)} entries in {store}; give one id: "

@@ -235,19 +235,19 @@ def test_prune_max_size_evicts_least_recently_used_until_the_tree_fits(root):
     total = sum(sizes.values())
     cd = ["--cache-dir", str(root)]
     # one byte over the budget once a is gone: a alone goes (the least recently used)
-    plan = run_json("prune", "--max-size", str(total - sizes[str(a)]), "--dry-run", *cd)
+    plan = run_json("prune", "--max-size", f"{total - sizes[str(a)]}B", "--dry-run", *cd)
     assert [e["id"] for e in plan["plan"]["entries"]] == [str(a)]
     assert "least recently used (used 3d ago)" in plan["plan"]["entries"][0]["reasons"][-1]
     # with a filter only what it selects may go, however old the rest
-    plan = run_json("prune", "--max-size", "1", "--model", "Qwen/Qwen3-30B-A3B", "--dry-run", *cd)
+    plan = run_json("prune", "--max-size", "1B", "--model", "Qwen/Qwen3-30B-A3B", "--dry-run", *cd)
     assert sorted(e["id"] for e in plan["plan"]["entries"]) == sorted([str(b), str(c)])
     # an entry the filters keep is never counted as evicted: b, the filter's least recent, goes
-    plan = run_json("prune", "--max-size", str(total - min(sizes.values())), "--model", "Qwen/Qwen3-30B-A3B",
+    plan = run_json("prune", "--max-size", f"{total - min(sizes.values())}B", "--model", "Qwen/Qwen3-30B-A3B",
                     "--dry-run", *cd)
     assert [e["id"] for e in plan["plan"]["entries"]] == [str(b)]
     # a budget the tree already fits: nothing
-    assert run_json("prune", "--max-size", f"{total}", "--dry-run", *cd)["plan"]["entries"] == []
-    proc = run_cli("prune", "--max-size", str(total - sizes[str(a)] - 1), "-y", *cd)
+    assert run_json("prune", "--max-size", f"{total}B", "--dry-run", *cd)["plan"]["entries"] == []
+    proc = run_cli("prune", "--max-size", f"{total - sizes[str(a)] - 1}B", "-y", *cd)
     assert proc.returncode == 0, proc.stderr
     assert sorted(ids(root)) == [str(c)]  # a, then b (older use) went; c, used last, stays
     bad = run_cli("prune", "--max-size", "50X", *cd)
@@ -303,8 +303,9 @@ def test_keep_latest_groups_by_deployment_and_prefers_complete(root):
     age(root, tp8dp8, 10)
     plan = run_json("prune", "--keep-latest", "1", "--dry-run", "--cache-dir", str(root))
     assert plan["plan"]["entries"] == []
-    older_complete = write_fake_entry(root, fields=default_fields("A", tp=2, dp=1), flashinfer_version="0.7.1")
-    newer_incomplete = write_fake_entry(root, fields=default_fields("A", tp=2, dp=1))
+    # (neither version is installed here: the installed one is kept first, whatever its status)
+    older_complete = write_fake_entry(root, fields=default_fields("A", tp=2, dp=1), flashinfer_version="0.7.0")
+    newer_incomplete = write_fake_entry(root, fields=default_fields("A", tp=2, dp=1), flashinfer_version="0.7.1")
     (entry_path(root, newer_incomplete) / "rank_tp1_pp0_dp0.json").unlink()
     age(root, older_complete, 20)
     plan = run_json("prune", "--keep-latest", "1", "--dry-run", "--cache-dir", str(root))

@@ -42,7 +42,7 @@ def test_quiet_json_and_table_list_the_same_entries_in_the_same_order(tmp_path):
         streamed.index(next(s for s in streamed if s.startswith("0.7.2.post1/")))
     data = json.loads(run_cli("ls", "--json", *cd).stdout)
     assert [e["id"] for e in data["entries"]] == streamed
-    assert list(data) == ["format", "root", "roots", "fingerprint", "entries", "findings", "totals"]
+    assert list(data) == ["format", "root", "roots", "fingerprint", "entries", "findings", "totals", "atime"]
     assert data["totals"]["entries"] == data["totals"]["in_tree"] == 8
     assert data["totals"]["by_status"] == {"complete": 3, "unverified": 5}
     assert all("row" not in e and "notes" not in e for e in data["entries"])
@@ -92,11 +92,11 @@ def test_limit_reverse_and_size_filters(tmp_path):
     assert "(the first 3 shown: --limit)" in table and "\n8 entries" in table
     sizes = {e["id"]: e["size_on_disk"] for e in json.loads(run_cli("ls", "--json", *cd).stdout)["entries"]}
     cut = sorted(sizes.values())[len(sizes) // 2]
-    big = run_cli("ls", "-q", "--larger-than", str(cut), *cd).stdout.split()
-    small = run_cli("ls", "-q", "--smaller-than", str(cut), *cd).stdout.split()
+    big = run_cli("ls", "-q", "--larger-than", f"{cut}B", *cd).stdout.split()
+    small = run_cli("ls", "-q", "--smaller-than", f"{cut}B", *cd).stdout.split()
     assert sorted(big) == sorted(i for i, s in sizes.items() if s > cut)
     assert sorted(small) == sorted(i for i, s in sizes.items() if s < cut)
-    plan = json.loads(run_cli("prune", "--larger-than", str(cut), "--dry-run", "--json", *cd).stdout)
+    plan = json.loads(run_cli("prune", "--larger-than", f"{cut}B", "--dry-run", "--json", *cd).stdout)
     assert sorted(e["id"] for e in plan["plan"]["entries"]) == sorted(big)
     bad = run_cli("ls", "--larger-than", "ten", *cd)
     assert bad.returncode == 2 and "invalid size 'ten'" in bad.stderr

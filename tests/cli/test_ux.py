@@ -158,8 +158,9 @@ def test_keep_latest_prefers_the_env_from_version_then_the_newest(root, tmp_path
 
 
 def test_keep_latest_help_says_the_order():
-    text = " ".join(run_cli("prune", "--help").stdout.split())
-    assert "then the installed FlashInfer version (or --env-from's); then the newest version; then the most recently modified" in text
+    text = "".join(run_cli("prune", "--help").stdout.split())  # click wraps at spaces and hyphens
+    assert "".join("first the installed FlashInfer version (or --env-from's), the only one the engine reads; then complete "
+            "before unverified before incomplete; then the newest version; then the most recently modified".split()) in text
 
 
 # --- Ctrl-C: 130 and one line, from the first instruction on --------------------------------------
