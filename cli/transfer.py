@@ -70,7 +70,7 @@ def planned_import(layout, root, stream, label: str) -> list[tuple[str, int]]:
 
 def dry_run_listing(out: Output, verb: str, rows: list[tuple[str, int]], where: str) -> None:
     """``--dry-run`` of push, pull, export and import: what would move, nothing changed."""
-    past = {"push": "pushed to", "pull": "pulled from", "export": "exported to", "import": "imported from"}[verb]
+    past = {"push": "pushed to", "pull": "pulled from", "export": "exported to", "import": "imported into"}[verb]
 
     def human() -> None:
         for entry_id, size in rows:
