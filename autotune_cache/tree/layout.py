@@ -167,8 +167,10 @@ class CacheLayout(ABC):
         ``files``, ``metadata`` and ``records``; raises FiAutotuneError for what the engine would reject."""
         raise NotImplementedError(f"the {self.name} layout imports through a transaction")
 
-    def merge_bundle(self, root: Path, eid: EntryId, staged, force: bool) -> tuple[int, int, str | None]:
-        """A merged layout's write of one staged entry: (files written, unchanged, refusal)."""
+    def merge_bundle(self, root: Path, eid: EntryId, staged, force: bool,
+                     dry_run: bool = False) -> tuple[int, int, str | None]:
+        """A merged layout's write of one staged entry: (files written, unchanged, refusal);
+        ``dry_run``: the same answer, nothing written."""
         raise NotImplementedError(f"the {self.name} layout imports through a transaction")
 
     def publish_tuning(self, root: Path, rank_bytes: dict[str, bytes]):

@@ -73,8 +73,9 @@ class FlashInferV2Layout(CacheLayout):
     def stage_bundle(self, eid: EntryId, files: dict[str, bytes]) -> StagedEnv:
         return checked_env(eid.name, files)
 
-    def merge_bundle(self, root: Path, eid: EntryId, staged: StagedEnv, force: bool) -> tuple[int, int, str | None]:
-        return merge_env(self, root, eid, staged, force)
+    def merge_bundle(self, root: Path, eid: EntryId, staged: StagedEnv, force: bool,
+                     dry_run: bool = False) -> tuple[int, int, str | None]:
+        return merge_env(self, root, eid, staged, force, dry_run)
 
     def environment_key(self, metadata: dict) -> str:
         return env_hash(store_manifest(metadata))
