@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
+from tests.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry, write_vllm_entry
 
 from ..conftest import run_cli
 from .test_pull_verify import store  # noqa: F401 - the store fixture (file:// and S3)
@@ -174,3 +174,21 @@ def test_fresh_empty_and_unrelated_roots_are_still_roots(tmp_path):
     other.mkdir(parents=True)
     for root in (tmp_path / "fresh" / "cache", empty, tmp_path / "srv"):
         assert ok("import", str(archive), "--cache-dir", str(root))["imported"], root
+
+
+def test_the_vllm_and_flashinfer_v2_layouts_name_their_own_roots(tmp_path):
+    vroot = tmp_path / "vllm"
+    entry = write_vllm_entry(vroot, "ab" * 32)
+    for inside in (vroot / "flashinfer_autotune_cache", entry.parent, entry):
+        proc = run_cli("ls", "--layout", "vllm", "--cache-dir", str(inside))
+        assert proc.returncode == 2 and f"--cache-dir {vroot}" in proc.stderr, proc.stderr
+    assert [e["id"] for e in ok("ls", "--layout", "vllm", "--cache-dir", str(vroot))["entries"]]
+    froot = tmp_path / "fi"
+    env = froot / "v2" / "0123456789abcdef"
+    (env / "entries").mkdir(parents=True)
+    for inside in (froot / "v2", env):
+        proc = run_cli("ls", "--layout", "flashinfer-v2", "--cache-dir", str(inside))
+        assert proc.returncode == 2 and f"--cache-dir {froot}" in proc.stderr, proc.stderr
+    named_v2 = tmp_path / "stores" / "v2"  # a root may be called v2: nothing of a store inside it
+    named_v2.mkdir(parents=True)
+    assert run_cli("ls", "--layout", "flashinfer-v2", "--cache-dir", str(named_v2)).returncode == 0
