@@ -192,3 +192,18 @@ def test_the_vllm_and_flashinfer_v2_layouts_name_their_own_roots(tmp_path):
     named_v2 = tmp_path / "stores" / "v2"  # a root may be called v2: nothing of a store inside it
     named_v2.mkdir(parents=True)
     assert run_cli("ls", "--layout", "flashinfer-v2", "--cache-dir", str(named_v2)).returncode == 0
+
+
+def test_import_dry_run_refuses_a_conflict_the_import_refuses(tmp_path):
+    src, dest, archive = tmp_path / "src", tmp_path / "dest", tmp_path / "a.tgz"
+    eid = str(write_fake_entry(src))
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(src)).returncode == 0
+    write_fake_entry(dest, seed=7)  # the same id, other tactics
+    before = {p: p.read_bytes() for p in rank_files(dest)}
+    real = run_cli("import", str(archive), "--cache-dir", str(dest))
+    dry = run_cli("import", str(archive), "--cache-dir", str(dest), "--dry-run")
+    assert real.returncode == 1 and dry.returncode == 1, dry.stdout + dry.stderr
+    assert eid in dry.stderr and "would be imported" not in dry.stdout
+    assert {p: p.read_bytes() for p in rank_files(dest)} == before
+    forced = ok("import", str(archive), "--cache-dir", str(dest), "--dry-run", "--force")
+    assert [e["id"] for e in forced["entries"]] == [eid] and {p: p.read_bytes() for p in rank_files(dest)} == before
