@@ -48,7 +48,7 @@ def _plan_from_serving_flags(layout, refs, kw, fingerprint, root):
         given = [o.spelling for o in SERVING_OPTIONS if o.name not in FILTERING + NEUTRAL and o.name in kw
                  and ctx.get_parameter_source(o.name) == click.core.ParameterSource.COMMANDLINE]
         if given:
-            raise UsageError(f"{', '.join(given)} name an entry only with --model or --model-path; without them pull "
+            raise UsageError(f"{', '.join(given)} {'names' if len(given) == 1 else 'name'} an entry only with --model or --model-path; without them pull "
                              "selects by id and by --arch, --flashinfer-version, --status, --older-than, "
                              "--larger-than, --smaller-than (as `ls URL`)")
         return None

@@ -154,9 +154,10 @@ def pull(store: Store, layout: CacheLayout, root, records: list[StoreRecord], *,
         judged = [(rec, bundle_metadata(txn.staged[rec.id])) for rec in records]
         refused = [] if any_env else environment_refusals(judged, fingerprint, target_gpu)
         if refused and (not only_compatible or len(refused) == len(records)):
-            every = " (every one selected)" if only_compatible else f" ({ONLY_COMPATIBLE_HINT})"
-            raise PullRefused(f"nothing was pulled: {len(refused)} bundle(s) are for another GPU or environment"
-                              + every, refused)
+            why = ("every one selected is for another GPU or environment (--only-compatible found none to take)"
+                   if only_compatible else f"{len(refused)} bundle(s) are for another GPU or environment "
+                   f"({ONLY_COMPATIBLE_HINT})")
+            raise PullRefused(f"nothing was pulled: {why}", refused)
         for rec, why in refused:
             txn.drop(rec.id)
             left_out.append((rec, why))
