@@ -283,6 +283,9 @@ MUTATIONS = [
     ('31: pull refuses serving flags it would ignore', 'cli/pullcmd.py',
      '        if given:\n', '        if False:\n',
      'tests/tree/test_transfer_decisions.py::test_pull_refuses_serving_flags_it_would_ignore'),
+    ("31: a merged store's dry run refuses what its merge refuses", 'autotune_cache/engines/flashinfer_v2/bundle.py',
+     '        return (0, 0, why) if why else', '        return (0, 0, None) if why else',
+     'tests/tree/test_transfer_decisions.py::test_a_merged_stores_import_dry_run_refuses_what_the_import_refuses'),
 ]
 
 

@@ -14,6 +14,7 @@ import pytest
 from tests.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry, write_vllm_entry
 
 from ..conftest import run_cli
+from ..engines.test_v2_bundles import V2, env_dir as v2_env_dir, store_root as v2_root, tree as v2_tree  # noqa: F401
 from .test_pull_verify import store  # noqa: F401 - the store fixture (file:// and S3)
 
 H100 = {"gpu": "NVIDIA H100 80GB HBM3"}
@@ -207,3 +208,21 @@ def test_import_dry_run_refuses_a_conflict_the_import_refuses(tmp_path):
     assert {p: p.read_bytes() for p in rank_files(dest)} == before
     forced = ok("import", str(archive), "--cache-dir", str(dest), "--dry-run", "--force")
     assert [e["id"] for e in forced["entries"]] == [eid] and {p: p.read_bytes() for p in rank_files(dest)} == before
+
+
+def test_a_merged_stores_import_dry_run_refuses_what_the_import_refuses(v2_root, tmp_path):
+    """FlashInfer's managed store merges file by file: its dry run asks the same question."""
+    bundle, target = tmp_path / "a.tgz", tmp_path / "other"
+    assert run_cli("export", *V2, "--cache-dir", str(v2_root), "-o", str(bundle)).returncode == 0
+    assert run_cli("import", *V2, "--cache-dir", str(target), str(bundle)).returncode == 0
+    victim = sorted((v2_env_dir(target) / "entries").glob("*.json"))[0]
+    local = json.loads(victim.read_text())
+    local["tactic"] = [7]  # this host tuned one of the bundle's keys to another tactic
+    victim.write_text(json.dumps(local, indent=2, sort_keys=True))
+    before = v2_tree(target)
+    real = run_cli("import", *V2, "--cache-dir", str(target), str(bundle))
+    dry = run_cli("import", *V2, "--cache-dir", str(target), str(bundle), "--dry-run")
+    assert real.returncode == 1 and dry.returncode == 1, dry.stdout + dry.stderr
+    assert "already there with other content" in dry.stderr and v2_tree(target) == before
+    forced = ok("import", *V2, "--cache-dir", str(target), str(bundle), "--dry-run", "--force")
+    assert len(forced["entries"]) == 1 and v2_tree(target) == before
