@@ -262,21 +262,27 @@ def check_store(plan: TuningPlan, layout: CacheLayout, report: CheckReport, fing
     store = Store(url)
     rec = store.record(layout.name, plan.entry_id)
     if rec is None:
-        candidates = []
-        try:
-            records = store.records(layout.name)
-        except Exception:  # noqa: BLE001 - an HTTP store may not list; the miss stands without a neighbour
-            records = []
-        for r in records:
-            kf = None
-            if r.key_fields:
-                try:
-                    kf = KeyFields.from_dict(r.key_fields)
-                except ValueError:
-                    kf = None
-            candidates.append(Candidate(r.id, kf, r.gpu))
-        why = nearest_difference(plan, layout, candidates)
-        report.misses.append(f"no entry {plan.entry_id} in {store}" + (f": {why}" if why else ""))
+        report.misses.append(store_miss(plan, layout, store))
         return
     report.found = True
     check_files(plan, layout, report, files_of_bundle(store.fetch(rec), layout, plan.entry_id), fingerprint)
+
+
+def store_miss(plan: TuningPlan, layout: CacheLayout, store: Store) -> str:
+    """The line a store without the plan's entry reads, with how the nearest entry there differs
+    (``check --store`` and ``pull`` by serving flags say it alike)."""
+    candidates = []
+    try:
+        records = store.records(layout.name)
+    except Exception:  # noqa: BLE001 - an HTTP store may not list; the miss stands without a neighbour
+        records = []
+    for r in records:
+        kf = None
+        if r.key_fields:
+            try:
+                kf = KeyFields.from_dict(r.key_fields)
+            except ValueError:
+                kf = None
+        candidates.append(Candidate(r.id, kf, r.gpu))
+    why = nearest_difference(plan, layout, candidates)
+    return f"no entry {plan.entry_id} in {store}" + (f": {why}" if why else "")

@@ -27,7 +27,7 @@ COMMANDS = {
     "plan": "plancmd:plan_cmd", "warm": "warmcmd:warm_cmd", "verify": "verifycmd:verify_cmd",
     "check": "checkcmd:check_cmd", "ls": "lscmd:ls_cmd", "show": "tree:show_cmd", "prune": "cleanup:prune_cmd",
     "rm": "cleanup:rm_cmd", "export": "transfer:export_cmd", "import": "transfer:import_cmd",
-    "push": "storecmd:push_cmd", "pull": "storecmd:pull_cmd", "convert": "convertcmd:convert_cmd",
+    "push": "storecmd:push_cmd", "pull": "pullcmd:pull_cmd", "convert": "convertcmd:convert_cmd",
     "diff": "diffcmd:diff_cmd", "env": "envcmd:env_cmd", "key": "keycmd:key_cmd",
 }
 

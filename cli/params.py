@@ -91,14 +91,19 @@ def flatten(values) -> tuple:
 
 
 def resolve_root(cache_dir: str | None, *, must_exist: bool, layout: CacheLayout | None = None) -> RootChoice:
-    """``--cache-dir`` or the engine's own root. A path that is a file is a usage error; a root
-    that does not exist is an error for commands that read (exit 1), naming where it came from."""
+    """``--cache-dir`` or the engine's own root. A path that is a file is a usage error, and so is
+    a ``--cache-dir`` inside a tree or holding a nested one (the layout says: ``misplaced_root``),
+    which would read as empty and be written into where no engine reads; a root that does not
+    exist is an error for commands that read (exit 1), naming where it came from."""
     layout = layout or default_layout()
     if cache_dir is None and not layout.configured():
         raise UsageError(f"the {layout.name} layout's root is {layout.default_root().source}, which is not set "
                          "here: set it or give --cache-dir")
     choice = RootChoice(Path(cache_dir), "--cache-dir") if cache_dir is not None else layout.default_root()
     root = choice.path
+    misplaced = layout.misplaced_root(root) if cache_dir is not None else None
+    if misplaced is not None:
+        raise UsageError(f"--cache-dir {root} is {misplaced.what}: {misplaced.fix}")
     if root.exists() and not root.is_dir():
         raise UsageError(f"cache root {str(root)!r} (from {choice.source}) exists and is not a directory")
     if must_exist and not root.exists():

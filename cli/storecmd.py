@@ -1,4 +1,4 @@
-"""``push`` and ``pull``: entries to and from a remote store (s3://, gs://, file://, https://)."""
+"""``push``: entries to a remote store (s3://, gs://, file://, https://); ``pull`` is in pullcmd."""
 
 from __future__ import annotations
 
@@ -7,10 +7,7 @@ from pathlib import Path
 
 import click
 
-from autotune_cache.autotuner.fingerprint import Fingerprint
-from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
-from autotune_cache.registry import layouts
-from autotune_cache.tree.pull import PullRefused, pull, select_records
+from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.store import Store, bundle_of
 from autotune_cache.tree.storehouse import sweep_temps, unseal
@@ -18,10 +15,8 @@ from autotune_cache.tree.storerecord import is_store_url
 
 from .output import Output
 from .params import (
-    archive_layout_option, cache_dir_option, entry_filter, env_from_option, filter_options, json_option, resolve_root,
-    timeout_option,
+    archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root, timeout_option,
 )
-from .serving import build_plan, machine_of, request_from, serving_options
 from .transfer import dry_run_listing, exportable
 from .tree import recover_journals_quietly
 
@@ -105,88 +100,3 @@ def _unseal(out: Output, url: str, refs: tuple[str, ...], seal: bool) -> None:
     changed = unseal(store)
     out.emit(human=lambda: out.line(f"{store} is writable again" if changed else f"{store} was not sealed"),
              data={"store": str(store), "unsealed": changed})
-
-
-def _local_gpu_name() -> str | None:
-    """This machine's GPU model (NVML or nvidia-smi; no CUDA context, no torch), if any."""
-    info = machine_of().detect_gpus()
-    return info.names[0] if info.count else None
-
-
-def _ids_from_serving_flags(layout, refs, kw, fingerprint, root, out):
-    """The entry the serving flags map to ([] when the server would not autotune), or None
-    when no serving flags were given."""
-    if not (kw["model"] or kw["model_path"]):
-        return None
-    if not layout.key_from_serving_flags:
-        named = ", ".join(n for n, lay in layouts().items() if lay.key_from_serving_flags)
-        raise UsageError(f"serving flags name {named} entries only ({layout.name}'s key comes from the engine "
-                         "itself): pull by id")
-    if refs:
-        raise UsageError("name entries by ID or by serving flags, not both")
-    plan = build_plan(request_from(kw).for_target(fingerprint), str(root.path))
-    if not plan.autotunes:
-        out.note("the server would not autotune with these flags: nothing to pull")
-        return []
-    return [plan.entry_id]
-
-
-@click.command("pull")
-@click.argument("url")
-@click.argument("refs", nargs=-1, metavar="[ID]...")
-@serving_options
-@archive_layout_option
-@env_from_option
-@click.option("--force", is_flag=True, help="Replace a different complete entry, or one tuned on another GPU model.")
-@click.option("--any-env", is_flag=True, help="Pull bundles tuned on another GPU model or software stack too.")
-@click.option("--dry-run", is_flag=True, help="Print which entries would be pulled; fetch and change nothing.")
-@timeout_option
-@json_option
-def pull_cmd(url, refs, layout, env_from, force, any_env, dry_run, as_json, **kw):
-    """Fetch entries from a store, verify each bundle's sha256, and import them all or none.
-
-    Name them by ID, or by the serving flags (--model/--model-path and the server's flags:
-    the entry those flags map to), or give neither to pull everything. A bundle tuned for
-    another GPU model or environment than the target's (--env-from env.json, else this
-    machine's GPU) is refused unless --any-env.
-    """
-    out = Output(as_json)
-    store = Store(url)
-    fingerprint = Fingerprint.load(env_from) if env_from else None
-    root = resolve_root(kw["cache_dir"], must_exist=False, layout=layout)
-    ids = _ids_from_serving_flags(layout, refs, kw, fingerprint, root, out)
-    if ids == []:
-        out.emit(human=lambda: None, data={"store": str(store), "imported": [], "unchanged": []})
-        return
-    if dry_run:
-        records = select_records(store, layout, refs, ids)
-        for line in store.unreadable:
-            out.warn(line)
-        return dry_run_listing(out, "pull", [(str(r.id), r.size) for r in records], str(store))
-    try:
-        pulled = pull(store, layout, root.path, refs=refs, ids=ids, fingerprint=fingerprint, any_env=any_env,
-                      local_gpu=None if fingerprint is not None else _local_gpu_name(), force=force)
-    except PullRefused as e:
-        for rec, why in e.refused:
-            out.error(f"{rec.id}: {why}")
-        raise
-    finally:
-        for line in store.unreadable:  # index records left out: the others were pulled
-            out.warn(line)
-    if pulled.unchecked:
-        out.note("no --env-from and no GPU here: the bundles' environment was not checked "
-                 "(`fi-autotune check --env-from env.json` can do it later)")
-    result = pulled.imported
-
-    def human() -> None:
-        for entry_id in result.imported:
-            out.line(f"pulled     {entry_id}")
-        for entry_id in result.unchanged:
-            out.line(f"unchanged  {entry_id}")
-
-    out.emit(human=human, data={"store": str(store), **result.to_dict()}, ids=list(result.imported))
-    for entry_id, why in result.refused:
-        out.error(f"{entry_id}: {why}")
-    if result.refused:
-        out.error(f"nothing was pulled ({len(result.refused)} entries refused)")
-        raise click.exceptions.Exit(int(ExitCode.FAILURE))

@@ -45,32 +45,25 @@ def exportable(out: Output, entries, include_incomplete: bool, verb: str = "push
     return chosen
 
 
-class _Planned(Exception):
-    """Raised from an import's check to stop it before its commit: what it staged."""
+def planned_import(layout, root, stream, label: str, force: bool = False) -> tuple[list[tuple[str, int]], object]:
+    """(id, bytes) of each entry an archive would install, and the import's result: read,
+    validated, staged and decided (refusals included) exactly as ``import`` does, then
+    discarded before the commit (the transaction removes its staging, and any directory it made)."""
+    sizes: dict[str, int] = {}
 
-    def __init__(self, rows: list[tuple[str, int]]):
-        super().__init__("dry run")
-        self.rows = rows
+    def measure(plans, txn) -> None:
+        for plan in plans:
+            for eid in plan.entries:
+                if eid in txn.staged:
+                    sizes[str(eid)] = sum(r.size for r in txn.staged[eid].records.values())
 
-
-def planned_import(layout, root, stream, label: str) -> list[tuple[str, int]]:
-    """(id, bytes) of each entry an archive would install: read, validated and staged exactly
-    as ``import`` does, then discarded before the commit (the transaction removes its staging,
-    and any directory it made)."""
-    def stop(plans, txn) -> None:
-        raise _Planned([(str(eid), sum(r.size for r in txn.staged[eid].records.values()))
-                        for plan in plans for eid in sorted(plan.entries) if eid in txn.staged])
-
-    try:
-        import_archives(layout, root, [(stream, label)], check=stop)
-    except _Planned as p:
-        return p.rows
-    return []
+    result = import_archives(layout, root, [(stream, label)], force=force, check=measure, dry_run=True)
+    return [(i, sizes.get(i, 0)) for i in result.imported], result
 
 
 def dry_run_listing(out: Output, verb: str, rows: list[tuple[str, int]], where: str) -> None:
     """``--dry-run`` of push, pull, export and import: what would move, nothing changed."""
-    past = {"push": "pushed to", "pull": "pulled from", "export": "exported to", "import": "imported from"}[verb]
+    past = {"push": "pushed to", "pull": "pulled from", "export": "exported to", "import": "imported into"}[verb]
 
     def human() -> None:
         for entry_id, size in rows:
@@ -173,8 +166,11 @@ def import_cmd(archive, cache_dir, layout, force, dry_run, as_json):
         label = archive
     try:
         if dry_run:
-            return dry_run_listing(out, "import", planned_import(layout, root.path, stream, label), str(root.path))
-        result = import_archive(layout, root.path, stream, label, force=force)
+            rows, result = planned_import(layout, root.path, stream, label, force)
+            if not result.refused:
+                return dry_run_listing(out, "import", rows, str(root.path))
+        else:
+            result = import_archive(layout, root.path, stream, label, force=force)
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
@@ -189,9 +185,11 @@ def import_cmd(archive, cache_dir, layout, force, dry_run, as_json):
         for entry_id in result.unchanged:
             out.line(f"unchanged  {entry_id}")
 
-    out.emit(human=human, data=result.to_dict(), ids=list(result.imported))
+    if not dry_run:
+        out.emit(human=human, data=result.to_dict(), ids=list(result.imported))
     for entry_id, why in result.refused:
         out.error(f"{entry_id}: {why}")
     if result.refused:
-        out.error(f"nothing was imported ({len(result.refused)} of the archive's entries refused)")
+        out.error(f"nothing {'would be' if dry_run else 'was'} imported ({len(result.refused)} of the archive's "
+                  "entries refused)")
         raise click.exceptions.Exit(int(ExitCode.FAILURE))

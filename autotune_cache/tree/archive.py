@@ -259,12 +259,15 @@ def import_archive(layout: CacheLayout, root, stream: BinaryIO, label: str, *, f
 
 
 def import_archives(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str]], *, force: bool = False,
-                    check: Callable[[list[ImportPlan], Transaction], None] | None = None) -> ImportResult:
+                    check: Callable[[list[ImportPlan], Transaction], None] | None = None,
+                    dry_run: bool = False) -> ImportResult:
     """Import every entry of several archives (``pull``'s bundles) in one transaction: all or none.
     ``check(plans, txn)`` sees what each archive staged before anything is committed, and raises
-    to refuse it all: ``pull`` judges the bundles' own contents there, not the store's records."""
+    to refuse it all, or drops entries (``txn.drop``): ``pull`` judges the bundles' own contents
+    there, not the store's records. ``dry_run``: every decision made, nothing committed; the
+    result says what would be imported, unchanged and refused."""
     if layout.data_dirs:
-        return _import_merged(layout, root, sources, force, check)
+        return _import_merged(layout, root, sources, force, check, dry_run)
     txn = Transaction(layout, root)
     skipped: list = []
     incomplete: list = []
@@ -277,7 +280,7 @@ def import_archives(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str
         incomplete = finish_staged(layout, txn)
         if check is not None:
             check(plans, txn)
-        result = txn.commit(replace_policy(layout, root, force))
+        result = (txn.preview if dry_run else txn.commit)(replace_policy(layout, root, force))
     except OSError as e:
         raise FiAutotuneError(f"cannot import {sources[0][1] if len(sources) == 1 else 'the bundles'}: "
                               f"{os_error_message(e)}; nothing was written") from None
@@ -295,9 +298,12 @@ class MergedStaging:
 
     staged: dict = field(default_factory=dict)
 
+    def drop(self, eid: EntryId) -> None:
+        del self.staged[eid]
+
 
 def _import_merged(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str]], force: bool,
-                   check: Callable | None) -> ImportResult:
+                   check: Callable | None, dry_run: bool = False) -> ImportResult:
     """A layout whose entries others write into while they run (``data_dirs``): every bundle read
     and checked first, then each entry merged file by file (``merge_bundle``); an entry refused
     there (a conflict without --force) is left as it was and reported."""
@@ -318,7 +324,7 @@ def _import_merged(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str]
     imported, unchanged, refused = [], [], []
     try:
         for eid, staged in staging.staged.items():
-            written, _same, why = layout.merge_bundle(root, eid, staged, force)
+            written, _same, why = layout.merge_bundle(root, eid, staged, force, dry_run=dry_run)
             if why is not None:
                 refused.append((str(eid), why))
             else:

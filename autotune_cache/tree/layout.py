@@ -110,6 +110,15 @@ class RootChoice:
         return f"{self.path} (from {self.source})"
 
 
+@dataclass(frozen=True)
+class Misplaced:
+    """A directory given as a root that is not one: the root meant, and what the directory is."""
+
+    root: Path
+    what: str  # follows "--cache-dir X is": "the flashinfer/autotune dir of the sglang tree at R, not its root"
+    fix: str  # what to do instead: "give --cache-dir <root>"
+
+
 class CacheLayout(ABC):
     """The shape of one engine's cache tree. Subclasses are stateless singletons."""
 
@@ -167,8 +176,10 @@ class CacheLayout(ABC):
         ``files``, ``metadata`` and ``records``; raises FiAutotuneError for what the engine would reject."""
         raise NotImplementedError(f"the {self.name} layout imports through a transaction")
 
-    def merge_bundle(self, root: Path, eid: EntryId, staged, force: bool) -> tuple[int, int, str | None]:
-        """A merged layout's write of one staged entry: (files written, unchanged, refusal)."""
+    def merge_bundle(self, root: Path, eid: EntryId, staged, force: bool,
+                     dry_run: bool = False) -> tuple[int, int, str | None]:
+        """A merged layout's write of one staged entry: (files written, unchanged, refusal);
+        ``dry_run``: the same answer, nothing written."""
         raise NotImplementedError(f"the {self.name} layout imports through a transaction")
 
     def publish_tuning(self, root: Path, rank_bytes: dict[str, bytes]):
@@ -182,6 +193,37 @@ class CacheLayout(ABC):
 
     def base(self, root: Path) -> Path:
         return Path(root).joinpath(*self.base_parts())
+
+    def misplaced_root(self, path: Path) -> Misplaced | None:
+        """``path`` given as this layout's root but lying inside a tree (its base dir, or a level
+        under it down to an entry dir), or holding a tree nested in its own base (what writing
+        with the base dir as the root leaves; no engine reads it): the root meant, else None.
+
+        Read from the names alone (the base's, then each level's pattern), so that a root given
+        one level off is refused before anything reads it as empty or writes a nested tree
+        into it, whether it exists or not. A layout without a base dir of its own cannot tell
+        its root from a level by name and answers None; one whose base name is common
+        overrides this with a look at the disk (``flashinfer-v2``)."""
+        base = self.base_parts()
+        if not base:
+            return None
+        parts = Path(os.path.abspath(path)).parts
+        for depth in range(len(self.levels) + 1):
+            head, rest = parts[:len(parts) - depth], parts[len(parts) - depth:]
+            if not all(level.valid(name) for level, name in zip(self.levels, rest)):
+                continue
+            if len(head) > len(base) and head[-len(base):] == base:
+                root = Path(*head[:-len(base)])
+                what = f"a {self.levels[depth - 1].name} dir" if depth else f"the {'/'.join(base)} dir"
+                what += f" of the {self.name} tree at {root}, not its root"
+                return Misplaced(root, what, f"give --cache-dir {root}")
+        here = self.base(Path(path))
+        nested = here.joinpath(*base)
+        if nested.is_dir():
+            return Misplaced(Path(path), f"a root holding a second tree nested inside its own at {nested} (written with "
+                                         f"--cache-dir {here}; no engine reads it)",
+                             f"move what {nested} holds up into {here}, remove it, and run again")
+        return None
 
     def entry_dir(self, root: Path, eid: EntryId) -> Path:
         return self.base(root).joinpath(*eid.parts)

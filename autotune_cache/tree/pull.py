@@ -37,9 +37,12 @@ class PullRefused(FiAutotuneError):
 
 @dataclass(frozen=True)
 class PullResult:
+    #: With ``dry_run``: what would be imported, unchanged and refused; nothing was.
     imported: ImportResult
     #: True when neither a fingerprint nor a local GPU could judge the bundles' environment.
     unchecked: bool
+    #: (record, why) of the bundles for another environment left out (``only_compatible``).
+    left_out: tuple[tuple[StoreRecord, str], ...] = ()
 
 
 def _id_of(store: Store, layout: CacheLayout, ref: str, listing: list | None) -> tuple[EntryId, list | None]:
@@ -125,15 +128,23 @@ def environment_refusals(judged: list[tuple[StoreRecord, dict]], fingerprint: Fi
     return refused
 
 
-def pull(store: Store, layout: CacheLayout, root, *, refs: tuple[str, ...] = (), ids: list[EntryId] | None = None,
+#: What a refusal for another environment tells the user to do: take the others, never only
+#: ``--any-env`` (which would install the refused ones too).
+ONLY_COMPATIBLE_HINT = "--only-compatible pulls the others and leaves these; --any-env pulls them all anyway"
+
+
+def pull(store: Store, layout: CacheLayout, root, records: list[StoreRecord], *,
          fingerprint: Fingerprint | None = None, local_gpu: str | None = None, any_env: bool = False,
-         force: bool = False) -> PullResult:
-    """Fetch the selected bundles (``select_records``), verify them, and import them all or none.
-    Each bundle is staged and judged by what it holds (``bundle_disagreement``, then the
-    environment of its rank files) before anything is committed. The target environment is
-    ``fingerprint``'s, else the GPU model ``local_gpu``."""
-    records = select_records(store, layout, refs, ids)
+         only_compatible: bool = False, force: bool = False, dry_run: bool = False) -> PullResult:
+    """Fetch the bundles of ``records`` (``select_records``, filtered), verify them, and import
+    them all or none. Each bundle is staged and judged by what it holds (``bundle_disagreement``,
+    then the environment of its rank files) before anything is committed; ``only_compatible``
+    leaves out the bundles for another environment instead of refusing them all. The target
+    environment is ``fingerprint``'s, else the GPU model ``local_gpu``. ``dry_run`` makes every
+    one of these decisions, and the commit's (a conflicting entry), and commits nothing: the
+    preview refuses what the pull would refuse."""
     target_gpu = fingerprint.gpu if fingerprint is not None else local_gpu
+    left_out: list[tuple[StoreRecord, str]] = []
 
     def verify(plans: list[ImportPlan], txn: Transaction) -> None:
         for rec, plan in zip(records, plans):
@@ -142,11 +153,17 @@ def pull(store: Store, layout: CacheLayout, root, *, refs: tuple[str, ...] = (),
                 raise StoreError(f"{rec.id}: {why}: refusing it (the store's index record or bundle was edited); "
                                  "nothing was pulled")
         judged = [(rec, bundle_metadata(txn.staged[rec.id])) for rec in records]
-        refused = environment_refusals(judged, fingerprint, target_gpu)
-        if refused and not any_env:
-            raise PullRefused(f"nothing was pulled: {len(refused)} bundle(s) are for another GPU or environment "
-                              "(--any-env pulls them anyway)", refused)
+        refused = [] if any_env else environment_refusals(judged, fingerprint, target_gpu)
+        if refused and (not only_compatible or len(refused) == len(records)):
+            why = ("every one selected is for another GPU or environment (--only-compatible found none to take)"
+                   if only_compatible else f"{len(refused)} bundle(s) are for another GPU or environment "
+                   f"({ONLY_COMPATIBLE_HINT})")
+            raise PullRefused(f"nothing was pulled: {why}", refused)
+        for rec, why in refused:
+            txn.drop(rec.id)
+            left_out.append((rec, why))
 
     sources = [(io.BytesIO(store.fetch(rec)), f"{store} {rec.id}") for rec in records]
-    result = import_archives(layout, root, sources, force=force, check=verify)
-    return PullResult(result, unchecked=fingerprint is None and target_gpu is None and not any_env)
+    result = import_archives(layout, root, sources, force=force, check=verify, dry_run=dry_run)
+    return PullResult(result, unchecked=fingerprint is None and target_gpu is None and not any_env,
+                      left_out=tuple(left_out))

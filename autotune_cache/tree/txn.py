@@ -169,20 +169,7 @@ class Transaction:
             with contextlib.ExitStack() as locks, deferred_signals():
                 for eid in sorted(self.staged):
                     locks.enter_context(entry_lock(self.layout, self.root, eid, lock_timeout))
-                todo, unchanged, refused = [], [], []
-                for eid in sorted(self.staged):
-                    s = self.staged[eid]
-                    if not s.finished:
-                        self.finish_entry(eid, None)
-                    why = _replaceable(self.layout, s.target)
-                    if why is None and check is not None:
-                        why = check(s, s.target)
-                    if why == "same":
-                        unchanged.append(s)
-                    elif why is not None:
-                        refused.append((eid, why))
-                    else:
-                        todo.append(s)
+                todo, unchanged, refused = self._decide(check)
                 if refused:
                     return CommitResult((), (), tuple(refused))
                 for s in unchanged:
@@ -194,6 +181,42 @@ class Transaction:
                 return CommitResult(tuple(s.eid for s in todo), tuple(s.eid for s in unchanged), ())
         finally:
             self.discard()
+
+    def _decide(self, check: Check | None) -> tuple[list[StagedEntry], list[StagedEntry], list]:
+        """(to swap in, unchanged, refused (id, why)): every decision ``commit`` acts on."""
+        todo, unchanged, refused = [], [], []
+        for eid in sorted(self.staged):
+            s = self.staged[eid]
+            if not s.finished:
+                self.finish_entry(eid, None)
+            why = _replaceable(self.layout, s.target)
+            if why is None and check is not None:
+                why = check(s, s.target)
+            if why == "same":
+                unchanged.append(s)
+            elif why is not None:
+                refused.append((eid, why))
+            else:
+                todo.append(s)
+        return todo, unchanged, refused
+
+    def preview(self, check: Check | None = None) -> CommitResult:
+        """What ``commit`` would do now, doing none of it: a ``--dry-run`` that decides as the
+        run does (refusals included). No locks are taken: a preview must not wait on a writer
+        nor leave lock files behind; the run decides again under them."""
+        try:
+            todo, unchanged, refused = self._decide(check)
+            if refused:
+                return CommitResult((), (), tuple(refused))
+            return CommitResult(tuple(s.eid for s in todo), tuple(s.eid for s in unchanged), ())
+        finally:
+            self.discard()
+
+    def drop(self, eid: EntryId) -> None:
+        """Leave one staged entry out of the commit (``pull --only-compatible``)."""
+        s = self.staged.pop(eid)
+        remove_tree(s.stage)
+        remove_empty_parents(s.stage, self.base)
 
     def _swap_all(self, todo: list[StagedEntry]) -> None:
         jdir = ensure_tree_dirs(self.base, (self.layout.journal_dir(self.root).name,))

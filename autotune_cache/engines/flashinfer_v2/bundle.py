@@ -87,23 +87,38 @@ def _current(path: Path) -> bytes | None:
         return b""
 
 
-def merge_env(layout, root: Path, eid, staged: StagedEnv, force: bool) -> tuple[int, int, str | None]:
+def _merge_refusal(current: dict[str, bytes | None], staged: StagedEnv, force: bool) -> str | None:
+    """Why merging ``staged`` over the files ``current`` holds is refused, or None."""
+    for fname, here in sorted(current.items()):
+        if here is None or here == staged.files[fname]:
+            continue
+        if fname == MANIFEST:
+            return f"its {MANIFEST} differs from the bundle's"
+        if not force:
+            return (f"{fname} is already there with other content (another tuning of the same key): "
+                    "--force replaces it")
+    return None
+
+
+def merge_env(layout, root: Path, eid, staged: StagedEnv, force: bool,
+              dry_run: bool = False) -> tuple[int, int, str | None]:
     """(written, unchanged, refusal) of merging one checked environment into the store at
-    ``root``; with a refusal nothing of it was written."""
+    ``root``; with a refusal nothing of it was written. ``dry_run``: the same decisions as the
+    store is now, nothing written and no lock taken (a preview neither waits nor leaves one)."""
     env_dir = layout.entry_dir(root, eid)
+    if dry_run:
+        current = {fname: _current(env_dir / fname) for fname in staged.files}
+        why = _merge_refusal(current, staged, force)
+        changed = sum(1 for f in staged.files if f != MANIFEST and current[f] != staged.files[f])
+        return (0, 0, why) if why else (changed, len(staged.files) - (MANIFEST in staged.files) - changed, None)
     Path(root).mkdir(parents=True, exist_ok=True)
     ensure_tree_dirs(Path(root), layout.base_parts())  # where the lock lives
     with entry_lock(layout, root, eid, timeout=120):
         # as it is now, under the lock every writer of this directory but FlashInfer takes
         current = {fname: _current(env_dir / fname) for fname in staged.files}
-        for fname, here in sorted(current.items()):
-            if here is None or here == staged.files[fname]:
-                continue
-            if fname == MANIFEST:
-                return 0, 0, f"its {MANIFEST} differs from the bundle's"
-            if not force:
-                return 0, 0, (f"{fname} is already there with other content (another tuning of the same key): "
-                              "--force replaces it")
+        why = _merge_refusal(current, staged, force)
+        if why:
+            return 0, 0, why
         ensure_tree_dirs(Path(root), layout.base_parts() + eid.parts + (ENTRIES,))
         written = unchanged = 0
         for fname in sorted(staged.files, key=lambda f: f != MANIFEST):  # the manifest first, as FlashInfer

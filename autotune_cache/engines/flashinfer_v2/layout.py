@@ -21,7 +21,7 @@ from autotune_cache.engines.flashinfer_v2.convert import write_entry
 from autotune_cache.engines.flashinfer_v2.store import (ENTRIES, MANIFEST, V2Result, default_root, entry_name, env_hash,
                                                        lacking, merge_rank_files, store_manifest, write_store)
 from autotune_cache.plan.topology import Topology
-from autotune_cache.tree.layout import TEMP_FILE_RE, CacheLayout, EntryId, Level, NameKind, RootChoice
+from autotune_cache.tree.layout import TEMP_FILE_RE, CacheLayout, EntryId, Level, Misplaced, NameKind, RootChoice
 from autotune_cache.tree.records import CacheEntry, Finding, finding_for
 from autotune_cache.tree.status import EntryStatus
 
@@ -48,6 +48,21 @@ class FlashInferV2Layout(CacheLayout):
     def base_parts(self) -> tuple[str, ...]:
         return ("v2",)
 
+    def misplaced_root(self, path: Path) -> Misplaced | None:
+        """As every layout's, but ``v2`` is a common name (a root may well be called that): a
+        directory counts as this store's v2 dir only when it holds environment dirs, and as an
+        environment dir only when it holds FlashInfer's ``entries`` dir."""
+        found = super().misplaced_root(path)
+        if found is None or found.root == Path(path):
+            return found  # a nested v2/v2 is seen on disk already
+        p = Path(path)
+        if (p / ENTRIES).is_dir() and ENV_RE.match(p.name):
+            return found
+        try:
+            return found if any(ENV_RE.match(c.name) and (c / ENTRIES).is_dir() for c in p.iterdir()) else None
+        except OSError:
+            return None
+
     def classify(self, name: str, is_dir: bool) -> NameKind:
         if name.startswith(ENTRIES + "/"):  # an entry file, named from the environment dir (bundles)
             return NameKind.DATA if not is_dir and ENTRY_RE.match(name[len(ENTRIES) + 1:]) else NameKind.FOREIGN
@@ -73,8 +88,9 @@ class FlashInferV2Layout(CacheLayout):
     def stage_bundle(self, eid: EntryId, files: dict[str, bytes]) -> StagedEnv:
         return checked_env(eid.name, files)
 
-    def merge_bundle(self, root: Path, eid: EntryId, staged: StagedEnv, force: bool) -> tuple[int, int, str | None]:
-        return merge_env(self, root, eid, staged, force)
+    def merge_bundle(self, root: Path, eid: EntryId, staged: StagedEnv, force: bool,
+                     dry_run: bool = False) -> tuple[int, int, str | None]:
+        return merge_env(self, root, eid, staged, force, dry_run)
 
     def environment_key(self, metadata: dict) -> str:
         return env_hash(store_manifest(metadata))

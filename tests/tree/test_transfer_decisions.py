@@ -1,0 +1,228 @@
+"""What a transfer says it will do is what it does: ``pull --dry-run`` decides as the pull does,
+``pull`` applies the filters ``ls URL`` takes (or refuses flags it would ignore), a pull that
+misses names the nearest entry, and a ``--cache-dir`` one level off a tree's root is refused
+naming the root instead of reading as empty or being written into. Real processes, real trees,
+a file:// store and a real S3 server on loopback (moto)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry, write_vllm_entry
+
+from ..conftest import run_cli
+from ..engines.test_v2_bundles import V2, env_dir as v2_env_dir, store_root as v2_root, tree as v2_tree  # noqa: F401
+from .test_pull_verify import store  # noqa: F401 - the store fixture (file:// and S3)
+
+H100 = {"gpu": "NVIDIA H100 80GB HBM3"}
+
+
+def ok(*args) -> dict:
+    proc = run_cli(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def env_file(tmp_path: Path, **fields) -> str:
+    path = tmp_path / "env.json"
+    path.write_text(json.dumps({"fingerprint": {**DEFAULT_METADATA, **fields}, "arch": "sm100"}))
+    return str(path)
+
+
+def mixed_store(url: str, src: Path) -> tuple[str, list[str]]:
+    """One entry tuned on an H200 (the target), two on an H100, pushed to ``url``."""
+    good = str(write_fake_entry(src))
+    others = sorted(str(write_fake_entry(src, fields=default_fields(f"org/m{i}", tp=2, dp=1), seed=i, metadata=H100))
+                    for i in (1, 2))
+    assert run_cli("push", url, "--cache-dir", str(src)).returncode == 0
+    return good, others
+
+
+def rank_files(root: Path) -> list[Path]:
+    return sorted(root.rglob("rank_*.json")) if root.exists() else []
+
+
+# --- 1. a dry run decides as the run does --------------------------------------------------------
+
+def test_pull_dry_run_refuses_what_the_pull_refuses_and_the_hint_takes_only_the_compatible(store, tmp_path):
+    good, others = mixed_store(store.url, tmp_path / "src")
+    env, dest = env_file(tmp_path), tmp_path / "dest"
+    args = ("pull", store.url, "--env-from", env, "--cache-dir", str(dest))
+    dry = run_cli(*args, "--dry-run")
+    real = run_cli(*args)
+    assert real.returncode == 1 and not rank_files(dest)
+    assert dry.returncode == real.returncode, dry.stdout + dry.stderr
+    assert "would be pulled" not in dry.stdout
+    for proc in (dry, real):
+        assert "--only-compatible" in proc.stderr and all(o in proc.stderr for o in others)
+    would = ok(*args, "--only-compatible", "--dry-run")
+    assert [e["id"] for e in would["entries"]] == [good] and not rank_files(dest)
+    pulled = ok(*args, "--only-compatible")
+    assert pulled["imported"] == [good]
+    assert {p.parent.name for p in rank_files(dest)} == {good.rsplit("/", 1)[1]}
+
+
+def test_pull_dry_run_refuses_a_conflict_the_pull_refuses(tmp_path):
+    url, src, dest = f"file://{tmp_path / 'store'}", tmp_path / "src", tmp_path / "dest"
+    eid = str(write_fake_entry(src))
+    assert run_cli("push", url, "--cache-dir", str(src)).returncode == 0
+    write_fake_entry(dest, seed=7)  # the same id, other tactics: a different complete entry
+    before = {p: p.read_bytes() for p in rank_files(dest)}
+    real = run_cli("pull", url, "--any-env", "--cache-dir", str(dest))
+    dry = run_cli("pull", url, "--any-env", "--cache-dir", str(dest), "--dry-run")
+    assert real.returncode == 1 and dry.returncode == 1, dry.stdout + dry.stderr
+    assert eid in dry.stderr and "would be pulled" not in dry.stdout
+    assert {p: p.read_bytes() for p in rank_files(dest)} == before
+
+
+# --- 2. pull takes ls URL's filters ------------------------------------------------------------------
+
+def test_pull_applies_the_filters_ls_url_takes(tmp_path):
+    url, src = f"file://{tmp_path / 'store'}", tmp_path / "src"
+    glm = str(write_fake_entry(src))
+    m1 = str(write_fake_entry(src, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1))
+    m2 = str(write_fake_entry(src, fields=default_fields("org/m2", tp=2, dp=1), arch="sm90", seed=2,
+                              flashinfer_version="0.6.0"))
+    assert run_cli("push", url, "--cache-dir", str(src)).returncode == 0
+    for flags, want in ((("--arch", "sm90"), [m1, m2]),
+                        (("--arch", "sm90", "--flashinfer-version", "0.6.0"), [m2]),
+                        (("--flashinfer-version", "0.7.2.post1"), [glm, m1]),
+                        (("--status", "complete", "--arch", "sm100"), [glm])):
+        listed = sorted(e["id"] for e in ok("ls", url, *flags)["entries"])
+        assert listed == sorted(want), flags
+        dest = tmp_path / f"dest-{'-'.join(flags)}"
+        would = ok("pull", url, *flags, "--any-env", "--cache-dir", str(dest), "--dry-run")
+        assert sorted(e["id"] for e in would["entries"]) == listed, flags
+        assert sorted(ok("pull", url, *flags, "--any-env", "--cache-dir", str(dest))["imported"]) == listed, flags
+    nothing = run_cli("pull", url, "--arch", "sm120", "--any-env", "--cache-dir", str(tmp_path / "none"))
+    assert nothing.returncode == 1 and not rank_files(tmp_path / "none")
+
+
+def test_pull_refuses_serving_flags_it_would_ignore(tmp_path):
+    url, src = f"file://{tmp_path / 'store'}", tmp_path / "src"
+    write_fake_entry(src)
+    assert run_cli("push", url, "--cache-dir", str(src)).returncode == 0
+    proc = run_cli("pull", url, "--tp", "8", "--any-env", "--cache-dir", str(tmp_path / "dest"))
+    assert proc.returncode == 2 and "--tp" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not rank_files(tmp_path / "dest")
+
+
+# --- 3. a miss names the nearest entry -------------------------------------------------------------
+
+def test_a_pull_by_serving_flags_that_misses_names_the_nearest_entry(tmp_path):
+    url, src = f"file://{tmp_path / 'store'}", tmp_path / "src"
+    write_fake_entry(src)  # GLM-5.1 tp8 dp8
+    assert run_cli("push", url, "--cache-dir", str(src)).returncode == 0
+    proc = run_cli("pull", url, "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "4",
+                   "--env-from", env_file(tmp_path), "--cache-dir", str(tmp_path / "dest"))
+    assert proc.returncode == 1, proc.stderr
+    assert "nearest entry" in proc.stderr and "attention-DP size" in proc.stderr, proc.stderr
+
+
+# --- 4. import --dry-run's wording -------------------------------------------------------------
+
+def test_import_dry_run_says_into_the_destination(tmp_path):
+    src, dest, archive = tmp_path / "src", tmp_path / "dest", tmp_path / "a.tgz"
+    write_fake_entry(src)
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(src)).returncode == 0
+    proc = run_cli("import", str(archive), "--cache-dir", str(dest), "--dry-run")
+    assert proc.returncode == 0 and f"would be imported into {dest}" in proc.stdout, proc.stdout
+    assert "imported from" not in proc.stdout and not dest.exists()
+
+
+# --- 5. a root one level off ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("depth", [0, 1, 2, 3])
+def test_a_cache_dir_inside_a_tree_is_refused_naming_the_root(tmp_path, depth):
+    root = tmp_path / "cache"
+    eid = write_fake_entry(root)
+    archive = tmp_path / "a.tgz"
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(root)).returncode == 0
+    inside = root.joinpath("flashinfer", "autotune", *eid.parts[:depth])
+    before = sorted(p for p in root.rglob("*"))
+    for args in (("ls",), ("prune", "--older-than", "1s", "-y"), ("import", str(archive)), ("export", "-o", "-"),
+                 ("rm", str(eid), "-y"), ("push", f"file://{tmp_path / 'store'}"),
+                 ("pull", f"file://{tmp_path / 'store'}", "--any-env")):
+        proc = run_cli(*args, "--cache-dir", str(inside))
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert f"--cache-dir {root}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert sorted(p for p in root.rglob("*")) == before and not (tmp_path / "store").exists()
+
+
+def test_a_tree_nested_inside_a_tree_is_named_and_never_written(tmp_path):
+    root, src, archive = tmp_path / "cache", tmp_path / "src", tmp_path / "a.tgz"
+    write_fake_entry(src)
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(src)).returncode == 0
+    nested = root / "flashinfer" / "autotune" / "flashinfer" / "autotune"
+    nested.mkdir(parents=True)  # what an older import into <root>/flashinfer/autotune left
+    for args in (("ls",), ("import", str(archive))):
+        proc = run_cli(*args, "--cache-dir", str(root))
+        assert proc.returncode == 2 and str(nested) in proc.stderr, proc.stderr
+    assert not rank_files(root)
+
+
+def test_fresh_empty_and_unrelated_roots_are_still_roots(tmp_path):
+    src, archive = tmp_path / "src", tmp_path / "a.tgz"
+    write_fake_entry(src)
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(src)).returncode == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert ok("ls", "--cache-dir", str(empty))["entries"] == []
+    other = tmp_path / "srv" / "x" / "flashinfer" / "autotune"  # <given>/x/flashinfer/autotune: not nested
+    other.mkdir(parents=True)
+    for root in (tmp_path / "fresh" / "cache", empty, tmp_path / "srv"):
+        assert ok("import", str(archive), "--cache-dir", str(root))["imported"], root
+
+
+def test_the_vllm_and_flashinfer_v2_layouts_name_their_own_roots(tmp_path):
+    vroot = tmp_path / "vllm"
+    entry = write_vllm_entry(vroot, "ab" * 32)
+    for inside in (vroot / "flashinfer_autotune_cache", entry.parent, entry):
+        proc = run_cli("ls", "--layout", "vllm", "--cache-dir", str(inside))
+        assert proc.returncode == 2 and f"--cache-dir {vroot}" in proc.stderr, proc.stderr
+    assert [e["id"] for e in ok("ls", "--layout", "vllm", "--cache-dir", str(vroot))["entries"]]
+    froot = tmp_path / "fi"
+    env = froot / "v2" / "0123456789abcdef"
+    (env / "entries").mkdir(parents=True)
+    for inside in (froot / "v2", env):
+        proc = run_cli("ls", "--layout", "flashinfer-v2", "--cache-dir", str(inside))
+        assert proc.returncode == 2 and f"--cache-dir {froot}" in proc.stderr, proc.stderr
+    named_v2 = tmp_path / "stores" / "v2"  # a root may be called v2: nothing of a store inside it
+    named_v2.mkdir(parents=True)
+    assert run_cli("ls", "--layout", "flashinfer-v2", "--cache-dir", str(named_v2)).returncode == 0
+
+
+def test_import_dry_run_refuses_a_conflict_the_import_refuses(tmp_path):
+    src, dest, archive = tmp_path / "src", tmp_path / "dest", tmp_path / "a.tgz"
+    eid = str(write_fake_entry(src))
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(src)).returncode == 0
+    write_fake_entry(dest, seed=7)  # the same id, other tactics
+    before = {p: p.read_bytes() for p in rank_files(dest)}
+    real = run_cli("import", str(archive), "--cache-dir", str(dest))
+    dry = run_cli("import", str(archive), "--cache-dir", str(dest), "--dry-run")
+    assert real.returncode == 1 and dry.returncode == 1, dry.stdout + dry.stderr
+    assert eid in dry.stderr and "would be imported" not in dry.stdout
+    assert {p: p.read_bytes() for p in rank_files(dest)} == before
+    forced = ok("import", str(archive), "--cache-dir", str(dest), "--dry-run", "--force")
+    assert [e["id"] for e in forced["entries"]] == [eid] and {p: p.read_bytes() for p in rank_files(dest)} == before
+
+
+def test_a_merged_stores_import_dry_run_refuses_what_the_import_refuses(v2_root, tmp_path):
+    """FlashInfer's managed store merges file by file: its dry run asks the same question."""
+    bundle, target = tmp_path / "a.tgz", tmp_path / "other"
+    assert run_cli("export", *V2, "--cache-dir", str(v2_root), "-o", str(bundle)).returncode == 0
+    assert run_cli("import", *V2, "--cache-dir", str(target), str(bundle)).returncode == 0
+    victim = sorted((v2_env_dir(target) / "entries").glob("*.json"))[0]
+    local = json.loads(victim.read_text())
+    local["tactic"] = [7]  # this host tuned one of the bundle's keys to another tactic
+    victim.write_text(json.dumps(local, indent=2, sort_keys=True))
+    before = v2_tree(target)
+    real = run_cli("import", *V2, "--cache-dir", str(target), str(bundle))
+    dry = run_cli("import", *V2, "--cache-dir", str(target), str(bundle), "--dry-run")
+    assert real.returncode == 1 and dry.returncode == 1, dry.stdout + dry.stderr
+    assert "already there with other content" in dry.stderr and v2_tree(target) == before
+    forced = ok("import", *V2, "--cache-dir", str(target), str(bundle), "--dry-run", "--force")
+    assert len(forced["entries"]) == 1 and v2_tree(target) == before
