@@ -135,8 +135,8 @@ def measure(workload: str, k: int, repeats: int, rounds: int, out: Path, gpus: i
     plan_path = work / "plan.json"
     plan_proc = subprocess.run(cli("plan", *w["args"], "--arch", "sm90", "--json"), cwd=REPO, capture_output=True, text=True)
     assert plan_proc.returncode == 0, plan_proc.stderr
-    plan_path.write_text(plan_proc.stdout)
-    plan = json.loads(plan_proc.stdout)
+    (plan,) = json.loads(plan_proc.stdout)["workers"]  # the one worker's plan, as engine_rank.py reads it
+    plan_path.write_text(json.dumps(plan))
     ops = plan["workloads"][0]["ops"]
 
     def job(kind: str, i: int) -> dict:

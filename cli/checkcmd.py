@@ -91,6 +91,8 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         checks.append((m, report, len(unknown) if strict else 0))
     checks = [c for c in checks if c[0].target.source not in failed]
     _emit(out, checks, errors, named, strict)
+    for e in errors:  # on stderr in every mode
+        out.error(e.line())
     if errors:
         raise click.exceptions.Exit(int(ExitCode.USAGE))
     if strict and not all(r.ok for _, r, _ in checks):
@@ -149,8 +151,6 @@ def _human_fleet(out: Output, checks, errors: list[FleetError], total: int, miss
             out.note(f"warning: {m.name}: {w}")
         for miss in r.misses:
             out.line(f"MISS: {m.name}: {miss}")
-    for e in errors:
-        out.error(e.line())
     out.line(f"{total - missing - len(errors)} of {total} targets covered"
              + (f"; {missing} would tune at startup" if missing else "")
              + (f"; {len(errors)} could not be checked" if errors else ""))

@@ -26,7 +26,7 @@ from .params import (
     json_option, resolve_root, size_filters, timeout_option,
 )
 from .serving import build_plan, machine_of, request_from, serving_options
-from .transfer import dry_run_listing
+from .transfer import dry_run_lines
 
 #: Serving options that are filters too when no model is given (as ``ls URL`` takes them).
 FILTERING = ("arch", "flashinfer_version")
@@ -153,21 +153,23 @@ def _report(out: Output, store: Store, pulled, sizes: dict, dry_run: bool) -> No
         out.note("no --env-from and no GPU here: the bundles' environment was not checked "
                  "(`fi-autotune check --env-from env.json` can do it later)")
     result = pulled.imported
-    if dry_run and not result.refused:
-        for entry_id in result.unchanged:
-            out.note(f"unchanged {entry_id}: already there")
-        rows = [(i, sizes.get(i, 0)) for i in result.imported]
-        return dry_run_listing(out, "pull", rows, str(store))
-    if not dry_run:
-        def human() -> None:
-            for entry_id in result.imported:
-                out.line(f"pulled     {entry_id}")
-            for entry_id in result.unchanged:
-                out.line(f"unchanged  {entry_id}")
 
-        out.emit(human=human, data={"store": str(store), **result.to_dict(),
-                                    "left_out": [{"entry": str(r.id), "reason": w} for r, w in pulled.left_out]},
-                 ids=list(result.imported))
+    def human() -> None:
+        if dry_run:
+            for entry_id in result.unchanged:
+                out.note(f"unchanged {entry_id}: already there")
+            if not result.refused:
+                dry_run_lines(out, "pull", [(i, sizes.get(i, 0)) for i in result.imported], str(store))
+            return
+        for entry_id in result.imported:
+            out.line(f"pulled     {entry_id}")
+        for entry_id in result.unchanged:
+            out.line(f"unchanged  {entry_id}")
+
+    # A dry run reports what the pull would (the same object, ``dry_run`` true) and exits as it would.
+    out.emit(human=human, data={"store": str(store), "dry_run": dry_run, **result.to_dict(),
+                                "left_out": [{"entry": str(r.id), "reason": w} for r, w in pulled.left_out]},
+             ids=list(result.imported))
     for entry_id, why in result.refused:
         out.error(f"{entry_id}: {why}")
     if result.refused:

@@ -98,7 +98,7 @@ class FleetError:
     message: str
 
     def to_dict(self) -> dict:
-        return {"target": self.target.name, "source": self.target.source, "error": self.message}
+        return {"target": self.target.name, "target_source": self.target.source, "error": self.message}
 
     def line(self) -> str:
         return f"{self.target.source}: {self.message}"
@@ -193,7 +193,7 @@ def fleet_items(members: list[FleetMember]) -> list[FleetItem]:
 
 def member_fields(m: FleetMember, named: bool = True) -> dict:
     """Who a worker's JSON object belongs to: the same fields in every command's ``workers``."""
-    return {"target": m.target.name if named else None, "source": m.target.source if named else None,
+    return {"target": m.target.name if named else None, "target_source": m.target.source if named else None,
             "worker": m.worker}
 
 
@@ -208,7 +208,7 @@ def plan_data(members: list[FleetMember], errors: list[FleetError], *, shard: Sh
         "shard": None if shard is None else {"index": shard.index, "count": shard.count, "source": shard.source},
         "targets_in_file": total,
         "workers": [{**member_fields(m, named), "coverage": coverage(m.plan, store) if named else None,
-                     **m.plan.to_dict()} for m in members],
+                     **{k: v for k, v in m.plan.to_dict().items() if k != "format"}} for m in members],
         "errors": [e.to_dict() for e in errors],
         "profiles_one_by_one": sum(i.profiles for i in tuned), "profiles_merged": work.profiles(),
         "distinct_calls": len(work.ops), "would_autotune_with": list(hints or ()),

@@ -61,17 +61,18 @@ def planned_import(layout, root, stream, label: str, force: bool = False) -> tup
     return [(i, sizes.get(i, 0)) for i in result.imported], result
 
 
+def dry_run_lines(out: Output, verb: str, rows: list[tuple[str, int]], where: str) -> None:
+    """The human view of a dry run: each entry that would move, and the total."""
+    past = {"push": "pushed to", "pull": "pulled from", "export": "exported to", "import": "imported into"}[verb]
+    for entry_id, size in rows:
+        out.line(f"would {verb:<7}{entry_id}  {format_size(size)}")
+    out.line(f"{plural(len(rows), 'entry', 'entries')} ({format_size(sum(n for _, n in rows))}) would be "
+             f"{past} {where}; nothing was changed (--dry-run)")
+
+
 def dry_run_listing(out: Output, verb: str, rows: list[tuple[str, int]], where: str) -> None:
     """``--dry-run`` of push, pull, export and import: what would move, nothing changed."""
-    past = {"push": "pushed to", "pull": "pulled from", "export": "exported to", "import": "imported into"}[verb]
-
-    def human() -> None:
-        for entry_id, size in rows:
-            out.line(f"would {verb:<7}{entry_id}  {format_size(size)}")
-        out.line(f"{plural(len(rows), 'entry', 'entries')} ({format_size(sum(n for _, n in rows))}) would be "
-                 f"{past} {where}; nothing was changed (--dry-run)")
-
-    out.emit(human=human, data={"dry_run": True, "where": where, "entries": [{"id": i, "size": n} for i, n in rows]},
+    out.emit(human=lambda: dry_run_lines(out, verb, rows, where), data={"dry_run": True, "where": where, "entries": [{"id": i, "size": n} for i, n in rows]},
              ids=[i for i, _ in rows])
 
 

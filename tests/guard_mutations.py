@@ -304,6 +304,18 @@ MUTATIONS = [
     ("31: a merged store's dry run refuses what its merge refuses", 'autotune_cache/engines/flashinfer_v2/bundle.py',
      '        return (0, 0, why) if why else', '        return (0, 0, None) if why else',
      'tests/tree/test_transfer_decisions.py::test_a_merged_stores_import_dry_run_refuses_what_the_import_refuses'),
+    ("31: what check --strict cannot compare is a miss, not a warning", "autotune_cache/check.py",
+     "        (self.misses if self.strict else self.warnings).append(why)", "        self.warnings.append(why)",
+     "tests/test_check.py::test_environment_of_the_serving_image"),
+    ("31: env prints no JSON where the GPU or CUDA cannot be read", "cli/envcmd.py",
+     "    if refused and out.mode.value == \"json\":", "    if False:",
+     "tests/cli/test_cli.py::test_env_where_the_gpu_or_cuda_cannot_be_read_is_no_fingerprint"),
+    ("31: a fleet plans and checks each target's draft worker too", "cli/targetscmd.py",
+     "    for r in request.workers():", "    for r in request.workers()[:1]:",
+     "tests/cli/test_fleet_truth.py::test_check_targets_strict_reports_each_targets_own_misses"),
+    ("31: a fleet's target that cannot be checked fails the command", "cli/checkcmd.py",
+     "    if errors:\n        raise click.exceptions.Exit(int(ExitCode.USAGE))", "    if False:\n        pass",
+     "tests/cli/test_fleet_truth.py::test_one_targets_error_names_it_and_the_others_still_run"),
 ]
 
 

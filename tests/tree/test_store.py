@@ -176,7 +176,7 @@ def test_pull_refuses_another_gpu_unless_asked_and_checks_the_store(s3, tmp_path
     assert pulled["imported"] == [GLM_ID]
     checked = ok_json("check", "--store", s3["url"], "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8",
                       "--env-from", str(h200))
-    assert checked["found"]
+    assert [w["found"] for w in checked["workers"]] == [True]
 
 
 def test_a_file_store_and_a_read_only_http_store(tmp_path):

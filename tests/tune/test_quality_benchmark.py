@@ -40,8 +40,9 @@ def dense_work(tmp_path_factory) -> tuple[Path, dict]:
     work.mkdir()
     proc = run_cli("plan", "--model", "nvidia/Llama-3.1-70B-Instruct-FP8", "--tp", "4", "--arch", "sm90", "--json")
     assert proc.returncode == 0, proc.stderr
-    (work / "plan.json").write_text(proc.stdout)
-    op = json.loads(proc.stdout)["workloads"][0]["ops"][0]
+    (plan,) = json.loads(proc.stdout)["workers"]  # as benchmarks/tactic_quality.py writes it
+    (work / "plan.json").write_text(json.dumps(plan))
+    op = plan["workloads"][0]["ops"][0]
     (key,) = OpRecipe.from_dict(op).file_keys(1)
     # careful0's race: tactic 5 beat the default by 1.5%, so it was written at a 1% floor;
     # careful1's: tactic 7 beat it by 0.5%, so the default stayed.
