@@ -17,3 +17,12 @@ def test_a_flag_not_understood_shows_its_value_and_only_secrets_are_masked(tmp_p
     assert proc.returncode == 0, proc.stderr
     assert "not understood: --max-prefill-tokens 16384" in proc.stderr
     assert "sk-secret" not in proc.stderr + proc.stdout
+
+
+def test_only_credentials_are_secret():
+    from autotune_cache.engines.sglang.serving_command import is_secret
+    secret = ["api_key", "admin_api_key", "ssl_keyfile_password", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY"]
+    shown = ["max_prefill_tokens", "max_total_tokens", "ssl_keyfile", "speculative_token_map", "tokenizer_path",
+             "kt_max_deferred_experts_per_token", "speculative_num_draft_tokens"]
+    assert all(is_secret(n) for n in secret) and not any(is_secret(n) for n in shown)
+    assert not is_secret("bucket_time_to_first_token", single=False)  # a list of latencies
