@@ -186,7 +186,7 @@ class TuningPlan:
             # where warm writes: nothing (null) when the plan tunes nothing
             "key_dir": str(self.key_dir) if self.autotunes else None,
             "writes": self.writes,
-            "rank_files": self.rank_files if self.autotunes else [],
+            "rank_files": self.rank_files,  # the files the key names (SGLang's cache path), tuned or not
             "dp_meaning": self.engine.dp_meaning(self.resolution.topology),
             "autotunes": self.autotunes,
             "reasons": list(r.reasons),
