@@ -55,8 +55,7 @@ def print_plan(plan, out: Output) -> None:
     for label, text in plan.engine.describe(plan):
         out.line(f"{label:<11} {text}")
     if plan.autotunes and not plan.layout_obj.holds_rank_files:  # FlashInfer's managed store
-        where = plan.key_dir if plan.bound else f"{plan.key_dir}/<the tuning GPU's environment hash>"
-        out.line(f"Store dir   {where}")
+        out.line(f"Store dir   {_store_dir(plan)}")
         out.line(f"Entries     {sum(len(op.lookups()) for w in plan.workloads for op in w.ops)} lookups, one file "
                  "each under entries/")
     elif plan.autotunes:
@@ -76,6 +75,19 @@ def print_plan(plan, out: Output) -> None:
     _print_body(plan, out)
 
 
+def _store_dir(plan) -> str:
+    return str(plan.key_dir) if plan.bound else f"{plan.key_dir}/<the tuning GPU's environment hash>"
+
+
+def _workload_title(plan, i: int, w) -> str:
+    """Who gets the workload's winners: the rank files that share it, or FlashInfer's managed store."""
+    spans = ", ".join(f"{a}-{b - 1}" for a, b in w.stages)
+    if plan.layout_obj.holds_rank_files:
+        return f"Workload {i}: {len(w.ranks)} rank(s) share it (layers {spans}): {_compact(w.ranks)}"
+    return (f"Workload {i} (layers {spans}): each winner written to FlashInfer's managed store, "
+            f"{_store_dir(plan)}/entries/ (no rank file)")
+
+
 def _print_body(plan, out: Output) -> None:
     r = plan.resolution
     for reason in plan.reasons:
@@ -85,8 +97,7 @@ def _print_body(plan, out: Output) -> None:
     for i, w in enumerate(plan.workloads, 1):
         if not w.ops:
             continue
-        spans = ", ".join(f"{a}-{b - 1}" for a, b in w.stages)
-        out.line(f"\nWorkload {i}: {len(w.ranks)} rank(s) share it (layers {spans}): {_compact(w.ranks)}")
+        out.line("\n" + _workload_title(plan, i, w))
         for op in w.ops:
             rec = op.recipe
             out.line(f"  {rec.id}: {rec.api}  x{rec.layers} layers  custom_ops={','.join(rec.custom_ops)}"

@@ -102,6 +102,10 @@ class Engine(ABC):
         which the engine would): the engine's own choices, each tried through its planner."""
         return []
 
+    def dp_meaning(self, topology) -> str | None:
+        """What the plan's ``dp`` means in this engine's own flags (None: dp is 1, or says itself)."""
+        return None
+
     def describe(self, plan: "TuningPlan") -> list[tuple[str, str]]:
         """Rows (label, text) a printed plan shows for this engine: its startup pass, its key."""
         return [("Key", f"{plan.key}  ({plan.key_string})")]

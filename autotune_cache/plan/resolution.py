@@ -76,6 +76,9 @@ class Resolution:
     decode_cuda_graph: bool = True
     #: Shared experts SGLang fuses into the routed-expert kernel (extra experts and top-k slots).
     fused_shared_experts: int = 0
+    #: The quant method and MoE runner SGLang's own dispatch gives the experts (SGLang:
+    #: ``engines.sglang.dispatch.Dispatch``), where a recorded probe covers them; else None.
+    moe_dispatch: Any = None
 
     @property
     def moe_tokens(self) -> int:

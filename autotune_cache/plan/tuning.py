@@ -149,6 +149,14 @@ class TuningPlan:
         return self.layout_obj.entry_dir(self.cache_root, self.entry_id)
 
     @property
+    def writes(self) -> str | None:
+        """What warm writes: ``rank_files`` under ``key_dir``, ``store_entries`` (FlashInfer's managed
+        store: one file per winner under ``key_dir``/entries/), or None when nothing is tuned."""
+        if not self.autotunes:
+            return None
+        return "rank_files" if self.layout_obj.holds_rank_files else "store_entries"
+
+    @property
     def rank_files(self) -> list[str]:
         return self.layout_obj.expected_files(self.resolution.topology)
 
@@ -175,8 +183,11 @@ class TuningPlan:
             "layout": self.layout,
             "id": str(self.entry_id) if self.bound else None,
             "cache_root": str(self.cache_root),
-            "key_dir": str(self.key_dir),
-            "rank_files": self.rank_files,
+            # where warm writes: nothing (null) when the plan tunes nothing
+            "key_dir": str(self.key_dir) if self.autotunes else None,
+            "writes": self.writes,
+            "rank_files": self.rank_files,  # the files the key names (SGLang's cache path), tuned or not
+            "dp_meaning": self.engine.dp_meaning(self.resolution.topology),
             "autotunes": self.autotunes,
             "reasons": list(r.reasons),
             "notes": list(r.notes + self.notes),

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from autotune_cache.errors import UsageError
+from autotune_cache.engines.sglang.dispatch import TABLE as DISPATCH
 from autotune_cache.engines.sglang.serving_command import FLAG_TABLE, MODELLED, flag_table, parse_serving_command
 
 from ..conftest import run_cli
@@ -111,6 +112,19 @@ NOT_REPRODUCED = {
 }
 
 
+def _failed_in_sglangs_own_dispatch(line: str) -> bool:
+    """A refusal backed by SGLang's own MoE dispatch (engines/sglang/dispatch.py): the flag probes
+    only resolve the arguments; the dispatch probe built the layer and ran it, and SGLang failed."""
+    m = re.search(r"--(?:speculative-)?moe-runner-backend (\S+) with (\S+) experts on (sm\d+): "
+                  r"SGLang 0.5.23 fails at startup", line)
+    if not m:
+        return False
+    backend, kind, arch = m.groups()
+    family = "sm100" if arch.startswith("sm10") else "sm90"
+    return any((p["arch"], p["kind"], p["backend"]) == (family, kind, backend) and "error" in p
+               for p in json.loads(DISPATCH.read_text())["probes"])
+
+
 @pytest.mark.skipif(not PROBES, reason="no flag probes recorded")
 @pytest.mark.parametrize("base,probe", list(_probe_cases()) if PROBES else [])
 def test_probe_of_a_modelled_flag_matches_sglang(base, probe, tmp_path):
@@ -128,6 +142,8 @@ def test_probe_of_a_modelled_flag_matches_sglang(base, probe, tmp_path):
         # claim that SGLang refuses it.
         line = str(plan).strip().splitlines()[-1]
         assert "--" in line, f"refused without naming a flag: {line}"
+        if _failed_in_sglangs_own_dispatch(line):  # its resolution ran; building the MoE layer fails
+            return
         assert re.search(r"not model|does not model", line), f"SGLang runs it, but fi-autotune refuses it: {line}"
         return
     view = probe["view"] if probe else entry["view"]

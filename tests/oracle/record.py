@@ -3,6 +3,7 @@
     FI_AUTOTUNE_SGLANG_PYTHON=/path/to/oracle/bin/python python tests/oracle/record.py matrix [ID ...]
     FI_AUTOTUNE_SGLANG_PYTHON=... python tests/oracle/record.py flags [BASE ...]
     FI_AUTOTUNE_SGLANG_PYTHON=... python tests/oracle/record.py reclassify
+    FI_AUTOTUNE_SGLANG_PYTHON=... python tests/oracle/record.py dispatch
 
 ``matrix``: every serving command of tests/data/serving_matrix.json through SGLang's own code
 (``sglang_case.py``, with the MoE, linear and attention calls recorded) and FlashInfer's own key
@@ -10,6 +11,9 @@ construction (``flashinfer_keys.py``), reduced to what fi-autotune's plan must e
 ``matrix.json``. ``flags``: every SGLang flag tried against each base command of ``BASES``
 (``sglang_flags.py``) into ``probes.json`` (the per-probe outcomes) and the flag table
 ``autotune_cache/engines/sglang/data/sglang-0.5.23-flags.json`` (``classify``). Runs with any Python 3.10+;
+``dispatch``: each MoE runner backend against each kind of expert weights of ``DISPATCH_MODELS``,
+on sm90 and sm100 (``sglang_moe_dispatch.py``): the quant method and runner SGLang's own model
+construction gives the experts, into ``autotune_cache/engines/sglang/data/sglang-0.5.23-moe-dispatch.json``.
 only the oracle interpreter needs SGLang (README.md here says how to make one).
 """
 
@@ -31,6 +35,13 @@ MATRIX = REPO / "tests" / "data" / "serving_matrix.json"
 FLAG_TABLE = REPO / "autotune_cache" / "engines" / "sglang" / "data" / "sglang-0.5.23-flags.json"
 PRESETS = REPO / "autotune_cache" / "plan" / "presets"
 CONFIGS = REPO / "tests" / "data" / "configs"
+DISPATCH = REPO / "autotune_cache" / "engines" / "sglang" / "data" / "sglang-0.5.23-moe-dispatch.json"
+#: One checkpoint per kind of expert weights (engines/sglang/dispatch.py checkpoint_kind names them),
+#: and the MoE runner backends each is tried with.
+DISPATCH_MODELS = {"Qwen/Qwen3-30B-A3B": "bf16", "Qwen/Qwen3-30B-A3B-FP8": "fp8_block",
+                   "openai/gpt-oss-20b": "mxfp4", "nvidia/DeepSeek-R1-FP4": "modelopt_fp4"}
+DISPATCH_BACKENDS = ("auto", "triton", "triton_kernel", "flashinfer_cutlass", "flashinfer_trtllm",
+                     "flashinfer_trtllm_routed", "flashinfer_mxfp4", "flashinfer_cutedsl")
 
 #: Base commands every flag is tried against: one per kind of tuning fi-autotune models.
 BASES = {
@@ -221,7 +232,46 @@ def reclassify(_: list[str]) -> None:
     FLAG_TABLE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
+#: Failures of the oracle's environment, not SGLang's answer: a package it lacks (``triton_kernels``:
+#: SGLang imports it under try/except, so its absence surfaces later as a NameError) or a kernel
+#: SGLang JIT-compiles (``cudastubs.py`` stands in for CUDA), or a FlashInfer function the MoE
+#: recorder has no CPU stand-in for. Such a probe is kept as not recorded.
+ENVIRONMENT_ERRORS = ("ModuleNotFoundError", "ImportError", "NameError", "RuntimeError: Failed to build JIT module")
+
+
+def _environment_error(probe: dict) -> dict:
+    error = probe.get("error") or ""
+    if not (error.startswith(ENVIRONMENT_ERRORS) or "with no CPU stand-in" in error):
+        return probe
+    out = {k: v for k, v in probe.items() if k not in ("error", "apis")}
+    return out | {"oracle_error": "the oracle's environment, not SGLang: " + error}
+
+
+def record_dispatch(only: list[str]) -> None:
+    """SGLang's quant method and MoE runner for each (arch, checkpoint kind, --moe-runner-backend)."""
+    archs = [a for a in ("sm90", "sm100") if not only or a in only]
+    models = {m: model_files(m) for m in DISPATCH_MODELS}
+    old = json.loads(DISPATCH.read_text())["probes"] if DISPATCH.is_file() else []
+    probes = [p for p in old if p["arch"] not in archs]
+    for arch in archs:
+        cases = [{"id": f"{m}|{b}", "argv": ["--model-path", m, "--tp", "2", "--moe-runner-backend", b]}
+                 for m in DISPATCH_MODELS for b in DISPATCH_BACKENDS]
+        raw = run_oracle("sglang_moe_dispatch.py", {"arch": arch, "gpus": 8, "models": models, "probes": cases},
+                         timeout=6 * 3600)
+        if "oracle_error" in raw:
+            sys.exit(f"{arch}: {raw['oracle_error']}")
+        for case_id, result in raw["probes"].items():
+            model, backend = case_id.split("|")
+            probes.append({"arch": arch, "model": model, "kind": DISPATCH_MODELS[model], "backend": backend,
+                           "command": " ".join(["--model-path", model, "--tp", "2", "--moe-runner-backend", backend]),
+                           **result})
+    probes = [_environment_error(p) for p in probes]
+    probes.sort(key=lambda p: (p["arch"], p["kind"], p["backend"]))
+    DISPATCH.write_text(json.dumps({"sglang": "0.5.23", "recorded_by": "tests/oracle/record.py dispatch",
+                                    "models": DISPATCH_MODELS, "probes": probes}, indent=1, sort_keys=True) + "\n")
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
     what, rest = sys.argv[1], sys.argv[2:]
-    {"matrix": record_matrix, "flags": record_flags, "reclassify": reclassify}[what](rest)
+    {"matrix": record_matrix, "flags": record_flags, "reclassify": reclassify, "dispatch": record_dispatch}[what](rest)

@@ -36,6 +36,21 @@ class SGLang(Engine):
             max_tokens=request.max_tokens, model_path=request.model_path, request=request, worker=request.worker,
         )
 
+    def dp_meaning(self, topology) -> str | None:
+        """fi-autotune's ``--dp N`` is DP attention (SGLang ``--dp-size N --enable-dp-attention``:
+        ``attn_dp_size`` N in the key); SGLang's ``--dp-size N`` alone is N replicas (``attn_dp_size``
+        1, each replica its own rank files): two different keys."""
+        tp, dp = topology.tp, topology.dp
+        if dp == 1:
+            return None
+        if topology.dp_attention:
+            return (f"dp {dp} = DP attention (SGLang --tp-size {tp} --dp-size {dp} --enable-dp-attention): "
+                    f"attn_dp_size {dp} in the key; SGLang's --dp-size {dp} alone means {dp} replicas, a different "
+                    "key (--no-dp-attention here)")
+        return (f"dp {dp} = {dp} replicas (SGLang --tp-size {tp} --dp-size {dp} without --enable-dp-attention): "
+                f"attn_dp_size 1 in the key; with --enable-dp-attention it is DP attention, a different key "
+                "(drop --no-dp-attention here)")
+
     def alternatives(self, plan: TuningPlan) -> list[dict]:
         """A MoE model left on ``--moe-runner-backend auto`` that SGLang would not autotune: each
         FlashInfer MoE runner SGLang 0.5.23 takes (its own choices, from the flag table)."""
@@ -53,6 +68,9 @@ class SGLang(Engine):
         """SGLang's startup passes, attention, speculative workers, serving sizes and key."""
         r = plan.resolution
         rows = []
+        dp = self.dp_meaning(r.topology)
+        if dp:
+            rows.append(("DP", dp))
         for p in r.passes:
             batch = (f"{p.batch[0]}" if p.batch[0] == p.batch[1]
                      else f"{p.batch[0]}-{p.batch[1]} (the request pool SGLang sizes from KV memory)")

@@ -57,10 +57,6 @@ def autotune_gate(spec: ModelSpec, flags: ServerFlags, *, backend: str, model_qu
     elif not autotunes:
         reasons.append(_why_not(spec, flags, backend=backend, model_quant=model_quant, fp4=fp4, dtype=dtype,
                                 sm100=sm100, worker=worker))
-    if autotunes and backend == "flashinfer_cutlass" and not sm100 and spec.quant and spec.quant.is_block_fp8 \
-            and model_quant == "fp8":
-        notes.append("flashinfer_cutlass with 128x128 block-FP8 experts on sm90: FlashInfer's CUTLASS MoE profiler "
-                     "has no tactics for them, so the pass tunes nothing")
     # A MoE backend that autotunes with a model without MoE layers (an EAGLE3 draft) still makes
     # SGLang enter the autotune context: the file it writes holds no tactics.
     if autotunes and moe_needs and spec.moe is None and not (fp8_gemm_needs or fp4_gemm_needs):

@@ -60,6 +60,24 @@ def _op_plan(recipe: OpRecipe, res: Resolution, max_override: int | None) -> OpP
     return OpPlan(recipe, tuple(sorted(grid | engine)), tuple(sorted(engine)), tuple(added), top)
 
 
+def _skip_op_notes(spec: ModelSpec, res: Resolution, stages: list[tuple[int, int]]) -> tuple[str, ...]:
+    """A --skip-ops name no call of this plan carries: SGLang 0.5.23 takes any name
+    (flashinfer_autotune.py get_flashinfer_autotune_skip_ops: nargs="+", no choices) and hashes it
+    into the key, and FlashInfer's autotune(skip_ops=) skips only exact custom_op matches - so a
+    typo changes the key and skips nothing. Said, not refused: the key is the server's."""
+    asked = set(res.key_fields.skip_ops)
+    if not asked or not res.autotunes:
+        return ()
+    bare = replace(res, key_fields=replace(res.key_fields, skip_ops=()))
+    ops = {op for start, end in set(stages) for r in recipes_for(spec, bare, range(start, end)) for op in r.custom_ops}
+    unknown = sorted(asked - ops - {"flashinfer_megamoe"})  # SGLang's own name for its MegaMoE pass
+    if not unknown:
+        return ()
+    return (f"--skip-ops {','.join(unknown)}: names no custom_op of the calls this plan tunes "
+            f"({', '.join(sorted(ops)) or 'none'}); SGLang 0.5.23 takes any name and hashes it into the key, and "
+            "FlashInfer skips only exact custom_op matches, so it skips nothing here",)
+
+
 def resolve_target(
     model: str, flags: ServerFlags, arch: str, *, config: str | None = None, revision: str | None = None,
     flashinfer_version: str | None = None, model_path: str | None = None, worker: str = "target",
@@ -141,5 +159,5 @@ def make_plan(
         model=model, source=source, spec=spec, resolution=res, schema=schema,
         key=schema_obj.key(res.key_fields), key_string=schema_obj.key_string(res.key_fields),
         flashinfer_version=version, cache_root=Path(cache_root), workloads=workloads,
-        max_tokens_override=max_tokens, request=request,
+        max_tokens_override=max_tokens, request=request, notes=_skip_op_notes(spec, res, stages),
     )

@@ -171,6 +171,9 @@ def _moe_recipe(spec: ModelSpec, res: Resolution, moe_layers: int) -> OpRecipe |
     backend = res.moe_runner_backend
     q = res.model_quantization
     sm100 = arch_major(res.arch) == 10
+    d = res.moe_dispatch
+    if d is not None and not d.error and not d.runs_flashinfer:
+        return None  # SGLang's own dispatch runs these experts outside FlashInfer (dispatch.py)
     if spec.moe is None or not moe_layers or backend not in ("flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_trtllm"):
         if spec.moe is not None and moe_layers and backend in ("flashinfer_trtllm_routed", "flashinfer_cutedsl"):
             raise UsageError(f"--moe-runner-backend {backend}: SGLang 0.5.23 tunes its own FlashInfer calls there "
@@ -178,7 +181,7 @@ def _moe_recipe(spec: ModelSpec, res: Resolution, moe_layers: int) -> OpRecipe |
         return None
     if backend == "flashinfer_cutlass" or (backend == "flashinfer_mxfp4" and not sm100):
         if spec.quant and spec.quant.is_block_fp8:
-            return None  # block FP8: the CUTLASS profiler has no tactics on sm90
+            return None  # block FP8: SGLang's Fp8MoEMethod runs Triton there (dispatch.py's probe)
         return cutlass_moe(spec, res, moe_layers)
     if not sm100:
         return None

@@ -13,6 +13,7 @@ from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.plan.keys import KeyFields, render_dtype
 from autotune_cache.plan.resolution import Resolution, arch_major
 from autotune_cache.engines.sglang.attention import resolve_attention
+from autotune_cache.engines.sglang.dispatch import moe_dispatch
 from autotune_cache.engines.sglang.gate import autotune_gate, fp4_backend
 from autotune_cache.engines.sglang.sizes import dummy_passes, fused_shared_experts, split
 from autotune_cache.engines.sglang.startup import (DEEPSEEK_FAMILY, FLASHINFER_A2A_RUNNERS, GRAPHLESS_ATTENTION,
@@ -54,6 +55,11 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
     gate = autotune_gate(spec, flags, backend=q.backend, model_quant=q.model_quant, fp4=q.fp4, dtype=q.dtype,
                          sm100=sm100, worker=worker)
     notes.extend(gate.notes)
+    flag = "--speculative-moe-runner-backend" if worker == "draft" and flags.speculative_moe_runner_backend \
+        else "--moe-runner-backend"
+    dispatch = moe_dispatch(spec, arch, q.backend, q.model_quant, worker=worker, flag=flag)
+    if gate.autotunes and dispatch is not None and not dispatch.error and not dispatch.runs_flashinfer:
+        notes.append(dispatch.why())
     fused_shared = fused_shared_experts(spec, q.backend, flags, ep, q.model_quant)
     if fused_shared:
         notes.append(f"{spec.architecture}: SGLang fuses the shared expert into the routed experts "
@@ -67,6 +73,8 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
         dsa_decode_backend=flags.dsa_decode_backend, speculative_attention_mode=flags.speculative_attention_mode)
     notes.extend(attention.notes)
     check_startup(spec, flags, attention, speculative, sm100)
+    if dispatch is not None and dispatch.error:
+        raise UsageError(dispatch.refusal(arch))
     # attention_hook.py: the torch-native and Flex attention backends turn decode CUDA graphs off.
     decode_cuda_graph = flags.decode_cuda_graph and flags.attention_backend not in GRAPHLESS_ATTENTION
     p = dummy_passes(arch, flags, s, speculative, worker=worker, decode_cuda_graph=decode_cuda_graph)
@@ -88,7 +96,7 @@ def resolve(spec: ModelSpec, arch: str, flags: ServerFlags, model_path: str, *, 
         chunked_prefill_size=p.chunked_prefill_size, notes=tuple(notes), attention=attention,
         speculative=speculative, worker=worker, request_pool=p.request_pool, passes=p.passes, fp4_gemm_backend=q.fp4,
         mlp_gather=s.attn_dp > 1,  # require_mlp_tp_gather with attention DP (moe_dense_tp_size unset)
-        decode_cuda_graph=decode_cuda_graph,
+        decode_cuda_graph=decode_cuda_graph, moe_dispatch=dispatch,
     )
 
 

@@ -84,12 +84,27 @@ _TRUE = ("1", "true", "yes", "y", "on")
 #: Environment variables SGLang's and FlashInfer's code read (environ.py registries); any other
 #: variable of the command (CUDA_VISIBLE_DEVICES, NCCL_*, HF_*) is outside their autotune path.
 ENV_PREFIXES = ("SGLANG_", "SGL_", "FLASHINFER_")
-_SECRET = re.compile(r"key|token|secret|password|passwd|credential", re.IGNORECASE)
+#: Words that make a name a credential's wherever they stand (``--ssl-keyfile-password``,
+#: ``AWS_SECRET_ACCESS_KEY``), and last words that do when the name takes one value (``--api-key``,
+#: ``--admin-api-key``, ``HF_TOKEN``): ``--max-prefill-tokens``, ``--ssl-keyfile``,
+#: ``--speculative-token-map``, ``--kt-max-deferred-experts-per-token`` and
+#: ``--bucket-time-to-first-token`` (a list) are not secrets.
+_SECRET_WORDS = {"password", "passwd", "secret", "credential", "credentials", "apikey"}
+_SECRET_LAST = {"key", "token"}
 
 
-def _shown(name: str, value: str) -> str:
-    """A value as messages show it: never a credential's (``--api-key``, ``HF_TOKEN``)."""
-    return "***" if _SECRET.search(name) else value
+def is_secret(name: str, *, single: bool = True) -> bool:
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    if _SECRET_WORDS & set(words):
+        return True
+    # "..._per_token" is a rate (--kt-max-deferred-experts-per-token), not a token
+    return single and bool(words) and words[-1] in _SECRET_LAST and words[-2:-1] != ["per"]
+
+
+def _shown(name: str, value: str, *, single: bool = True) -> str:
+    """A value as messages show it: never a credential's (``--api-key``, ``HF_TOKEN``); every other
+    flag's as given (``--max-prefill-tokens 16384``)."""
+    return "***" if is_secret(name, single=single) else value
 
 
 @dataclass(frozen=True)
@@ -318,7 +333,7 @@ def parse_serving_command(argv: list[str] | tuple[str, ...]) -> ServingCommand:
                 i += 1
             if not values and flag.takes in (1, "+"):
                 raise UsageError(f"serving command: {spelled} needs a value")
-        text = " ".join([spelled, *(_shown(flag.dest, v) for v in values)]) if values else spelled
+        text = " ".join([spelled, *(_shown(flag.dest, v, single=flag.takes in (1, "?")) for v in values)]) if values else spelled
         if flag.effect == "modelled":
             if flag.takes == 0:
                 cmd.values[flag.dest] = True
