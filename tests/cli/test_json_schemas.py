@@ -131,6 +131,7 @@ def test_warm_one_entry_two_workers_and_a_fleet(world):
     env = gpu_env(world["tmp"])
     cd = ["--cache-dir", str(world["tmp"] / "warm")]
     valid("warm", run_gpu_cli("warm", *QWEN, "--tp", "2", "--json", *cd, env=env))
+    cd = ["--cache-dir", str(world["tmp"] / "fleet")]
     fleet = valid("warm", run_gpu_cli("warm", "--targets", world["targets"], "--json", *cd, env=env))
     # the speculative target's draft worker is tuned and written as its own entry, as single warm does
     assert {t["name"]: t["status"] for t in fleet["targets"]} == {"spec": "written", "spec draft": "written",
