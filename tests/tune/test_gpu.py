@@ -52,10 +52,21 @@ def warm(args, root: Path, *extra, timeout=900, env: dict | None = None) -> dict
     return json.loads(proc.stdout)
 
 
+def assert_schema(command: str, data: dict) -> None:
+    """A GPU command's --json against its schema (docs/schemas); the GPU image may lack jsonschema."""
+    assert data["format"] == f"fi-autotune.{command}/1"
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    jsonschema.validate(data, json.loads((REPO / "docs" / "schemas" / f"{command}.schema.json").read_text()))
+
+
 def v2_replay(args, root: Path, result: dict, v2: Path) -> dict:
     """FlashInfer's own v2 store, as warm wrote it, in an engine's startup pass (tests/_v2_replay.py)."""
     plan = root.parent / "plan.json"
-    plan.write_text(run_cli("plan", *args, "--cache-dir", str(root), "--json").stdout)
+    (target,) = run_json("plan", *args, "--cache-dir", str(root))["workers"]
+    plan.write_text(json.dumps(target))  # the one worker's plan, as the replay reads it
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "_v2_replay.py"), str(plan), result["rank_files"][0], str(v2)],
                           capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -109,6 +120,8 @@ def test_llama_fp8_tp4_warm_verify_noop(tmp_path):
     assert v.returncode == 0, v.stdout + v.stderr[-2000:]
     rep = json.loads(v.stdout)
     assert rep["ok"] and rep["hits"] == rep["lookups"] > 0
+    assert_schema("verify", rep)
+    assert_schema("warm", r)
     t1 = time.perf_counter()
     again = warm(LLAMA, root, "--gpus", "1")
     assert again["status"] == "complete"
