@@ -188,7 +188,7 @@ def coverage(plan, store=None) -> str:
 
 
 def fleet_items(members: list[FleetMember]) -> list[FleetItem]:
-    return [FleetItem(m.name, m.plan, m.layouts) for m in members]
+    return [FleetItem(m.name, m.plan, m.layouts, target=m.target.name, worker=m.worker) for m in members]
 
 
 def member_fields(m: FleetMember, named: bool = True) -> dict:

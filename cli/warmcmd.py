@@ -156,7 +156,13 @@ def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
         else:  # FlashInfer's managed store: one entry per key
             out.line(f"Published into FlashInfer's managed store: {result.message.removeprefix('published ')}")
 
-    out.emit(human=human, data=lambda: {**result.to_dict(), "layouts": {k: v.to_dict() for k, v in extra.items()},
+    # ``workers``: the one entry as a several-entry run lists each (warm --targets, speculative
+    # decoding), so `jq '.workers[].status'` reads every warm alike.
+    worker = {"name": "target", "target": None, "worker": "target", "id": run.plan.id_str,
+              "key_dir": result.key_dir, "status": result.status, "message": result.message,
+              "profiles": result.profiles_total, "layouts": [run.plan.layout, *extra]}
+    out.emit(human=human, data=lambda: {**result.to_dict(), "workers": [worker],
+                                        "layouts": {k: v.to_dict() for k, v in extra.items()},
                                         **({"push": pushed.to_dict()} if pushed is not None else {})})
 
 
@@ -170,7 +176,7 @@ def warm_units(units: list, kw: dict, opts: WarmOptions, push_url, out: Output, 
 
     def load(info):
         return [FleetItem(name(g, r), build_plan(r, kw["cache_dir"] if g is units[0][0] else None, arch=info.arch),
-                          g.layouts) for g, r in units], None
+                          g.layouts, worker=r.worker) for g, r in units], None
 
     fleet_command(load, opts, push_url, out, t0)
 

@@ -52,6 +52,10 @@ class FleetItem:
     layouts: tuple[str, ...] = ("sglang",)
     status: str = "pending"  # pending | written | complete | nothing-to-tune | failed
     message: str = ""
+    #: Whose entry it is: the targets file's target (None: the command line's), and which of its
+    #: workers (``target``, or a speculative ``draft``): the same fields as plan's and check's.
+    target: str | None = None
+    worker: str = "target"
     needs: dict = field(default_factory=dict)  # global op -> set of buckets
     local: list = field(default_factory=list)  # per workload: [(global op, local op dict)]
 
@@ -61,7 +65,8 @@ class FleetItem:
         return profiles_of(ops)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "id": self.plan.id_str, "key_dir": str(self.plan.key_dir),
+        return {"name": self.name, "target": self.target, "worker": self.worker, "id": self.plan.id_str,
+                "key_dir": str(self.plan.key_dir),
                 "status": self.status, "message": self.message, "profiles": self.profiles,
                 "layouts": list(self.layouts)}
 
@@ -110,7 +115,7 @@ class FleetResult:
     timings: dict
 
     def to_dict(self) -> dict:
-        return {"targets": [i.to_dict() for i in self.items], "profiles_total": self.profiles_total,
+        return {"workers": [i.to_dict() for i in self.items], "profiles_total": self.profiles_total,
                 "profiles_distinct": self.profiles_distinct, "profiles_tuned": self.profiles_tuned,
                 "gpus": self.gpus, "timings": self.timings}
 

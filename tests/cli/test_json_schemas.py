@@ -130,11 +130,15 @@ def test_transfers_and_stores(world):
 def test_warm_one_entry_two_workers_and_a_fleet(world):
     env = gpu_env(world["tmp"])
     cd = ["--cache-dir", str(world["tmp"] / "warm")]
-    valid("warm", run_gpu_cli("warm", *QWEN, "--tp", "2", "--json", *cd, env=env))
+    one = valid("warm", run_gpu_cli("warm", *QWEN, "--tp", "2", "--json", *cd, env=env))
+    assert [(w["target"], w["worker"], w["status"]) for w in one["workers"]] == [(None, "target", "written")]
+    two = valid("warm", run_gpu_cli("warm", *EAGLE, "--json", *cd, env=env))
+    assert [(w["target"], w["worker"], w["status"]) for w in two["workers"]] == [(None, "target", "written"),
+                                                                                 (None, "draft", "written")]
     cd = ["--cache-dir", str(world["tmp"] / "fleet")]
     fleet = valid("warm", run_gpu_cli("warm", "--targets", world["targets"], "--json", *cd, env=env))
     # the speculative target's draft worker is tuned and written as its own entry, as single warm does
-    assert {t["name"]: t["status"] for t in fleet["targets"]} == {"spec": "written", "spec draft": "written",
+    assert {t["name"]: t["status"] for t in fleet["workers"]} == {"spec": "written", "spec draft": "written",
                                                                    "plain": "written"}
     single = valid("check", run_cli("check", *EAGLE, "--strict", "--json", *cd))
     assert [w["worker"] for w in single["workers"]] == ["target", "draft"] and single["ok"]

@@ -192,14 +192,14 @@ def test_one_run_writes_sglang_vllm_and_the_v2_store(tmp_path):
                 "--cache-dir", str(tmp_path / "sg"), "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert [(t["name"], t["status"]) for t in out["targets"]] == [("sglang", "written"), ("vllm", "written")]
+    assert [(t["name"], t["status"]) for t in out["workers"]] == [("sglang", "written"), ("vllm", "written")]
     assert out["profiles_distinct"] == out["profiles_tuned"] == 84  # the two engines' calls share no key
     assert out["converted"]["sglang"]["written"] == 42  # flashinfer-v2, from the sglang tuning
     sg = json.loads(run_cli("ls", "--cache-dir", str(tmp_path / "sg"), "--json").stdout)["entries"]
     assert [e["status"] for e in sg] == ["complete"]
     again = json.loads(warm(tmp_path, "--layout", "sglang,vllm", "--vllm-config-hash", H,
                             "--cache-dir", str(tmp_path / "sg"), "--json").stdout)
-    assert [t["status"] for t in again["targets"]] == ["complete", "complete"] and again["profiles_total"] == 0
+    assert [t["status"] for t in again["workers"]] == ["complete", "complete"] and again["profiles_total"] == 0
 
 
 @pytest.mark.parametrize("args,message", [

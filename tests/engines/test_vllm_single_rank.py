@@ -176,7 +176,7 @@ def test_vllm_targets_in_one_run_each_where_its_engine_reads(tmp_path):
                           "  - {name: sg, tp: 2}\n")
     proc = run_gpu_cli("warm", "--targets", t, "--cache-dir", str(tmp_path / "sg"), "--json", env=env_for(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    by = {x["name"]: x for x in json.loads(proc.stdout)["targets"]}
+    by = {x["name"]: x for x in json.loads(proc.stdout)["workers"]}
     assert {n: x["status"] for n, x in by.items()} == {"v1": "written", "v2": "written", "sg": "written"}
     assert Path(by["v1"]["key_dir"]).parent == tmp_path / "vroot" / "v2"  # --cache-dir is SGLang's tree only
     assert Path(by["v2"]["key_dir"]) == tmp_path / "vroot" / h  # vLLM's files in its override dir

@@ -182,7 +182,7 @@ def test_warm_targets_tunes_identical_calls_once_and_writes_what_warm_alone_writ
     proc = warm_targets(fleet, tmp_path, "--json", "--push", f"file://{tmp_path / 'store'}", env={"FAKE_LOG": str(log)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
-    assert [t["status"] for t in data["targets"]] == ["written"] * 5
+    assert [t["status"] for t in data["workers"]] == ["written"] * 5
     assert (data["profiles_total"], data["profiles_distinct"], data["profiles_tuned"]) == (294, 252, 252)
     items = log.read_text().splitlines()
     assert len(items) == len({tuple(x.split()[1:]) for x in items}) == 210  # every (call, bucket) once, not 231
@@ -195,13 +195,13 @@ def test_warm_targets_tunes_identical_calls_once_and_writes_what_warm_alone_writ
                     env=gpu_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg-alone")))
     assert alone.returncode == 0, alone.stderr[-2000:]
     a = json.loads(alone.stdout)
-    fleet_dir = Path(next(t["key_dir"] for t in data["targets"] if t["name"] == "qwen3-moe-image"))
+    fleet_dir = Path(next(t["key_dir"] for t in data["workers"] if t["name"] == "qwen3-moe-image"))
     for f in a["rank_files"]:
         assert Path(f).read_bytes() == (fleet_dir / Path(f).name).read_bytes()
     check = run_cli("check", "--targets", str(fleet), "--cache-dir", str(tmp_path / "root"), "--strict")
     assert check.returncode == 0 and check.stdout.splitlines()[-1] == "5 of 5 targets covered", check.stdout
     again = warm_targets(fleet, tmp_path, "--json")
-    assert [t["status"] for t in json.loads(again.stdout)["targets"]] == ["complete"] * 5
+    assert [t["status"] for t in json.loads(again.stdout)["workers"]] == ["complete"] * 5
 
 
 def test_a_target_is_written_while_the_rest_still_tunes(fleet, tmp_path):
@@ -209,7 +209,7 @@ def test_a_target_is_written_while_the_rest_still_tunes(fleet, tmp_path):
     proc = warm_targets(fleet, tmp_path, "--json", "--deal", "targets",
                         env={"FAKE_LOG": str(log), "FAKE_ITEM_SLEEP": "0.02"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    first = json.loads(proc.stdout)["targets"][0]
+    first = json.loads(proc.stdout)["workers"][0]
     written_at = (Path(first["key_dir"]) / "fi-autotune.manifest.json").stat().st_mtime
     assert written_at < log.stat().st_mtime - 0.5  # the last item came well after the first commit
 
@@ -227,8 +227,8 @@ def test_the_fleet_deals_its_costliest_work_first_and_writes_the_same_files(flee
     other.mkdir()
     again = warm_targets(fleet, other, "--json", "--gpus", "1", "--deal", "targets")
     assert again.returncode == 0, again.stderr[-2000:]
-    by_name = {t["name"]: Path(t["key_dir"]) for t in json.loads(again.stdout)["targets"]}
-    for t in json.loads(proc.stdout)["targets"]:
+    by_name = {t["name"]: Path(t["key_dir"]) for t in json.loads(again.stdout)["workers"]}
+    for t in json.loads(proc.stdout)["workers"]:
         mine = Path(t["key_dir"])
         for f in sorted(mine.glob("rank_*.json")):
             assert f.read_bytes() == (by_name[t["name"]] / f.name).read_bytes()
@@ -256,7 +256,7 @@ def test_a_failed_run_keeps_what_it_wrote_and_resumes(fleet, tmp_path):
     assert written >= 1
     again = warm_targets(fleet, tmp_path, "--json")
     data = json.loads(again.stdout)
-    assert again.returncode == 0 and sum(t["status"] == "written" for t in data["targets"]) == 5 - written
+    assert again.returncode == 0 and sum(t["status"] == "written" for t in data["workers"]) == 5 - written
     assert data["profiles_tuned"] < data["profiles_distinct"]  # the saved buckets were not tuned again
 
 
@@ -271,7 +271,7 @@ def test_indexed_job_shards_meet_in_one_store(fleet, tmp_path):
              "JOB_COMPLETION_INDEX": str(i), "JOB_COMPLETIONS": "2"}) for i in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
-    mine = [{t["name"] for t in json.loads(o)["targets"]} for o, _ in outs]
+    mine = [{t["name"] for t in json.loads(o)["workers"]} for o, _ in outs]
     assert mine[0] and mine[1] and not mine[0] & mine[1] and mine[0] | mine[1] == set(NAMES)
     assert all("Kubernetes Indexed Job" in e for _, e in outs)
     check = run_cli("check", "--targets", str(fleet), "--store", store, "--strict")
@@ -303,9 +303,9 @@ def test_a_target_gets_only_its_own_buckets_of_a_shared_call(tmp_path):
     proc = warm_targets(f, tmp_path, "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
-    small_profiles = next(t["profiles"] for t in data["targets"] if t["name"] == "small")
+    small_profiles = next(t["profiles"] for t in data["workers"] if t["name"] == "small")
     assert small_profiles < 84 and data["profiles_distinct"] == 84 and data["profiles_total"] == 84 + small_profiles
-    small = Path(next(t["key_dir"] for t in data["targets"] if t["name"] == "small"))
+    small = Path(next(t["key_dir"] for t in data["workers"] if t["name"] == "small"))
     keys = [k for k in json.loads(next(small.glob("rank_*.json")).read_text()) if not k.startswith("_")]
     assert len(keys) == small_profiles  # its own buckets of the shared calls, not all 84
     f.write_text("targets:\n  - {model: nvidia/Llama-3.1-70B-Instruct-FP8, tp: 4, arch: sm90}\n"

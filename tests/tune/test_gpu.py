@@ -289,7 +289,7 @@ def test_vllm_layout_serves_vllms_own_call(tmp_path):
     h = "5eed" * 16
     out = warm(QWEN, tmp_path / "sg", "--layout", "sglang,vllm", "--vllm-config-hash", h,
                env={"VLLM_CACHE_ROOT": str(tmp_path / "vllm")})
-    by_name = {t["name"]: t for t in out["targets"]}
+    by_name = {t["name"]: t for t in out["workers"]}
     assert by_name["sglang"]["status"] == by_name["vllm"]["status"] == "written"
     vdir = Path(by_name["vllm"]["key_dir"])
     sg_file = sorted(Path(by_name["sglang"]["key_dir"]).glob("rank_*.json"))[0]
@@ -378,7 +378,7 @@ def test_vllm_targets_in_a_targets_file(tmp_path):
     proc = run_cli("warm", "--targets", str(targets), "--cache-dir", str(tmp_path / "sg"), "--json", timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
-    by_name = {t["name"]: t for t in out["targets"]}
+    by_name = {t["name"]: t for t in out["workers"]}
     assert all(t["status"] == "written" for t in by_name.values()), out
     base = ["--model", "Qwen/Qwen3-30B-A3B", "--moe-runner-backend", "flashinfer_cutlass", "--json"]
     runs = {"vllm-1gpu": ["--tp", "1", "--layout", "vllm"], "vllm-tp2": ["--tp", "2", "--layout", "vllm", "--vllm-config-hash", h],
@@ -405,7 +405,7 @@ def test_speculative_target_and_draft_entries(tmp_path):
     t0 = time.perf_counter()
     r = warm(GLM_EAGLE, root, "--gpus", "1")
     wall = time.perf_counter() - t0
-    by_name = {t["name"]: t for t in r["targets"]}
+    by_name = {t["name"]: t for t in r["workers"]}
     assert set(by_name) == {"target", "draft"} and all(t["status"] == "written" for t in by_name.values())
     assert by_name["target"]["key_dir"] != by_name["draft"]["key_dir"]
     verified = {}
