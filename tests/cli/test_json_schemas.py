@@ -4,7 +4,6 @@ with and without speculative decoding, with and without targets, dry runs and re
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest

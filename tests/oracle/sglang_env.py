@@ -253,3 +253,24 @@ def jsonable(value):
         if isinstance(value, (list, tuple, set)):
             return [jsonable(v) for v in value]
         return str(value)
+
+
+def in_child(fn, *args, failed: dict | None = None) -> dict:
+    """``fn(*args)`` (a JSON-able dict) evaluated in a forked child, so SGLang's module state in
+    this process stays as it was; an exception becomes ``{**failed, "oracle_error": ...}``."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            data = json.dumps(fn(*args)).encode()
+        except BaseException as e:  # noqa: BLE001 - reported, never raised in the child
+            data = json.dumps({**(failed or {}), "oracle_error": f"{type(e).__name__}: {e}"}).encode()
+        with os.fdopen(w, "wb") as f:
+            f.write(data)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data) if data else {**(failed or {}), "oracle_error": "child died"}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -90,22 +89,7 @@ def probes(fact: dict) -> list[list[str]]:
 
 def run_child(case: dict) -> dict:
     """Evaluate in a forked child; the parent's state stays as it was."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            data = json.dumps(sglang_case.evaluate(case)).encode()
-        except BaseException as e:  # noqa: BLE001
-            data = json.dumps({"id": case["id"], "oracle_error": f"{type(e).__name__}: {e}"}).encode()
-        with os.fdopen(w, "wb") as f:
-            f.write(data)
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data) if data else {"id": case["id"], "oracle_error": "child died"}
+    return E.in_child(sglang_case.evaluate, case, failed={"id": case["id"]})
 
 
 def main() -> None:

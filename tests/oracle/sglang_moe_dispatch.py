@@ -20,7 +20,6 @@ Prints ``{"arch", "probes": {id: {"resolved_backend", "quant_config", "quant_met
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -59,22 +58,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def run_child(argv: list[str]) -> dict:
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            data = json.dumps(dispatch(argv)).encode()
-        except BaseException as e:  # noqa: BLE001
-            data = json.dumps({"oracle_error": f"{type(e).__name__}: {e}"}).encode()
-        with os.fdopen(w, "wb") as f:
-            f.write(data)
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data) if data else {"oracle_error": "child died"}
+    return E.in_child(dispatch, argv)
 
 
 def main() -> None:
