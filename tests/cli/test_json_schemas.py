@@ -112,6 +112,8 @@ def test_transfers_and_stores(world):
     valid("push", run_cli("push", url, "--dry-run", "--json", *cd))
     valid("push", run_cli("push", url, "--json", *cd))
     valid("ls", run_cli("ls", url, "--json"))
+    valid("rm", run_cli("rm", url, world["a"], "--dry-run", "--json"))
+    valid("prune", run_cli("prune", url, "--arch", "sm100", "--dry-run", "--json"))
     pulled = world["tmp"] / "pulled"
     pulled.mkdir()
     valid("pull", run_cli("pull", url, "--dry-run", "--any-env", "--json", "--cache-dir", str(pulled)))
