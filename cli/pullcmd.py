@@ -16,6 +16,7 @@ from autotune_cache.check import store_miss
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.plan.options import SERVING_OPTIONS
 from autotune_cache.registry import layouts
+from autotune_cache.tree.archive import ImportResult
 from autotune_cache.tree.pull import PullRefused, pull, select_records
 from autotune_cache.tree.store import Store
 from autotune_cache.tree.storehouse import record_views
@@ -127,7 +128,7 @@ def pull_cmd(url, refs, layout, status, older_than, larger_than, smaller_than, e
     plan = _plan_from_serving_flags(layout, refs, kw, fingerprint, root)
     if plan is not None and not plan.autotunes:
         out.note("the server would not autotune with these flags: nothing to pull")
-        out.emit(human=lambda: None, data={"store": str(store), "imported": [], "unchanged": []})
+        out.emit(human=lambda: None, data=_pull_data(store, dry_run, ImportResult(), ()))
         return
     try:
         filters = {"status": status, "older_than": older_than, "larger_than": larger_than, "smaller_than": smaller_than}
@@ -135,7 +136,9 @@ def pull_cmd(url, refs, layout, status, older_than, larger_than, smaller_than, e
         pulled = pull(store, layout, root.path, records, fingerprint=fingerprint, any_env=any_env,
                       only_compatible=only_compatible, force=force, dry_run=dry_run,
                       local_gpu=None if fingerprint is not None else _local_gpu_name())
-    except PullRefused as e:
+    except PullRefused as e:  # nothing pulled: --json says what was refused, as a refused import does
+        out.emit(human=lambda: None, data=_pull_data(store, dry_run, ImportResult(
+            refused=tuple((str(rec.id), why) for rec, why in e.refused)), ()))
         for rec, why in e.refused:
             out.error(f"{rec.id}: {why}")
         raise
@@ -143,6 +146,12 @@ def pull_cmd(url, refs, layout, status, older_than, larger_than, smaller_than, e
         for line in store.unreadable:  # index records left out: the others were judged
             out.warn(line)
     _report(out, store, pulled, {str(r.id): r.size for r in records}, dry_run)
+
+
+def _pull_data(store: Store, dry_run: bool, result: ImportResult, left_out) -> dict:
+    """``pull --json``, one object whatever happened (a dry run: the same, ``dry_run`` true)."""
+    return {"store": str(store), "dry_run": dry_run, **result.to_dict(),
+            "left_out": [{"entry": str(r.id), "reason": w} for r, w in left_out]}
 
 
 def _report(out: Output, store: Store, pulled, sizes: dict, dry_run: bool) -> None:
@@ -167,9 +176,7 @@ def _report(out: Output, store: Store, pulled, sizes: dict, dry_run: bool) -> No
             out.line(f"unchanged  {entry_id}")
 
     # A dry run reports what the pull would (the same object, ``dry_run`` true) and exits as it would.
-    out.emit(human=human, data={"store": str(store), "dry_run": dry_run, **result.to_dict(),
-                                "left_out": [{"entry": str(r.id), "reason": w} for r, w in pulled.left_out]},
-             ids=list(result.imported))
+    out.emit(human=human, data=_pull_data(store, dry_run, result, pulled.left_out), ids=list(result.imported))
     for entry_id, why in result.refused:
         out.error(f"{entry_id}: {why}")
     if result.refused:

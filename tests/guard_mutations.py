@@ -316,6 +316,13 @@ MUTATIONS = [
     ("31: a fleet's target that cannot be checked fails the command", "cli/checkcmd.py",
      "    if errors:\n        raise click.exceptions.Exit(int(ExitCode.USAGE))", "    if False:\n        pass",
      "tests/cli/test_fleet_truth.py::test_one_targets_error_names_it_and_the_others_still_run"),
+    ("31: the flashinfer dir of a tree is no root", "autotune_cache/tree/layout.py",
+     "            if len(parts) > k and parts[-k:] == base[:k] and Path(path).joinpath(*base[k:]).is_dir():",
+     "            if False:",
+     "tests/tree/test_transfer_decisions.py::test_the_flashinfer_dir_of_a_tree_is_no_root_and_a_root_called_flashinfer_is"),
+    ("31: an archive cut short by its reader is a failure", "cli/transfer.py",
+     "            view = view[os.write(self.fd, view):]", "            break",
+     "tests/cli/test_closed_pipe.py::test_an_archive_whose_reader_stops_part_way_is_a_failure"),
 ]
 
 

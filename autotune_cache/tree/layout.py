@@ -217,12 +217,20 @@ class CacheLayout(ABC):
                 what = f"a {self.levels[depth - 1].name} dir" if depth else f"the {'/'.join(base)} dir"
                 what += f" of the {self.name} tree at {root}, not its root"
                 return Misplaced(root, what, f"give --cache-dir {root}")
-        here = self.base(Path(path))
-        nested = here.joinpath(*base)
-        if nested.is_dir():
-            return Misplaced(Path(path), f"a root holding a second tree nested inside its own at {nested} (written with "
-                                         f"--cache-dir {here}; no engine reads it)",
-                             f"move what {nested} holds up into {here}, remove it, and run again")
+        # Part of the base (``<root>/flashinfer``): a root may well be called so, so only where
+        # the rest of the base is there beneath it.
+        for k in range(1, len(base)):
+            if len(parts) > k and parts[-k:] == base[:k] and Path(path).joinpath(*base[k:]).is_dir():
+                root = Path(*parts[:-k])
+                return Misplaced(root, f"the {'/'.join(base[:k])} dir of the {self.name} tree at {root}, not its root",
+                                 f"give --cache-dir {root}")
+        for k in range(1, len(base) + 1):  # a tree written with --cache-dir one of the base's dirs
+            here = Path(path).joinpath(*base[:k])
+            nested = here.joinpath(*base)
+            if nested.is_dir() and (k == len(base) or here.joinpath(*base[k:]).is_dir()):
+                return Misplaced(Path(path), f"a root holding a second tree nested inside its own at {nested} "
+                                             f"(written with --cache-dir {here}; no engine reads it)",
+                                 f"move what {nested} holds up into {self.base(Path(path))}, remove it, and run again")
         return None
 
     def entry_dir(self, root: Path, eid: EntryId) -> Path:

@@ -51,3 +51,17 @@ def test_binary_output_cut_short_is_a_failure(root):
     write_fake_entry(root)
     code, err = _run_into_closed_pipe("export", "-o", "-", "--cache-dir", str(root))
     assert code == 1 and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_archive_whose_reader_stops_part_way_is_a_failure(root):
+    """The reader takes 10 bytes and exits while the archive (over the 64 KiB a pipe holds) is
+    being written: the kernel takes part of the write, and the rest must not vanish with exit 0."""
+    for i in range(50):
+        write_fake_entry(root, fields=default_fields(model=f"m{i}"), seed=i)
+    for _ in range(3):
+        reader = subprocess.Popen([sys.executable, "-c", "import os; os.read(0, 10)"], stdin=subprocess.PIPE)
+        proc = subprocess.run([sys.executable, "-m", "fi_autotune_cli", "export", "-o", "-", "--cache-dir", str(root)],
+                              stdout=reader.stdin, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120)
+        reader.stdin.close()
+        reader.wait()
+        assert proc.returncode == 1 and "cut short" in proc.stderr and "Exported" not in proc.stderr, proc.stderr

@@ -64,6 +64,8 @@ def world(tmp_path):
 def test_plan_and_check_list_workers_alike(world):
     cd = ["--cache-dir", str(world["root"])]
     one = valid("plan", run_cli("plan", *QWEN, "--tp", "2", "--json", *cd))
+    store = valid("plan", run_cli("plan", *QWEN, "--tp", "1", "--layout", "vllm", "--json", *cd))
+    assert store["workers"][0]["id"] is None and store["workers"][0]["writes"] == "store_entries"
     two = valid("plan", run_cli("plan", *EAGLE, "--json", *cd))
     fleet = valid("plan", run_cli("plan", "--targets", world["targets"], "--json", *cd))
     assert [w["worker"] for w in one["workers"]] == ["target"]
@@ -122,10 +124,11 @@ def test_transfers_and_stores(world):
     h100.write_text(json.dumps({"fingerprint": {**DEFAULT_METADATA, "gpu": "NVIDIA H100"}, "arch": "sm90"}))
     other = world["tmp"] / "other"
     other.mkdir()
-    dry = run_cli("pull", url, "--dry-run", "--env-from", str(h100), "--json", "--cache-dir", str(other))
-    real = run_cli("pull", url, "--env-from", str(h100), "--json", "--cache-dir", str(other))
-    assert (dry.returncode, dry.stdout, dry.stderr) == (real.returncode, real.stdout, real.stderr) == \
-        (1, "", real.stderr) and "another environment" in real.stderr  # refused whole, alike
+    dry = valid("pull", run_cli("pull", url, "--dry-run", "--env-from", str(h100), "--json", "--cache-dir", str(other)),
+                (1,))
+    real = valid("pull", run_cli("pull", url, "--env-from", str(h100), "--json", "--cache-dir", str(other)), (1,))
+    assert dry["dry_run"] and not real["dry_run"] and dry["refused"] == real["refused"] and real["refused"]
+    assert not real["imported"] and "another environment" in real["refused"][0]["reason"]  # refused whole, alike
 
 
 def test_warm_one_entry_two_workers_and_a_fleet(world):

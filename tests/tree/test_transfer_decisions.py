@@ -164,6 +164,26 @@ def test_a_tree_nested_inside_a_tree_is_named_and_never_written(tmp_path):
     assert not rank_files(root)
 
 
+def test_the_flashinfer_dir_of_a_tree_is_no_root_and_a_root_called_flashinfer_is(tmp_path):
+    """``<root>/flashinfer`` (half the base): refused where ``autotune`` is beneath it, and a tree
+    written there before (``<root>/flashinfer/flashinfer/autotune``) is named from ``<root>``."""
+    root, archive = tmp_path / "cache", tmp_path / "a.tgz"
+    write_fake_entry(root)
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(root)).returncode == 0
+    for args in (("ls",), ("import", str(archive)), ("prune", "--older-than", "1s", "-y"), ("export", "-o", "-")):
+        proc = run_cli(*args, "--cache-dir", str(root / "flashinfer"))
+        assert proc.returncode == 2 and f"--cache-dir {root}" in proc.stderr, (args, proc.stderr)
+    assert not (root / "flashinfer" / "flashinfer").exists()
+    (root / "flashinfer" / "flashinfer" / "autotune").mkdir(parents=True)  # what such an import left before
+    proc = run_cli("ls", "--cache-dir", str(root))
+    assert proc.returncode == 2 and str(root / "flashinfer" / "flashinfer" / "autotune") in proc.stderr, proc.stderr
+    named = tmp_path / "flashinfer"  # a root may be called flashinfer: empty, then holding its own tree
+    named.mkdir()
+    assert ok("ls", "--cache-dir", str(named))["entries"] == []
+    assert ok("import", str(archive), "--cache-dir", str(named))["imported"]
+    assert ok("ls", "--cache-dir", str(named))["entries"]
+
+
 def test_fresh_empty_and_unrelated_roots_are_still_roots(tmp_path):
     src, archive = tmp_path / "src", tmp_path / "a.tgz"
     write_fake_entry(src)
