@@ -284,7 +284,7 @@ MUTATIONS = [
      '    if misplaced is not None:\n', '    if False:\n',
      'tests/tree/test_transfer_decisions.py::test_a_cache_dir_inside_a_tree_is_refused_naming_the_root[1]'),
     ('31: a root holding a tree nested in its own is refused', 'autotune_cache/tree/layout.py',
-     '        if nested.is_dir():\n', '        if False:\n',
+     '            if nested.is_dir() and (k == len(base) or here.joinpath(*base[k:]).is_dir()):\n', '            if False:\n',
      'tests/tree/test_transfer_decisions.py::test_a_tree_nested_inside_a_tree_is_named_and_never_written'),
     ("31: pull --dry-run judges the bundles' environment as the pull does", 'autotune_cache/tree/pull.py',
      '        refused = [] if any_env else environment_refusals(', '        refused = [] if any_env or dry_run else environment_refusals(',
