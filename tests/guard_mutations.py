@@ -323,6 +323,12 @@ MUTATIONS = [
     ("31: an archive cut short by its reader is a failure", "cli/transfer.py",
      "            view = view[os.write(self.fd, view):]", "            break",
      "tests/cli/test_closed_pipe.py::test_an_archive_whose_reader_stops_part_way_is_a_failure"),
+    ("32: a trickling HTTP store fails at its deadline", "autotune_cache/tree/storeio.py",
+     "                if time.monotonic() > end and got <= limit:", "                if False:",
+     "tests/tree/test_store_limits.py::test_a_server_trickling_faster_than_the_timeout_fails_at_its_deadline"),
+    ("32: every remote request carries its deadline", "autotune_cache/tree/storeio.py",
+     "        return fn(*args, timeout=deadline(timeout, size), **kwargs)", "        return fn(*args, **kwargs)",
+     "tests/tree/test_store_limits.py::test_every_request_to_a_remote_store_has_a_deadline"),
 ]
 
 

@@ -38,7 +38,8 @@ from autotune_cache.tree.export import export_entries
 from autotune_cache.tree.atomic import atomic_write_bytes, crashpoint
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.locks import hold_owner_lock, release_owner_lock
-from autotune_cache.tree.storeio import TIMEOUT_ENV, TooLarge, is_timeout, read_capped, store_timeout, timeout_options
+from autotune_cache.tree.storeio import (TIMEOUT_ENV, DeadlinePassed, TooLarge, bounded, is_timeout, read_capped,
+                                         store_timeout, timeout_options)
 from autotune_cache.tree.storerecord import MAX_RECORD_BYTES, StoreError, StoreRecord, redact
 
 MARKER = "fi-autotune-store.json"
@@ -56,6 +57,8 @@ TEMP_PREFIX = ".tmp-"
 
 
 def _fail(url: str, what: str, e: BaseException, timeout: float | None = None) -> StoreError:
+    if isinstance(e, DeadlinePassed):  # it kept answering, too slowly
+        return StoreError(f"{what} {redact(url)}: {e} (--timeout SECONDS or {TIMEOUT_ENV}=SECONDS allows more)")
     if is_timeout(e):
         return StoreError(f"{what} {redact(url)}: no answer within {timeout or store_timeout():g} s "
                           f"(--timeout SECONDS or {TIMEOUT_ENV}=SECONDS waits longer)")
@@ -171,7 +174,8 @@ class Store:
                     got.append(e)
             return got
         try:  # an object store: ranged reads, concurrently
-            blobs = self.fs.cat(paths, start=0, end=MAX_RECORD_BYTES + 1, on_error="return")
+            blobs = bounded(self.fs, self.fs.cat, paths, start=0, end=MAX_RECORD_BYTES + 1, on_error="return",
+                            timeout=self.timeout, size=len(paths) * (MAX_RECORD_BYTES + 1))
         except Exception as e:  # noqa: BLE001
             raise _fail(self.url, "cannot read", e, self.timeout) from None
         return [StoreError(f"index record larger than {MAX_RECORD_BYTES} bytes")
@@ -181,7 +185,7 @@ class Store:
     def _read_small(self, path: str, limit: int, what: str) -> bytes:
         """One small object read with its cap (``storeio.read_capped``); over it: StoreError."""
         try:
-            return read_capped(self.fs, path, limit, local=self.local, protocol=self.protocol)
+            return read_capped(self.fs, path, limit, local=self.local, protocol=self.protocol, timeout=self.timeout)
         except TooLarge:
             raise StoreError(f"{redact(self.url)}/{path[len(self.root) + 1:]}: {what} larger than {limit} bytes") from None
 
@@ -207,10 +211,10 @@ class Store:
         """The bundle's bytes, checked against the sha256 of its name and its record."""
         path = self._join(rec.bundle)
         try:
-            size = self.fs.size(path)
+            size = bounded(self.fs, self.fs.size, path, timeout=self.timeout, size=0)
             if size is not None and size > MAX_BUNDLE_BYTES:
                 raise StoreError(f"{rec.id}: bundle of {size} bytes is over the {MAX_BUNDLE_BYTES} limit")
-            data = self.fs.cat_file(path)
+            data = bounded(self.fs, self.fs.cat_file, path, timeout=self.timeout, size=size or MAX_BUNDLE_BYTES)
         except StoreError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -258,7 +262,7 @@ class Store:
             atomic_write_bytes(Path(path), data, tmp_name=f"{TEMP_PREFIX}{token}-{secrets.token_hex(6)}",
                                step="store.temp_written")
         else:
-            self.fs.pipe_file(path, data)
+            bounded(self.fs, self.fs.pipe_file, path, data, timeout=self.timeout, size=len(data))
 
     def put_marker(self, *, read_only: bool) -> None:
         """Write the store's marker (creating the store, sealing or unsealing it)."""

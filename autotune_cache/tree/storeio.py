@@ -6,12 +6,18 @@ marker of 600 MB would be read whole before its size was checked. So every backe
 connect and a read timeout (``FI_AUTOTUNE_STORE_TIMEOUT`` seconds, default 30; connecting waits
 at most 10), and small objects are read through ``read_capped``: at most ``limit + 1`` bytes,
 never the whole object, and on a file:// store never a FIFO or a device.
+
+A timeout per read does not bound a server that trickles (one byte every 5 s keeps every read
+alive: a 64 KB marker would take 91 hours). So each request also has a deadline for the whole
+of it (``deadline``): twice the timeout, for connecting and the first bytes, plus its size (or
+byte cap) at ``MIN_RATE``; past it the request fails, naming the URL and the limit.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 
 from autotune_cache.autotuner.rankfile import read_regular_file
 from autotune_cache.errors import UsageError
@@ -23,8 +29,41 @@ HTTP_PROTOCOLS = ("http", "https")
 GCS_PROTOCOLS = ("gs", "gcs")
 
 
+#: The slowest average rate a request may keep after its first ``--timeout`` seconds (bytes/s).
+MIN_RATE = 256 << 10
+
+
 class TooLarge(ValueError):
     """An object over its cap (only ``limit + 1`` bytes of it were read)."""
+
+
+class DeadlinePassed(TimeoutError):
+    """A request that kept answering, too slowly to end within its deadline."""
+
+
+def deadline(timeout: float, size: int) -> float:
+    """Seconds one request of ``size`` bytes (its size, or its byte cap) may take in all: twice
+    the timeout for connecting and the first bytes (a silent server fails its read timeout
+    first, and is named as silent), then the bytes at ``MIN_RATE``."""
+    return 2 * timeout + size / MIN_RATE
+
+
+def describe_deadline(timeout: float, size: int) -> str:
+    return (f"not done within {deadline(timeout, size):.3g} s (twice the {timeout:g} s timeout, plus {size} bytes "
+            f"at {MIN_RATE >> 10} KiB/s)")
+
+
+def bounded(fs, fn, *args, timeout: float, size: int, **kwargs):
+    """``fn(*args, **kwargs)``, one request of ``fs``, ended at its deadline: fsspec's own for an
+    asynchronous backend (HTTP, S3, GCS: the request is cancelled); a local one has no network."""
+    if not getattr(fs, "async_impl", False):
+        return fn(*args, **kwargs)
+    from fsspec.exceptions import FSTimeoutError  # fsspec is there: ``fs`` is one of its filesystems
+
+    try:
+        return fn(*args, timeout=deadline(timeout, size), **kwargs)
+    except FSTimeoutError:
+        raise DeadlinePassed(describe_deadline(timeout, size)) from None
 
 
 def store_timeout(given: float | None = None) -> float:
@@ -79,11 +118,11 @@ def is_timeout(e: BaseException) -> bool:
     return False
 
 
-def read_capped(fs, path: str, limit: int, *, local: bool, protocol: str) -> bytes:
+def read_capped(fs, path: str, limit: int, *, local: bool, protocol: str, timeout: float) -> bytes:
     """At most ``limit`` bytes of one object; ``TooLarge`` past it, having read ``limit + 1``.
     A local file is opened without blocking and must be regular; an HTTP body is streamed (a
-    server may ignore a Range header); other backends check the object's size, then read a
-    byte range."""
+    server may ignore a Range header), its deadline checked as each piece arrives; other
+    backends check the object's size, then read a byte range, each request with its deadline."""
     if local:
         try:
             return read_regular_file(path, limit=limit)
@@ -95,6 +134,7 @@ def read_capped(fs, path: str, limit: int, *, local: bool, protocol: str) -> byt
             raise
     if protocol in HTTP_PROTOCOLS:
         chunks, got = [], 0
+        end = time.monotonic() + deadline(timeout, limit + 1)
         with fs.open(path, "rb", block_size=0) as f:
             while got <= limit:  # a stream's read returns what has arrived: read on to the end
                 chunk = f.read(limit + 1 - got)
@@ -102,14 +142,16 @@ def read_capped(fs, path: str, limit: int, *, local: bool, protocol: str) -> byt
                     break
                 chunks.append(chunk)
                 got += len(chunk)
+                if time.monotonic() > end and got <= limit:
+                    raise DeadlinePassed(describe_deadline(timeout, limit + 1))
         data = b"".join(chunks)
     else:
         # The size first (one HEAD: a silent server fails it within one timeout per retry, where
         # s3fs retries a ranged GET far longer), then at most limit + 1 bytes of the body.
-        size = fs.size(path)
+        size = bounded(fs, fs.size, path, timeout=timeout, size=0)
         if size is not None and size > limit:
             raise TooLarge(f"larger than {limit} bytes")
-        data = fs.cat_file(path, start=0, end=limit + 1)
+        data = bounded(fs, fs.cat_file, path, start=0, end=limit + 1, timeout=timeout, size=limit + 1)
     if len(data) > limit:
         raise TooLarge(f"larger than {limit} bytes")
     return data
