@@ -253,11 +253,11 @@ def warm_targets(kw: dict, opts: WarmOptions, targets_file: str, shard: str | No
         return fleet_items(fleet.members), fleet.shard
 
     fleet_command(load, replace(opts, plan_hint="`fi-autotune plan --targets`"), push_url, out, t0,
-                  failed_targets=lambda: bool(fleets and fleets[0].errors))
+                  failed_targets=lambda: [e.target.source for e in (fleets[0].errors if fleets else ())])
 
 
 def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0: float,
-                  failed_targets=lambda: False) -> None:
+                  failed_targets=lambda: []) -> None:
     """Tune ``load(gpu_info) -> (FleetItems, shard or None)`` on one pool of workers
     (``tune.session.run_fleet``: each written item converted to the layouts it lists and pushed);
     report, exit 1 if any failed. Shared by ``warm --targets``, ``warm --layout sglang,vllm``
@@ -288,7 +288,9 @@ def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0
         progress.close()  # before main() prints an interruption (exit 130)
     run.result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
     _emit_fleet(out, run, opts, shard[0])
-    if failed_targets():  # the file names targets that could not be planned: its fields are wrong
+    failed = failed_targets()
+    if failed:  # the file names targets that could not be planned (said before tuning; again here, last)
+        out.error(f"not tuned, their fields are wrong: {', '.join(failed)}")
         raise click.exceptions.Exit(int(ExitCode.USAGE))
     if run.failed:
         raise click.exceptions.Exit(int(ExitCode.FAILURE))

@@ -125,3 +125,17 @@ def test_one_targets_error_names_it_and_the_others_still_run(tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert [e["target"] for e in data["errors"]] == ["plain"]
         assert {w["target"] for w in data["workers"]} == {"spec", "vllm1"}
+
+
+def test_warm_targets_tunes_the_good_targets_and_names_the_bad_one(tmp_path):
+    from tests._fake_gpus import gpu_env, run_gpu_cli
+
+    targets = tmp_path / "t.yaml"
+    targets.write_text(json.dumps({"defaults": {"flashinfer_version": "0.7.2.post1"}, "targets": [
+        {"name": "good", **PLAIN}, {"name": "bad", "model": QWEN, "tpp": 1}]}))
+    proc = run_gpu_cli("warm", "--targets", str(targets), "--cache-dir", str(tmp_path / "root"), "--json",
+                       env=gpu_env(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert [(w["target"], w["status"]) for w in json.loads(proc.stdout)["workers"]] == [("good", "written")]
+    assert proc.stderr.count("targets[1]") == 2 and "unknown field 'tpp'" in proc.stderr  # before tuning, and last
+    assert proc.stderr.strip().splitlines()[-1].endswith("not tuned, their fields are wrong: t.yaml: targets[1]")
