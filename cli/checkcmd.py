@@ -19,7 +19,8 @@ from .output import Output
 from .params import LayoutName, env_from_option, json_option, resolve_root, targets_option, timeout_option
 from .serving import (build_plan, engine_options, fold_serving_command, request_from, serving_command_argument,
                       serving_options)
-from .targetscmd import COMMAND_LINE, FleetError, FleetMember, load_fleet, member_fields, reject_serving_flags
+from .targetscmd import (COMMAND_LINE, FleetError, FleetMember, load_fleet, member_fields, reject_serving_flags,
+                         report_errors)
 
 
 def _readers() -> list[str]:
@@ -91,10 +92,7 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         checks.append((m, report, len(unknown) if strict else 0))
     checks = [c for c in checks if c[0].target.source not in failed]
     _emit(out, checks, errors, named, strict)
-    for e in errors:  # on stderr in every mode
-        out.error(e.line())
-    if errors:
-        raise click.exceptions.Exit(int(ExitCode.USAGE))
+    report_errors(out, errors)
     if strict and not all(r.ok for _, r, _ in checks):
         raise click.exceptions.Exit(int(ExitCode.FAILURE))
 

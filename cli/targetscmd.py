@@ -161,12 +161,12 @@ def load_fleet(path: str, cache_dir: str | None, arch: str | None, shard: str | 
     return Fleet(members, errors, chosen, len(targets))
 
 
-def report_errors(out: Output, fleet: Fleet) -> None:
-    """Each target that failed, one line on stderr; then exit 2 (its fields are wrong), once the
-    others have run."""
-    for e in fleet.errors:
+def report_errors(out: Output, errors: list[FleetError]) -> None:
+    """Each target that failed, one line on stderr in every mode; then exit 2 (its fields are
+    wrong, or it cannot be checked), once the others have run."""
+    for e in errors:
         out.error(e.line())
-    if fleet.errors:
+    if errors:
         raise click.exceptions.Exit(int(ExitCode.USAGE))
 
 
@@ -234,7 +234,7 @@ def plan_targets(out, fleet: Fleet, store_url: str | None) -> None:
                  f"merged ({data['distinct_calls']} distinct calls{saved})")
 
     out.emit(human=human, data=data)
-    report_errors(out, fleet)
+    report_errors(out, fleet.errors)
 
 
 def warm_targets(kw: dict, opts: WarmOptions, targets_file: str, shard: str | None, push_url: str | None,

@@ -313,7 +313,7 @@ MUTATIONS = [
     ("31: a fleet plans and checks each target's draft worker too", "cli/targetscmd.py",
      "    for r in request.workers():", "    for r in request.workers()[:1]:",
      "tests/cli/test_fleet_truth.py::test_check_targets_strict_reports_each_targets_own_misses"),
-    ("31: a fleet's target that cannot be checked fails the command", "cli/checkcmd.py",
+    ("31: a fleet's target that cannot be checked fails the command", "cli/targetscmd.py",
      "    if errors:\n        raise click.exceptions.Exit(int(ExitCode.USAGE))", "    if False:\n        pass",
      "tests/cli/test_fleet_truth.py::test_one_targets_error_names_it_and_the_others_still_run"),
     ("31: the flashinfer dir of a tree is no root", "autotune_cache/tree/layout.py",
