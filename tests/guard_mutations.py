@@ -329,6 +329,17 @@ MUTATIONS = [
     ("32: every remote request carries its deadline", "autotune_cache/tree/storeio.py",
      "        return fn(*args, timeout=deadline(timeout, size), **kwargs)", "        return fn(*args, **kwargs)",
      "tests/tree/test_store_limits.py::test_every_request_to_a_remote_store_has_a_deadline"),
+    ("32: a live deleter's delete journal is no proof that an id was deleted", "autotune_cache/tree/recovery.py",
+     "        if not dead:\n            return ()", "        if False:\n            return ()",
+     "tests/tree/test_leftovers.py::test_a_live_deleters_journal_is_no_proof"),
+    ("32: a delete journal's rows never reach outside the tree", "autotune_cache/tree/recovery.py",
+     "                if not isinstance(rel, str) or \"..\" in Path(rel).parts or Path(rel).is_absolute():",
+     "                if not isinstance(rel, str):",
+     "tests/tree/test_leftovers.py::test_a_dead_deleters_journal_removes_nothing_outside_its_trash"),
+    ("32: a re-run of a killed rm resumes from its delete journal", "autotune_cache/tree/delete.py",
+     "        if f.kind == \"journal\":", "        if False:",
+     "tests/tree/test_leftovers.py::test_a_rm_killed_while_removing_its_trash_is_finished_by_a_rerun"),
+
 ]
 
 

@@ -29,7 +29,9 @@ from autotune_cache.tree.layout import OUR_PREFIX, TRASH_DIR_RE, CacheLayout, En
 from autotune_cache.tree.locks import dead_owner, entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
 from autotune_cache.tree.refs import exact_ref
-from autotune_cache.tree.recovery import recover_journals, remove_leftover
+from autotune_cache.tree.recovery import (deleted_by_dead, recover_journals, remove_leftover, sweep_leftovers,
+                                          write_delete_journal)
+from autotune_cache.tree.swap import unlink_synced
 from autotune_cache.tree.select import EntryFilter, beyond_latest, over_budget
 from autotune_cache.tree.status import EntryStatus
 
@@ -183,14 +185,20 @@ class DeletePlan:
                 out = delete_entry(self.layout, self.root, cand.entry, rescan)
                 if out.deleted:
                     deleted.append((str(cand.entry.id), cand.freed))
-                    trashed.append((out.trash, cand.entry.path))
+                    trashed.append((cand.entry.id, out.trash, cand.entry.path))
                     if out.error:
                         errors.append((str(cand.entry.path), f"removed from the tree, but {out.error}"))
                 else:
                     skipped.append((str(cand.entry.id), out.why or "not deleted"))
-            for trash, path in trashed:  # every entry of the plan is gone: its records may go too
-                remove_tree(trash)
-                remove_empty_parents(path, base)
+            if trashed:  # every entry of the plan is gone: its trash may go, the journal remembering it
+                journal = write_delete_journal(self.layout, self.root, hold_owner_lock(base),
+                                               [(eid, trash) for eid, trash, _ in trashed])
+                crashpoint("prune.journaled")
+                for _, trash, path in trashed:
+                    remove_tree(trash)
+                    remove_empty_parents(path, base)
+                    crashpoint("prune.trash_removed")
+                unlink_synced(journal)
             now = time.time()
             removed = freed = 0
             for e in self.locked_temps:
@@ -218,6 +226,7 @@ class DeletePlan:
                     continue  # touched since the plan: a live writer
                 removed += 1
                 freed += t.size_on_disk
+            removed += sweep_leftovers(self.layout, self.root)  # what the plan did not list (rm's)
         finally:
             release_owner_lock(base)
         return DeleteResult(tuple(deleted), tuple(skipped), tuple(errors), removed, freed, recovered)
@@ -331,11 +340,22 @@ def plan_rm(info: CacheInfo, refs: tuple[str, ...], resumed: dict[EntryId, Findi
 
 def in_flight(info: CacheInfo, ref: str) -> tuple[EntryId, Finding] | None:
     """The entry ``ref`` names if a killed ``rm`` or ``prune`` was deleting it: a trash dir of
-    that entry whose owner is gone (only then - a live deleter's trash, or an id that is simply
-    not there, is no proof of anything). Its id is the trash dir's place plus the name in it."""
+    that entry, or a delete journal naming it, whose owner is gone (only then - a live
+    deleter's trash, or an id that is simply not there, is no proof of anything). A trash dir's
+    id is its place plus the name in it."""
     text = exact_ref(ref).rstrip("/")
     base = info.layout.base(info.root)
+    present = {e.id for e in info.entries}
+
+    def named(eid: EntryId) -> bool:
+        return text in (str(eid), eid.path_str, eid.name) and eid not in present
+
     for f in info.findings:
+        if f.kind == "journal":
+            hit = next((eid for eid in deleted_by_dead(info.layout, info.root, f.path) if named(eid)), None)
+            if hit is not None:
+                return hit, f
+            continue
         m = TRASH_DIR_RE.match(f.path.name) if f.kind == "trash" else None
         if m is None:
             continue
@@ -343,7 +363,7 @@ def in_flight(info: CacheInfo, ref: str) -> tuple[EntryId, Finding] | None:
             eid = info.layout.make_id(f.path.parent.relative_to(base).parts + (m["name"],))
         except ValueError:
             continue
-        if text not in (str(eid), eid.path_str, eid.name):
+        if not named(eid):
             continue
         with dead_owner(base, m["owner"]) as dead:
             if dead:

@@ -1,22 +1,34 @@
-"""Finishing what a killed writer left: journals whose owner is gone are rolled forward (the
-swaps they record are completed, so an archive import ends all-or-nothing), and staging and
-trash dirs of dead owners are removed. Cheap when there is nothing to do; does nothing on a
-read-only tree (``ls`` reports what it finds there)."""
+"""Finishing what a killed writer or deleter left: journals whose owner is gone are rolled
+forward (the swaps they record are completed, so an archive import ends all-or-nothing; the
+trash a delete journal names is removed), and staging and trash dirs of dead owners are
+removed. Cheap when there is nothing to do; does nothing on a read-only tree (``ls`` reports
+what it finds there).
+
+Two kinds of journal live in ``.fi-autotune-journal/``, each named ``<owner>-<random>.json``:
+a transaction's (``"entries"``: the swaps of one commit, ``txn``) and a delete's
+(``"kind": "delete"``, rows under ``"deleted"``, which an older fi-autotune drops unread): the
+entries one ``rm``/``prune`` took out of the tree, written once they are all in trash and
+removed after the last trash dir. While a dead owner's delete journal is there, a re-run of the
+same ``rm`` knows which of its ids were deleted, not mistyped; the next writer's
+``sweep_leftovers`` finishes it, a reader never does."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import secrets
 from pathlib import Path
 
-from autotune_cache.tree.atomic import fsync_dir
+from autotune_cache.tree.atomic import atomic_write_bytes, ensure_tree_dirs, fsync_dir
 from autotune_cache.tree.dirs import remove_tree
-from autotune_cache.tree.layout import OUR_PREFIX, STAGE_DIR_RE, TRASH_DIR_RE, CacheLayout
+from autotune_cache.tree.layout import OUR_PREFIX, STAGE_DIR_RE, TRASH_DIR_RE, CacheLayout, EntryId
 from autotune_cache.tree.locks import dead_owner, entry_lock
 from autotune_cache.tree.swap import inode_of, swap_in, unlink_synced
 
 JOURNAL_FORMAT = 1
+#: A delete journal's ``kind`` (a transaction's has none).
+DELETE_KIND = "delete"
 
 
 def recover_journals(layout: CacheLayout, root: Path) -> list[str]:
@@ -47,6 +59,8 @@ def recover_journals(layout: CacheLayout, root: Path) -> list[str]:
             path = jdir / name
             try:
                 journal = json.loads(path.read_bytes())
+                if isinstance(journal, dict) and journal.get("kind") == DELETE_KIND:
+                    continue  # a writer's sweep finishes it (``sweep_leftovers``); a reader leaves the proof
                 rows = journal["entries"]
             except (OSError, ValueError, KeyError, TypeError):
                 unlink_synced(path)  # a half-written journal: its transaction never started swapping
@@ -59,6 +73,66 @@ def recover_journals(layout: CacheLayout, root: Path) -> list[str]:
                     remove_tree(trash)
             done.append(f"finished an interrupted write of {finished} of {len(rows)} entries")
     return done
+
+
+def write_delete_journal(layout: CacheLayout, root: Path, owner: str, trashed: list[tuple[EntryId, Path]]) -> Path:
+    """Record, durably, that ``owner`` deleted these entries (each now at its trash path)."""
+    base = layout.base(root)
+    jdir = ensure_tree_dirs(base, (layout.journal_dir(root).name,))
+    journal = jdir / f"{owner}-{secrets.token_hex(4)}.json"
+    rows = [{"id": list(eid.parts), "trash": str(trash.relative_to(base))} for eid, trash in trashed]
+    atomic_write_bytes(journal, json.dumps({"format": JOURNAL_FORMAT, "kind": DELETE_KIND, "owner": owner,
+                                            "deleted": rows}).encode())
+    return journal
+
+
+def deleted_by_dead(layout: CacheLayout, root: Path, journal: Path) -> tuple[EntryId, ...]:
+    """The entries a delete journal says a dead owner deleted; () for a live owner's (its
+    delete is still running: proof of nothing yet), a transaction's journal, or one unreadable."""
+    base = layout.base(root)
+    with dead_owner(base, journal.name.split("-", 1)[0]) as dead:
+        if not dead:
+            return ()
+        try:
+            data = json.loads(journal.read_bytes())
+            if not isinstance(data, dict) or data.get("kind") != DELETE_KIND:
+                return ()
+            return tuple(layout.make_id(tuple(row["id"])) for row in data["deleted"])
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            return ()
+
+
+def _finish_deletes(layout: CacheLayout, root: Path) -> int:
+    """Remove the delete journals of dead owners, with the trash dirs they name (only names of
+    ours, inside the tree: the rows come from a file anyone could have edited); how many."""
+    base, jdir = layout.base(root), layout.journal_dir(root)
+    try:
+        names = sorted(n for n in os.listdir(jdir) if n.endswith(".json"))
+    except OSError:
+        return 0
+    finished = 0
+    for name in names:
+        path = jdir / name
+        with dead_owner(base, name.split("-", 1)[0]) as dead:
+            if not dead:
+                continue
+            try:
+                journal = json.loads(path.read_bytes())
+            except (OSError, ValueError, RecursionError):
+                continue  # a transaction's half-written journal is ``recover_journals``'s
+            if not isinstance(journal, dict) or journal.get("kind") != DELETE_KIND:
+                continue
+            rows = journal.get("deleted") if isinstance(journal.get("deleted"), list) else []
+            for row in rows:
+                rel = row.get("trash") if isinstance(row, dict) else None
+                if not isinstance(rel, str) or ".." in Path(rel).parts or Path(rel).is_absolute():
+                    continue
+                trash = base / rel
+                if TRASH_DIR_RE.match(trash.name) and os.path.lexists(trash):
+                    remove_tree(trash)
+            unlink_synced(path)
+            finished += 1
+    return finished
 
 
 def _roll_forward(layout: CacheLayout, root: Path, base: Path, rows: list) -> int:
@@ -112,3 +186,32 @@ def remove_leftover(base: Path, path: Path) -> tuple[bool, str | None]:
             return False, None
         err = remove_tree(path)
         return err is None, err
+
+
+def sweep_leftovers(layout: CacheLayout, root: Path) -> int:
+    """Finish the deletes of dead owners (their journals and trash), and remove every staging
+    and trash dir in the tree whose owner is gone; how many things went. For the commands that
+    write a tree (a reader never does: ``ls`` counts them instead). Those dirs lie beside
+    entries, so only the levels above the entries are listed, never an entry's files."""
+    base = layout.base(root)
+    removed = _finish_deletes(layout, root)
+
+    def walk(path: Path, depth: int) -> None:
+        nonlocal removed
+        try:
+            with os.scandir(path) as it:
+                children = [(c.name, c.is_dir(follow_symlinks=False)) for c in it]
+        except OSError:
+            return
+        for name, is_dir in children:
+            if not is_dir:
+                continue
+            if depth + 1 < len(layout.levels):
+                if layout.levels[depth].valid(name):
+                    walk(path / name, depth + 1)
+            elif name.startswith(OUR_PREFIX) and (STAGE_DIR_RE.match(name) or TRASH_DIR_RE.match(name)):
+                ok, _ = remove_leftover(base, path / name)
+                removed += ok
+
+    walk(base, 0)
+    return removed

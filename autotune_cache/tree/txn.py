@@ -47,7 +47,7 @@ from autotune_cache.tree.dirs import first_missing, remove_dir_chain, remove_emp
 from autotune_cache.tree.layout import LOCKS_DIRNAME, MANIFEST_NAME, CacheLayout, EntryId, stage_name, trash_name
 from autotune_cache.tree.locks import entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.manifest import Manifest, RankRecord
-from autotune_cache.tree.recovery import JOURNAL_FORMAT, recover_journals, remove_dead_siblings
+from autotune_cache.tree.recovery import JOURNAL_FORMAT, recover_journals, remove_dead_siblings, sweep_leftovers
 from autotune_cache.tree.swap import inode_of, swap_in, undo_swap, unlink_synced
 
 __all__ = ["Check", "CommitResult", "StagedEntry", "Transaction"]
@@ -105,6 +105,7 @@ class Transaction:
             raise FiAutotuneError(f"cannot write to the cache tree: {os_error_message(e)}") from None
         self.owner = hold_owner_lock(self.base, make_base)
         recover_journals(layout, root)
+        sweep_leftovers(layout, root)  # what killed writers and deleters left anywhere in the tree
         self.staged: dict[EntryId, StagedEntry] = {}
         #: Manifests read with an archive, checked and written by ``archive.finish_staged``.
         self.manifest_bytes: dict[EntryId, bytes] = {}

@@ -199,3 +199,118 @@ def test_a_live_deleters_trash_is_not_already_deleted(tmp_path):
         assert (path.parent / trash_name(token, path.name)).is_dir()
     finally:
         lock.release()
+
+
+def three_more(root: Path) -> list[str]:
+    return [str(write_fake_entry(root, fields=default_fields(f"org/x{i}", tp=2, dp=1), arch="sm90", seed=10 + i))
+            for i in range(3)]
+
+
+def test_a_rm_killed_while_removing_its_trash_is_finished_by_a_rerun(tmp_path):
+    """Issue 32: killed at the second trash removal, the first entry's trash is gone already -
+    the delete journal still says that entry was deleted, so a re-run (after an ``ls``, which
+    must not consume that proof) reports every one as already deleted, exit 0, and leaves nothing."""
+    root = tmp_path / "tree"
+    ids = two_entries(root) + three_more(root)
+    keep = str(write_fake_entry(root, fields=default_fields("org/keep", tp=2, dp=1), arch="sm90", seed=3))
+    killed = run_cli("rm", "-y", *ids, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "prune.trash_removed:1"})
+    assert killed.returncode == -signal.SIGKILL
+    trash = [p for p in SG.base(root).rglob("*") if TRASH_DIR_RE.match(p.name)]
+    assert len(trash) == 4, trash  # the first one went
+    listed = run_json("ls", "--cache-dir", str(root))
+    assert [e["id"] for e in listed["entries"]] == [keep]
+    again = run_cli("rm", "-y", *ids, "--cache-dir", str(root), "--json")
+    assert again.returncode == 0, again.stderr
+    out = json.loads(again.stdout)
+    assert sorted(out["plan"]["already_deleted"]) == sorted(ids) and out["result"]["deleted"] == []
+    assert not [p for p in SG.base(root).rglob("*") if TRASH_DIR_RE.match(p.name) or p.suffix == ".json"
+                and p.parent.name == ".fi-autotune-journal"]
+    assert [e["id"] for e in run_json("ls", "--cache-dir", str(root))["entries"]] == [keep]
+    gone = run_cli("rm", "-y", ids[0], "--cache-dir", str(root))  # the job is done: an unknown id again
+    assert gone.returncode == 1 and "no cache entry" in gone.stderr
+
+
+def test_a_rm_killed_after_its_journal_resumes_only_the_ids_it_took(tmp_path):
+    """Killed with every entry in trash and the journal written: its ids are already deleted, a
+    mistyped id beside them is still an error (exit 1, nothing deleted), and the rest runs."""
+    root = tmp_path / "tree"
+    a, b = two_entries(root)
+    (c,) = three_more(root)[:1]
+    killed = run_cli("rm", "-y", a, b, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "prune.journaled"})
+    assert killed.returncode == -signal.SIGKILL
+    typo = run_cli("rm", "-y", a, "0.7.2.post1/sm90/ffffffffffffffff", "--cache-dir", str(root))
+    assert typo.returncode == 1 and "no cache entry" in typo.stderr
+    again = run_cli("rm", "-y", b, c, a, "--cache-dir", str(root), "--json")
+    assert again.returncode == 0, again.stderr
+    out = json.loads(again.stdout)
+    assert sorted(out["plan"]["already_deleted"]) == sorted([a, b]) and out["result"]["deleted"] == [c]
+
+
+def test_the_next_writer_sweeps_a_dead_deleters_trash_and_journal(tmp_path):
+    """A tree writer (here: import of an archive) removes what a killed rm left anywhere in the
+    tree - its trash and its journal - while a live deleter's trash stays."""
+    root, other = tmp_path / "tree", tmp_path / "other"
+    ids = two_entries(root)
+    killed = run_cli("rm", "-y", *ids, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "prune.trash_removed:1"})
+    assert killed.returncode == -signal.SIGKILL
+    live_token = "34" * 6
+    live = SG.base(root) / "0.7.2.post1" / "sm90" / trash_name(live_token, "0123456789abcdef")
+    live.mkdir(parents=True)
+    lock = filelock.FileLock(str(SG.base(root) / LOCKS_DIRNAME / "owners" / f"{live_token}.lock"), timeout=0)
+    lock.acquire()
+    try:
+        src = str(write_fake_entry(other, fields=default_fields("org/new", tp=2, dp=1), arch="sm90", seed=7))
+        archive = tmp_path / "a.tar.gz"
+        assert run_cli("export", src, "--cache-dir", str(other), "-o", str(archive)).returncode == 0
+        assert run_cli("import", str(archive), "--cache-dir", str(root)).returncode == 0
+        left = [p for p in SG.base(root).rglob("*") if TRASH_DIR_RE.match(p.name)]
+        assert left == [live], left
+        assert not list((SG.base(root) / ".fi-autotune-journal").glob("*.json"))
+    finally:
+        lock.release()
+
+
+def _delete_journal(root: Path, token: str, ids: list[str], trash: list[str]) -> Path:
+    jdir = SG.base(root) / ".fi-autotune-journal"
+    jdir.mkdir(parents=True, exist_ok=True)
+    path = jdir / f"{token}-0000aaaa.json"
+    path.write_text(json.dumps({"format": 1, "kind": "delete", "owner": token,
+                                "deleted": [{"id": SG.parse_id(i).parts, "trash": t} for i, t in zip(ids, trash)]}))
+    return path
+
+
+def test_a_live_deleters_journal_is_no_proof(tmp_path):
+    """A delete journal whose owner still holds its lock (an rm in flight) proves nothing: an
+    id it names that is not in the tree is unknown to another rm (exit 1, nothing deleted)."""
+    root = tmp_path / "tree"
+    a, b = two_entries(root)
+    token = "56" * 6
+    gone_id = "0.7.2.post1/sm90/" + "e" * 16
+    _delete_journal(root, token, [gone_id], [f"0.7.2.post1/sm90/{trash_name(token, 'e' * 16)}"])
+    lock = filelock.FileLock(str(SG.base(root) / LOCKS_DIRNAME / "owners" / f"{token}.lock"), timeout=0)
+    lock.acquire()
+    try:
+        proc = run_cli("rm", "-y", gone_id, b, "--cache-dir", str(root))
+        assert proc.returncode == 1 and "no cache entry" in proc.stderr, proc.stderr
+        assert b in [e["id"] for e in run_json("ls", "--cache-dir", str(root))["entries"]]
+    finally:
+        lock.release()
+    proc = run_cli("rm", "-y", gone_id, "--cache-dir", str(root))  # its owner is dead now: the proof holds
+    assert proc.returncode == 0 and "already deleted" in proc.stderr, proc.stderr
+
+
+def test_a_dead_deleters_journal_removes_nothing_outside_its_trash(tmp_path):
+    """The journal's rows come from a file anyone could edit: a row naming an entry, a dir
+    outside the tree or a ``..`` path is never removed by the sweep that finishes it."""
+    root = tmp_path / "tree"
+    a, b = two_entries(root)
+    outside = tmp_path / f".fi-autotune-trash-{'78' * 6}-x"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    journal = _delete_journal(root, "78" * 6, [a, b, a], [a, f"../../../{outside.name}", str(outside)])
+    c = three_more(root)[0]
+    assert run_cli("rm", "-y", c, "--cache-dir", str(root)).returncode == 0  # a writer: it sweeps
+    assert not journal.exists()
+    assert (outside / "keep").exists()
+    listed = [e["id"] for e in run_json("ls", "--cache-dir", str(root))["entries"]]
+    assert a in listed and b in listed and c not in listed
