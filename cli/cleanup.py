@@ -48,7 +48,7 @@ def _run(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = 
         for entry_id, why in plan.left_alone:
             out.note(f"left {entry_id}: {why}")
         for entry_id in getattr(plan, "already_deleted", ()):
-            out.note(f"{entry_id}: already deleted (by an interrupted rm or prune; its trash goes now)")
+            out.note(f"{entry_id}: already deleted (by an interrupted rm or prune; what it left goes now)")
         if plan.empty:
             out.line("Nothing to delete.")
         else:

@@ -19,6 +19,7 @@ from autotune_cache.tree.scan import CacheEntry, iter_entries
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store import Store
 from autotune_cache.tree.storehouse import record_views, require_store_filters
+from autotune_cache.tree.storesweep import survey
 
 from .output import Mode, Output
 from .params import (
@@ -303,6 +304,7 @@ def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
     now = time.time()
     fp = Fingerprint.load(env_from) if env_from else None
     views = sorted((v for v in record_views(records, fp) if flt.reasons(v, now) is not None), key=lambda v: str(v.id))
+    remains = survey(store, records)  # counted, never swept: ls only reads
 
     def human() -> None:
         def parallel(r) -> str:
@@ -319,10 +321,13 @@ def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
         by_status = ", ".join(f"{n} {s}" for s in EntryStatus.names()
                               if (n := sum(1 for v in views if v.status.value == s)))
         out.line(f"\n{plural(len(views), 'entry', 'entries')} in {store}" + (f" ({by_status})" if by_status else ""))
+        if remains.orphans:
+            out.line(f"{plural(len(remains.orphans), 'bundle')} no index record names ({format_size(sum(o.size for o in remains.orphans))}, "
+                     f"left by an interrupted push or delete): {remains.sweepable(now)} go with the next push, rm or prune")
 
     out.emit(human=human, ids=[str(v.id) for v in views],
              data=lambda: {"store": str(store), "entries": [{**v.to_dict(), "stale": v.status == EntryStatus.STALE}
                                                             for v in views],
-                           "unreadable": list(store.unreadable)})
+                           "unreadable": list(store.unreadable), "remains": remains.to_dict(now)})
 
 

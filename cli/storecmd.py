@@ -10,7 +10,8 @@ import click
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.store import Store, bundle_of
-from autotune_cache.tree.storehouse import sweep_temps, unseal
+from autotune_cache.tree.storehouse import unseal
+from autotune_cache.tree.storesweep import sweep_store
 from autotune_cache.tree.storerecord import is_store_url
 
 from .output import Output
@@ -74,9 +75,8 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
         raise FiAutotuneError("nothing to push")
     if dry_run:
         return dry_run_listing(out, "push", [(str(e.id), e.size_on_disk) for e in chosen], str(store))
-    swept, _ = sweep_temps(store)
-    if swept:
-        out.note(f"removed {swept} temp file(s) of an interrupted push from {store}")
+    for note in sweep_store(store).notes(store):
+        out.note(note)
     result = store.push(layout, [(e, bundle_of(layout, e)) for e in chosen], seal=seal)
 
     for entry_id in result.vanished:

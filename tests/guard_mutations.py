@@ -340,6 +340,22 @@ MUTATIONS = [
      "        if f.kind == \"journal\":", "        if False:",
      "tests/tree/test_leftovers.py::test_a_rm_killed_while_removing_its_trash_is_finished_by_a_rerun"),
 
+    ("32: a bundle whose record cannot be read is never swept", "autotune_cache/tree/storesweep.py",
+     "        if store._join(record_rel) in unreadable:\n            continue  # its record cannot be read: it may name this bundle",
+     "        if False:\n            continue",
+     "tests/tree/test_store_housekeeping.py::test_a_sweep_never_takes_a_bundle_an_unreadable_record_or_an_edited_tombstone_may_name"),
+    ("32: a young orphan stays while another writer is alive", "autotune_cache/tree/storesweep.py",
+     "        if self.local and not self.writers_alive:", "        if self.local:",
+     "tests/tree/test_store_housekeeping.py::test_orphans_go_with_the_next_writer_once_no_push_can_be_publishing_them"),
+    ("32: an orphan published since the survey stays", "autotune_cache/tree/storesweep.py",
+     "        if json.loads(data).get(\"bundle\") == o.rel:\n            return False", "        if False:\n            return False",
+     "tests/tree/test_store_housekeeping.py::test_an_orphan_published_or_uploaded_again_since_the_survey_stays"),
+    ("32: an orphan uploaded again since the survey stays", "autotune_cache/tree/storesweep.py",
+     "    return int(info.get(\"size\") or 0) == o.size and _mtime(info) == o.mtime", "    return True",
+     "tests/tree/test_store_housekeeping.py::test_an_orphan_published_or_uploaded_again_since_the_survey_stays"),
+    ("32: a store id nobody was deleting is unknown", "autotune_cache/tree/storehouse.py",
+     "                if stone is None:\n", "                if False:\n",
+     "tests/tree/test_store_housekeeping.py::test_a_bundle_nobody_was_deleting_is_no_already_deleted_entry"),
 ]
 
 

@@ -85,6 +85,22 @@ def dead_owner(base: Path, token: str) -> Iterator[bool]:
         lock.release()
 
 
+def other_owner_alive(base: Path) -> bool:
+    """Whether a process other than this one holds an owner lock in ``base`` (a writer is
+    running there). Dead owners' lock files are removed on the way."""
+    try:
+        names = os.listdir(base / LOCKS_DIRNAME / "owners")
+    except OSError:
+        return False
+    for name in names:
+        if name.endswith(".lock"):
+            with dead_owner(base, name[:-len(".lock")]) as dead:
+                mine = _held().get(base, (None,))[0] == name[:-len(".lock")]
+                if not dead and not mine:
+                    return True
+    return False
+
+
 @contextlib.contextmanager
 def entry_lock(layout: CacheLayout, root: Path, eid: EntryId, timeout: float = -1) -> Iterator[None]:
     """The writer lock of one entry. ``timeout=0`` fails at once with EntryLocked."""

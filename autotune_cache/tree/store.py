@@ -6,6 +6,7 @@ A store is a prefix on any filesystem fsspec reaches - ``s3://bucket/caches`` (s
     <store>/fi-autotune-store.json                            marker: format, read-only or not
     <store>/bundles/<layout>/<version>/<arch>/<key>/<sha256>.tar.gz   one entry, reproducible (``export``)
     <store>/index/<layout>/<version>/<arch>/<key>.json        what ``ls URL`` and ``pull`` read
+    <store>/deleting/<layout>/<version>/<arch>/<key>.json     a delete in progress (``storesweep``)
 
 A bundle is named by the sha256 of its bytes, and bundles are reproducible, so the same entry
 always lands at the same name: two pushers of one entry write the same object. A push uploads
@@ -52,6 +53,8 @@ MAX_MARKER_BYTES = 64 << 10
 #: Which extra provides which protocol (``pip install "fi-autotune[s3]"``).
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
 READ_ONLY_PROTOCOLS = ("http", "https")
+#: Where a delete leaves its tombstone while it runs (``storesweep``).
+TOMBSTONES = "deleting"
 #: A local store's temp files: ``.tmp-<owner token>-<random>`` (``.tmp-<random>``: older fi-autotune, no owner).
 TEMP_PREFIX = ".tmp-"
 
@@ -100,8 +103,9 @@ class Store:
         self.protocol = scheme
         self.local = scheme in ("file", "local") or not scheme
         self.root = self.root.rstrip("/")
-        #: Index records ``records`` left out, one line each (``ls URL`` and ``pull`` warn).
+        #: Index records ``records`` left out, one line each (``ls URL`` and ``pull`` warn), and their paths.
         self.unreadable: list[str] = []
+        self.unreadable_paths: list[str] = []
 
     def __str__(self) -> str:
         return redact(self.url)
@@ -112,6 +116,9 @@ class Store:
 
     def record_path(self, layout: str, eid: EntryId) -> str:
         return self._join("index", layout, *eid.parts[:-1], f"{eid.parts[-1]}.json")
+
+    def tombstone_path(self, layout: str, eid: EntryId) -> str:
+        return self._join(TOMBSTONES, layout, *eid.parts[:-1], f"{eid.parts[-1]}.json")
 
     def bundle_rel(self, layout: str, eid: EntryId, sha: str) -> str:
         return "/".join(("bundles", layout, *eid.parts, f"{sha}.tar.gz"))
@@ -157,6 +164,7 @@ class Store:
                     raise StoreError(f"{where}: the index record names {rec.id}, which belongs elsewhere")
             except StoreError as e:
                 self.unreadable.append(f"{e}: skipped")
+                self.unreadable_paths.append(p)
                 continue
             out.append(rec)
         return out
@@ -307,9 +315,10 @@ class Store:
                 if current is not None and current.sha256 == sha and self.fs.exists(self._join(rel)):
                     unchanged.append(str(entry.id))
                     continue
-                if not self.fs.exists(self._join(rel)):
-                    self._put(self._join(rel), data)
-                    uploaded += len(data)
+                # Uploaded even where the name exists without a record naming it: that is an orphan,
+                # which a sweep may be removing; a fresh upload is a new file it will not take.
+                self._put(self._join(rel), data)
+                uploaded += len(data)
                 crashpoint("store.bundle_uploaded")
                 rec = StoreRecord(
                     layout.name, entry.id, sha, len(data), rel, dict(entry.metadata), entry.model,

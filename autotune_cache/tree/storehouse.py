@@ -1,83 +1,33 @@
-"""Store housekeeping: what a killed push left in a file:// store, ``rm`` and ``prune`` of a
-store's entries, and unsealing.
+"""Store housekeeping: ``rm`` and ``prune`` of a store's entries, and unsealing (what killed
+writers and deleters left: ``storesweep``).
 
 Deleting from a store is plan-then-delete, as in the tree (``delete.py``): the plan lists the
 index records the filters or names select; executing it re-reads each record and removes it
-only if it still names the bundle the plan showed (a push since then wins), *record first,
-then bundle*, so a reader never meets a record whose bundle is gone. A kill in between leaves
-an unreferenced bundle, which no reader sees. A sealed store (or one whose marker cannot be
+only if it still names the bundle the plan showed (a push since then wins): *tombstone, record,
+bundle, tombstone*, so a reader never meets a record whose bundle is gone. A kill in between
+leaves an unreferenced bundle, which no reader sees, and the tombstone that lets a re-run of the
+same ``rm`` report that entry "already deleted" and finish; the next writer sweeps both. A sealed store (or one whose marker cannot be
 read, so may be sealed) is never written: ``unseal`` first.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import stat as stat_mod
+import json
 import time
 from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
+from datetime import datetime, timezone
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import format_size
 from autotune_cache.tree.atomic import crashpoint
-from autotune_cache.tree.delete import STALE_TEMP_AGE_S, Candidate, DeleteResult
-from autotune_cache.tree.layout import LOCKS_DIRNAME
-from autotune_cache.tree.locks import dead_owner
+from autotune_cache.tree.delete import Candidate, DeleteResult
 from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.status import EntryStatus
-from autotune_cache.tree.store import MARKER, STORE_FORMAT, TEMP_PREFIX, Store
+from autotune_cache.tree.store import MARKER, STORE_FORMAT, Store
 from autotune_cache.tree.storerecord import StoreRecord
-
-#: A local store's temp file: ``.tmp-<owner token>-<random>``, or an older fi-autotune's
-#: ``.tmp-<random>`` (no owner to ask).
-STORE_TEMP_RE = re.compile(rf"^{re.escape(TEMP_PREFIX)}(?:(?P<owner>[0-9a-f]{{12}})-)?[0-9a-f]{{12}}\Z")
-
-
-def sweep_temps(store: Store) -> tuple[int, int]:
-    """Remove the temp files of killed writers from a file:// store: (files, bytes).
-
-    A temp name carries its writer's owner token, whose lock that writer holds while it runs
-    (``Store._put``): a temp whose token's lock we can take is dead, and goes at once, however
-    young. An older name has no token: it goes only once older than ``STALE_TEMP_AGE_S``, as the
-    tree's temp files do - a push of that age has long finished or died. Object stores have no
-    temp files (one PUT)."""
-    if not store.local:
-        return 0, 0
-    base = Path(store.root)
-    removed = freed = 0
-    now = time.time()
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames[:] = [d for d in dirnames if d != LOCKS_DIRNAME]
-        for name in filenames:
-            m = STORE_TEMP_RE.match(name)
-            path = Path(dirpath) / name
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if not m or not stat_mod.S_ISREG(st.st_mode):
-                continue
-            if m["owner"]:
-                with dead_owner(base, m["owner"]) as dead:
-                    gone = dead and _unlink(path)
-            else:
-                gone = now - st.st_mtime >= STALE_TEMP_AGE_S and _unlink(path)
-            if gone:
-                removed, freed = removed + 1, freed + st.st_size
-    return removed, freed
-
-
-def _unlink(path: Path) -> bool:
-    try:
-        os.unlink(path)
-    except OSError:
-        return False
-    return True
-
+from autotune_cache.tree.storesweep import Remains, survey, sweep_store
 
 @dataclass(frozen=True)
 class RecordView:
@@ -142,11 +92,20 @@ class StoreDeletePlan:
     store: Store
     candidates: tuple[Candidate, ...]
     left_alone: tuple[tuple[str, str], ...] = ()
-    leftovers: tuple = ()
+    remains: Remains = Remains()
+    #: Named entries a killed delete had already taken (their tombstone, no record).
+    already_deleted: tuple[str, ...] = ()
+
+    @property
+    def leftovers(self) -> tuple:
+        """Bundles no record names that the run would remove (as the tree's leftovers)."""
+        now = time.time()
+        return tuple(o for o in self.remains.orphans if self.remains.may_go(o.mtime, now))
 
     @property
     def empty(self) -> bool:
-        return not self.candidates
+        """Nothing to run: no entry to delete, no killed delete to finish, no orphan to sweep."""
+        return not (self.candidates or self.already_deleted or self.leftovers)
 
     @property
     def expected_freed_size_str(self) -> str:
@@ -156,6 +115,7 @@ class StoreDeletePlan:
         return {"store": str(self.store), "entries": [{**c.entry.to_dict(), "reasons": list(c.reasons)}
                                                       for c in self.candidates],
                 "left_alone": [{"entry": e, "reason": r} for e, r in self.left_alone],
+                "already_deleted": list(self.already_deleted), "remains": self.remains.to_dict(),
                 "expected_freed_size": sum(c.freed for c in self.candidates)}
 
     def check_writable(self) -> None:
@@ -163,7 +123,6 @@ class StoreDeletePlan:
 
     def execute(self) -> DeleteResult:
         check_deletable(self.store)
-        removed, freed = sweep_temps(self.store)
         deleted, skipped, errors = [], list(self.left_alone), []
         try:
             for cand in self.candidates:
@@ -174,9 +133,10 @@ class StoreDeletePlan:
                     errors.append((str(cand.entry.id), why[1:]))
                 else:
                     skipped.append((str(cand.entry.id), why))
+            swept = sweep_store(self.store)
         finally:
             self.store.release()
-        return DeleteResult(tuple(deleted), tuple(skipped), tuple(errors), removed, freed)
+        return DeleteResult(tuple(deleted), tuple(skipped), tuple(errors), swept.removed, swept.freed)
 
 
 def check_deletable(store: Store) -> None:
@@ -200,11 +160,18 @@ def delete_record(store: Store, rec: StoreRecord) -> str | None:
         return "already deleted"
     if now.sha256 != rec.sha256:
         return "pushed again since the plan was made"
+    tombstone = store.tombstone_path(rec.layout, rec.id)
     try:
+        store._put(tombstone, json.dumps({"format": 1, "bundle": rec.bundle, "sha256": rec.sha256,
+                                          "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode())
+        crashpoint("store.tombstone_written")
         store.fs.rm_file(store.record_path(rec.layout, rec.id))
         crashpoint("store.record_removed")
         with contextlib.suppress(FileNotFoundError):
             store.fs.rm_file(store.root + "/" + rec.bundle)
+        crashpoint("store.bundle_removed")
+        with contextlib.suppress(FileNotFoundError):
+            store.fs.rm_file(tombstone)
     except Exception as e:  # noqa: BLE001 - backends raise their own types
         return f"!cannot delete from {store}: {type(e).__name__}: {str(e).strip()[:200]}"
     return None
@@ -217,18 +184,24 @@ def plan_store_delete(store: Store, flt: EntryFilter | None = None, refs: tuple[
     store.require()
     records = store.records()
     if refs:
+        remains = survey(store, records)
         views = {str(v.id): v for v in record_views(records, fingerprint)}
-        picked = []
+        picked, resumed = [], []
         for ref in map(exact_ref, refs):
             matches = [v for k, v in views.items() if ref in (k, v.id.name, str(v.id.path_str))]
             if len(matches) > 1:
                 raise UsageError(f"{ref!r} names {len(matches)} entries in {store}; give one id: "
                                  + ", ".join(str(v.id) for v in matches))
             if not matches:
-                raise FiAutotuneError(f"no entry {ref!r} in {store}", hint=f"`fi-autotune ls {store}` lists them")
+                stone = remains.deleted_by_a_killed_rm(ref)
+                if stone is None:
+                    raise FiAutotuneError(f"no entry {ref!r} in {store}", hint=f"`fi-autotune ls {store}` lists them")
+                if str(stone.id) not in resumed:
+                    resumed.append(str(stone.id))
+                continue
             if matches[0] not in [c.entry for c in picked]:
                 picked.append(Candidate(matches[0], ("named",)))
-        return StoreDeletePlan(store, tuple(picked), _unreadable(store))
+        return StoreDeletePlan(store, tuple(picked), _unreadable(store), remains, tuple(resumed))
     if flt is None or flt.empty:
         raise UsageError("nothing selected: give at least one of --older-than, --flashinfer-version, --status, "
                          "--model, --arch (or name entries with rm)")
@@ -236,7 +209,7 @@ def plan_store_delete(store: Store, flt: EntryFilter | None = None, refs: tuple[
     now = time.time() if now is None else now
     cands = [Candidate(v, why) for v in record_views(records, fingerprint)
              if (why := flt.reasons(v, now)) is not None]
-    return StoreDeletePlan(store, tuple(cands), _unreadable(store))
+    return StoreDeletePlan(store, tuple(cands), _unreadable(store), survey(store, records))
 
 
 def _unreadable(store: Store) -> tuple[tuple[str, str], ...]:
@@ -260,5 +233,5 @@ def unseal(store: Store) -> bool:
         store.put_marker(read_only=False)
     finally:
         store.release()
-    sweep_temps(store)
+    sweep_store(store)
     return True

@@ -12,7 +12,7 @@ from autotune_cache.errors import UsageError
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.scan import CacheEntry, scan_entry
 from autotune_cache.tree.store import PushResult, Store, bundle_of
-from autotune_cache.tree.storehouse import sweep_temps
+from autotune_cache.tree.storesweep import sweep_store
 from autotune_cache.tree.storerecord import is_store_url
 
 
@@ -24,7 +24,7 @@ def writable_store(url: str | None) -> Store | None:
         raise UsageError(f"--push {url!r}: give a store URL (s3://, gs://, file://)")
     store = Store(url)
     store.check_writable()
-    sweep_temps(store)  # a killed push's temp files, whose owner is gone (``storehouse``)
+    sweep_store(store)  # what killed pushers and deleters left, once no writer can be using it (``storesweep``)
     return store
 
 

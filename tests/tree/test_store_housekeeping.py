@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -234,3 +235,119 @@ def test_gcs_gets_its_timeouts_through_the_keyword_gcsfs_takes(monkeypatch):
         assert seen["requests_timeout"].sock_read == 600 and seen["requests_timeout"].sock_connect == 10
     finally:
         fsspec.register_implementation("gs", real, clobber=True)
+
+
+# --- issue 32: a killed delete finishes, and what it left is swept ----------------------------------
+
+def remains(store: StoreFiles) -> dict:
+    return ok("ls", store.url)["remains"]
+
+
+def test_a_rerun_of_a_store_rm_killed_after_a_record_went_finishes_it(store, tmp_path):
+    """``rm URL A B C`` killed after A's record is gone, its bundle still there: the re-run
+    reports A already deleted, deletes B and C, exit 0, and leaves no bundle and no tombstone
+    (file://: no writer alive; S3: the grace period set to 0, as a maintenance window would)."""
+    root = tmp_path / "tree"
+    ids = published(store, root)
+    killed = run_cli("rm", "-y", store.url, *ids, env={"FI_AUTOTUNE_CRASH_AT": "store.record_removed"})
+    assert killed.returncode == -signal.SIGKILL
+    assert listed(store) == ids[1:]
+    assert any(k.startswith(f"deleting/sglang/{ids[0]}") for k in keys(store))  # the proof of the delete
+    assert remains(store)["interrupted_deletes"] == 1 and remains(store)["orphan_bundles"] == 1
+    typo = cli("rm", "-y", store.url, *ids, "0.7.2.post1/sm90/ffffffffffffffff")
+    assert typo.returncode == 1 and "no entry" in typo.stderr and listed(store) == ids[1:]  # nothing deleted
+    again = run_cli("rm", "-y", store.url, *ids, "--json", env={"FI_AUTOTUNE_STORE_GRACE": "0"})
+    assert again.returncode == 0, again.stderr
+    out = json.loads(again.stdout)
+    assert out["plan"]["already_deleted"] == [ids[0]] and sorted(out["result"]["deleted"]) == ids[1:]
+    assert listed(store) == []
+    assert [k for k in keys(store) if k.startswith(("bundles/", "deleting/", "index/"))] == []
+    gone = cli("rm", "-y", store.url, ids[0])  # the job is done: an unknown id again
+    assert gone.returncode == 1 and "no entry" in gone.stderr
+
+
+def test_a_bundle_nobody_was_deleting_is_no_already_deleted_entry(store, tmp_path):
+    """A push killed between its bundle and its record leaves an orphan without a tombstone:
+    ``rm`` of that id is still an unknown id (exit 1)."""
+    root = tmp_path / "tree"
+    entry = str(write_fake_entry(root))
+    killed = run_cli("push", store.url, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "store.bundle_uploaded"})
+    assert killed.returncode == -signal.SIGKILL
+    assert remains(store)["orphan_bundles"] == 1 and remains(store)["interrupted_deletes"] == 0
+    proc = cli("rm", "-y", store.url, entry)
+    assert proc.returncode == 1 and "no entry" in proc.stderr
+
+
+def test_orphans_go_with_the_next_writer_once_no_push_can_be_publishing_them(tmp_path):
+    """file://: while another writer holds its owner lock, a young orphan stays (it may be that
+    push's bundle, its record seconds away) and ``ls`` says so; once no writer is alive, the next
+    push sweeps it at once. An orphan older than the grace period goes even beside a live writer."""
+    import filelock
+    import os
+
+    root, path = tmp_path / "tree", tmp_path / "store"
+    files = StoreFiles(f"file://{path}", path=path)
+    entry = str(write_fake_entry(root))
+    killed = run_cli("push", files.url, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "store.bundle_uploaded"})
+    assert killed.returncode == -signal.SIGKILL
+    (orphan,) = [p for p in (path / "bundles").rglob("*.tar.gz")]
+    other = str(write_fake_entry(root, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1))
+    token = "9a" * 6
+    lock = filelock.FileLock(str(path / ".fi-autotune-locks" / "owners" / f"{token}.lock"), timeout=0)
+    lock.acquire()
+    try:
+        assert remains(files)["sweepable"] == 0
+        pushed = cli("push", files.url, other, "--cache-dir", str(root))
+        assert pushed.returncode == 0 and "a push may still be publishing" in pushed.stderr
+        assert orphan.exists()
+        os.utime(orphan, (time.time() - 7200, time.time() - 7200))
+        assert remains(files)["sweepable"] == 1
+        assert cli("push", files.url, other, "--cache-dir", str(root)).returncode == 0
+        assert not orphan.exists()
+    finally:
+        lock.release()
+    killed = run_cli("push", files.url, entry, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "store.bundle_uploaded"})
+    assert killed.returncode == -signal.SIGKILL and orphan.exists()
+    assert cli("rm", "-y", files.url, other).returncode == 0  # a writer, nobody else alive: swept at once
+    assert not orphan.exists() and listed(files) == []
+
+
+def test_a_sweep_never_takes_a_bundle_an_unreadable_record_or_an_edited_tombstone_may_name(tmp_path):
+    """An index record that cannot be read as its entry's keeps that entry's bundles (it may name them); a
+    tombstone edited to name another entry's bundle removes nothing of that entry."""
+    root, path = tmp_path / "tree", tmp_path / "store"
+    files = StoreFiles(f"file://{path}", path=path)
+    ids = published(files, root)
+    rec0, rec1 = files.record(ids[0]), files.record(ids[1])
+    # a record in another entry's place: unreadable as ids[0]'s, and it names another bundle
+    (path / f"index/sglang/{ids[0]}.json").write_text(json.dumps(rec1))
+    stone = path / f"deleting/sglang/{ids[2]}.json"
+    stone.parent.mkdir(parents=True, exist_ok=True)
+    stone.write_text(json.dumps({"format": 1, "bundle": rec1["bundle"], "sha256": rec1["sha256"]}))
+    (path / f"index/sglang/{ids[2]}.json").unlink()  # as if its delete was killed: no record, a tombstone
+    proc = run_cli("push", files.url, ids[1], "--cache-dir", str(root), env={"FI_AUTOTUNE_STORE_GRACE": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert (path / rec0["bundle"]).exists() and (path / rec1["bundle"]).exists()
+    assert listed(files) == [ids[1]]
+
+
+def test_an_orphan_published_or_uploaded_again_since_the_survey_stays(tmp_path):
+    """The check just before a sweep removes an orphan: a record naming it since the listing,
+    or a fresh upload of the same name (a push of that entry), keeps it."""
+    from autotune_cache.tree.storesweep import _still_orphan, survey
+
+    root, path = tmp_path / "tree", tmp_path / "store"
+    files = StoreFiles(f"file://{path}", path=path)
+    entry = str(write_fake_entry(root))
+    killed = run_cli("push", files.url, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "store.bundle_uploaded"})
+    assert killed.returncode == -signal.SIGKILL
+    (orphan,) = survey(Store(files.url)).orphans
+    assert _still_orphan(Store(files.url), orphan)
+    assert cli("push", files.url, entry, "--cache-dir", str(root)).returncode == 0  # published since
+    os.utime(path / orphan.rel, (orphan.mtime, orphan.mtime))  # same name, size and time: only the record tells
+    assert not _still_orphan(Store(files.url), orphan)
+    (path / f"index/sglang/{entry}.json").unlink()
+    (again,) = survey(Store(files.url)).orphans
+    bundle = path / again.rel
+    os.utime(bundle, (time.time() + 5, time.time() + 5))  # written again after the listing
+    assert not _still_orphan(Store(files.url), again)
