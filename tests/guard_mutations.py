@@ -356,6 +356,13 @@ MUTATIONS = [
     ("32: a store id nobody was deleting is unknown", "autotune_cache/tree/storehouse.py",
      "                if stone is None:\n", "                if False:\n",
      "tests/tree/test_store_housekeeping.py::test_a_bundle_nobody_was_deleting_is_no_already_deleted_entry"),
+    ("32: a record naming another entry's bundle is refused", "autotune_cache/tree/store.py",
+     "        if rec.bundle != self.bundle_rel(rec.layout, rec.id, rec.sha256):", "        if False:",
+     "tests/tree/test_store_limits.py::test_a_record_naming_another_entrys_bundle_is_refused_and_deletes_nothing[file]"),
+    ("32: a bundle is read no further than its record's size", "autotune_cache/tree/store.py",
+     "            data = read_capped(self.fs, path, limit, local=self.local, protocol=self.protocol, timeout=self.timeout)",
+     "            data = bounded(self.fs, self.fs.cat_file, path, timeout=self.timeout, size=limit)",
+     "tests/tree/test_store_limits.py::test_an_endless_bundle_body_with_no_length_is_cut_at_its_records_size"),
 ]
 
 

@@ -355,19 +355,16 @@ def in_flight(info: CacheInfo, ref: str) -> tuple[EntryId, Finding] | None:
             hit = next((eid for eid in deleted_by_dead(info.layout, info.root, f.path) if named(eid)), None)
             if hit is not None:
                 return hit, f
-            continue
-        m = TRASH_DIR_RE.match(f.path.name) if f.kind == "trash" else None
-        if m is None:
-            continue
-        try:
-            eid = info.layout.make_id(f.path.parent.relative_to(base).parts + (m["name"],))
-        except ValueError:
-            continue
-        if not named(eid):
-            continue
-        with dead_owner(base, m["owner"]) as dead:
-            if dead:
-                return eid, f
+        elif f.kind == "trash" and (m := TRASH_DIR_RE.match(f.path.name)):
+            try:
+                eid = info.layout.make_id(f.path.parent.relative_to(base).parts + (m["name"],))
+            except ValueError:
+                continue
+            if not named(eid):
+                continue
+            with dead_owner(base, m["owner"]) as dead:
+                if dead:
+                    return eid, f
     return None
 
 

@@ -156,10 +156,10 @@ class Store:
                 raise _fail(self.url, "cannot read", data, self.timeout)  # the store is not answering: not one bad record
             try:
                 if isinstance(data, BaseException):
-                    if _is_missing(data):
+                    if is_missing(data):
                         continue  # deleted since the listing
                     raise _fail(self.url, "cannot read", data, self.timeout)
-                rec = StoreRecord.from_bytes(data, where)
+                rec = self._own_bundle(StoreRecord.from_bytes(data, where), where)
                 if p != self.record_path(rec.layout, rec.id):
                     raise StoreError(f"{where}: the index record names {rec.id}, which belongs elsewhere")
             except StoreError as e:
@@ -205,28 +205,40 @@ class Store:
         except StoreError:
             raise
         except Exception as e:  # noqa: BLE001
-            if _is_missing(e):
+            if is_missing(e):
                 return None
             raise _fail(self.url, "cannot read", e, self.timeout) from None
         where = f"{redact(self.url)}/{path[len(self.root) + 1:]}"
-        rec = StoreRecord.from_bytes(data, where)
+        rec = self._own_bundle(StoreRecord.from_bytes(data, where), where)
         if rec.layout != layout or rec.id != eid:
             # a record copied or edited to another entry's place: ``pull A`` must never install B
             raise StoreError(f"{where}: the index record names {rec.id}, not {eid}: refusing it")
         return rec
 
+    def _own_bundle(self, rec: StoreRecord, where: str) -> StoreRecord:
+        """``rec``, if the bundle it names is the one a push of it writes (its entry's place,
+        its sha256): a record edited to name another entry's bundle would have ``pull A``
+        install B, and ``rm URL A`` delete B's bundle from under B's record."""
+        if rec.bundle != self.bundle_rel(rec.layout, rec.id, rec.sha256):
+            raise StoreError(f"{where}: the index record names the bundle {rec.bundle}, not its own")
+        return rec
+
     def fetch(self, rec: StoreRecord) -> bytes:
         """The bundle's bytes, checked against the sha256 of its name and its record."""
         path = self._join(rec.bundle)
+        # The record says how large its bundle is: read no more than that (plus one byte, to
+        # know it is larger), whatever the server announces - or does not (a body with no
+        # Content-Length would otherwise be read until memory runs out).
+        limit = rec.size if type(rec.size) is int and 0 < rec.size <= MAX_BUNDLE_BYTES else MAX_BUNDLE_BYTES
         try:
-            size = bounded(self.fs, self.fs.size, path, timeout=self.timeout, size=0)
-            if size is not None and size > MAX_BUNDLE_BYTES:
-                raise StoreError(f"{rec.id}: bundle of {size} bytes is over the {MAX_BUNDLE_BYTES} limit")
-            data = bounded(self.fs, self.fs.cat_file, path, timeout=self.timeout, size=size or MAX_BUNDLE_BYTES)
+            data = read_capped(self.fs, path, limit, local=self.local, protocol=self.protocol, timeout=self.timeout)
+        except TooLarge:
+            raise StoreError(f"{rec.id}: bundle {rec.bundle} is larger than the {limit} bytes its record says "
+                             f"(at most {MAX_BUNDLE_BYTES}): refusing it") from None
         except StoreError:
             raise
         except Exception as e:  # noqa: BLE001
-            if _is_missing(e):
+            if is_missing(e):
                 raise StoreError(f"{rec.id}: its record names {rec.bundle}, which is not in {self}") from None
             raise _fail(self.url, "cannot read", e, self.timeout) from None
         digest = hashlib.sha256(data).hexdigest()
@@ -244,7 +256,7 @@ class Store:
         except StoreError as e:
             return {"unreadable": str(e)}
         except Exception as e:  # noqa: BLE001
-            if _is_missing(e):
+            if is_missing(e):
                 return {}
             if self.local and isinstance(e, OSError):
                 return {"unreadable": f"{MARKER}: {e}"}  # a FIFO, a directory, no permission
@@ -339,7 +351,7 @@ class Store:
         return PushResult(tuple(pushed), tuple(unchanged), uploaded, tuple(vanished))
 
 
-def _is_missing(e: BaseException) -> bool:
+def is_missing(e: BaseException) -> bool:
     """Backends report a missing object in their own ways (HTTP 404, ClientError NoSuchKey) -
     and fsspec's HTTP backend reports an unreachable server as FileNotFoundError too, with the
     connection error as its cause; that one is not "missing"."""

@@ -36,7 +36,7 @@ from autotune_cache.errors import UsageError
 from autotune_cache.tree.delete import STALE_TEMP_AGE_S
 from autotune_cache.tree.layout import LOCKS_DIRNAME, EntryId
 from autotune_cache.tree.locks import dead_owner, other_owner_alive
-from autotune_cache.tree.store import TEMP_PREFIX, TOMBSTONES, Store, _is_missing
+from autotune_cache.tree.store import TEMP_PREFIX, TOMBSTONES, Store, is_missing
 from autotune_cache.tree.storerecord import MAX_RECORD_BYTES
 
 #: A bundle no record names goes once this old, whoever may be writing: a push publishes its
@@ -251,7 +251,7 @@ def _still_orphan(store: Store, o: Orphan) -> bool:
         if json.loads(data).get("bundle") == o.rel:
             return False
     except Exception as e:  # noqa: BLE001
-        if not _is_missing(e):
+        if not is_missing(e):
             return False  # cannot tell: keep it
     try:
         info = store.fs.info(store._join(o.rel))
@@ -264,7 +264,7 @@ def _rm(store: Store, path: str) -> bool:
     try:
         store.fs.rm_file(path)
     except Exception as e:  # noqa: BLE001
-        return _is_missing(e)
+        return is_missing(e)
     return True
 
 

@@ -84,7 +84,7 @@ def iter_entry_dirs(layout: CacheLayout, root: Path, findings: list[Finding]) ->
                 for j in jchildren:
                     if j.name.endswith(".json"):
                         findings.append(Finding(path / name / j.name, "journal",
-                                                "commit record of an interrupted multi-entry write"))
+                                                "journal of an interrupted multi-entry write or delete"))
                 continue
             # d_type answers the common case (a real directory with a valid name) without a stat.
             if level.valid(name) and child.is_dir(follow_symlinks=False):

@@ -247,3 +247,65 @@ def test_an_oversized_record_on_s3_is_refused_by_its_size(s3, tmp_path):
     assert proc.returncode == 0 and proc.stdout.split() == [] and "larger than" in proc.stderr, proc.stderr
     named = run_cli("pull", s3["url"], a, "--cache-dir", str(tmp_path / "d"), "--any-env")
     assert named.returncode == 1 and "larger than" in named.stderr and len(named.stderr.strip().splitlines()) == 1
+
+
+def test_a_record_naming_another_entrys_bundle_is_refused_and_deletes_nothing(store, tmp_path):
+    """Issue 32 (found by the reliability benchmark): a record of A edited to name B's bundle
+    (with B's sha256, so the bytes check out) would have ``rm URL A`` delete B's bundle from
+    under B's record, and ``pull A`` install B. It is now an unreadable record: named in one
+    warning, never pulled, never deleted through; B lists, pulls, and keeps its bundle."""
+    src = tmp_path / "src"
+    a = pushed(store, src)
+    b = pushed(store, src, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1)
+    rb = store.record(b)
+    store.put_record(a, {**store.record(a), "bundle": rb["bundle"], "sha256": rb["sha256"], "size": rb["size"]})
+    listed = run_cli("ls", store.url, "--json")
+    assert [e["id"] for e in json.loads(listed.stdout)["entries"]] == [b]
+    assert "not its own" in listed.stderr, listed.stderr
+    assert run_cli("rm", "-y", store.url, a).returncode == 1
+    assert run_cli("pull", store.url, a, "--cache-dir", str(tmp_path / "d1"), "--any-env").returncode == 1
+    pulled = run_cli("pull", store.url, b, "--cache-dir", str(tmp_path / "d2"), "--any-env", "--json")
+    assert pulled.returncode == 0 and json.loads(pulled.stdout)["imported"] == [b], pulled.stderr
+
+
+def test_an_endless_bundle_body_with_no_length_is_cut_at_its_records_size(tmp_path):
+    """Issue 32 (found by the reliability benchmark): an HTTP server that streams a bundle with
+    no Content-Length and never ends grew ``pull`` to 1 GiB in seconds. The record says the
+    bundle's size: no more than that (plus one byte) is read, then one line, exit 1."""
+    import http.server
+    import functools
+
+    src, files = tmp_path / "src", tmp_path / "store"
+    entry = str(write_fake_entry(src))
+    assert run_cli("push", f"file://{files}", "--cache-dir", str(src)).returncode == 0
+
+    class Endless(http.server.SimpleHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if not self.path.endswith(".tar.gz"):
+                return super().do_GET()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/gzip")
+            self.end_headers()
+            try:
+                for _ in range(3_000):  # about 200 MB, if nobody stops reading
+                    self.wfile.write(b"\0" * 65536)
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Endless, directory=str(files)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        t0 = time.monotonic()
+        proc = run_cli("pull", url, entry, "--cache-dir", str(tmp_path / "dest"), "--any-env", "--timeout", "5")
+        assert proc.returncode == 1 and "larger than" in proc.stderr and "its record says" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert time.monotonic() - t0 < 30
+    finally:
+        server.shutdown()
+        server.server_close()
