@@ -137,18 +137,12 @@ layout_option = click.option(
 )
 
 
-def _archivable_layout(ctx, param, value):
-    layout = get_layout(value)
-    if not layout.archivable:
-        raise click.BadParameter(f"{value} entries are not bundled (FlashInfer publishes into the same directory "
-                                 "while it runs, so they are merged key by key, not moved as a whole): write them "
-                                 "where they are read (`warm --layout vllm --tp 1`, or `convert ID --layout "
-                                 "flashinfer-v2` from an sglang entry), or copy <root>/v2/<env hash> into the image")
-    return layout
+def _layout_named(ctx, param, value):  # noqa: ARG001 - click's callback signature
+    return get_layout(value)
 
 
 archive_layout_option = click.option(
-    "--layout", "layout", default=default_layout().name, show_default=True, callback=_archivable_layout,
+    "--layout", "layout", default=default_layout().name, show_default=True, callback=_layout_named,
     type=LayoutName(),
     help="Which engine's tree the entries belong to (its root: --cache-dir, else the engine's own).",
 )

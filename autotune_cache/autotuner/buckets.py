@@ -81,11 +81,6 @@ def moe_key(m: int, tune_max: int) -> int:
 MLA_TUNE_MAX = 8192
 
 
-def mla_key(m: int) -> int:
-    """Lookup key of an MLA decode batch of ``m`` requests: the largest grid value <= m."""
-    return max(b for b in hybrid_buckets(MLA_TUNE_MAX) if b <= max(m, 1))
-
-
 def largest_key(rule: str, m: int, tune_max: int | None = None) -> int:
     """The largest key an op with ``rule`` looks up when fed up to ``m`` tokens (``tune_max``:
     a MoE call's fixed tune_max_num_tokens; None: SGLang passes next_power_of_2(m))."""

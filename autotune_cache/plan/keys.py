@@ -118,9 +118,6 @@ class KeySchema:
     def key(self, f: KeyFields) -> str:
         return hashlib.sha256(self.key_string(f).encode()).hexdigest()[:16]
 
-    def field_names(self) -> list[str]:
-        return [name for name, _ in self.parts]
-
 
 _COMMON_PARTS: tuple[tuple[str, Renderer], ...] = (
     ("model_path", lambda f: str(f.model_path)),

@@ -73,10 +73,6 @@ class QuantSpec:
     def is_block_fp8(self) -> bool:
         return self.method == "fp8" and self.weight_block_size is not None
 
-    @property
-    def is_per_tensor_fp8(self) -> bool:
-        return self.method in ("modelopt_fp8", "modelopt") or (self.method == "fp8" and self.weight_block_size is None)
-
 
 @dataclass(frozen=True)
 class MoESpec:

@@ -40,10 +40,6 @@ class RankName:
         suffix = f"_gpu{self.gpu}" if self.gpu else ""
         return f"rank_tp{self.tp}_pp{self.pp}_dp{self.dp}{suffix}.json"
 
-    @property
-    def in_bounds(self) -> bool:
-        return max(self.tp, self.pp, self.dp) < MAX_PARALLEL
-
     @classmethod
     def parse(cls, filename: str) -> "RankName | None":
         return _parse_rank_name(filename)

@@ -10,7 +10,6 @@ whole, then merged file by file (``_import_merged``).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import tarfile
 from dataclasses import dataclass, field
@@ -337,9 +336,5 @@ def _import_merged(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str]
 def _other_layout_hint(layout: CacheLayout, name: str) -> str:
     """'; it is in the sglang layout: --layout sglang' when another layout's archives hold it."""
     fits = [other.name for other in layouts().values()
-            if other.name != layout.name and other.archivable and other.parse_member(name) is not None]
+            if other.name != layout.name and other.parse_member(name) is not None]
     return f" (it is a member of a {fits[0]} archive: --layout {fits[0]})" if fits else ""
-
-
-def digest_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

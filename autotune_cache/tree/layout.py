@@ -130,8 +130,6 @@ class CacheLayout(ABC):
     description: ClassVar[str]
     #: Directory levels from ``base(root)`` down to an entry dir.
     levels: ClassVar[tuple[Level, ...]]
-    #: Entries are flat directories of files (export, import, push, pull move them as bundles).
-    archivable: ClassVar[bool] = True
     #: Directories named by the serving environment's hash (FlashInfer's managed store): a
     #: reader of this layout is checked against the serving image's fingerprint (``--env-from``).
     env_keyed: ClassVar[bool] = False

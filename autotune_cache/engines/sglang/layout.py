@@ -41,9 +41,6 @@ class SGLangLayout(CacheLayout):
         Level("arch", "sm<XY> arch", ARCH_RE),
         Level("key", "cache key", KEY_RE),
     )
-    #: Key schemas whose entries live in this tree (``keys.SCHEMAS``).
-    key_schemas = ("sglang", "sglang-2605")
-
     def default_root(self) -> RootChoice:
         return env_root("SGLANG_CACHE_DIR", "~/.cache/sglang")
 
