@@ -83,10 +83,10 @@ def doctor_cmd(logs, cache_dirs, as_json):
     out = Output(as_json)
     texts = [_read(name) for name in logs]
     report = diagnose(texts, [Path(d) for d in cache_dirs])
-    for w in report.warnings:
-        out.warn(w)
     if not report.servers and all(w.endswith("no line of SGLang, vLLM or FlashInfer in it") for w in report.warnings):
         raise UsageError("no log given holds a line of SGLang, vLLM or FlashInfer: is it a server's startup log?")
+    for w in report.warnings:
+        out.warn(w)
     out.emit(human=lambda: _human(out, report), data=report.to_dict())
     if report.tuned:
         raise click.exceptions.Exit(int(ExitCode.FAILURE))

@@ -176,7 +176,7 @@ def _cache_state(s: Session, kind: str | None, entry_present: bool | None) -> st
 
 def _session_dict(s: Session, server: Server, trees: Trees) -> dict:
     ops = _ops(s.bars)
-    kind, cause = _cause(s, server, trees, ops)
+    kind, cause = _cause(s, server, trees, ops or (_ops(server.shared_bars) if s.saw_shared_bars else []))
     loc = locate(s.path) if s.path else None
     entry = trees.entry(loc) if loc and trees.info(loc.layout) is not None else None
     in_tree = None

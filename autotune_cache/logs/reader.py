@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from autotune_cache.logs.formats import PREFIXES, TQDM_BAR, match_message, seconds
 
 #: A collector's timestamp before the engine's line (``kubectl logs --timestamps``, ``docker logs -t``).
-_OUTER_TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s*")
+_OUTER_TS = re.compile(r"\s*\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s*")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -46,7 +46,7 @@ class LogText:
 
 
 def _server_of(name: str, outer: str) -> str:
-    outer = _OUTER_TS.sub("", outer).strip().rstrip("|").strip()
+    outer = _OUTER_TS.sub(" ", outer).strip().rstrip("|").strip()
     return outer or name
 
 
@@ -67,8 +67,10 @@ def _bar_event(name: str, where: str, outer: str, m: re.Match) -> Event:
 def _line_events(name: str, lineno: int, text: str) -> list[Event]:
     where = f"{name}:{lineno}"
     bars = []
+    first = TQDM_BAR.search(text)
+    outer = text[: first.start()].split("\r")[0] if first else ""  # a collector's prefix stands before the first \r
     for segment in text.split("\r"):  # tqdm's redraws; the last one wins, per bar
-        bars.extend(_bar_event(name, where, segment[: m.start()], m) for m in TQDM_BAR.finditer(segment))
+        bars.extend(_bar_event(name, where, outer, m) for m in TQDM_BAR.finditer(segment))
     if bars:
         last: dict[str, Event] = {}
         for b in bars:
