@@ -26,20 +26,9 @@ from autotune_cache.errors import UsageError
 from autotune_cache.plan.keys import KeyFields
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.layout import CacheLayout, EntryId
+from autotune_cache.tree.nearest import Candidate, nearest_difference_to
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.store import Store
-
-KEY_FIELD_LABELS = {
-    "model_path": "model path (the server's --model-path: a hub id and a local path are different keys)",
-    "dtype": "dtype",
-    "quantization": "quantization",
-    "moe_runner_backend": "MoE runner backend",
-    "tp": "tp", "pp": "pp", "attn_dp_size": "attention-DP size (dp-attention)", "ep": "ep",
-    "config_class": "config class",
-    "skip_ops": "--flashinfer-autotune-skip-ops",
-    "draft_quantization": "draft quantization", "is_draft": "draft worker",
-}
-
 
 @dataclass
 class CheckReport:
@@ -69,41 +58,9 @@ class CheckReport:
                 "keys_missing": self.keys_missing, "rank_files": self.rank_files}
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """An entry that is there, for "nearest entry" explanations."""
-
-    id: EntryId
-    key_fields: KeyFields | None
-    gpu: str | None
-
-
 def nearest_difference(plan: TuningPlan, layout: CacheLayout, candidates: list[Candidate]) -> str | None:
     """One line: which key field (or path part) differs from the entry closest to the plan's."""
-    want = layout.id_fields(plan.entry_id)
-    fields = plan.resolution.key_fields.to_dict()
-    best: tuple[int, str] | None = None
-    for c in candidates:
-        have = layout.id_fields(c.id)
-        diffs = []
-        if c.id.name == plan.key:
-            for part in ("flashinfer_version", "arch"):
-                if have.get(part) != want.get(part):
-                    label = "FlashInfer version" if part == "flashinfer_version" else "arch"
-                    diffs.append(f"{label} ({have.get(part)} there, {want.get(part)} for this server)")
-        elif c.key_fields is not None:
-            theirs = c.key_fields.to_dict()
-            for name, ours in fields.items():
-                if theirs.get(name) != ours:
-                    diffs.append(f"{KEY_FIELD_LABELS.get(name, name)}: {theirs.get(name)!r} there, {ours!r} here")
-            for part in ("flashinfer_version", "arch"):
-                if have.get(part) != want.get(part):
-                    diffs.append(f"{part.replace('_', ' ')}: {have.get(part)} there, {want.get(part)} here")
-        else:
-            continue  # an engine-written entry of another key: nothing to compare field by field
-        if diffs and (best is None or len(diffs) < best[0]):
-            best = (len(diffs), f"the nearest entry, {c.id}, differs in " + "; ".join(diffs[:3]))
-    return best[1] if best else None
+    return nearest_difference_to(plan.entry_id, plan.resolution.key_fields.to_dict(), layout, candidates)
 
 
 def files_of_bundle(data: bytes, layout: CacheLayout, eid: EntryId) -> dict[str, bytes]:

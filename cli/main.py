@@ -29,6 +29,7 @@ COMMANDS = {
     "rm": "cleanup:rm_cmd", "export": "transfer:export_cmd", "import": "transfer:import_cmd",
     "push": "storecmd:push_cmd", "pull": "pullcmd:pull_cmd", "convert": "convertcmd:convert_cmd",
     "diff": "diffcmd:diff_cmd", "env": "envcmd:env_cmd", "key": "keycmd:key_cmd",
+    "doctor": "doctorcmd:doctor_cmd",
 }
 
 

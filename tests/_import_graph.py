@@ -41,6 +41,7 @@ FLOORS = (
     ("autotune_cache.engines", "engines", 4),
     ("autotune_cache.tune", "tune", 5),
     ("autotune_cache.check", "check", 5),
+    ("autotune_cache.logs", "logs", 5),
     ("autotune_cache", "reexports", 6),  # the package's __init__ only (exact match below)
     ("cli", "cli", 7),
 )

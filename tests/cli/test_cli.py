@@ -540,6 +540,8 @@ def test_tree_commands_do_not_import_torch_or_flashinfer(root, tmp_path):
         ["prune", "--status", "corrupt", "--dry-run"], ["prune", "--status", "stale", "--env-from", str(env_file), "--dry-run"],
         ["rm", GLM_ID, "--dry-run"], ["key", *KEY_ARGS], ["export", "-o", str(archive)], ["import", str(archive)],
         ["diff", GLM_ID, GLM_ID], ["show", GLM_ID, "--buckets"],
+        ["doctor", str(REPO / "tests/data/engine_logs/sglang-hit.log")],
+        ["doctor", str(REPO / "tests/data/engine_logs/vllm-tp2-hit.log")],
     ]
     for cmd in cmds:
         proc = run_cli(*cmd, "--cache-dir", str(root), env={"PYTHONPROFILEIMPORTTIME": "1"})

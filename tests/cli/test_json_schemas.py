@@ -146,3 +146,10 @@ def test_warm_one_entry_two_workers_and_a_fleet(world):
                                                                    "plain": "written"}
     single = valid("check", run_cli("check", *EAGLE, "--strict", "--json", *cd))
     assert [w["worker"] for w in single["workers"]] == ["target", "draft"] and single["ok"]
+
+
+def test_doctor_every_recorded_log(tmp_path):
+    """``doctor --json`` on every fixture log (tests/data/engine_logs/): exit 0 or 1, one envelope."""
+    for log in sorted((REPO / "tests" / "data" / "engine_logs").glob("*.log")):
+        data = valid("doctor", run_cli("doctor", str(log), "--cache-dir", str(tmp_path), "--json"), codes=(0, 1))
+        assert data["servers"], log

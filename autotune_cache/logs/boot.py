@@ -1,0 +1,224 @@
+"""What each server and rank did at boot, assembled from a log's events.
+
+One *session* is one autotune pass on one rank: SGLang's ``flashinfer_autotune_context`` (the
+target worker, a speculative draft worker and the optional extend pass each open one, each with
+its own cache path), or vLLM's ``flashinfer_autotune``. FlashInfer's lines and tqdm bars carry no
+rank; they go to the session open on the only rank of their stream, else to the server
+(``shared_bars``), since TP ranks tune in step and print a bar each.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from autotune_cache.logs.reader import Event
+
+
+#: vLLM's per-rank file name (vllm/model_executor/warmup/flashinfer_autotune_cache.py:57-59).
+_VLLM_RANK_FILE = re.compile(r"autotune_configs_dp(\d+)_rank(\d+)\.json$")
+
+
+@dataclass
+class Session:
+    rank: str
+    path: str | None  # the cache file (SGLang, vLLM per-rank) or managed store dir (vLLM single GPU)
+    engine: str
+    managed: bool = False  # FlashInfer's v2 store (vLLM, one GPU)
+    reuse_disabled: bool = False
+    dropped: bool = False  # SGLang deleted the rank files: ranks disagreed
+    started: str | None = None
+    ended: str | None = None
+    complete: bool = False
+    bars: list[dict] = field(default_factory=list)  # this rank's own bars
+    saw_shared_bars: bool = False  # bars of unknown rank were printed while this was open
+    ran_dummy_pass: bool = False  # vLLM: "Running FlashInfer autotune with N tokens" (no cache hit)
+    hits: list[str] = field(default_factory=list)
+    loaded: int | None = None
+    other_env: str | None = None
+    preloaded: tuple[int, int] | None = None
+    round: int = 0  # the n-th session of this rank
+
+    @property
+    def tuned(self) -> bool:
+        return bool(self.bars) or self.saw_shared_bars or self.ran_dummy_pass
+
+
+@dataclass
+class Server:
+    name: str
+    engine: str | None = None
+    version: str | None = None
+    ranks: dict[str, list[Session]] = field(default_factory=dict)
+    shared_bars: list[dict] = field(default_factory=list)
+    server_args: dict | None = None
+    dropped_rounds: set[tuple[str, int]] = field(default_factory=set)  # (TP group, round)
+    managed_env_dir: str | None = None
+    last_ts: str | None = None
+    lines: int = 0
+
+    def open_sessions(self) -> list[Session]:
+        return [s[-1] for s in self.ranks.values() if s and not s[-1].complete]
+
+    def sessions(self) -> list[Session]:
+        return [s for sessions in self.ranks.values() for s in sessions]
+
+
+def tp_group(rank: str) -> str:
+    """The TP group a rank is in: its prefix less the TP and EP tokens (``DP1 TP3`` -> ``DP1``);
+    with dp-attention every rank shows a DP token yet all share one TP group, which is the
+    conservative reading for a drop anyway (the whole group tunes again)."""
+    return " ".join(t for t in rank.split() if not t.startswith(("TP", "EP", "DP")))
+
+
+def _parse_args(text: str) -> dict | None:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _open(server: Server, ev: Event, path: str | None, **kw) -> Session:
+    sessions = server.ranks.setdefault(ev.rank or "-", [])
+    s = Session(ev.rank or "-", path, ev.engine, started=ev.ts, round=len(sessions), **kw)
+    sessions.append(s)
+    return s
+
+
+def _session_for_path(server: Server, path: str) -> Session | None:
+    """A FlashInfer line names the file it read: the session of that file (vLLM's per-rank files
+    carry the rank in their names, so such lines are attributed exactly)."""
+    for s in reversed(server.sessions()):
+        if s.path == path:
+            return s
+    m = _VLLM_RANK_FILE.search(path)
+    for s in reversed(server.sessions()):  # vLLM logs rank 0's path; the others' differ in the name only
+        if m and s.engine == "vllm" and (s.path is None or PurePosixPath(s.path).parent == PurePosixPath(path).parent):
+            if s.rank.endswith(f"TP{m[2]}") or s.rank == f"rank{m[2]}" or (m[2] == "0" and len(server.ranks) == 1):
+                return s
+    return None
+
+
+def _current(server: Server) -> Session | None:
+    """The session a rank-less line belongs to: the one open, when only one is."""
+    open_ = server.open_sessions()
+    if len(open_) == 1:
+        return open_[0]
+    if not open_ and len(server.ranks) == 1:
+        sessions = next(iter(server.ranks.values()))
+        return sessions[-1] if sessions else None
+    return None
+
+
+def _bar(server: Server, ev: Event) -> None:
+    s = _current(server)
+    if s is not None and (len(server.ranks) == 1 or len(server.open_sessions()) == 1):
+        s.bars.append(ev.fields)
+        return
+    server.shared_bars.append(ev.fields)
+    for o in server.open_sessions():
+        o.saw_shared_bars = True
+
+
+def _flashinfer(server: Server, ev: Event) -> None:
+    f, kind = ev.fields, ev.kind
+    target = _session_for_path(server, f["path"]) if "path" in f else _current(server)
+    if target is None and "path" in f and (m := _VLLM_RANK_FILE.search(f["path"])):
+        rank = next((r for r in server.ranks if r.endswith(f"TP{m[2]}")), f"rank{m[2]}")
+        target = Session(rank, f["path"], "vllm", round=len(server.ranks.get(rank, [])))
+        server.ranks.setdefault(rank, []).append(target)
+    if kind == "flashinfer.attached":
+        server.managed_env_dir = f["env_dir"]
+        if target is not None and target.managed:
+            target.path = f["env_dir"]
+    if target is None:
+        return
+    if kind == "flashinfer.hit":
+        target.hits.append(f["op"])
+    elif kind == "flashinfer.loaded":
+        target.loaded = int(f["n"])
+    elif kind == "flashinfer.other_env":
+        target.other_env = f["diff"]
+    elif kind == "flashinfer.preloaded":
+        target.preloaded = (int(f["n"]), int(f["total"]))
+
+
+def _engine_line(server: Server, ev: Event) -> None:
+    kind, f = ev.kind, ev.fields
+    if kind == "sglang.cache":
+        _open(server, ev, f["path"])
+    elif kind == "sglang.reuse_disabled":
+        _open(server, ev, f["path"], reuse_disabled=True)
+    elif kind == "sglang.diverged":
+        rank = ev.rank or "-"
+        server.dropped_rounds.add((tp_group(rank), len(server.ranks.get(rank, []))))
+    elif kind == "sglang.completed":
+        sessions = server.ranks.get(ev.rank or "-", [])
+        if sessions and not sessions[-1].complete:
+            sessions[-1].complete, sessions[-1].ended = True, ev.ts
+    elif kind == "sglang.server_args":
+        server.server_args = _parse_args(f["args"])
+    elif kind == "vllm.version":
+        server.version = f["version"]
+    elif kind == "vllm.cache_file":
+        _vllm_open(server, ev, f["path"])
+    elif kind == "vllm.managed":
+        _vllm_open(server, ev, None, managed=True)
+    elif kind == "vllm.running":
+        s = server.ranks.get(ev.rank or "-")
+        (s[-1] if s else _vllm_open(server, ev, None)).ran_dummy_pass = True
+
+
+def _vllm_open(server: Server, ev: Event, path: str | None, managed: bool = False) -> Session:
+    """vLLM's leader names the cache once (``info_once``); every rank reads its own file in that
+    directory, so the other ranks' sessions open when they first speak."""
+    s = _open(server, ev, path, managed=managed)
+    return s
+
+
+def assemble(servers: dict[str, Server], events: list[Event]) -> None:
+    """Fold one log's events into ``servers`` (by server name)."""
+    for ev in events:
+        server = servers.setdefault(ev.server, Server(ev.server))
+        server.lines += 1
+        if ev.ts:
+            server.last_ts = ev.ts
+        if ev.engine in ("sglang", "vllm") and server.engine is None and ev.kind != "other":
+            server.engine = ev.engine
+        if ev.kind == "flashinfer.bar":
+            _bar(server, ev)
+        elif ev.kind.startswith("flashinfer."):
+            _flashinfer(server, ev)
+        elif ev.kind != "other":
+            _engine_line(server, ev)
+    for server in servers.values():
+        _finish(server)
+
+
+def _finish(server: Server) -> None:
+    """Drops apply to every rank of the dropping group in that round; vLLM sessions end with the
+    log (vLLM prints no end line), SGLang's only at ``completed``."""
+    for s in server.sessions():
+        if (tp_group(s.rank), s.round) in server.dropped_rounds:
+            s.dropped = True
+        if s.engine == "vllm":
+            s.complete = True
+    if server.engine == "vllm":
+        _spread_vllm(server)
+
+
+def _spread_vllm(server: Server) -> None:
+    """vLLM names the cache on its leader only; the other workers read the same entry."""
+    lead = next((s for s in server.sessions() if s.path or s.managed), None)
+    if lead is None:
+        return
+    for rank, sessions in server.ranks.items():
+        if not sessions:
+            sessions.append(Session(rank, lead.path, "vllm", managed=lead.managed, complete=True))
+        for s in sessions:
+            if s.path is None and not s.managed:
+                s.path = lead.path
+            s.managed = s.managed or lead.managed

@@ -1,0 +1,256 @@
+"""``doctor``: from startup logs to one report per server and rank, each tuning pass with its cause.
+
+The report answers what a user asks of a slow boot: which cache did each rank read, was it used,
+dropped, absent or ignored, what was tuned and for how long, and why - in one line, in the words
+``check`` uses for a miss. Reading never writes; nothing here imports torch or flashinfer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from autotune_cache.autotuner.rankfile import summarize_ops
+from autotune_cache.logs.boot import Server, Session, assemble
+from autotune_cache.logs.formats import UNDERSTOOD
+from autotune_cache.logs.reader import LogText, read_log
+from autotune_cache.logs.trees import Located, Trees, explain_sglang_key, locate, root_of, server_key_fields
+from autotune_cache.tree.status import EntryStatus
+
+#: cause kinds, for ``--json`` and scripts
+NO_ENTRY, OTHER_ENV, DIVERGED, NOT_COVERED = "no-entry", "other-environment", "diverged", "not-covered"
+REUSE_OFF, TRUNCATED, UNKNOWN = "reuse-disabled", "truncated", "unknown"
+
+
+@dataclass
+class DoctorReport:
+    servers: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def tuned(self) -> bool:
+        return any(s["tuned"] for s in self.servers)
+
+    def to_dict(self) -> dict:
+        return {"tuned": self.tuned, "understood": dict(UNDERSTOOD), "warnings": self.warnings,
+                "servers": self.servers}
+
+
+def _ops(bars: list[dict]) -> list[dict]:
+    """Each bar is one tuning of one op on one rank (a redraw printed on a line of its own, as a
+    terminal capture keeps it, is the same bar)."""
+    out: list[dict] = []
+    for b in bars:
+        prev = out[-1] if out else None
+        if prev and prev["op"] == b["op"] and prev["profiles"] == b["total"] and prev["done"] < prev["profiles"] \
+                and prev["done"] <= b["n"]:
+            out.pop()
+        out.append({"op": b["op"], "profiles": b["total"], "done": b["n"], "seconds": b["seconds"]})
+    return out
+
+
+def _shared(bars: list[dict]) -> list[dict]:
+    """Rank-less bars of a multi-rank server, by op: how many bars, and the longest."""
+    by_op: dict[str, dict] = {}
+    for o in _ops(bars):
+        d = by_op.setdefault(o["op"], {"op": o["op"], "bars": 0, "profiles": 0, "done": 0, "seconds": 0})
+        d["bars"] += 1
+        d["profiles"], d["done"] = max(d["profiles"], o["profiles"]), max(d["done"], o["done"])
+        d["seconds"] = max(d["seconds"], o["seconds"])
+    return list(by_op.values())
+
+
+def _elapsed(a: str | None, b: str | None) -> int | None:
+    for fmt in ("%Y-%m-%d %H:%M:%S", "%m-%d %H:%M:%S"):
+        try:
+            return int((datetime.strptime(b, fmt) - datetime.strptime(a, fmt)).total_seconds())
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def _entry_ops(entry, file: str | None) -> dict[str, int]:
+    """op -> buckets in the entry's rank file (the one the server read, else the first)."""
+    files = [rf for rf in entry.rank_files if rf.error is None]
+    rf = next((r for r in files if r.name == file), files[0] if files else None)
+    if rf is None:
+        return {}
+    try:
+        return {s.custom_op: s.buckets for s in summarize_ops(rf.load())}
+    except (OSError, ValueError):
+        return {}
+
+
+def _diverged_cause(s: Session, server: Server, trees: Trees, loc: Located | None) -> str:
+    line = "the TP ranks' cache files differed, so SGLang deleted them and tuned from scratch"
+    entry = trees.entry(loc) if loc else None
+    ep = (entry.manifest.key_fields.ep if entry and entry.manifest else None) or \
+        (server.server_args or {}).get("ep_size")
+    if entry is not None and entry.status is EntryStatus.COMPLETE:
+        line += (f"; ours ({entry.id}) are byte-identical, so the server's files were not all ours "
+                 "(one written by the engine itself, or a partial copy)")
+    elif entry is not None:
+        line += f"; our entry {entry.id} is {entry.status.value}"
+    if isinstance(ep, int) and ep > 1:
+        line += f"; with EP {ep} SGLang's own files differ at every boot (sglang#40320): serve ours"
+    return line
+
+
+def _absent_cause(s: Session, server: Server, trees: Trees, loc: Located) -> tuple[str, str]:
+    root = trees.root(loc.layout)
+    if s.managed:
+        others = [str(c.id) for c in trees.candidates(loc.layout)]
+        if others:
+            return OTHER_ENV, (f"no store for the server's environment ({loc.id.name}) in {root}: ours is for "
+                               f"another environment ({', '.join(others[:3])}); tune in the serving image")
+        return NO_ENTRY, f"no store {loc.id} in {root}"
+    why = (explain_sglang_key(trees, loc, server_key_fields(server.server_args)) if loc.layout.name == "sglang"
+           else None)
+    if why is None and loc.layout.name != "sglang":
+        same = [c for c in trees.candidates(loc.layout) if c.id.name == loc.id.name]
+        why = (f"the nearest entry, {same[0].id}, differs in FlashInfer version or arch" if same else
+               "vLLM's config hash differs (only vLLM computes it: warm with the server's own --config-hash)")
+    return NO_ENTRY, f"no entry {loc.id} in {root}" + (f": {why}" if why else " (and no other entry to compare with)")
+
+
+def _present_cause(s: Session, loc: Located, entry, ops: list[dict]) -> tuple[str, str]:
+    if entry.status is not EntryStatus.COMPLETE and entry.status is not EntryStatus.UNVERIFIED:
+        kind = DIVERGED if entry.status is EntryStatus.DIVERGED else UNKNOWN
+        return kind, f"our entry {entry.id} is {entry.status.value}: " + "; ".join(entry.problems[:2])
+    have = _entry_ops(entry, loc.file) if loc.layout.holds_rank_files else None
+    tuned = list(dict.fromkeys(o["op"] for o in ops))
+    if have is not None:
+        missing = [op for op in tuned if op not in have]
+        if missing:
+            return NOT_COVERED, (f"entry {entry.id} has no {', '.join(missing)}: an op our plan does not cover "
+                                 "(a planner bug: please report it with this log)")
+    named = ", ".join(tuned) or "ops the log does not name"
+    return NOT_COVERED, (f"entry {entry.id} is there, yet the server tuned {named}: a bucket our plan does not "
+                         "cover (a planner bug: please report it), or an environment FlashInfer rejected "
+                         "(fi-autotune check --env-from)")
+
+
+def _cause(s: Session, server: Server, trees: Trees, ops: list[dict]) -> tuple[str | None, str | None]:
+    if not s.complete:
+        last = ops[-1] if ops else None
+        where = f" (tuning {last['op']}, {last['done']}/{last['profiles']} profiles)" if last else ""
+        return TRUNCATED, f"the log ends while {s.rank} was in its autotune pass{where}: cut short, or the server died"
+    if s.reuse_disabled:
+        return REUSE_OFF, "SGLANG_FLASHINFER_AUTOTUNE_CACHE=0 turns cache reuse off: every boot tunes from scratch"
+    if not s.tuned:
+        return None, None
+    loc = locate(s.path) if s.path else None
+    if s.dropped:
+        return DIVERGED, _diverged_cause(s, server, trees, loc)
+    if s.other_env:
+        return OTHER_ENV, f"the file was written in another environment ({s.other_env}): FlashInfer ignores it whole"
+    if loc is None:
+        return UNKNOWN, (f"{s.path} is in no tree layout fi-autotune knows" if s.path else
+                         "the log does not name the cache the server read")
+    if trees.info(loc.layout) is None:
+        return UNKNOWN, (f"entry {loc.id} did not cover {', '.join(dict.fromkeys(o['op'] for o in ops)) or 'the pass'}; "
+                         f"no {loc.layout.name} tree at {trees.root(loc.layout)} to say why (give --cache-dir)")
+    entry = trees.entry(loc)
+    if entry is None:
+        return _absent_cause(s, server, trees, loc)
+    return _present_cause(s, loc, entry, ops)
+
+
+def _cache_state(s: Session, kind: str | None, entry_present: bool | None) -> str:
+    if s.reuse_disabled:
+        return "disabled"
+    if s.dropped:
+        return "dropped"
+    if s.other_env:
+        return "other-environment"
+    if kind in (NO_ENTRY, OTHER_ENV) or (kind is None and s.tuned and entry_present is False):
+        return "absent" if kind == NO_ENTRY else "other-environment"
+    if s.loaded is not None or s.hits or (s.preloaded and s.preloaded[0]):
+        return "loaded"
+    if not s.tuned and s.complete:
+        return "used"  # nothing was tuned: every lookup the pass made was answered
+    return "unknown" if not s.tuned else "missed"
+
+
+def _session_dict(s: Session, server: Server, trees: Trees) -> dict:
+    ops = _ops(s.bars)
+    kind, cause = _cause(s, server, trees, ops or (_ops(server.shared_bars) if s.saw_shared_bars else []))
+    loc = locate(s.path) if s.path else None
+    entry = trees.entry(loc) if loc and trees.info(loc.layout) is not None else None
+    in_tree = None
+    if loc is not None:
+        in_tree = {"root": str(trees.root(loc.layout)), "present": entry is not None,
+                   "status": entry.status.value if entry else None,
+                   "worker": ("draft" if entry.manifest.key_fields.is_draft else "target")
+                   if entry and entry.manifest else None}
+    return {
+        "cache_path": s.path, "layout": loc.layout.name if loc else None, "entry": str(loc.id) if loc else None,
+        "server_root": root_of(s.path, loc) if loc and s.path else None, "in_tree": in_tree,
+        "cache": _cache_state(s, kind, entry is not None if in_tree else None),
+        "tuned": ops, "tuned_elsewhere": s.saw_shared_bars, "dummy_pass": s.ran_dummy_pass,
+        "tuning_seconds": sum(o["seconds"] for o in ops),
+        "duration_seconds": _elapsed(s.started, s.ended), "complete": s.complete,
+        "hits": sorted(set(s.hits)), "loaded_configs": s.loaded,
+        "preloaded": list(s.preloaded) if s.preloaded else None,
+        "cause_kind": kind, "cause": cause,
+    }
+
+
+def _server_dict(server: Server, trees: Trees) -> dict:
+    ranks = [{"rank": rank, "sessions": [_session_dict(s, server, trees) for s in sessions]}
+             for rank, sessions in sorted(server.ranks.items(), key=lambda kv: _rank_order(kv[0]))]
+    shared = _shared(server.shared_bars)
+    own = max((sum(x["tuning_seconds"] for x in r["sessions"]) for r in ranks), default=0)
+    causes = Counter(x["cause"] for r in ranks for x in r["sessions"] if x["cause"])
+    tuned = bool(shared) or any(x["cause"] for r in ranks for x in r["sessions"]) or \
+        any(x["tuned"] or x["dummy_pass"] for r in ranks for x in r["sessions"])
+    return {
+        "server": server.name, "engine": server.engine, "version": server.version, "ranks": ranks,
+        "shared_tuning": shared, "tuning_seconds": own + sum(o["seconds"] for o in shared),
+        "tuned": tuned, "causes": [{"cause": c, "ranks": n} for c, n in causes.most_common()],
+    }
+
+
+def _rank_order(rank: str) -> tuple:
+    digits = [int("".join(ch for ch in tok if ch.isdigit()) or 0) for tok in rank.replace("_", " ").split()]
+    return (len(digits), digits, rank)
+
+
+def _version_warnings(servers: dict[str, Server], report: DoctorReport) -> None:
+    seen = set()
+    for server in servers.values():
+        if server.engine == "vllm" and server.version and not server.version.startswith(UNDERSTOOD["vllm"]):
+            seen.add(f"vLLM {server.version} (server {server.name})")
+        for s in server.sessions():
+            loc = locate(s.path) if s.path else None
+            fields = loc.layout.id_fields(loc.id) if loc else {}
+            version = fields.get("flashinfer_version")
+            if version and version != UNDERSTOOD["flashinfer"]:
+                seen.add(f"FlashInfer {version} (server {server.name})")
+    for what in sorted(seen):
+        report.warnings.append(f"{what}: the log formats read are those of SGLang {UNDERSTOOD['sglang']}, "
+                               f"vLLM {UNDERSTOOD['vllm']} and FlashInfer {UNDERSTOOD['flashinfer']}; "
+                               "lines that changed since are not read")
+
+
+def diagnose(logs: list[tuple[str, str]], roots: list[Path]) -> DoctorReport:
+    """Read ``logs`` ((name, text) pairs) and explain every server's boot against our trees."""
+    report = DoctorReport()
+    servers: dict[str, Server] = {}
+    texts: list[LogText] = []
+    for name, text in logs:
+        parsed = read_log(name, text)
+        texts.append(parsed)
+        assemble(servers, parsed.events)
+        if not parsed.events:
+            report.warnings.append(f"{name}: no line of SGLang, vLLM or FlashInfer in it")
+    trees = Trees(roots)
+    for server in servers.values():
+        if not server.ranks and not server.shared_bars:
+            report.warnings.append(f"{server.name}: {server.engine or 'the engine'} did not autotune at startup "
+                                   "(no autotune line in the log)")
+    _version_warnings(servers, report)
+    report.servers = [_server_dict(s, trees) for s in servers.values() if s.ranks or s.shared_bars]
+    return report

@@ -1,0 +1,92 @@
+"""``doctor LOG...``: what the server's own startup log says it loaded, tuned, and why."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from autotune_cache.errors import ExitCode, UsageError
+from autotune_cache.logs.diagnose import DoctorReport, diagnose
+
+from .output import Output
+from .params import json_option
+
+#: A log larger than this is refused rather than read into memory (a day of a busy server's
+#: request log is far smaller; startup lines come first anyway).
+MAX_LOG_BYTES = 1 << 30
+
+
+def _read(name: str) -> tuple[str, str]:
+    try:
+        data = sys.stdin.buffer.read(MAX_LOG_BYTES + 1) if name == "-" else Path(name).read_bytes()
+    except IsADirectoryError:
+        raise UsageError(f"{name} is a directory, not a log file") from None
+    except FileNotFoundError:
+        raise UsageError(f"{name}: no such log file") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
+    if len(data) > MAX_LOG_BYTES:
+        raise UsageError(f"{name} is over 1 GiB: give the startup part (head -c 1G)")
+    return ("-" if name == "-" else name), data.decode("utf-8", errors="replace")
+
+
+def _human(out: Output, report: DoctorReport) -> None:
+    for server in report.servers:
+        head = f"{server['server']}: {server['engine'] or 'engine unknown'}"
+        head += f" {server['version']}" if server["version"] else ""
+        verdict = (f"tuned at startup, about {server['tuning_seconds']} s" if server["tuned"]
+                   else "nothing tuned at startup")
+        out.line(f"{head} - {verdict}")
+        rows = []
+        for rank in server["ranks"]:
+            for s in rank["sessions"]:
+                tuned = ", ".join(f"{o['op']} {o['done']}/{o['profiles']} in {o['seconds']} s" for o in s["tuned"])
+                if not tuned and s["tuned_elsewhere"]:
+                    tuned = "yes (bars carry no rank)"
+                where = s["entry"] or s["cache_path"] or "-"
+                present = s["in_tree"]
+                if present is not None:
+                    where += " (in tree: " + (present["status"] if present["present"] else "absent") + ")"
+                took = f"{s['duration_seconds']} s" if s["duration_seconds"] is not None else "-"
+                rows.append([rank["rank"], s["cache"], where, tuned or "-", took])
+        out.table(["rank", "cache", "entry", "tuned", "pass took"], rows, fit=["pass took", "tuned"])
+        for o in server["shared_tuning"]:
+            out.line(f"  tuned: {o['op']} {o['done']}/{o['profiles']} profiles in {o['seconds']} s "
+                     f"({o['bars']} bar{'s' if o['bars'] > 1 else ''}; a bar names no rank)")
+        for c in server["causes"]:
+            out.line(f"  cause ({c['ranks']} pass{'es' if c['ranks'] > 1 else ''}): {c['cause']}")
+        out.line()
+
+
+@click.command("doctor")
+@click.argument("logs", nargs=-1, required=True, metavar="LOG...")
+@click.option("--cache-dir", "cache_dirs", multiple=True, type=click.Path(file_okay=False),
+              help="A tree to find the logged cache paths in (repeatable: an SGLang root, a vLLM root, a "
+                   "FlashInfer store root); default: each engine's own root here.")
+@json_option
+def doctor_cmd(logs, cache_dirs, as_json):
+    """Read SGLang / vLLM / FlashInfer startup logs: per server and rank, the cache read, what was
+    tuned at boot, how long, and why.
+
+    LOG is a file or - for stdin: one rank's log, or a `kubectl logs` / `docker logs` dump with
+    every rank interleaved. The formats read are those of SGLang 0.5.23, vLLM 0.33.0 and
+    FlashInfer 0.7.2.post1 (others are warned about). Each logged cache path is looked up as an
+    entry of our trees (--cache-dir): a pass that tuned gets one cause - no entry at that key
+    (and the field that differs from the nearest entry), another environment, ranks that
+    disagreed, an op or bucket our plan does not cover, or cache reuse switched off.
+
+    Exit status: 0 nothing was tuned at startup, 1 something was (the causes printed), 2 a
+    usage error (a log that cannot be read).
+    """
+    out = Output(as_json)
+    texts = [_read(name) for name in logs]
+    report = diagnose(texts, [Path(d) for d in cache_dirs])
+    if not report.servers and all(w.endswith("no line of SGLang, vLLM or FlashInfer in it") for w in report.warnings):
+        raise UsageError("no log given holds a line of SGLang, vLLM or FlashInfer: is it a server's startup log?")
+    for w in report.warnings:
+        out.warn(w)
+    out.emit(human=lambda: _human(out, report), data=report.to_dict())
+    if report.tuned:
+        raise click.exceptions.Exit(int(ExitCode.FAILURE))
