@@ -26,6 +26,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -45,7 +46,9 @@ from autotune_cache.autotuner.rankfile import parse_cache_bytes  # noqa: E402
 from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, default_fields, fake_configs, write_fake_entry  # noqa: E402
 
 SG = default_layout()
-COLUMNS = ("attempts", "corrupt", "lost", "half", "leftovers", "tracebacks", "hangs")
+COLUMNS = ("attempts", "kills", "corrupt", "lost", "half", "leftovers", "unfinished", "tracebacks", "hangs",
+           "wrong deletes", "escapes", "wrong installs")
+FAILURES = COLUMNS[2:]
 TIMEOUT = 60
 
 
@@ -179,7 +182,8 @@ def kill_at_random(tmp: Path, kills: int, rng: random.Random) -> Row:
             p.stdout.readline()
         time.sleep(rng.uniform(0.05, 0.9 if kind == "import" else 0.5))
         p.send_signal(signal.SIGKILL)
-        p.wait()
+        if p.wait() == -signal.SIGKILL:
+            row["kills"] += 1
         row["corrupt"] += corrupt_files(root)
         now = statuses(root, row)  # finishes an interrupted import
         if kind == "import":
@@ -221,6 +225,8 @@ def kill_at_steps(tmp: Path, repeats: int) -> Row:
             p = row.proc(cli("import", archive, "--force", "--cache-dir", root, env={"FI_AUTOTUNE_CRASH_AT": point, **env}))
             if p is not None and p.returncode != -signal.SIGKILL:
                 row.fail("half", f"{point}: never reached (exit {p.returncode})")  # the trial would prove nothing
+            elif p is not None:
+                row["kills"] += 1
             row["corrupt"] += corrupt_files(root)
             now = statuses(root, row)
             all_new = sorted(now) == eids
@@ -236,8 +242,9 @@ def kill_at_steps(tmp: Path, repeats: int) -> Row:
             for j in range(4):
                 write_fake_entry(root, fields=default_fields(f"d{j}", tp=4, dp=4), flashinfer_version="0.7.1")
             row["attempts"] += 1
-            row.proc(cli("prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", root,
-                         env={"FI_AUTOTUNE_CRASH_AT": f"prune.renamed:{n}"}))
+            p = row.proc(cli("prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", root,
+                             env={"FI_AUTOTUNE_CRASH_AT": f"prune.renamed:{n}"}))
+            row["kills"] += p is not None and p.returncode == -signal.SIGKILL
             now = statuses(root, row)
             row["half"] += sum(1 for s in now.values() if s != "complete")
             if len(now) != 4 - n:
@@ -395,24 +402,232 @@ def hostile_archives(tmp: Path, rng: random.Random, n: int) -> Row:
     return row
 
 
+# --- kills at exact syscalls (strace) --------------------------------------------------------------
+#
+# Each case is set up once as a template dir; a dry run under strace lists every mutating syscall
+# the command makes on the case's own files (rename*, unlink*, rmdir, mkdir, link, write, fsync,
+# ftruncate, and openat with O_CREAT/O_WRONLY/O_RDWR/O_TMPFILE), each as (syscall, its ordinal among
+# that syscall's calls by the process). Then for each point: a fresh copy of the template at the
+# same path, the command under ``strace -e inject=SYSCALL:signal=SIGKILL:when=N``, the checks of the
+# state the kill left, the same command again, and the checks of the end state.
+
+STRACE = shutil.which("strace") or "/usr/bin/strace"
+TRACED = ("rename,renameat,renameat2,unlink,unlinkat,rmdir,mkdir,mkdirat,link,linkat,symlink,symlinkat,"
+          "write,pwrite64,writev,fsync,fdatasync,ftruncate,openat")
+_CALL = re.compile(r"^(\d+)\s+(\w+)\((.*)$")
+_FD_FIRST = ("write", "pwrite64", "writev", "fsync", "fdatasync", "ftruncate")
+
+
+def _mutating_points(log: Path, work: Path) -> list[tuple[str, int, str]]:
+    """(syscall, N, the call as traced) for every mutating call of the first process on ``work``."""
+    counts: dict[tuple[str, str], int] = {}
+    points, main = [], None
+    for line in log.read_text(errors="replace").splitlines():
+        m = _CALL.match(line)
+        if not m:
+            continue
+        pid, name, rest = m.groups()
+        main = main or pid
+        counts[(pid, name)] = n = counts.get((pid, name), 0) + 1
+        if pid != main:
+            continue
+        args = rest.rsplit(") = ", 1)[0]
+        if name in _FD_FIRST:
+            fd = re.match(r"\d+<([^>]*)>", args)
+            hit = fd is not None and fd.group(1).startswith(str(work))
+        elif name == "openat":
+            hit = str(work) in args and re.search(r"O_WRONLY|O_RDWR|O_CREAT|O_TMPFILE", args) is not None
+        else:
+            hit = str(work) in args
+        if hit:
+            points.append((name, n, line[len(pid):].strip()[:160]))
+    return points
+
+
+def _spread(points: list, cap: int) -> list:
+    """At most ``cap`` points: every rename/unlink/rmdir/link/fsync first, then writes and opens
+    spread evenly over the run."""
+    if len(points) <= cap:
+        return points
+    key = [p for p in points if p[0] not in ("write", "pwrite64", "writev", "openat", "mkdir", "mkdirat")]
+    rest = [p for p in points if p not in key]
+    if len(key) >= cap:
+        step = len(key) / cap
+        return [key[int(i * step)] for i in range(cap)]
+    step = len(rest) / (cap - len(key))
+    chosen = key + [rest[int(i * step)] for i in range(cap - len(key))]
+    return sorted(chosen, key=points.index)
+
+
+def traced(argv: list, env: dict, log: Path, inject: tuple[str, int] | None = None,
+           timeout: float = TIMEOUT) -> subprocess.CompletedProcess | None:
+    cmd = [STRACE, "-f", "-qq", "-y", "-o", str(log), "-e", f"trace={TRACED}"]
+    if inject:
+        cmd += ["-e", f"inject={inject[0]}:signal=SIGKILL:when={inject[1]}"]
+    try:
+        return subprocess.run([*cmd, sys.executable, "-m", "fi_autotune_cli", *map(str, argv)], cwd=REPO,
+                              capture_output=True, env={**os.environ, **env}, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+class ExactCase:
+    """One command killed at each of its mutating syscalls. Subclasses set ``name`` and give
+    ``setup(work)`` (the template, under ``work``), ``argv(work)``, ``after_kill`` and ``after_rerun``."""
+
+    name = ""
+    rerun_must_succeed = True
+
+    def setup(self, work: Path) -> None:
+        raise NotImplementedError
+
+    def argv(self, work: Path) -> list:
+        raise NotImplementedError
+
+    def rerun_argv(self, work: Path) -> list:
+        return self.argv(work)
+
+    def after_kill(self, work: Path, row: Row, where: str) -> None:
+        pass
+
+    def after_rerun(self, work: Path, row: Row, where: str) -> None:
+        pass
+
+    def env(self, work: Path) -> dict:
+        return {"XDG_CACHE_HOME": str(work / "xdg"), "FLASHINFER_AUTOTUNE_CACHE_DIR": str(work / "no-v2"),
+                "FI_AUTOTUNE_STORE_TIMEOUT": "10"}
+
+
+def exact_syscall_kills(tmp: Path, case: ExactCase, cap: int) -> Row:
+    row = Row()
+    template, work, log = tmp / f"exact-{case.name}-template", tmp / f"exact-{case.name}", tmp / "strace.log"
+    case.setup(template)
+    shutil.copytree(template, work, symlinks=True)
+    dry = traced(case.argv(work), case.env(work), log)  # twice: the first warms byte-code caches
+    shutil.rmtree(work)
+    shutil.copytree(template, work, symlinks=True)
+    dry = traced(case.argv(work), case.env(work), log)
+    if dry is None or dry.returncode != 0:
+        row.fail("unfinished", f"{case.name}: the dry run failed: {dry and dry.stderr[-300:]!r}")
+        return row
+    points = _mutating_points(log, work)
+    chosen = _spread(points, cap)
+    row.details.append(f"note: {case.name}: {len(points)} mutating syscalls on its files, {len(chosen)} killed")
+    for syscall, n, what in chosen:
+        shutil.rmtree(work)
+        shutil.copytree(template, work, symlinks=True)
+        where = f"{syscall}#{n} ({what[:110]})"
+        row["attempts"] += 1
+        p = row.proc(traced(case.argv(work), case.env(work), log, inject=(syscall, n)))
+        if p is None:
+            continue
+        if p.returncode != -signal.SIGKILL:
+            row.details.append(f"note: {case.name} {where}: not reached (exit {p.returncode}); checked anyway")
+        else:
+            row["kills"] += 1
+        case.after_kill(work, row, where)
+        again = row.proc(cli(*case.rerun_argv(work), env=case.env(work)))
+        if again is not None and case.rerun_must_succeed and again.returncode != 0:
+            row.fail("unfinished", f"{case.name} killed at {where}: the re-run exited {again.returncode}: "
+                                   f"{again.stderr.decode(errors='replace').strip()[-200:]}")
+        case.after_rerun(work, row, where)
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(template, ignore_errors=True)
+    return row
+
+
+def _tree_entries(fields_tag: str, root: Path, n: int, version: str = "0.7.2.post1", seed0: int = 0) -> list[str]:
+    return [str(write_fake_entry(root, fields=default_fields(f"org/{fields_tag}{i}", tp=2, dp=2), arch="sm90",
+                                 seed=seed0 + i, buckets=(1, 2), flashinfer_version=version)) for i in range(n)]
+
+
+class TreeRm(ExactCase):
+    """``rm -y A B C D`` of a tree holding A-E: E must stay; the re-run must finish."""
+
+    name = "rm"
+
+    def setup(self, work):
+        ids = _tree_entries("rm", work / "tree", 5)
+        (work / "ids.json").write_text(json.dumps(ids))
+
+    def ids(self, work):
+        return json.loads((work / "ids.json").read_text())
+
+    def argv(self, work):
+        return ["rm", "-y", *self.ids(work)[:4], "--cache-dir", work / "tree"]
+
+    def after_kill(self, work, row, where):
+        _check_tree(work / "tree", row, where, keep=self.ids(work)[4:], may_go=self.ids(work)[:4])
+
+    def after_rerun(self, work, row, where):
+        now = _check_tree(work / "tree", row, where, keep=self.ids(work)[4:], may_go=self.ids(work)[:4])
+        left = [i for i in self.ids(work)[:4] if i in now]
+        row.fail("unfinished", f"rm killed at {where}: {len(left)} named entries still there after the re-run",
+                 len(left) and 1)
+        row.fail("leftovers", f"rm killed at {where}: {leftovers(work / 'tree')} trash/stage/journal after the re-run",
+                 leftovers(work / "tree"))
+
+
+def _check_tree(root: Path, row: Row, where: str, keep: list[str], may_go: list[str] = (),
+                all_or_none: list[str] = ()) -> dict[str, str]:
+    """The tree's invariants: every file parses, ``keep`` all there and complete, every entry listed
+    complete, ``all_or_none`` all there or none. Returns the statuses."""
+    bad = corrupt_files(root)
+    row.fail("corrupt", f"{where}: {bad} file(s) do not parse", bad)
+    now = statuses(root, row)
+    gone = [i for i in keep if i not in now]
+    row.fail("lost", f"{where}: {gone} gone", len(gone))
+    halves = [i for i, s in now.items() if s != "complete"]
+    row.fail("half", f"{where}: {halves} not complete", len(halves))
+    if all_or_none:
+        there = [i for i in all_or_none if i in now]
+        if there and len(there) != len(all_or_none):
+            row.fail("half", f"{where}: {len(there)} of {len(all_or_none)} entries installed")
+    return now
+
+
+EXACT_CASES = [TreeRm]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--short", action="store_true", help="The CI form: a few of each trial.")
+    ap.add_argument("--long", action="store_true", help="Every attack: the trials above plus exact-syscall kills, "
+                    "hostile servers, look-alike names, edited store records, hostile archives, kills under load.")
+    ap.add_argument("--quick", action="store_true", help="With --long: a few points of each family (development).")
+    ap.add_argument("--only", default="", help="Comma-separated substrings of row names to run (e.g. 'exact,http').")
     ap.add_argument("--seed", type=int, default=2026)
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "reliability.json"))
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    sizes = dict(rounds=3, kills=6, steps=1, hostile=10) if args.short else dict(rounds=50, kills=102, steps=3, hostile=60)
+    sizes = dict(rounds=3, kills=6, steps=1, hostile=10, cap=40) if args.short or args.quick else \
+        dict(rounds=50, kills=102, steps=3, hostile=60, cap=40)
+    if args.quick:
+        sizes["cap"] = 4
+    out = Path(args.out or REPO / "benchmarks" / "results" / ("reliability-long.json" if args.long else "reliability.json"))
+    only = [o.strip() for o in args.only.split(",") if o.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="fi-autotune-reliability-"))
+    trials: list[tuple[str, object]] = []
+    if not args.long or not args.quick:
+        trials += [("concurrency (8 processes/round)", lambda: concurrency(tmp, sizes["rounds"])),
+                   ("SIGKILL at random times", lambda: kill_at_random(tmp, sizes["kills"], rng)),
+                   ("SIGKILL at exact steps", lambda: kill_at_steps(tmp, sizes["steps"])),
+                   ("malformed trees x 8 commands", lambda: (seeded(tmp, 1, "good"), malformed_trees(tmp))[1]),
+                   ("hostile archives", lambda: hostile_archives(tmp, rng, sizes["hostile"]))]
+    if args.long:
+        for case in EXACT_CASES:
+            trials.append((f"exact syscall kills: {case.name}", lambda case=case: exact_syscall_kills(tmp, case(), sizes["cap"])))
     rows: dict[str, Row] = {}
+    times: dict[str, float] = {}
     t0 = time.perf_counter()
     try:
-        rows["concurrency (8 processes/round)"] = concurrency(tmp, sizes["rounds"])
-        rows["SIGKILL at random times"] = kill_at_random(tmp, sizes["kills"], rng)
-        rows["SIGKILL at exact steps"] = kill_at_steps(tmp, sizes["steps"])
-        seeded(tmp, 1, "good")
-        rows["malformed trees x 8 commands"] = malformed_trees(tmp)
-        rows["hostile archives"] = hostile_archives(tmp, rng, sizes["hostile"])
+        for name, run in trials:
+            if only and not any(o in name for o in only):
+                continue
+            t1 = time.perf_counter()
+            rows[name] = run()
+            times[name] = time.perf_counter() - t1
+            print(f"  {name}: {dict(rows[name])} ({times[name]:.0f} s)", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     total = Row()
@@ -420,17 +635,21 @@ def main() -> None:
         for c in COLUMNS:
             total[c] += r[c]
     rows["total"] = total
-    print(f"{'trial':<34}" + "".join(f"{c:>11}" for c in COLUMNS))
+    width = max(len(n) for n in rows) + 2
+    print(f"{'trial':<{width}}" + "".join(f"{c:>{max(len(c), 5) + 2}}" for c in COLUMNS))
     for name, r in rows.items():
-        print(f"{name:<34}" + "".join(f"{r[c]:>11}" for c in COLUMNS))
+        print(f"{name:<{width}}" + "".join(f"{r[c]:>{max(len(c), 5) + 2}}" for c in COLUMNS))
     for name, r in rows.items():
         for d in r.details:
             print(f"  {name}: {d}")
-    failures = sum(total[c] for c in COLUMNS if c != "attempts")
-    print(f"{time.perf_counter() - t0:.0f} s; failures: {failures} ({'target met' if failures == 0 else 'TARGET MISSED'})")
-    out = Path(args.out)
+    failures = sum(total[c] for c in FAILURES)
+    took = time.perf_counter() - t0
+    print(f"{took:.0f} s; {total['kills']} kills; failures: {failures} ({'target met' if failures == 0 else 'TARGET MISSED'})")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"short": args.short, "seed": args.seed, "rows": rows}, indent=2))
+    out.write_text(json.dumps({"short": args.short, "long": args.long, "quick": args.quick, "only": only,
+                               "seed": args.seed, "seconds": round(took), "columns": list(COLUMNS),
+                               "rows": {n: {**r, "seconds": round(times.get(n, took)), "details": r.details}
+                                        for n, r in rows.items()}}, indent=2))
     sys.exit(1 if failures else 0)
 
 
