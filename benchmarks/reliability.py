@@ -1376,6 +1376,174 @@ def edited_records(tmp: Path, moto: "MotoServer | None") -> Row:
     return row
 
 
+# --- archives with links, device nodes, `..` and sparse members (import and pull) ----------------------
+
+def _link_archives(tmp: Path, victim: Path) -> list[tuple[str, bytes]]:
+    good = cache_file_bytes(DEFAULT_METADATA, fake_configs(buckets=(1, 2)))
+    prefix = "flashinfer/autotune/0.7.2.post1/sm90/0123456789abcdef/"
+    rank = prefix + "rank_tp0_pp0_dp0.json"
+
+    def tar_of(members: list[tarfile.TarInfo], datas: dict[str, bytes] | None = None) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.GNU_FORMAT) as tar:
+            for m in members:
+                data = (datas or {}).get(m.name)
+                if data is not None:
+                    m.size = len(data)
+                tar.addfile(m, io.BytesIO(data) if data is not None else None)
+        return buf.getvalue()
+
+    def info(name, kind=tarfile.REGTYPE, link=""):
+        t = tarfile.TarInfo(name)
+        t.type, t.linkname = kind, link
+        if kind in (tarfile.CHRTYPE, tarfile.BLKTYPE):
+            t.devmajor, t.devminor = 1, 3
+        return t
+
+    out = [
+        ("symlink rank file -> victim", tar_of([info(rank, tarfile.SYMTYPE, str(victim / "keep.json"))])),
+        ("symlink entry dir -> victim", tar_of([info(prefix.rstrip("/"), tarfile.SYMTYPE, str(victim)),
+                                                info(rank)], {rank: good})),
+        ("symlink then write through it", tar_of([info(prefix + "x", tarfile.SYMTYPE, str(victim)),
+                                                  info(prefix + "x/keep.json")], {prefix + "x/keep.json": good})),
+        ("hardlink rank file -> victim", tar_of([info(rank, tarfile.LNKTYPE, str(victim / "keep.json"))])),
+        ("hardlink to ../ path", tar_of([info(rank, tarfile.LNKTYPE, "../../../../../../" + str(victim / "keep.json"))])),
+        ("hardlink to a member", tar_of([info(rank), info(prefix + "rank_tp1_pp0_dp1.json", tarfile.LNKTYPE, rank)],
+                                        {rank: good})),
+        ("char device /dev/null", tar_of([info(rank, tarfile.CHRTYPE)])),
+        ("block device", tar_of([info(rank, tarfile.BLKTYPE)])),
+        ("FIFO", tar_of([info(rank, tarfile.FIFOTYPE)])),
+        ("dotdot member", tar_of([info(prefix + "../../../../../../victim-evil.json")], {prefix + "../../../../../../victim-evil.json": good})),
+        ("dotdot to victim", tar_of([info("flashinfer/autotune/../../" + os.path.relpath(victim / "evil.json", tmp))],
+                                    {"flashinfer/autotune/../../" + os.path.relpath(victim / "evil.json", tmp): good})),
+        ("absolute member", tar_of([info(str(victim / "evil.json"))], {str(victim / "evil.json"): good})),
+        ("directory member where a rank file goes", tar_of([info(rank, tarfile.DIRTYPE)])),
+    ]
+    sparse = tmp / "sparse-src" / prefix
+    sparse.mkdir(parents=True, exist_ok=True)
+    with open(sparse / "rank_tp0_pp0_dp0.json", "wb") as f:
+        f.write(good[:-1])
+        f.seek(64 << 20)  # a 64 MB hole, then the closing brace
+        f.write(good[-1:])
+    p = subprocess.run(["tar", "-S", "-czf", str(tmp / "sparse.tgz"), "-C", str(tmp / "sparse-src"), "flashinfer"],
+                       capture_output=True)
+    if p.returncode == 0:
+        out.append(("sparse member (64 MB hole)", (tmp / "sparse.tgz").read_bytes()))
+    return out
+
+
+def link_archives(tmp: Path) -> Row:
+    """Archives whose members are symlinks or hardlinks (to a victim file outside the tree, through
+    ``..``, to another member), device nodes, FIFOs, ``..`` and absolute names, a directory
+    where a rank file goes, and a GNU sparse member: each given to ``import``, and each as a
+    store bundle (a record with its true sha256, so only the contents can refuse it) given to
+    ``pull``. Checks: exit 1 and nothing installed (wrong installs); the victim dir next to the
+    tree unchanged and nothing written outside the destination (escapes); no staging left."""
+    row = Row()
+    work = tmp / "links"
+    victim = work / "victim"
+    victim.mkdir(parents=True)
+    (victim / "keep.json").write_text('{"keep": 1}')
+    env = {"XDG_CACHE_HOME": str(work / "xdg")}
+    src = work / "src"
+    _tree_entries("lnk", src, 1)
+    store = work / "store"
+    assert cli("push", f"file://{store}", "--cache-dir", src, env=env).returncode == 0
+    rec_path = next((store / "index").rglob("*.json"))
+    honest_rec = json.loads(rec_path.read_text())
+    before = _snapshot(victim)
+    outside = set(os.listdir(work))
+    for what, data in _link_archives(work, victim):
+        (work / "a.tgz").write_bytes(data)
+        sha = hashlib.sha256(data).hexdigest()
+        bundle = honest_rec["bundle"].rsplit("/", 1)[0] + f"/{sha}.tar.gz"
+        (store / bundle).write_bytes(data)
+        rec_path.write_text(json.dumps({**honest_rec, "bundle": bundle, "sha256": sha, "size": len(data)}))
+        for cmd in (["import", work / "a.tgz", "--cache-dir", work / "dest"],
+                    ["pull", f"file://{store}", "--any-env", "--cache-dir", work / "dest"]):
+            row["attempts"] += 1
+            where = f"{what}: {cmd[0]}"
+            p = row.proc(cli(*cmd, env=env))
+            got = _rank_bytes(work / "dest") if (work / "dest").exists() else {}
+            if p is not None and (p.returncode != 1 or got):
+                row.fail("wrong installs", f"{where}: exit {p.returncode}, {len(got)} entries installed: "
+                                           f"{p.stderr.decode(errors='replace').strip()[-150:]}")
+            row.fail("leftovers", f"{where}: staging left in the destination", leftovers(work / "dest"))
+            if _snapshot(victim) != before or set(os.listdir(work)) - outside - {"a.tgz", "dest", "sparse-src", "sparse.tgz"}:
+                row.fail("escapes", f"{where}: a file outside the destination was written or changed")
+                (victim / "keep.json").write_text('{"keep": 1}')
+                before = _snapshot(victim)
+            shutil.rmtree(work / "dest", ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
+# --- 8 processes at once on one tree and one store, some killed at random ----------------------------
+
+def concurrent_kills(tmp: Path, rounds: int, rng: random.Random) -> Row:
+    """Each round: a tree with 3 entries nobody deletes (``keep``), 2 to be deleted and 2 of
+    0.7.1, a file:// store with 3 entries, an archive of 3 more; 8 commands at once - import,
+    import --force, push, pull, rm -y of the 2, prune of 0.7.1, export, rm URL of one store
+    entry - and 3 of them SIGKILLed after 0.05-1.5 s. Then: files parse (corrupt), ``keep``
+    there and complete (lost, half); each killed command run again must exit 0 (unfinished);
+    then no trash/stage/journal in the tree, no temp file or bundle without a record in the store
+    (leftovers)."""
+    row = Row()
+    base = tmp / "ck-base"
+    keep = _tree_entries("ckk", base / "tree", 3)
+    gone = _tree_entries("ckg", base / "tree", 2, seed0=10)
+    _tree_entries("cko", base / "tree", 2, version="0.7.1", seed0=20)
+    s_ids = _tree_entries("cks", base / "ssrc", 3, seed0=30)
+    _tree_entries("cka", base / "asrc", 3, seed0=40)
+    env = {"XDG_CACHE_HOME": str(base / "xdg")}
+    assert cli("push", f"file://{base / 'store'}", "--cache-dir", base / "ssrc", env=env).returncode == 0
+    assert cli("export", "-o", base / "a.tgz", "--cache-dir", base / "asrc", env=env).returncode == 0
+    for r in range(rounds):
+        work = tmp / f"ck-{r}"
+        shutil.copytree(base, work, symlinks=True)
+        tree, url = work / "tree", f"file://{work / 'store'}"
+        cmds = [["import", work / "a.tgz", "--cache-dir", tree], ["import", work / "a.tgz", "--force", "--cache-dir", tree],
+                ["push", url, "--cache-dir", tree], ["pull", url, "--any-env", "--cache-dir", tree],
+                ["rm", "-y", *gone, "--cache-dir", tree], ["prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", tree],
+                ["export", "-o", work / "out.tgz", "--cache-dir", tree], ["rm", url, s_ids[r % 3], "-y"]]
+        cenv = {**os.environ, "XDG_CACHE_HOME": str(work / "xdg")}
+        procs = [subprocess.Popen([sys.executable, "-m", "fi_autotune_cli", *map(str, c)], cwd=REPO, env=cenv,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in cmds]
+        victims = rng.sample(range(len(cmds)), 3)
+        t0 = time.monotonic()
+        for i in sorted(victims, key=lambda _: rng.random()):
+            time.sleep(max(0.0, rng.uniform(0.05, 1.5) - (time.monotonic() - t0)))
+            procs[i].send_signal(signal.SIGKILL)
+        killed = []
+        for i, p in enumerate(procs):
+            row["attempts"] += 1
+            try:
+                _, err = p.communicate(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                row.fail("hangs", f"round {r}: {cmds[i][0]} ran past {TIMEOUT} s")
+                continue
+            if b"Traceback" in err:
+                row.fail("tracebacks", f"round {r} {cmds[i][0]}: {err.decode(errors='replace')[-300:]}")
+            if p.returncode == -signal.SIGKILL:
+                row["kills"] += 1
+                killed.append(i)
+        where = f"round {r} (killed: {[' '.join(map(str, cmds[i][:2])) for i in killed]})"
+        _check_tree(tree, row, where, keep=keep)
+        _check_store(work / "store", row, where, keep=[])
+        for i in killed:
+            again = row.proc(cli(*cmds[i], env={"XDG_CACHE_HOME": str(work / "xdg")}))
+            if again is not None and again.returncode != 0:
+                err = again.stderr.decode(errors="replace").strip()
+                row.fail("unfinished", f"{where}: the re-run of {' '.join(map(str, cmds[i][:2]))} exited "
+                                       f"{again.returncode}: {err[-160:]}")
+        _check_tree(tree, row, where, keep=keep)
+        row.fail("leftovers", f"{where}: trash/stage/journal in the tree after the re-runs", leftovers(tree))
+        _check_store(work / "store", row, where, keep=[], final=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--short", action="store_true", help="The CI form: a few of each trial.")
@@ -1388,7 +1556,10 @@ def main() -> None:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     sizes = dict(rounds=3, kills=6, steps=1, hostile=10, cap=40) if args.short or args.quick else \
-        dict(rounds=50, kills=102, steps=3, hostile=60, cap=40)
+        dict(rounds=50, kills=102, steps=3, hostile=60, cap=38)
+    sizes["ck"] = 3 if args.quick else 12
+    if args.long and not args.quick:
+        sizes["rounds"] = 30  # the 8-process rounds without kills: fewer, the long form has 25 rounds with kills
     if args.quick:
         sizes["cap"] = 4
     out = Path(args.out or REPO / "benchmarks" / "results" / ("reliability-long.json" if args.long else "reliability.json"))
@@ -1407,6 +1578,8 @@ def main() -> None:
         trials.append(("hostile HTTP servers x 3 commands", lambda: hostile_http(tmp, rng)))
         trials.append(("look-alike names x 3 layouts", lambda: look_alike_names(tmp)))
         trials.append(("edited store records (file://, S3)", lambda: edited_records(tmp, moto())))
+        trials.append(("archives: links, devices, .., sparse", lambda: link_archives(tmp)))
+        trials.append(("8 commands at once, 3 killed", lambda: concurrent_kills(tmp, sizes["ck"], rng)))
     servers: list[MotoServer] = []
 
     def moto() -> MotoServer | None:
