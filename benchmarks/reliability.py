@@ -1613,7 +1613,8 @@ def main() -> None:
         dict(rounds=50, kills=102, steps=3, hostile=60)
     if args.long and not args.quick:  # every attack within about 25 minutes on 2 cores: fewer of the tree trials
         sizes.update(rounds=10, kills=60, hostile=30, cap=45, ck=8)
-    out = Path(args.out or REPO / "benchmarks" / "results" / ("reliability-long.json" if args.long else "reliability.json"))
+    out = Path(args.out or (REPO / "docs" / "results" / "reliability_long.json" if args.long and not args.quick
+                            else REPO / "benchmarks" / "results" / "reliability.json"))
     only = [o.strip() for o in args.only.split(",") if o.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="fi-autotune-reliability-"))
     trials: list[tuple[str, object]] = []
