@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import click
 
 from autotune_cache.tree.archive import import_archive, import_archives
-from autotune_cache.tree.export import export_entries
+from autotune_cache.tree.export import export_entries, export_to_file
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.humanize import format_size, plural
 from autotune_cache.tree.scan import scan_cache
@@ -133,18 +132,10 @@ def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, o
         except BrokenPipeError:  # click would turn it into a silent exit 1
             raise FiAutotuneError("the reader of stdout stopped before the end: the archive it got is cut short") from None
     else:
-        tmp = out_path.parent / f".{out_path.name}.{secrets.token_hex(4)}.tmp"
         try:
-            with open(tmp, "xb") as f:
-                result = export_entries(layout, chosen, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, out_path)
+            result = export_to_file(layout, chosen, out_path)
         except OSError as e:
             raise FiAutotuneError(f"cannot write {out_path}: {e.strerror or e}") from None
-        finally:
-            if tmp.exists():
-                tmp.unlink()
     for entry_id in result.vanished:
         out.note(f"skipped {entry_id}: deleted or replaced while exporting")
     for entry_id in result.empty:

@@ -363,6 +363,9 @@ MUTATIONS = [
      "            data = read_capped(self.fs, path, limit, local=self.local, protocol=self.protocol, timeout=self.timeout)",
      "            data = bounded(self.fs, self.fs.cat_file, path, timeout=self.timeout, size=limit)",
      "tests/tree/test_store_limits.py::test_an_endless_bundle_body_with_no_length_is_cut_at_its_records_size"),
+    ("32: a running export's temp file is never swept", "autotune_cache/tree/export.py",
+     "            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n", "            pass\n",
+     "tests/tree/test_leftovers.py::test_a_killed_exports_temp_file_goes_with_the_next_export_a_running_ones_stays"),
 ]
 
 

@@ -9,16 +9,22 @@ swapped meanwhile. ``archive.py`` reads such bundles back.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import io
 import os
+import re
+import secrets
 import stat as stat_mod
 import tarfile
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO
 
 from autotune_cache.autotuner.rankfile import read_regular_file
+from autotune_cache.tree.atomic import crashpoint
 from autotune_cache.tree.layout import CacheLayout, NameKind
 from autotune_cache.tree.records import CacheEntry
 
@@ -128,3 +134,55 @@ def export_entries(layout: CacheLayout, entries: list[CacheEntry], out: BinaryIO
         while chunk := raw.read(1 << 20):
             out.write(chunk)
     return ExportResult(tuple(exported), tuple(n for n, _ in members), tuple(vanished), size, tuple(empty))
+
+
+def export_to_file(layout: CacheLayout, entries: list[CacheEntry], path: Path) -> ExportResult:
+    """``export_entries`` into ``path``, which appears whole or not at all: written under a
+    temp name beside it, fsynced, renamed. The writer holds an ``flock`` on its temp file for as
+    long as it writes, so a later export to the same name can tell a killed writer's temp (its
+    lock free) from a running one's, and removes the dead ones first (``sweep_dead_temps``)."""
+    sweep_dead_temps(path)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until the file is closed (or this process dies)
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            result = export_entries(layout, entries, f)
+            f.flush()
+        os.fsync(fd)
+        crashpoint("export.written")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    finally:
+        os.close(fd)
+    return result
+
+
+def sweep_dead_temps(path: Path) -> int:
+    """Remove the temp files of killed exports to ``path`` (``.<name>.<hex>.tmp`` whose flock
+    can be taken: nobody is writing them); how many. A FIFO or a link by that name is left."""
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.tmp\Z")
+    removed = 0
+    try:
+        names = [n for n in os.listdir(path.parent) if pattern.match(n)]
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            fd = os.open(path.parent / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(path.parent / name)
+            removed += 1
+        except OSError:
+            continue  # locked: a running export's
+        finally:
+            os.close(fd)
+    return removed

@@ -314,3 +314,52 @@ def test_a_dead_deleters_journal_removes_nothing_outside_its_trash(tmp_path):
     assert (outside / "keep").exists()
     listed = [e["id"] for e in run_json("ls", "--cache-dir", str(root))["entries"]]
     assert a in listed and b in listed and c not in listed
+
+
+# --- export killed midway ---------------------------------------------------------------------------
+
+def test_a_killed_exports_temp_file_goes_with_the_next_export_a_running_ones_stays(tmp_path):
+    """Issue 32 (found by the reliability benchmark): ``export -o out/x.tgz`` killed before its
+    rename left ``out/.x.tgz.<hex>.tmp`` for ever. The writer holds an flock on its temp file:
+    the next export to that name removes the temps whose lock is free (dead writers) and leaves
+    one whose lock is held (a running export)."""
+    import fcntl
+
+    root, out = tmp_path / "tree", tmp_path / "out"
+    out.mkdir()
+    ids = two_entries(root)
+    killed = run_cli("export", "-o", str(out / "x.tgz"), "--cache-dir", str(root),
+                     env={"FI_AUTOTUNE_CRASH_AT": "export.written"})
+    assert killed.returncode == -signal.SIGKILL
+    (dead,) = out.glob(".x.tgz.*.tmp")
+    live = out / ".x.tgz.0123abcd.tmp"
+    live.write_bytes(b"partial")
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        again = run_cli("export", "-o", str(out / "x.tgz"), "--cache-dir", str(root))
+        assert again.returncode == 0, again.stderr
+        assert not dead.exists() and live.exists()
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in out.iterdir()) == [".x.tgz.0123abcd.tmp", "x.tgz"]
+    assert run_cli("export", "-o", str(out / "x.tgz"), "--cache-dir", str(root)).returncode == 0
+    assert [p.name for p in out.iterdir()] == ["x.tgz"]
+
+
+def test_a_convert_killed_before_a_new_environment_is_in_place_shows_nothing_half_done(tmp_path):
+    """Issue 32 (found by the reliability benchmark): killed before its manifest was in place, a
+    convert into a fresh FlashInfer store left an env dir with an empty entries/ that ``ls``
+    showed as corrupt. A new environment is now staged (manifest first) and renamed into place:
+    killed before, ``ls`` lists nothing corrupt; the re-run completes it and removes the stage."""
+    root, v2root = tmp_path / "tree", tmp_path / "v2"
+    eid = str(write_fake_entry(root))
+    args = ("convert", eid, "--layout", "flashinfer-v2", "--to", str(v2root), "--cache-dir", str(root))
+    killed = run_cli(*args, env={"FI_AUTOTUNE_CRASH_AT": "v2.staged"})
+    assert killed.returncode == -signal.SIGKILL
+    ls = ["ls", "--layout", "flashinfer-v2", "--cache-dir", str(v2root)]
+    listed = run_json(*ls)
+    assert listed["entries"] == [] and [f["kind"] for f in listed["findings"]] == ["stage"], listed
+    assert run_cli(*args).returncode == 0
+    listed = run_json(*ls)
+    assert [e["status"] for e in listed["entries"]] == ["complete"] and listed["findings"] == [], listed

@@ -28,13 +28,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune_cache.tree.atomic import atomic_write_bytes, ensure_tree_dirs, remove_our_temps
+from autotune_cache.tree.atomic import atomic_write_bytes, crashpoint, ensure_tree_dirs, fsync_dir, remove_our_temps
+from autotune_cache.tree.dirs import remove_tree
+from autotune_cache.tree.layout import stage_name
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.autotuner.filekey import encode_key_fields, parse_key
 from autotune_cache.autotuner.fingerprint import FIELDS
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, read_regular_file
 from autotune_cache.registry import get_layout
-from autotune_cache.tree.locks import entry_lock
+from autotune_cache.tree.locks import entry_lock, hold_owner_lock
+from autotune_cache.tree.recovery import sweep_leftovers
 
 SCHEMA = "v2"
 ENV_HASH_CHARS = 16
@@ -141,10 +144,21 @@ def write_store(root: Path, metadata: dict, values: dict, measurement_fields: di
     layout = get_layout("flashinfer-v2")
     try:
         Path(root).mkdir(parents=True, exist_ok=True)
-        env_dir = ensure_tree_dirs(Path(root), (SCHEMA, h))
-        entries_dir = ensure_tree_dirs(env_dir, (ENTRIES,))
+        base = ensure_tree_dirs(Path(root), (SCHEMA,))
+        env_dir = base / h
+        sweep_leftovers(layout, root)  # a killed writer's staging dir
         written = unchanged = bare = 0
         with entry_lock(layout, root, layout.make_id((h,)), timeout=120):
+            if not os.path.lexists(env_dir):
+                # A new environment appears whole: its manifest is written in a staging dir
+                # (ours: the next writer removes it once we are dead), then renamed into place.
+                stage = base / stage_name(hold_owner_lock(base), h)
+                remove_tree(stage)
+                atomic_write_bytes(ensure_tree_dirs(base, (stage.name, ENTRIES)).parent / MANIFEST, json_bytes(manifest))
+                crashpoint("v2.staged")
+                os.rename(stage, env_dir)
+                fsync_dir(base)
+            entries_dir = ensure_tree_dirs(env_dir, (ENTRIES,))
             # under the lock every writer of this environment holds: our temp files here are a killed run's
             remove_our_temps(env_dir)
             remove_our_temps(entries_dir)
