@@ -42,7 +42,7 @@ def _human(out: Output, report: DoctorReport) -> None:
         rows = []
         for rank in server["ranks"]:
             for s in rank["sessions"]:
-                tuned = ", ".join(f"{o['op']} {o['done']}/{o['profiles']} in {o['seconds']} s" for o in s["tuned"])
+                tuned = ", ".join(_per_op(s["tuned"]))
                 if not tuned and s["tuned_elsewhere"]:
                     tuned = "yes (bars carry no rank)"
                 where = s["entry"] or s["cache_path"] or "-"
@@ -90,3 +90,17 @@ def doctor_cmd(logs, cache_dirs, as_json):
     out.emit(human=lambda: _human(out, report), data=report.to_dict())
     if report.tuned:
         raise click.exceptions.Exit(int(ExitCode.FAILURE))
+
+
+def _per_op(tuned: list[dict]) -> list[str]:
+    """One item per op: a pass that tuned an op twice (two bars: two shapes, or two ranks in one
+    process) says so once, with the profiles and seconds added up."""
+    ops: dict[str, list[dict]] = {}
+    for o in tuned:
+        ops.setdefault(o["op"], []).append(o)
+    out = []
+    for op, bars in ops.items():
+        done, total = sum(b["done"] for b in bars), sum(b["profiles"] for b in bars)
+        secs = sum(b["seconds"] or 0 for b in bars)
+        out.append(f"{op} {done}/{total}" + (f" ({len(bars)} bars)" if len(bars) > 1 else "") + f" in {secs:g} s")
+    return out

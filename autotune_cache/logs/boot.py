@@ -123,8 +123,33 @@ def _bar(server: Server, ev: Event) -> None:
         o.saw_shared_bars = True
 
 
+def _flashinfer_alone(server: Server, ev: Event) -> bool:
+    """A log of FlashInfer with no engine line (a script of the user's, our ``verify``): its own
+    lines mark the passes. ``Loaded N configs from PATH`` opens one (the file it read), so does
+    ``Autotuning process starts`` where none is open; ``... ends`` closes it. True if handled."""
+    if server.engine not in (None, "flashinfer") or any(s.engine != "flashinfer" for s in server.sessions()):
+        return False
+    if ev.kind in ("flashinfer.loaded", "flashinfer.start"):
+        server.engine = "flashinfer"
+    open_ = server.open_sessions()
+    if ev.kind == "flashinfer.loaded":
+        s = open_[-1] if open_ and open_[-1].path is None and not open_[-1].started else _open(server, ev, ev.fields["path"])
+        s.path, s.loaded = ev.fields["path"], int(ev.fields["n"])
+        return True
+    if ev.kind == "flashinfer.start":
+        s = open_[-1] if open_ else _open(server, ev, None)
+        s.started = s.started or ev.ts
+        return True
+    if ev.kind == "flashinfer.end" and open_:
+        open_[-1].complete, open_[-1].ended = True, ev.ts
+        return True
+    return False
+
+
 def _flashinfer(server: Server, ev: Event) -> None:
     f, kind = ev.fields, ev.kind
+    if _flashinfer_alone(server, ev):
+        return
     target = _session_for_path(server, f["path"]) if "path" in f else _current(server)
     if target is None and "path" in f and (m := _VLLM_RANK_FILE.search(f["path"])):
         rank = next((r for r in server.ranks if r.endswith(f"TP{m[2]}")), f"rank{m[2]}")
@@ -186,7 +211,7 @@ def assemble(servers: dict[str, Server], events: list[Event]) -> None:
         server.lines += 1
         if ev.ts:
             server.last_ts = ev.ts
-        if ev.engine in ("sglang", "vllm") and server.engine is None and ev.kind != "other":
+        if ev.engine in ("sglang", "vllm") and server.engine in (None, "flashinfer") and ev.kind != "other":
             server.engine = ev.engine
         if ev.kind == "flashinfer.bar":
             _bar(server, ev)

@@ -40,15 +40,19 @@ class DoctorReport:
 
 def _ops(bars: list[dict]) -> list[dict]:
     """Each bar is one tuning of one op on one rank (a redraw printed on a line of its own, as a
-    terminal capture keeps it, is the same bar)."""
+    terminal capture keeps it, is the same bar; so is the final state tqdm prints again when the
+    bar closes: the same count and elapsed time with the average rate in place of the smoothed
+    one, seen on a real GPU's log - identical lines are two ranks' bars)."""
     out: list[dict] = []
     for b in bars:
         prev = out[-1] if out else None
-        if prev and prev["op"] == b["op"] and prev["profiles"] == b["total"] and prev["done"] < prev["profiles"] \
-                and prev["done"] <= b["n"]:
+        same = prev is not None and prev["op"] == b["op"] and prev["profiles"] == b["total"]
+        if same and ((prev["done"] < prev["profiles"] and prev["done"] <= b["n"])
+                     or (prev["done"] == b["n"] == b["total"] and prev["seconds"] == b["seconds"]
+                         and prev["rate"] != b["rate"])):
             out.pop()
-        out.append({"op": b["op"], "profiles": b["total"], "done": b["n"], "seconds": b["seconds"]})
-    return out
+        out.append({"op": b["op"], "profiles": b["total"], "done": b["n"], "seconds": b["seconds"], "rate": b["rate"]})
+    return [{k: v for k, v in o.items() if k != "rate"} for o in out]  # the rate only told redraws apart
 
 
 def _shared(bars: list[dict]) -> list[dict]:

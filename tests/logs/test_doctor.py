@@ -168,3 +168,22 @@ def test_no_autotune_line_is_exit_0_with_a_note(tmp_path):
     log.write_text("[2026-06-29 01:38:00 TP0] Load weight end. type=Qwen3MoeForCausalLM\n")
     proc = run_cli("doctor", str(log), "--cache-dir", str(tmp_path))
     assert proc.returncode == 0 and "did not autotune at startup" in proc.stderr
+
+
+def test_flashinfer_alone_logs_captured_on_a_real_gpu():
+    """FlashInfer's own lines, captured on an H100 from ``verify`` with FLASHINFER_LOGGING_LEVEL=info
+    (tests/logs/test_doctor_gpu.py keeps them under $FI_AUTOTUNE_RESULTS_DIR): over a warmed
+    entry, 42 configs loaded, two cache hits, nothing tuned (exit 0); over the same entry emptied
+    of its tactics, each MoE GEMM tuned once - tqdm's closing redraw of a finished bar is the
+    same bar, not a second tuning (exit 1)."""
+    warmed = doctor(str(LOGS / "flashinfer-verify-warmed.log"), code=0)
+    (s,) = sessions(warmed)
+    assert warmed["servers"][0]["engine"] == "flashinfer"
+    assert s["loaded_configs"] == 42 and s["hits"] == ["trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2"]
+    assert s["tuned"] == [] and s["cause"] is None
+    emptied = doctor(str(LOGS / "flashinfer-verify-emptied.log"), code=1)
+    (s,) = sessions(emptied)
+    assert s["loaded_configs"] == 0
+    assert [(o["op"], o["done"], o["profiles"]) for o in s["tuned"]] == [
+        ("trtllm::fused_moe::gemm1", 21, 21), ("trtllm::fused_moe::gemm2", 21, 21)]
+    assert s["tuning_seconds"] == 16
