@@ -226,8 +226,9 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
             for batch in batches:
                 yield from (s for s in batch if totals.count(s))
 
-    # One tree in the walk's order can stream; another order (or several trees) must be sorted.
-    if sort == "id" and not reverse and len(targets) == 1 and out.mode is not Mode.HUMAN:
+    # One tree in the walk's order can stream (the walk's order is the id order); another order
+    # (or several trees) must be sorted. The table streams too: it keeps only its rows.
+    if sort == "id" and not reverse and len(targets) == 1:
         entries = scanned()
     else:
         entries = iter(sorted(scanned(), key=SORTS[sort], reverse=reverse))
@@ -236,9 +237,11 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
     where = ", ".join(str(root.path) for _, root in targets)
 
     def human(entries) -> None:
-        rows, notes = [], {}
+        rows, notes, cells = [], {}, {}
         for e in entries:
-            rows.append(e["row"])
+            # 100,000 rows: one tuple each, the cells most rows share (sizes, ages, statuses) once
+            row = e["row"]
+            rows.append((row[0], *[cells.setdefault(c, c) for c in row[1:]]))
             for text in e["notes"]:
                 notes.setdefault(text, []).append(e["id"])
         if rows:
