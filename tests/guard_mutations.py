@@ -329,6 +329,18 @@ MUTATIONS = [
     ("32: every remote request carries its deadline", "autotune_cache/tree/storeio.py",
      "        return fn(*args, timeout=deadline(timeout, size), **kwargs)", "        return fn(*args, **kwargs)",
      "tests/tree/test_store_limits.py::test_every_request_to_a_remote_store_has_a_deadline"),
+    ("34: a digest index file whose checksum fails is ignored, never trusted", "autotune_cache/tree/digestindex.py",
+     "        if got != crc:\n            raise ValueError(\"checksum\")", "        if False:\n            raise ValueError(\"checksum\")",
+     "tests/tree/test_digestindex.py::test_a_corrupt_index_is_ignored_and_rebuilt_never_trusted[flipped digest]"),
+    ("34: a digest index key holds each file's ctime (an edit with its mtime put back is read again)",
+     "autotune_cache/tree/digestindex.py",
+     "pack(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for _, st in files",
+     "pack(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, 0) for _, st in files",
+     "tests/tree/test_digestindex.py::test_an_edit_with_its_mtime_put_back_is_read_again"),
+    ("34: a digest index of another tree root is not used", "autotune_cache/tree/digestindex.py",
+     "        if tail[FAN_BYTES:FAN_BYTES + root_len].decode(\"utf-8\", \"surrogateescape\") != self.root:",
+     "        if False:",
+     "tests/tree/test_digestindex.py::test_an_index_of_another_root_is_not_used"),
 ]
 
 

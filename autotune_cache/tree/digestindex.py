@@ -95,6 +95,9 @@ class DigestIndex:
     def __len__(self) -> int:
         return self.n
 
+    def __bool__(self) -> bool:  # an empty index is still one (``if digests`` must not drop it)
+        return True
+
     def _set_metas(self, metas: list) -> None:
         self.metas = metas
         for i, m in enumerate(metas):

@@ -159,7 +159,7 @@ def _map_chunk(run: Callable[[list], list[T]], entry_dirs: list, jobs: int, dige
             try:
                 with os.fdopen(w, "wb") as out:
                     part = run(chunk)
-                    pickle.dump((part, digests.delta() if digests else None), out, protocol=pickle.HIGHEST_PROTOCOL)
+                    pickle.dump((part, digests.delta() if digests is not None else None), out, protocol=pickle.HIGHEST_PROTOCOL)
             except BaseException:
                 code = 1
             os._exit(code)
