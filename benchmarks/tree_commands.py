@@ -212,7 +212,9 @@ def main() -> None:
             }
             cases = {k: v for k, v in cases.items() if k in wanted or k == "floor"}
             if args.baseline is not None:
-                home = Path(tempfile.mkdtemp(prefix="fi-autotune-bench-baseline-cache-"))
+                # a kept tree keeps the baseline's index beside it too (its first run fills it)
+                home = (tmp.parent / f"{tmp.name}.baseline-cache" if given
+                        else Path(tempfile.mkdtemp(prefix="fi-autotune-bench-baseline-cache-")))
                 for name in [k for k in cases if k.startswith("ls")]:
                     cases[f"{name} (baseline)"] = baseline_cli(args.baseline.resolve(), home, *cases[name][3:])
             results[kind] = {}

@@ -135,21 +135,22 @@ def iter_entries(
         # share of every batch (it also reads the children's results and serves the caller).
         started = None
         try:
-            with _no_cyclic_gc(freeze=batch is None):
-                for entry_dirs in walked:
-                    if not entry_dirs:
-                        break
-                    if digests is None:
-                        digests = DigestIndex.for_root(root, layout.name)
+            for entry_dirs in walked:
+                if not entry_dirs:
+                    break
+                if digests is None:
+                    digests = DigestIndex.for_root(root, layout.name)
+                with _no_cyclic_gc(freeze=batch is None):
                     done = None
                     if started is not None:
                         done, started = _finish_chunk(run, started, digests), None
                     started = _start_chunk(run, entry_dirs, jobs, digests)
                     if done is not None:
                         yield done
-                    if batch is None:
-                        break
-                if started is not None:
+                if batch is None:
+                    break
+            if started is not None:
+                with _no_cyclic_gc(freeze=batch is None):
                     done, started = _finish_chunk(run, started, digests), None
                     yield done
             if digests is not None:
@@ -163,7 +164,7 @@ def iter_entries(
 
 #: The parent's share of a batch against one child's (it also reads the children's results and
 #: serves the caller while the children of the next batch scan).
-PARENT_SHARE = 0.6
+PARENT_SHARE = 0.75
 
 
 def _start_chunk(run: Callable[[list], list[T]], entry_dirs: list, jobs: int, digests: DigestIndex | None) -> tuple:
