@@ -123,6 +123,8 @@ class DigestIndex:
             buf = os.pread(self.fd, (hi - lo) * REC, HEAD + lo * REC)
         except OSError:
             return None
+        if len(buf) != (hi - lo) * REC:  # cut short under us (never by our writers: they rename)
+            return None
         pos = buf.find(key)
         while pos >= 0 and pos % REC:
             pos = buf.find(key, pos + 1)
