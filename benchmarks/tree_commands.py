@@ -112,13 +112,15 @@ def run_once(argv: list[str], env: dict | None = None) -> float:
     return time.perf_counter() - t0
 
 
-def peak_rss(argv: list[str], env: dict | None = None) -> int:
-    """Peak RSS of one run on its own (the child's ru_maxrss, as /usr/bin/time reads it)."""
+def peak_rss(argv: list[str], env: dict | None = None) -> tuple[int, float]:
+    """Peak RSS of one run on its own (the child's ru_maxrss, as /usr/bin/time reads it), and the
+    CPU seconds it and its forked scanners used (user + system: what a loaded machine cannot blur
+    as much as wall time)."""
     proc = subprocess.Popen(argv, cwd=getattr(argv, "cwd", REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, **(env or {}), **getattr(argv, "env", {})})
     _, _, usage = os.wait4(proc.pid, 0)
     proc.returncode = 0
-    return usage.ru_maxrss * 1024
+    return usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def time_cases(cases: dict[str, list[str]], repeat: int, env: dict | None = None) -> dict:
@@ -133,8 +135,9 @@ def time_cases(cases: dict[str, list[str]], repeat: int, env: dict | None = None
     out = {}
     for name, argv in cases.items():
         w = runs[name]
+        rss, cpu = peak_rss(argv, env)
         out[name] = {"median_s": statistics.median(w), "min_s": min(w), "max_s": max(w), "runs": w,
-                     "peak_rss_bytes": peak_rss(argv, env)}
+                     "peak_rss_bytes": rss, "cpu_s": cpu, "load_avg_1m_end": os.getloadavg()[0]}
     return out
 
 
@@ -233,7 +236,8 @@ def main() -> None:
 
     print(f"{args.entries} entries x 8 rank files; {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"median of {args.repeat} fresh processes, interleaved with the floor")
-    print(f"{'tree':<34}{'command':<22}{'median s':>10}{'min s':>9}{'max s':>9}{'x floor':>9}{'peak RSS':>11}")
+    print(f"{'tree':<34}{'command':<22}{'median s':>10}{'min s':>9}{'max s':>9}{'x floor':>9}{'peak RSS':>11}"
+          f"{'CPU s':>8}")
     ratios = {}
     for kind, cases in results.items():
         base = cases["floor"]["median_s"]
@@ -244,7 +248,7 @@ def main() -> None:
             ratios[(kind, name)] = ratio
             r["x_floor"] = ratio
             print(f"{kind:<34}{name:<22}{r['median_s']:>10.3f}{r['min_s']:>9.3f}{r['max_s']:>9.3f}{ratio:>9.2f}"
-                  f"{r['peak_rss_bytes'] / 2**20:>9.0f}MB")
+                  f"{r['peak_rss_bytes'] / 2**20:>9.0f}MB{r['cpu_s']:>8.2f}")
     print(f"heavy modules imported by ls: {imports or 'none'}")
     engine = "engine-written (rank files only)"
     met = ratios.get((engine, "ls"), 99) <= 2.0 and not imports
