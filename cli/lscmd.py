@@ -164,6 +164,12 @@ def _first(entries, n: int):
             yield e
 
 
+def compact_row(row: list[str], cells: dict) -> tuple:
+    """A table row as a tuple, the cells many rows share (sizes, ages, statuses) kept once:
+    100,000 rows are held until the table's widths are known."""
+    return (row[0], *[cells.setdefault(c, c) for c in row[1:]])
+
+
 def print_notes(out: Output, notes: dict[str, list[str]]) -> None:
     """Each note once: ``<id>: <note>`` for a few entries, one counted line for many (10,000
     engine-written entries share one note; 10,000 lines of it would bury everything else)."""
@@ -226,8 +232,7 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
             for batch in batches:
                 yield from (s for s in batch if totals.count(s))
 
-    # One tree in the walk's order can stream (the walk's order is the id order); another order
-    # (or several trees) must be sorted. The table streams too: it keeps only its rows.
+    # One tree in the walk's (= id) order streams (the table keeps only its rows); else sorted.
     if sort == "id" and not reverse and len(targets) == 1:
         entries = scanned()
     else:
@@ -239,9 +244,7 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
     def human(entries) -> None:
         rows, notes, cells = [], {}, {}
         for e in entries:
-            # 100,000 rows: one tuple each, the cells most rows share (sizes, ages, statuses) once
-            row = e["row"]
-            rows.append((row[0], *[cells.setdefault(c, c) for c in row[1:]]))
+            rows.append(compact_row(e["row"], cells))
             for text in e["notes"]:
                 notes.setdefault(text, []).append(e["id"])
         if rows:
