@@ -37,6 +37,8 @@ KNOWN_ENGINES: dict[str, str] = {
 }
 
 _loaded: dict[str, KnownEngine] = {}
+#: ``get_layout``'s answers so far (``ls`` asks three times per entry); emptied by any (un)registering.
+_by_name: dict[str, KnownLayout] = {}
 
 
 def register_engine(name: str, target: str | KnownEngine, *, clobber: bool = False) -> None:
@@ -44,6 +46,7 @@ def register_engine(name: str, target: str | KnownEngine, *, clobber: bool = Fal
     if not clobber and (name in KNOWN_ENGINES or name in _loaded):
         raise ValueError(f"engine {name!r} is already registered")
     _loaded.pop(name, None)
+    _by_name.clear()
     if isinstance(target, str):
         KNOWN_ENGINES[name] = target
     else:
@@ -54,6 +57,7 @@ def register_engine(name: str, target: str | KnownEngine, *, clobber: bool = Fal
 def unregister_engine(name: str) -> None:
     KNOWN_ENGINES.pop(name, None)
     _loaded.pop(name, None)
+    _by_name.clear()
 
 
 def get_engine(name: str) -> KnownEngine:
@@ -88,11 +92,16 @@ def layouts() -> dict[str, KnownLayout]:
 
 
 def get_layout(name: str) -> KnownLayout:
+    layout = _by_name.get(name)
+    if layout is not None:
+        return layout
     known = layouts()
     try:
-        return known[name]
+        layout = known[name]
     except KeyError:
         raise UsageError(f"unknown layout {name!r}; known: {', '.join(sorted(known))}") from None
+    _by_name[name] = layout
+    return layout
 
 
 def default_engine() -> KnownEngine:

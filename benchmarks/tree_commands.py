@@ -10,6 +10,11 @@ and checks with ``python -X importtime`` that ``ls`` imports neither torch nor f
 
     python benchmarks/tree_commands.py [--entries 10000] [--repeat 5] [--out benchmarks/results/tree_commands.json]
 
+Building 100,000 entries takes minutes: ``--tree DIR`` builds the engine-written tree there once and
+reuses it on later runs (``--engine-only``). ``--baseline CHECKOUT`` times another checkout's ``ls``
+(say the commit before a change, ``git worktree add /tmp/old <commit>``) interleaved in the same
+rounds, each with its own digest index (its own ``XDG_CACHE_HOME``); ``--cases`` picks commands.
+
 Targets: ``ls`` at most 2.0x the floor on 10,000 engine-written entries on 2 cores (issue 24);
 ``ls -q`` and ``ls --json`` memory flat in the number of entries (issue 22: compare the peak RSS
 of ``--entries 10000`` and ``--entries 100000``).
@@ -89,23 +94,33 @@ def floor(root: str) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
+class Case(list):
+    """argv of a command, run in ``cwd`` (another checkout: its own code) with ``env`` added."""
+
+    def __init__(self, argv, cwd: Path = REPO, env: dict | None = None):
+        super().__init__(argv)
+        self.cwd, self.env = cwd, env or {}
+
+
 def run_once(argv: list[str], env: dict | None = None) -> float:
     """Wall seconds of one fresh process."""
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(argv, cwd=getattr(argv, "cwd", REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          env={**os.environ, **(env or {}), **getattr(argv, "env", {})})
     if proc.returncode != 0:
         raise SystemExit(f"{argv} failed: {proc.stderr.decode()[-2000:]}")
     return time.perf_counter() - t0
 
 
-def peak_rss(argv: list[str], env: dict | None = None) -> int:
-    """Peak RSS of one run on its own (the child's ru_maxrss, as /usr/bin/time reads it)."""
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, **(env or {})})
+def peak_rss(argv: list[str], env: dict | None = None) -> tuple[int, float]:
+    """Peak RSS of one run on its own (the child's ru_maxrss, as /usr/bin/time reads it), and the
+    CPU seconds it and its forked scanners used (user + system: what a loaded machine cannot blur
+    as much as wall time)."""
+    proc = subprocess.Popen(argv, cwd=getattr(argv, "cwd", REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {}), **getattr(argv, "env", {})})
     _, _, usage = os.wait4(proc.pid, 0)
     proc.returncode = 0
-    return usage.ru_maxrss * 1024
+    return usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def time_cases(cases: dict[str, list[str]], repeat: int, env: dict | None = None) -> dict:
@@ -120,13 +135,27 @@ def time_cases(cases: dict[str, list[str]], repeat: int, env: dict | None = None
     out = {}
     for name, argv in cases.items():
         w = runs[name]
+        rss, cpu = peak_rss(argv, env)
         out[name] = {"median_s": statistics.median(w), "min_s": min(w), "max_s": max(w), "runs": w,
-                     "peak_rss_bytes": peak_rss(argv, env)}
+                     "peak_rss_bytes": rss, "cpu_s": cpu, "load_avg_1m_end": os.getloadavg()[0]}
     return out
 
 
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "fi_autotune_cli", *args]
+
+
+def baseline_cli(checkout: Path, cache_home: Path, *args: str) -> Case:
+    """The same command from another checkout: run there, its ``cli/`` imported as the package
+    (this venv's editable install points at this checkout's), with its own digest index."""
+    code = ("import sys, importlib.util as u; s = u.spec_from_file_location('fi_autotune_cli', 'cli/__init__.py', "
+            "submodule_search_locations=['cli']); m = u.module_from_spec(s); sys.modules['fi_autotune_cli'] = m; "
+            "s.loader.exec_module(m); sys.argv[0] = 'fi-autotune'; from fi_autotune_cli.main import console_main; "
+            "console_main()")
+    return Case([sys.executable, "-c", code, *args], cwd=checkout, env={"XDG_CACHE_HOME": str(cache_home)})
+
+
+CASES = ("cold", "floor", "ls", "ls -q", "ls --json", "prune --dry-run")
 
 
 def heavy_imports(args: list[str]) -> list[str]:
@@ -145,17 +174,36 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "tree_commands.json"))
     ap.add_argument("--keep", action="store_true", help="Keep the generated trees.")
     ap.add_argument("--engine-only", action="store_true", help="Only the engine-written tree (the ls target).")
+    ap.add_argument("--tree", type=Path, default=None,
+                    help="Engine-written tree to use (built there when absent, kept); implies --engine-only.")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="Another checkout whose ls runs in the same rounds (its own digest index).")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"Comma-separated, of: {', '.join(CASES)}.")
     args = ap.parse_args()
+    wanted = [c.strip() for c in args.cases.split(",")]
+    if args.tree is not None:
+        args.engine_only = True
 
     results: dict = {}
     sizes: dict = {}
     imports: list[str] = []
     kinds = (("fi-autotune (manifests)", True), ("engine-written (rank files only)", False))
     for kind, with_manifest in kinds[1:] if args.engine_only else kinds:
-        tmp = Path(tempfile.mkdtemp(prefix="fi-autotune-bench-"))
+        given = args.tree is not None
+        tmp = args.tree if given else Path(tempfile.mkdtemp(prefix="fi-autotune-bench-"))
         try:
             t0 = time.perf_counter()
-            sizes[kind] = build_tree(tmp, args.entries, with_manifest)
+            built = tmp / "built.json"
+            if given and built.is_file():
+                info = json.loads(built.read_text())
+                if info["entries"] != args.entries:
+                    raise SystemExit(f"{tmp} holds {info['entries']} entries, not {args.entries}")
+                sizes[kind] = info["rank_file_bytes"]
+            else:
+                tmp.mkdir(parents=True, exist_ok=True)
+                sizes[kind] = build_tree(tmp, args.entries, with_manifest)
+                if given:
+                    built.write_text(json.dumps({"entries": args.entries, "rank_file_bytes": sizes[kind]}))
             build_s = time.perf_counter() - t0
             cd = ["--cache-dir", str(tmp)]
             cases = {
@@ -165,8 +213,15 @@ def main() -> None:
                 "ls --json": cli("ls", "--json", *cd),
                 "prune --dry-run": cli("prune", "--older-than", "0s", "--dry-run", *cd),
             }
+            cases = {k: v for k, v in cases.items() if k in wanted or k == "floor"}
+            if args.baseline is not None:
+                # a kept tree keeps the baseline's index beside it too (its first run fills it)
+                home = (tmp.parent / f"{tmp.name}.baseline-cache" if given
+                        else Path(tempfile.mkdtemp(prefix="fi-autotune-bench-baseline-cache-")))
+                for name in [k for k in cases if k.startswith("ls")]:
+                    cases[f"{name} (baseline)"] = baseline_cli(args.baseline.resolve(), home, *cases[name][3:])
             results[kind] = {}
-            if not with_manifest:
+            if not with_manifest and "cold" in wanted:
                 # The first ls of an engine-written tree reads every rank file (and fills the
                 # digest index); "cold" forgets the index before every run.
                 results[kind].update({"ls (cold: no index)": time_cases({"x": cli("ls", *cd)}, args.repeat,
@@ -176,12 +231,13 @@ def main() -> None:
             if not imports:
                 imports = heavy_imports(["ls", *cd])
         finally:
-            if not args.keep:
+            if not args.keep and not given:
                 shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"{args.entries} entries x 8 rank files; {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"median of {args.repeat} fresh processes, interleaved with the floor")
-    print(f"{'tree':<34}{'command':<22}{'median s':>10}{'min s':>9}{'max s':>9}{'x floor':>9}{'peak RSS':>11}")
+    print(f"{'tree':<34}{'command':<22}{'median s':>10}{'min s':>9}{'max s':>9}{'x floor':>9}{'peak RSS':>11}"
+          f"{'CPU s':>8}")
     ratios = {}
     for kind, cases in results.items():
         base = cases["floor"]["median_s"]
@@ -192,7 +248,7 @@ def main() -> None:
             ratios[(kind, name)] = ratio
             r["x_floor"] = ratio
             print(f"{kind:<34}{name:<22}{r['median_s']:>10.3f}{r['min_s']:>9.3f}{r['max_s']:>9.3f}{ratio:>9.2f}"
-                  f"{r['peak_rss_bytes'] / 2**20:>9.0f}MB")
+                  f"{r['peak_rss_bytes'] / 2**20:>9.0f}MB{r['cpu_s']:>8.2f}")
     print(f"heavy modules imported by ls: {imports or 'none'}")
     engine = "engine-written (rank files only)"
     met = ratios.get((engine, "ls"), 99) <= 2.0 and not imports
@@ -201,7 +257,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "entries": args.entries, "rank_files_per_entry": 8, "rank_file_bytes": sizes,
+        "entries": args.entries, "baseline": str(args.baseline) if args.baseline else None, "rank_files_per_entry": 8, "rank_file_bytes": sizes,
         "cpus": os.cpu_count(), "python": platform.python_version(), "results": results,
         "heavy_imports_in_ls": imports, "target_met": met,
     }, indent=2))

@@ -165,6 +165,12 @@ def _first(entries, n: int):
             yield e
 
 
+def compact_row(row: list[str], cells: dict) -> tuple:
+    """A table row as a tuple, the cells many rows share (sizes, ages, statuses) kept once:
+    100,000 rows are held until the table's widths are known."""
+    return (row[0], *[cells.setdefault(c, c) for c in row[1:]])
+
+
 def print_notes(out: Output, notes: dict[str, list[str]]) -> None:
     """Each note once: ``<id>: <note>`` for a few entries, one counted line for many (10,000
     engine-written entries share one note; 10,000 lines of it would bury everything else)."""
@@ -227,8 +233,8 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
             for batch in batches:
                 yield from (s for s in batch if totals.count(s))
 
-    # One tree in the walk's order can stream; another order (or several trees) must be sorted.
-    if sort == "id" and not reverse and len(targets) == 1 and out.mode is not Mode.HUMAN:
+    # One tree in the walk's (= id) order streams (the table keeps only its rows); else sorted.
+    if sort == "id" and not reverse and len(targets) == 1:
         entries = scanned()
     else:
         entries = iter(sorted(scanned(), key=SORTS[sort], reverse=reverse))
@@ -237,9 +243,9 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
     where = ", ".join(str(root.path) for _, root in targets)
 
     def human(entries) -> None:
-        rows, notes = [], {}
+        rows, notes, cells = [], {}, {}
         for e in entries:
-            rows.append(e["row"])
+            rows.append(compact_row(e["row"], cells))
             for text in e["notes"]:
                 notes.setdefault(text, []).append(e["id"])
         if rows:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Sequence
 
 import click
@@ -125,23 +126,28 @@ class Output:
         than the terminal (``COLUMNS``, else the tty's width; piped output keeps every column)."""
         if self.mode is not Mode.HUMAN:
             return
-        widths = [len(h) for h in headers]
-        for row in rows:
-            for i, cell in enumerate(row):
-                widths[i] = max(widths[i], len(cell))
+        widths = [max(len(h), max(map(len, map(itemgetter(i), rows)), default=0)) for i, h in enumerate(headers)]
         keep = list(range(len(headers)))
         limit = terminal_width(self.err)
         for name in fit:
             if limit is None or sum(widths[i] for i in keep) + 2 * (len(keep) - 1) <= limit:
                 break
             keep.remove(list(headers).index(name))
-        if len(keep) < len(headers):
+        dropped = len(keep) < len(headers)
+        if dropped:
             headers, widths = [headers[i] for i in keep], [widths[i] for i in keep]
-            rows = [[row[i] for i in keep] for row in rows]
         fmt = "  ".join("{:<%d}" % w for w in widths)
+        stream = sys.stderr if self.err else sys.stdout
         lines = [fmt.format(*headers).rstrip(), fmt.format(*("-" * w for w in widths)).rstrip()]
-        lines.extend(fmt.format(*row).rstrip() for row in rows)
-        (sys.stderr if self.err else sys.stdout).write("\n".join(lines) + "\n")
+        for start in range(0, len(rows), TABLE_CHUNK):  # 100,000 rows: not one string of them all
+            part = rows[start:start + TABLE_CHUNK]
+            if dropped:
+                part = [[row[i] for i in keep] for row in part]
+            lines.extend(fmt.format(*row).rstrip() for row in part)
+            stream.write("\n".join(lines) + "\n")
+            lines = []
+        if lines:
+            stream.write("\n".join(lines) + "\n")
 
     # stderr -----------------------------------------------------------------------------------
     def note(self, text: str) -> None:
@@ -160,6 +166,10 @@ class Output:
 def _nested(value: Any, indent: int) -> str:
     """``value`` as ``json.dumps(indent=2)`` writes it nested ``indent`` spaces deep."""
     return json.dumps(value, indent=2, default=str).replace("\n", "\n" + " " * indent)
+
+
+#: Rows of a table formatted per write.
+TABLE_CHUNK = 4096
 
 
 def terminal_width(to_stderr: bool = False) -> int | None:

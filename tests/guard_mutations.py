@@ -366,6 +366,18 @@ MUTATIONS = [
     ("32: a running export's temp file is never swept", "autotune_cache/tree/export.py",
      "            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n", "            pass\n",
      "tests/tree/test_leftovers.py::test_a_killed_exports_temp_file_goes_with_the_next_export_a_running_ones_stays"),
+    ("34: a digest index file whose checksum fails is ignored, never trusted", "autotune_cache/tree/digestindex.py",
+     "        if got != crc:\n            raise ValueError(\"checksum\")", "        if False:\n            raise ValueError(\"checksum\")",
+     "tests/tree/test_digestindex.py::test_a_corrupt_index_is_ignored_and_rebuilt_never_trusted[flipped digest]"),
+    ("34: a digest index key holds each file's ctime (an edit with its mtime put back is read again)",
+     "autotune_cache/tree/digestindex.py",
+     "pack(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for _, st in files",
+     "pack(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, 0) for _, st in files",
+     "tests/tree/test_digestindex.py::test_an_edit_with_its_mtime_put_back_is_read_again"),
+    ("34: a digest index of another tree root is not used", "autotune_cache/tree/digestindex.py",
+     "        if tail[FAN_BYTES:FAN_BYTES + root_len].decode(\"utf-8\", \"surrogateescape\") != self.root:",
+     "        if False:",
+     "tests/tree/test_digestindex.py::test_an_index_of_another_root_is_not_used"),
 ]
 
 

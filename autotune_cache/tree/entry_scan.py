@@ -17,7 +17,7 @@ from stat import S_ISDIR, S_ISREG
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.rankfile import RankFile, read_regular_file
 from autotune_cache.plan.topology import MAX_RANK_FILES, Topology, TopologyError
-from autotune_cache.tree.digestindex import DigestIndex
+from autotune_cache.tree.digestindex import DigestIndex, entry_key
 from autotune_cache.tree.dirs import dir_size, list_dir
 from autotune_cache.tree.layout import MANIFEST_NAME, CacheLayout, EntryId, NameKind
 from autotune_cache.autotuner.installed import VERSION_RE
@@ -51,16 +51,9 @@ class _Listing:
     state: list = field(default_factory=list)
 
 
-def _read_unvouched(path: Path, name: str, st: os.stat_result, parsed: dict[str, RankFile],
-                    digests: DigestIndex | None) -> RankFile:
-    """Read a data file no manifest vouches for, unless the digest index already knows its
-    bytes. Files with the same bytes (every rank of a TP group, usually) are parsed once:
-    engine-written trees are mostly identical copies."""
-    if digests is not None:
-        known = digests.get(st)
-        if known is not None:
-            sha, configs, meta = known
-            return RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, sha, configs, meta)
+def _read_unvouched(path: Path, name: str, st: os.stat_result, parsed: dict[str, RankFile]) -> RankFile:
+    """Read a data file no manifest vouches for. Files with the same bytes (every rank of a TP
+    group, usually) are parsed once: engine-written trees are mostly identical copies."""
     try:
         data = read_regular_file(os.path.join(path, name))
     except OSError as e:
@@ -72,9 +65,24 @@ def _read_unvouched(path: Path, name: str, st: os.stat_result, parsed: dict[str,
     else:
         seen = RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, digest, seen.num_configs, seen.metadata,
                         seen.error)
-    if digests is not None and seen.error is None:
-        digests.learn(st, digest, seen.num_configs, seen.metadata)
     return seen
+
+
+def _read_entry_files(path: Path, files: list[tuple[str, os.stat_result]], digests: DigestIndex | None) -> list[RankFile]:
+    """The data files no manifest vouches for, from the digest index where it knows the entry's
+    files exactly as ``stat`` shows them now (one lookup per entry), else read (and learned)."""
+    key = None
+    if digests is not None:
+        key = entry_key(files)
+        known = digests.get_entry(key, len(files))
+        if known is not None:
+            return [RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, sha, configs, meta)
+                    for (name, st), (sha, configs, meta) in zip(files, known)]
+    parsed: dict[str, RankFile] = {}
+    read = [_read_unvouched(path, name, st, parsed) for name, st in files]
+    if key is not None and all(rf.error is None for rf in read):
+        digests.learn_entry(key, [(rf.sha256, rf.num_configs, rf.metadata) for rf in read])
+    return read
 
 
 def manifest_names_other_entry(manifest: Manifest, ids: dict, eid: EntryId) -> bool:
@@ -146,17 +154,23 @@ def _list_entry(layout: CacheLayout, path: Path, children: list[os.DirEntry]) ->
 
 def _rank_files(path: Path, data_stats: list, manifest: Manifest | None, digests: DigestIndex | None) -> list[RankFile]:
     """The data files, vouched for by the manifest's records where their stat is unchanged."""
-    records = manifest.rank_files if manifest else {}
-    rank_files = []
-    parsed: dict[str, RankFile] = {}
-    meta = manifest.flashinfer_metadata if manifest else None
+    if manifest is None:
+        return _read_entry_files(path, data_stats, digests) if data_stats else []
+    records = manifest.rank_files
+    meta = manifest.flashinfer_metadata
+    rank_files: list = []
+    unvouched: list[tuple[int, tuple]] = []
     for name, st in data_stats:
         rec = records.get(name)
         if rec is not None and rec.size == st.st_size and rec.mtime_ns == st.st_mtime_ns \
                 and (rec.ctime_ns is None or rec.ctime_ns == st.st_ctime_ns):
             rank_files.append(RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, rec.sha256, rec.configs, meta))
         else:
-            rank_files.append(_read_unvouched(path, name, st, parsed, digests))
+            unvouched.append((len(rank_files), (name, st)))
+            rank_files.append(None)
+    if unvouched:
+        for (i, _), rf in zip(unvouched, _read_entry_files(path, [f for _, f in unvouched], digests)):
+            rank_files[i] = rf
     return rank_files
 
 

@@ -109,8 +109,9 @@ def iter_entries(
     Scanning is syscalls plus small-object work that one core cannot make faster; ``ls`` on a
     10,000-entry tree needs both cores to stay interactive, so each batch is spread over forked
     processes once it is large enough. Children return only ``fn``'s (small, picklable) results;
-    any child failure falls back to doing its share here. The caller consumes a batch before the
-    next is scanned, so what it keeps decides the memory, not the tree.
+    any child failure falls back to doing its share here. The children of the next batch scan
+    while the caller consumes this one (at most two batches alive), so what the caller keeps
+    decides the memory, not the tree.
     """
     layout = layout or default_layout()
     trusted = policy_for(root).trusted
@@ -129,26 +130,54 @@ def iter_entries(
         def run(chunk):
             return [fn(scan_entry(layout, p, eid, fingerprint, trusted, digests)) for p, eid in chunk]
 
-        for entry_dirs in walked:
-            if not entry_dirs:
-                break
-            if digests is None:
-                digests = DigestIndex.for_root(root, layout.name)
-            with _no_cyclic_gc(freeze=batch is None):
-                yield _map_chunk(run, entry_dirs, jobs, digests)
-        if digests is not None:
-            digests.save()
+        # The children of the next batch are forked before this one is handed over: they scan
+        # while the caller consumes (formats, prints) this one, and the parent takes the smaller
+        # share of every batch (it also reads the children's results and serves the caller).
+        started = None
+        try:
+            for entry_dirs in walked:
+                if not entry_dirs:
+                    break
+                if digests is None:
+                    digests = DigestIndex.for_root(root, layout.name)
+                with _no_cyclic_gc(freeze=batch is None):
+                    done = None
+                    if started is not None:
+                        done, started = _finish_chunk(run, started, digests), None
+                    started = _start_chunk(run, entry_dirs, jobs, digests)
+                    if done is not None:
+                        yield done
+                if batch is None:
+                    break
+            if started is not None:
+                with _no_cyclic_gc(freeze=batch is None):
+                    done, started = _finish_chunk(run, started, digests), None
+                    yield done
+            if digests is not None:
+                digests.save()
+        finally:
+            if started is not None:  # the caller stopped early: end the children started for it
+                _abandon_chunk(started)
 
     return batches(), findings
 
 
-def _map_chunk(run: Callable[[list], list[T]], entry_dirs: list, jobs: int, digests: DigestIndex | None) -> list[T]:
-    """``run(entry_dirs)``, split over ``jobs`` forked processes when that pays, in order."""
+#: The parent's share of a batch against one child's (it also reads the children's results and
+#: serves the caller while the children of the next batch scan).
+PARENT_SHARE = 0.75
+
+
+def _start_chunk(run: Callable[[list], list[T]], entry_dirs: list, jobs: int, digests: DigestIndex | None) -> tuple:
+    """Fork the children's shares of ``entry_dirs`` (contiguous parts; the parent's, the first,
+    is scanned by ``_finish_chunk``) when that pays."""
     if jobs <= 1 or len(entry_dirs) < PARALLEL_MIN_ENTRIES or not hasattr(os, "fork"):
-        return run(entry_dirs)
-    chunks = [entry_dirs[i::jobs] for i in range(jobs)]
+        return entry_dirs, []
+    own = max(1, int(len(entry_dirs) * PARENT_SHARE / (PARENT_SHARE + jobs - 1)))
+    rest = entry_dirs[own:]
+    per = -(-len(rest) // (jobs - 1))
     children = []
-    for chunk in chunks[1:]:
+    for k in range(0, len(rest), per):
+        chunk = rest[k:k + per]
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # child
@@ -159,13 +188,21 @@ def _map_chunk(run: Callable[[list], list[T]], entry_dirs: list, jobs: int, dige
             try:
                 with os.fdopen(w, "wb") as out:
                     part = run(chunk)
-                    pickle.dump((part, digests.delta() if digests else None), out, protocol=pickle.HIGHEST_PROTOCOL)
+                    pickle.dump((part, digests.delta() if digests is not None else None), out,
+                                protocol=pickle.HIGHEST_PROTOCOL)
             except BaseException:
                 code = 1
             os._exit(code)
         os.close(w)
         children.append((pid, r, chunk))
-    results = [run(chunks[0])]
+    return entry_dirs[:own], children
+
+
+def _finish_chunk(run: Callable[[list], list[T]], started: tuple, digests: DigestIndex | None) -> list[T]:
+    """The parent's share scanned here, then each child's results in order; any child failure
+    falls back to doing its share here."""
+    own, children = started
+    results = run(own)
     for pid, r, chunk in children:
         with os.fdopen(r, "rb") as f:
             data = f.read()
@@ -176,11 +213,23 @@ def _map_chunk(run: Callable[[list], list[T]], entry_dirs: list, jobs: int, dige
             part, delta = pickle.loads(data)
             if digests is not None and delta is not None:
                 digests.merge(delta)
-            results.append(part)
+            results += part
         except Exception:
-            results.append(run(chunk))
-    # Interleave back to the listing order.
-    return [results[i % jobs][i // jobs] for i in range(len(entry_dirs))]
+            results += run(chunk)
+    return results
+
+
+def _abandon_chunk(started: tuple) -> None:
+    for pid, r, _ in started[1]:
+        with contextlib.suppress(OSError):
+            os.close(r)  # the child's write fails: it exits
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, 0)
+
+
+def _map_chunk(run: Callable[[list], list[T]], entry_dirs: list, jobs: int, digests: DigestIndex | None) -> list[T]:
+    """``run(entry_dirs)``, split over ``jobs`` forked processes when that pays, in order."""
+    return _finish_chunk(run, _start_chunk(run, entry_dirs, jobs, digests), digests)
 
 
 def list_entry_dirs_into(layout: CacheLayout, root: Path, findings: list[Finding]) -> list:
