@@ -105,11 +105,14 @@ def tune_kinds(kinds: list[str], w: dict, plan_path: Path, work: Path, env: dict
                    "--save", str(save)]
         else:
             cmd = [sys.executable, "-m", "fi_autotune_cli", "warm", *w["args"], "--gpus", "1", "--cache-dir", str(root), "--json"]
-            if kind == "careful":
+            if kind in ("careful", "careful-winners"):
                 cmd += ["--quality", "careful", "--repeats", str(repeats)]
+            if kind == "careful-winners":
+                cmd[cmd.index("--cache-dir") + 1] = str(root)
+        kenv = {**env, "FI_AUTOTUNE_RACE_TOP_K": "0"} if kind == "careful-winners" else env
         t0 = time.perf_counter()
         with open(work / f"{kind}.out", "w+") as so, open(work / f"{kind}.err", "w+") as se:
-            rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=so, stderr=se).returncode
+            rc = subprocess.run(cmd, cwd=REPO, env=kenv, stdout=so, stderr=se).returncode
             so.seek(0)
             se.seek(0)
             stdout, stderr = so.read(), se.read()
@@ -271,7 +274,7 @@ def sweep_slot(race, layer, bucket: int, graph: bool, slot: dict, fixed: dict, w
         "best_ms": meds[best] if best is not None else None,
         "best_relative_iqr": relative_iqr(samples[best]) if best is not None else None,
         "p_top1": boot["p_top1"], "p_within_tie": boot["p_within_tie"], "runner_up_gap": boot["runner_up_gap"],
-        "stable": stable(boot, args.confidence), "medians_ms": meds,
+        "stable": stable(boot, args.confidence), "medians_ms": meds, "ranking_idx": ranking,
         "ranking": [{"label": cands[i]["label"], "median_ms": round(meds[i], 6), "runs": len(samples[i]),
                      "flashinfer_ms": cands[i]["flashinfer_ms"]} for i in ranking],
         "errors": {cands[i]["label"]: e for i, e in enumerate(errors) if e},
@@ -344,6 +347,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
             for si, s in enumerate(slots):
                 fixed = {k: v for o, e in anchor.items() if o != s["custom_op"] for k, v in e.items()}
                 sw = sweep_slot(race, layer, b, graph, s, fixed, work, args, seed=7919 * i + 31 * b + si)
+                ranking = sw.pop("ranking_idx")
                 best = s["candidates"][sw["best"]] if sw["best"] is not None else None
                 if best is not None:
                     anchor[s["custom_op"]] = {best["key"]: best["value"]}
@@ -353,7 +357,8 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                 row = {"op": op["id"], "op_index": i, "slot": f"{op['id']}:{short}" if many else short,
                        "custom_op": s["custom_op"], "bucket": b, "enumeration_s": round(t_enum, 2),
                        "flashinfer_winner": s["winner_label"], "failed_in_tune": s["failed"], **sw,
-                       "_slot_id": slot_id, "_best": best, "_s": s}
+                       "_slot_id": slot_id, "_best": best, "_s": s,
+                       "_next": [s["candidates"][j] for j in ranking if j != sw["best"]][:args.h2h_next]}
                 row.pop("medians_ms")
                 row["picks"] = {}
                 for kind in KINDS:
@@ -372,9 +377,16 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                 s, best = row.pop("_s"), row.pop("_best")
                 pks = {k: p.pop("_pick") for k, p in row["picks"].items()}
                 if best is None or not pks:
+                    row.pop("_next", None)
                     continue
                 fixed = {k: v for o, e in anchor.items() if o != s["custom_op"] for k, v in e.items()}
-                labels, assignments, index = ["best"], [{**fixed, best["key"]: best["value"]}], {}
+                labels, assignments, index = [_sig(best["value"])], [{**fixed, best["key"]: best["value"]}], {}
+                # the exhaustive race's next two race again too, now with the other slots at their
+                # best: slots interact (a MoE call's gemm1 and gemm2), and "best" is the fastest here
+                for c in row.pop("_next"):
+                    labels.append(_sig(c["value"]))
+                    assignments.append({**fixed, c["key"]: c["value"]})
+                n_ref = len(assignments)
                 for kind, pk in pks.items():
                     if _sig(pk["value"]) == _sig(best["value"]):
                         index[kind] = 0
@@ -386,12 +398,14 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                     index[kind] = len(assignments)
                     labels.append(_sig(pk["value"]))
                     assignments.append({**fixed, pk["key"]: pk["value"]})
-                if len(assignments) > 1:
+                if len(assignments) > n_ref or n_ref > 1:
                     hr = race(layer, b, assignments, None, rounds=args.pick_rounds, warmup=5, cold_l2=True, graph=graph,
                               workdir=work, seed=104729 + 31 * b + si)
                     m = hr["medians_ms"]
-                    row["head_to_head"] = {"best": m[0], **{k: m[j] for k, j in index.items()}, "graph": hr["graph"],
-                                           "rounds": args.pick_rounds}
+                    ref = min(range(n_ref), key=lambda j: m[j])
+                    row["head_to_head"] = {"best": m[ref], "best_label": f"{labels[ref][0]}:{labels[ref][1]}",
+                                           "sweep_best_ms": m[0], **{k: m[j] for k, j in index.items()},
+                                           "graph": hr["graph"], "rounds": args.pick_rounds}
                 else:
                     row["head_to_head"] = {"best": None, "note": "every pick is the best"}
                     for kind in index:
@@ -446,6 +460,7 @@ def main() -> None:
     ap.add_argument("--batch-rounds", type=int, default=60)
     ap.add_argument("--max-rounds", type=int, default=300)
     ap.add_argument("--pick-rounds", type=int, default=100)
+    ap.add_argument("--h2h-next", type=int, default=2, help="the exhaustive race's next N race again with the picks")
     ap.add_argument("--keep", type=float, default=0.03)
     ap.add_argument("--keep-min", type=int, default=4)
     ap.add_argument("--confidence", type=float, default=0.95)

@@ -29,7 +29,8 @@ TIE = 0.005
 KEEP = 0.03
 #: ... and at least this many.
 KEEP_MIN = 4
-KINDS = ("quick", "careful", "engine")
+#: careful-winners: careful racing its tunes' winners alone (``FI_AUTOTUNE_RACE_TOP_K=0``), as before issue 34.
+KINDS = ("quick", "careful-winners", "careful", "engine")
 
 
 def median(xs) -> float:
