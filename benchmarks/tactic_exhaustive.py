@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+T0 = time.perf_counter()
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -334,7 +335,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
         for b in sorted(op["buckets"]):
             if wanted is not None and b not in wanted:
                 continue
-            if args.deadline_s and time.perf_counter() - t_start > args.deadline_s:
+            if args.deadline_s and time.perf_counter() - T0 > args.deadline_s:
                 result.setdefault("skipped", []).append(f"{op['id']}@{b}")
                 log(f"deadline: {op['id']} @ {b} not measured")
                 continue
@@ -464,7 +465,8 @@ def main() -> None:
     ap.add_argument("--keep", type=float, default=0.03)
     ap.add_argument("--keep-min", type=int, default=4)
     ap.add_argument("--confidence", type=float, default=0.95)
-    ap.add_argument("--deadline-s", type=float, default=0, help="stop starting buckets after this many seconds of measuring")
+    ap.add_argument("--deadline-s", type=float, default=0,
+                    help="start no bucket after this many seconds since the script started (the rest are listed as skipped)")
     ap.add_argument("--report", type=Path, nargs="*")
     args = ap.parse_args()
     if args.report:
