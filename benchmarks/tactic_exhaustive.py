@@ -494,6 +494,9 @@ def main() -> None:
     for kind, p in picks.items():
         if p.get("path"):
             (args.out / f"cache_{args.workload}_{kind}.json").write_text(Path(p["path"]).read_text())
+            manifest = Path(p["path"]).parent / "fi-autotune.manifest.json"
+            if kind.startswith("careful") and manifest.exists():  # the races: every candidate's median
+                (args.out / f"manifest_{args.workload}_{kind}.json").write_text(manifest.read_text())
     measure(args, w, plan_path, picks, out_path, result)
     _write(result, out_path)
     print(table(result))

@@ -248,7 +248,7 @@ def selection_summary(selection: dict) -> dict:
 #: Runners-up per slot and tune that careful races beside the winners: the exhaustive reference
 #: on Qwen3-30B-A3B TP2 (H100) found the fastest tactic at FlashInfer's own rank <= 5 in a single
 #: tune at 41 of 42 (op, bucket) (docs/quality.md, "Exhaustive reference").
-DEFAULT_TOP_K = 4
+DEFAULT_TOP_K = 8
 
 
 def _env_int(name: str, default: int) -> int:
