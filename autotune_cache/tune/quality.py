@@ -246,8 +246,9 @@ def selection_summary(selection: dict) -> dict:
 
 
 #: Runners-up per slot and tune that careful races beside the winners: the exhaustive reference
-#: on Qwen3-30B-A3B TP2 (H100) found the fastest tactic at FlashInfer's own rank <= 5 in a single
-#: tune at 41 of 42 (op, bucket) (docs/quality.md, "Exhaustive reference").
+#: (H100) found the fastest tactic within FlashInfer's own single-tune rank 5 at 39 of 42 (op, bucket)
+#: on Qwen3-30B-A3B TP2 but only 36 of 42 on Mixtral-8x7B TP2, within rank 9 at 41-42 of 42
+#: (docs/quality.md, "Exhaustive reference").
 DEFAULT_TOP_K = 8
 
 
