@@ -44,7 +44,7 @@ def plan_races(wd: Path, ops: list[dict], quality: QualitySettings) -> list[Race
         records = [read_slot_records(wd, tune_prefix(i, r)) for r in range(quality.tunes)]
         for b in sorted(op["buckets"]):
             recs = tuple(rec.get(b) for rec in records)
-            cands = tuple(candidates(list(recs), [e for _, e in per_tune]))
+            cands = tuple(candidates(list(recs), [e for _, e in per_tune], quality.top_k))
             spec, result = wd / f"race.op{i}.b{b}.json", wd / f"race.op{i}.b{b}.result.json"
             if len(cands) < 2 or not metas:
                 out.append(RacePlan(i, b, recs, cands, None, result))

@@ -46,13 +46,20 @@ class SlotRecord:
     slot: str  # the default key: runners[0]'s key for this lookup
     key: str  # the key the winner was stored under
     default_runner: str  # runners[0]'s class name
+    #: The tune's runners-up for this slot, fastest first by the tune's own timing: (key, runner,
+    #: tactic) each. Careful races the first ``top_k`` of them beside the winners (``candidates``).
+    alternatives: tuple = ()
 
     def to_dict(self) -> dict:
-        return {"slot": self.slot, "key": self.key, "default_runner": self.default_runner}
+        d = {"slot": self.slot, "key": self.key, "default_runner": self.default_runner}
+        if self.alternatives:
+            d["alt"] = [list(a) for a in self.alternatives]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "SlotRecord":
-        return cls(str(d["slot"]), str(d["key"]), str(d["default_runner"]))
+        alt = tuple((str(a[0]), str(a[1]), a[2]) for a in d.get("alt") or ())
+        return cls(str(d["slot"]), str(d["key"]), str(d["default_runner"]), alt)
 
 
 @dataclass(frozen=True)
@@ -82,11 +89,17 @@ def _short_op(slot: str) -> str:
     return parsed.custom_op.rsplit("::", 1)[-1] if parsed else "?"
 
 
-def candidates(records: list[list[SlotRecord] | None], tunes: list[dict]) -> list[Candidate]:
+def candidates(records: list[list[SlotRecord] | None], tunes: list[dict], top_k: int = 0) -> list[Candidate]:
     """Distinct assignments that the tunes chose for one (op, bucket), most chosen first, then
-    FlashInfer's default unless a tune chose it. ``records[r]`` is what tune ``r`` stored for
-    this bucket (None: not recorded), ``tunes[r]`` its cache entries (key -> value). A tune that
-    misses a slot another tune filled (no tactic of any runner ran for it) offers nothing."""
+    each tune's ``top_k`` runners-up of every slot (the most chosen assignment with that one slot
+    changed), then FlashInfer's default unless a tune chose it. ``records[r]`` is what tune ``r``
+    stored for this bucket (None: not recorded), ``tunes[r]`` its cache entries (key -> value). A
+    tune that misses a slot another tune filled (no tactic of any runner ran for it) offers nothing.
+
+    Why runners-up: each tune is FlashInfer's 10-run measurement, and where several tactics are
+    within a few percent every tune can miss the same better one; the exhaustive reference
+    (``benchmarks/tactic_exhaustive.py``) found the fastest within a tune's top 5 at nearly every
+    (op, bucket) where the tunes all missed it."""
     slots: dict[str, str] = {}  # slot -> default runner
     for recs in records:
         for rec in recs or ():
@@ -112,11 +125,32 @@ def candidates(records: list[list[SlotRecord] | None], tunes: list[dict]) -> lis
     out = sorted((by_sig[s] for s in order), key=lambda c: -len(c.sources))
     if not slots:
         return out
+    if top_k > 0 and out:
+        out += _runner_up_variants(records, out, top_k, set(by_sig))
     default = default_candidate(slots, policy)
     sig = default.signature()
     if sig in by_sig:  # a tune chose the default itself
         return [Candidate(c.values, c.sources, default=c.signature() == sig) for c in out]
     return out + [default]
+
+
+def _runner_up_variants(records, chosen: list[Candidate], top_k: int, seen: set) -> list[Candidate]:
+    """The most chosen assignment with one slot set to each tune's runners-up (first ``top_k`` of
+    each tune, in tune order), the measurement policy kept; none that repeats an assignment."""
+    base = chosen[0]
+    out = []
+    for recs in records:
+        for rec in recs or ():
+            if rec.slot not in base.values:
+                continue
+            policy = list(base.values[rec.slot][1][2:])
+            for key, runner, tactic in rec.alternatives[:top_k]:
+                c = Candidate({**base.values, rec.slot: (key, [runner, tactic, *policy])})
+                sig = c.signature()
+                if sig not in seen:
+                    seen.add(sig)
+                    out.append(c)
+    return out
 
 
 def default_candidate(slots: dict[str, str], policy=None) -> Candidate:
@@ -211,6 +245,22 @@ def selection_summary(selection: dict) -> dict:
     }
 
 
+#: Runners-up per slot and tune that careful races beside the winners: the exhaustive reference
+#: (H100) found the fastest tactic within FlashInfer's own single-tune rank 5 at 39 of 42 (op, bucket)
+#: on Qwen3-30B-A3B TP2 but only 36 of 42 on Mixtral-8x7B TP2, within rank 9 at 41-42 of 42
+#: (docs/quality.md, "Exhaustive reference").
+DEFAULT_TOP_K = 8
+
+
+def _env_int(name: str, default: int) -> int:
+    import os
+
+    try:
+        return max(0, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
 @dataclass(frozen=True)
 class QualitySettings:
     """How carefully ``warm`` tunes: ``quick`` is one FlashInfer tune per (op, bucket), as an
@@ -223,6 +273,8 @@ class QualitySettings:
     race_warmup: int = 5
     cold_l2: bool = True  # flush L2 before each timed run: between layers, weights come from HBM
     graph_max_tokens: int = 0  # buckets up to this run as CUDA-graph replays in the race (decode sizes)
+    #: Each tune's runners-up per slot raced beside the winners (``candidates``); 0: winners only.
+    top_k: int = field(default_factory=lambda: _env_int("FI_AUTOTUNE_RACE_TOP_K", DEFAULT_TOP_K))
     extra: dict = field(default_factory=dict)
 
     @property
@@ -241,5 +293,5 @@ class QualitySettings:
         d = {"mode": self.mode, "tunes": self.tunes}
         if self.careful:
             d.update(threshold=self.threshold, race_rounds=self.race_rounds, race_warmup=self.race_warmup,
-                     cold_l2=self.cold_l2, graph_max_tokens=self.graph_max_tokens)
+                     cold_l2=self.cold_l2, graph_max_tokens=self.graph_max_tokens, top_k=self.top_k)
         return d

@@ -119,7 +119,7 @@ def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, d
 
 
 def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, rounds: int = 50, warmup: int = 5,
-         cold_l2: bool = True, graph: bool = True, workdir: Path, seed: int = 0) -> dict:
+         cold_l2: bool = True, graph: bool = True, workdir: Path, seed: int = 0, keep_samples: bool = False) -> dict:
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
 
@@ -138,8 +138,11 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
     c.remove()
     medians = [statistics.median(s) if s else math.inf for s in samples]
     spread = [(_iqr(s) / statistics.median(s)) if len(s) >= 4 and statistics.median(s) > 0 else None for s in samples]
-    return {"bucket": bucket, "medians_ms": medians, "relative_iqr": spread, "runs": [len(s) for s in samples],
-            "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2)}
+    out = {"bucket": bucket, "medians_ms": medians, "relative_iqr": spread, "runs": [len(s) for s in samples],
+           "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2)}
+    if keep_samples:  # every timed run (ms), for a bootstrap of the ranking (tactic_exhaustive.py)
+        out["samples_ms"] = samples
+    return out
 
 
 #: Stream delay before each eager timed call (FlashInfer's tuner uses 5000 us before a batch of

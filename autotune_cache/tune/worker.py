@@ -91,9 +91,15 @@ class SlotRecorder:
     noted as ``choose_one`` is entered (extras are synthesis-invariant by FlashInfer's runner
     contract, so the call's own inputs give the bucket's)."""
 
+    #: Runners-up kept per slot (careful races the first ``QualitySettings.top_k`` of them).
+    ALTERNATIVES = 8
+
     def __init__(self, tuner_cls):
         self.first_runner: dict[str, tuple[str, tuple]] = {}
+        self.timed: list[tuple] = []  # this tune's (custom op, runner, extras, tactic, ms)
+        self._op: list[str] = []
         original = tuner_cls.choose_one
+        profile = tuner_cls._profile_single_kernel
         recorder = self
 
         def choose_one(self, custom_op, runners, tuning_config, inputs, **kwargs):
@@ -104,11 +110,32 @@ class SlotRecorder:
                     extras = None
                 if extras is not None:
                     recorder.first_runner[custom_op] = (runners[0].__class__.__name__, tuple(extras))
-            return original(self, custom_op, runners, tuning_config, inputs, **kwargs)
+            recorder._op.append(custom_op)
+            try:
+                return original(self, custom_op, runners, tuning_config, inputs, **kwargs)
+            finally:
+                recorder._op.pop()
+
+        def _profile_single_kernel(self, runner, inputs, tactic, tuning_config, *args, **kwargs):
+            # FlashInfer times every (runner, tactic) of a profile here: its own ranking, whose
+            # runners-up careful races too (a failure raises, and is not recorded).
+            ms = profile(self, runner, inputs, tactic, tuning_config, *args, **kwargs)
+            if recorder._op:
+                try:
+                    extras = tuple(runner.get_cache_key_extras(inputs))
+                except Exception:  # noqa: BLE001 - no key: not offered
+                    extras = None
+                if extras is not None:
+                    recorder.timed.append((recorder._op[-1], runner.__class__.__name__, extras, tactic, ms))
+            return ms
 
         tuner_cls.choose_one = choose_one
+        tuner_cls._profile_single_kernel = _profile_single_kernel
 
-    def slots(self, new_keys) -> list[dict]:
+    def reset(self) -> None:
+        self.timed.clear()
+
+    def slots(self, new_keys, cache: dict | None = None) -> list[dict]:
         out = []
         for k in new_keys:
             first = self.first_runner.get(k.custom_op)
@@ -117,7 +144,33 @@ class SlotRecorder:
             else:
                 runner = first[0]
                 slot = dataclasses.replace(k, runner_class_name=runner, extras=first[1]).file_key
-            out.append({"slot": slot, "key": k.file_key, "default_runner": runner})
+            rec = {"slot": slot, "key": k.file_key, "default_runner": runner}
+            won = (cache or {}).get(k)
+            alt = self.alternatives(k, won[0] if isinstance(won, tuple) and won else None)
+            if alt:
+                rec["alt"] = alt
+            out.append(rec)
+        return out
+
+    def alternatives(self, key, winner_tactic) -> list[list]:
+        """The tune's fastest (runner, tactic) pairs for ``key``'s custom op after the winner, as
+        [cache key, runner, tactic (JSON)]."""
+        try:
+            from flashinfer.autotuner.autotuner import _tactic_to_json
+        except ImportError:  # pragma: no cover - older FlashInfer: plain tactics only
+            def _tactic_to_json(t):
+                return t
+        timed = sorted((t for t in self.timed if t[0] == key.custom_op and t[4] is not None and t[4] == t[4]
+                        and t[4] != float("inf")), key=lambda t: t[4])
+        out, seen = [], {(key.runner_class_name, repr(winner_tactic))}
+        for _, runner, extras, tactic, _ms in timed:
+            if (runner, repr(tactic)) in seen:
+                continue
+            seen.add((runner, repr(tactic)))
+            k = dataclasses.replace(key, runner_class_name=runner, extras=extras).file_key
+            out.append([k, runner, _tactic_to_json(tactic)])
+            if len(out) >= self.ALTERNATIVES:
+                break
         return out
 
 
@@ -220,6 +273,8 @@ class Worker:
         layer = self._layer_for(i, top)
         emit("start", op=op["id"], bucket=bucket)
         before = set(self.tuner.profiling_cache) if self.recorder else None
+        if self.recorder:
+            self.recorder.reset()
         t4 = time.perf_counter()
         try:
             with autotune(True, tuning_buckets=(bucket,)), lm_head_stub():
@@ -234,7 +289,7 @@ class Worker:
         dt = time.perf_counter() - t4
         self.timing["tune"] += dt
         new = [k for k in self.tuner.profiling_cache if k not in before] if self.recorder else None
-        self.pending.append(done_line(bucket, self.recorder.slots(new) if self.recorder else None))
+        self.pending.append(done_line(bucket, self.recorder.slots(new, self.tuner.profiling_cache) if self.recorder else None))
         if time.perf_counter() - self.last_save >= CHECKPOINT_S:
             self.checkpoint(i)
             self.last_save = time.perf_counter()

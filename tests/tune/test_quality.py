@@ -67,6 +67,34 @@ def test_a_tune_missing_a_slot_offers_nothing_and_other_runners_share_the_slot()
     assert cands[-1].default and set(cands[-1].entries()) == {K1, K2}  # the default sits in runners[0]'s key
 
 
+def test_runners_up_race_as_the_most_chosen_assignment_with_one_slot_changed():
+    alt1 = ((K1, "CutlassRunner", 9), (K1, "CutlassRunner", 5), (K1_OTHER, "CudnnRunner", 3))
+    records = [[SlotRecord(K1, K1, "CutlassRunner", alt1), SlotRecord(K2, K2, "CutlassRunner", ((K2, "CutlassRunner", 4),))],
+               [SlotRecord(K1, K1, "CutlassRunner", ((K1, "CutlassRunner", 9),)), SlotRecord(K2, K2, "CutlassRunner")]]
+    tunes = [{K1: ["CutlassRunner", 5, POLICY], K2: ["CutlassRunner", 2, POLICY]},
+             {K1: ["CutlassRunner", 7, POLICY], K2: ["CutlassRunner", 2, POLICY]}]
+    assert [c.describe() for c in candidates(records, tunes)] == [
+        "gemm1=CutlassRunner:5 gemm2=CutlassRunner:2", "gemm1=CutlassRunner:7 gemm2=CutlassRunner:2", "default (tactic -1)"]
+    cands = candidates(records, tunes, top_k=2)
+    described = [c.describe() for c in cands]
+    # tune 0's first two runners-up of gemm1 (9; 5 is already tune 0's own pick, so it repeats an
+    # assignment), its gemm2 runner-up, tune 1's (9 again: not repeated); the default last
+    assert described == ["gemm1=CutlassRunner:5 gemm2=CutlassRunner:2", "gemm1=CutlassRunner:7 gemm2=CutlassRunner:2",
+                         "gemm1=CutlassRunner:9 gemm2=CutlassRunner:2", "gemm1=CutlassRunner:5 gemm2=CutlassRunner:4",
+                         "default (tactic -1)"]
+    assert cands[2].sources == () and cands[2].entries()[K1] == ["CutlassRunner", 9, POLICY]
+    # another runner's runner-up sits under its own key, and no key of the slot is left twice
+    third = candidates(records, tunes, top_k=3)[3]
+    assert third.entries() == {K1_OTHER: ["CudnnRunner", 3, POLICY], K2: ["CutlassRunner", 2, POLICY]}
+
+
+def test_slot_records_keep_their_runners_up_through_the_done_file():
+    r = SlotRecord(K1, K1, "CutlassRunner", ((K1, "CutlassRunner", 9), (K1_OTHER, "CudnnRunner", [1, 2])))
+    back = SlotRecord.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back == r
+    assert "alt" not in SlotRecord(K1, K1, "R").to_dict() and SlotRecord.from_dict({"slot": K1, "key": K1, "default_runner": "R"}).alternatives == ()
+
+
 def test_choose_floor_against_the_default():
     tuned, default = Candidate({K1: (K1, ["R", 4])}, (0, 1, 2)), Candidate({K1: (K1, ["R", -1])}, default=True)
     cands = [tuned, default]

@@ -1,0 +1,189 @@
+"""The exhaustive tactic reference's CPU logic (autotune_cache.tune.exhaustive) and the benchmark's
+enumeration hooks (benchmarks/tactic_exhaustive.py) on a stand-in autotuner; the GPU run is marked."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from autotune_cache.tune.exhaustive import bootstrap, relative_iqr, shortlist, stable, summarize, table
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _noisy(mu: float, n: int, rel: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [mu * (1 + rng.gauss(0, rel)) for _ in range(n)]
+
+
+def test_bootstrap_clear_winner_is_certain():
+    s = [_noisy(1.10, 60, 0.01, 1), _noisy(1.00, 60, 0.01, 2), _noisy(1.05, 60, 0.01, 3)]
+    b = bootstrap(s, iters=300)
+    assert b["best"] == 1 and b["ranked"] == [1, 2, 0]
+    assert b["p_top1"] == 1.0 and b["p_within_tie"] == 1.0
+    assert b["runner_up_gap"] == pytest.approx(0.05, abs=0.01)
+    assert stable(b)
+
+
+def test_bootstrap_identical_candidates_are_a_coin_toss_but_a_tie():
+    s = [_noisy(1.0, 200, 0.02, seed) for seed in range(4)]
+    b = bootstrap(s, iters=400, tie=0.01)
+    assert 0.1 < b["p_top1"] < 0.9  # no candidate is reliably fastest ...
+    assert b["p_within_tie"] > 0.95  # ... but the observed fastest is within 1% of it
+    assert stable(b)  # a tie is settled for the 1% target
+    assert not stable(bootstrap(s, iters=400, tie=0.0001))
+
+
+def test_bootstrap_close_pair_needs_more_runs():
+    few = [_noisy(1.000, 10, 0.03, 1), _noisy(1.012, 10, 0.03, 2)]
+    many = [_noisy(1.000, 2000, 0.03, 1), _noisy(1.012, 2000, 0.03, 2)]
+    b_few, b_many = bootstrap(few, iters=400, tie=0.001), bootstrap(many, iters=400, tie=0.001)
+    assert b_many["best"] == 0 and b_many["p_top1"] >= 0.95
+    assert b_few["p_top1"] < b_many["p_top1"]
+
+
+def test_bootstrap_edge_cases():
+    assert bootstrap([[], []])["best"] is None and stable(bootstrap([[], []]))
+    one = bootstrap([[], [1.0, 1.1]])
+    assert one["best"] == 1 and one["p_top1"] == 1.0 and one["runner_up_gap"] is None
+    assert bootstrap([[2.0] * 5, [1.0] * 5, [math.inf]])["best"] == 1
+    # deterministic for a seed
+    s = [_noisy(1.0, 30, 0.02, 1), _noisy(1.005, 30, 0.02, 2)]
+    assert bootstrap(s, seed=3)["p_top1"] == bootstrap(s, seed=3)["p_top1"]
+
+
+def test_shortlist_keeps_the_close_ones_and_a_minimum():
+    meds = [1.00, 1.02, 1.10, math.inf, 1.029, 1.5, 1.2]
+    assert shortlist(meds, keep=0.03, k_min=2) == [0, 1, 4]
+    assert shortlist(meds, keep=0.03, k_min=5) == [0, 1, 4, 2, 6]
+    assert shortlist(meds, keep=0.0, k_min=1) == [0]
+    assert shortlist([math.inf, math.inf]) == []
+
+
+def test_relative_iqr():
+    assert relative_iqr([1.0, 1.0, 1.0]) is None
+    assert relative_iqr([1.0, 1.0, 1.0, 1.0]) == 0.0
+    assert relative_iqr([0.9, 1.0, 1.0, 1.1, 1.0]) > 0
+
+
+def _row(slot, bucket, best_ms, picks, h2h=None, **kw):
+    r = {"slot": slot, "bucket": bucket, "candidates": 40, "best_ms": best_ms, "best_label": "MoERunner:3",
+         "p_top1": 0.97, "p_within_tie": 1.0, "stable": True, "best_relative_iqr": 0.01, "runner_up_gap": 0.004,
+         "picks": {k: {"label": "x", "exhaustive_ms": v, "is_best": v == best_ms} for k, v in picks.items()}}
+    if h2h is not None:
+        r["head_to_head"] = h2h
+    return r | kw
+
+
+def test_summarize_gaps_shares_and_target():
+    items = [
+        _row("gemm1", 1, 0.040, {"quick": 0.041, "careful": 0.040, "engine": 0.0436}),
+        # the head-to-head overrides the exhaustive race's numbers
+        _row("gemm2", 1, 0.040, {"quick": 0.050, "careful": 0.0401, "engine": 0.040},
+             h2h={"best": 0.0400, "quick": 0.0402, "careful": 0.0404, "engine": 0.0399}),
+        _row("gemm1", 2, 0.050, {"quick": 0.050, "careful": 0.0503, "engine": 0.050}, p_top1=0.5, stable=False),
+    ]
+    res = {"workload": "w", "gpu": "H100", "items": items,
+           "layer": [{"tokens": 1, "graph": True, "best_ms": 0.080, "quick": 0.0808, "careful": 0.0800, "engine": 0.0880}]}
+    s = summarize(res)
+    assert s["items"] == 3 and s["tactics"] == 120 and s["stable"] == 2
+    q, c, e = s["kinds"]["quick"], s["kinds"]["careful"], s["kinds"]["engine"]
+    assert q["within"] == pytest.approx(2 / 3) and q["worst_gap"] == pytest.approx(0.025) and q["worst_at"] == "gemm1 @ 1"
+    assert c["within"] == 1.0 and c["worst_gap"] == pytest.approx(0.01) and c["meets_target"]
+    assert e["worst_gap"] == pytest.approx(0.09) and e["over_limit"] == 1 and not e["meets_target"]
+    assert e["geomean_gap"] >= 0  # a pick faster than best in the head-to-head counts as 0
+    assert s["p_top1_min"] == 0.5
+    assert s["layer"][0]["careful"] == 0.0 and s["layer"][0]["engine"] == pytest.approx(0.1)
+    text = table(res)
+    assert "| careful | 100.0% (3) |" in text and "| 1 | 80.0 |" in text and "gemm2 | 1 |" in text
+
+
+def test_summarize_without_picks():
+    s = summarize({"items": [_row("gemm1", 1, 0.04, {})], "layer": []})
+    assert s["kinds"] == {} and s["items"] == 1
+    assert "gemm1" in table({"items": [_row("gemm1", 1, 0.04, {})], "layer": []})
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("tactic_exhaustive", REPO / "benchmarks" / "tactic_exhaustive.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _Runner:
+    def __init__(self, extras):
+        self.extras = extras
+
+    def get_cache_key_extras(self, inputs):
+        return self.extras
+
+
+class Cublas(_Runner):
+    pass
+
+
+class Cudnn(_Runner):
+    pass
+
+
+class _Tuner:
+    """Stands in for FlashInfer's AutoTuner: choose_one profiles every tactic of every runner."""
+
+    def choose_one(self, custom_op, runners, tuning_config, inputs, **kwargs):
+        for r, tactics in zip(runners, tuning_config):
+            for t in tactics:
+                try:
+                    self._profile_single_kernel(r, inputs, t, tuning_config)
+                except RuntimeError:
+                    pass
+        return runners[0], -1
+
+    def _profile_single_kernel(self, runner, inputs, tactic, tuning_config, **kwargs):
+        if tactic == 13:
+            raise RuntimeError("no smem")
+        return 0.01 * (tactic + 1)
+
+
+def test_enumerator_records_every_profiled_tactic_and_restores_the_tuner():
+    mod = _bench()
+    orig = (_Tuner.choose_one, _Tuner._profile_single_kernel)
+    with mod.Enumerator(_Tuner) as enum:
+        _Tuner().choose_one("fp8_gemm", [Cublas(("a",)), Cudnn(("b",))], [[0, 1], [13, 2]], [])
+    assert (_Tuner.choose_one, _Tuner._profile_single_kernel) == orig
+    assert enum.first == {"fp8_gemm": ("Cublas", ("a",))}
+    got = [(r["custom_op"], r["runner"], r["extras"], r["tactic"], r["error"] is None) for r in enum.records]
+    assert got == [("fp8_gemm", "Cublas", ("a",), 0, True), ("fp8_gemm", "Cublas", ("a",), 1, True),
+                   ("fp8_gemm", "Cudnn", ("b",), 13, False), ("fp8_gemm", "Cudnn", ("b",), 2, True)]
+    assert enum.records[1]["ms"] == pytest.approx(0.02)
+
+
+def test_report_mode_prints_a_table(tmp_path, capsys, monkeypatch):
+    mod = _bench()
+    res = {"workload": "moe-bf16", "label": "Qwen3", "gpu": "H100", "items": [_row("gemm1", 1, 0.04, {"careful": 0.04})],
+           "layer": []}
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(res))
+    monkeypatch.setattr("sys.argv", ["tactic_exhaustive.py", "--report", str(p)])
+    mod.main()
+    assert "| careful | 100.0% (1) |" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_exhaustive_smoke_on_gpu(tmp_path):
+    """Two buckets of the Qwen3 MoE, the reference alone (no picks): every slot has candidates and a best."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("flashinfer")
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "tactic_exhaustive.py"), "--workload", "moe-bf16",
+                        "--kinds", "", "--buckets", "1,1024", "--screen-rounds", "5", "--max-rounds", "5",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((tmp_path / "tactic_exhaustive_moe-bf16.json").read_text())
+    assert len(r["items"]) == 4 and all(x["candidates"] > 1 and x["best_ms"] for x in r["items"])
