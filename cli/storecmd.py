@@ -71,12 +71,13 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
     flt = entry_filter(model, versions, arch, status, older_than, unused_for)
     now = time.time()
     chosen = exportable(out, [e for e in entries if flt.reasons(e, now) is not None], include_incomplete)
+    if not dry_run:  # a writer sweeps what killed pushes and deletes left, even with nothing to push
+        for note in sweep_store(store).notes(store):
+            out.note(note)
     if not chosen:
         raise FiAutotuneError("nothing to push")
     if dry_run:
         return dry_run_listing(out, "push", [(str(e.id), e.size_on_disk) for e in chosen], str(store))
-    for note in sweep_store(store).notes(store):
-        out.note(note)
     result = store.push(layout, [(e, bundle_of(layout, e)) for e in chosen], seal=seal)
 
     for entry_id in result.vanished:

@@ -336,7 +336,7 @@ MUTATIONS = [
      "                if not isinstance(rel, str) or \"..\" in Path(rel).parts or Path(rel).is_absolute():",
      "                if not isinstance(rel, str):",
      "tests/tree/test_leftovers.py::test_a_dead_deleters_journal_removes_nothing_outside_its_trash"),
-    ("32: a re-run of a killed rm resumes from its delete journal", "autotune_cache/tree/delete.py",
+    ("32: a re-run of a killed rm resumes from its delete journal", "autotune_cache/tree/recovery.py",
      "        if f.kind == \"journal\":", "        if False:",
      "tests/tree/test_leftovers.py::test_a_rm_killed_while_removing_its_trash_is_finished_by_a_rerun"),
 

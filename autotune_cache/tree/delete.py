@@ -11,6 +11,7 @@ gone, temp files older than an hour) are removed too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import stat as stat_mod
@@ -25,13 +26,11 @@ from autotune_cache.tree.atime import TimeSpan, atime_doubt
 from autotune_cache.tree.atomic import crashpoint, fsync_dir, remove_our_temps
 from autotune_cache.tree.dirs import list_dir, remove_empty_parents, remove_tree
 from autotune_cache.tree.entry_scan import scan_entry
-from autotune_cache.tree.layout import OUR_PREFIX, TRASH_DIR_RE, CacheLayout, EntryId, trash_name
-from autotune_cache.tree.locks import dead_owner, entry_lock, hold_owner_lock, release_owner_lock
+from autotune_cache.tree.layout import OUR_PREFIX, CacheLayout, EntryId, trash_name
+from autotune_cache.tree.locks import entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
-from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.recovery import (deleted_by_dead, recover_journals, remove_leftover, sweep_leftovers,
                                           write_delete_journal)
-from autotune_cache.tree.swap import unlink_synced
 from autotune_cache.tree.select import EntryFilter, beyond_latest, over_budget
 from autotune_cache.tree.status import EntryStatus
 
@@ -79,8 +78,7 @@ def delete_entry(layout: CacheLayout, root: Path, entry, rescan: Callable) -> De
 
 def empty_dir(path: Path) -> str | None:
     """Remove what is inside ``path`` but not ``path`` itself: an emptied trash dir stays until
-    the whole plan has run, as the record that its entry was being deleted (``in_flight``), so
-    a re-run of a killed ``rm A B`` knows A was deleted, not mistyped."""
+    the whole plan has run, as the record that its entry was deleted, not mistyped (``in_flight``)."""
     children, err = list_dir(path, sort=False)
     for child in children:
         p = Path(child.path)
@@ -179,7 +177,7 @@ class DeletePlan:
         def rescan(e: CacheEntry) -> CacheEntry:
             return scan_entry(self.layout, e.path, e.id, self.scan_fingerprint)
 
-        trashed = []
+        trashed, journal = [], None
         try:
             for cand in self.candidates:
                 out = delete_entry(self.layout, self.root, cand.entry, rescan)
@@ -191,14 +189,12 @@ class DeletePlan:
                 else:
                     skipped.append((str(cand.entry.id), out.why or "not deleted"))
             if trashed:  # every entry of the plan is gone: its trash may go, the journal remembering it
-                journal = write_delete_journal(self.layout, self.root, hold_owner_lock(base),
-                                               [(eid, trash) for eid, trash, _ in trashed])
+                journal = write_delete_journal(self.layout, self.root, hold_owner_lock(base), [t[:2] for t in trashed])
                 crashpoint("prune.journaled")
                 for _, trash, path in trashed:
                     remove_tree(trash)
                     remove_empty_parents(path, base)
                     crashpoint("prune.trash_removed")
-                unlink_synced(journal)
             now = time.time()
             removed = freed = 0
             for e in self.locked_temps:
@@ -210,6 +206,8 @@ class DeletePlan:
                     st = os.lstat(t.path)
                 except FileNotFoundError:
                     continue
+                if t.kind == "journal":
+                    continue  # a dead deleter's: ``sweep_leftovers`` below finishes it, and counts it
                 if t.kind in ("stage", "trash"):
                     ok, err = remove_leftover(base, t.path)
                     if err:
@@ -229,6 +227,9 @@ class DeletePlan:
             removed += sweep_leftovers(self.layout, self.root)  # what the plan did not list (rm's)
         finally:
             release_owner_lock(base)
+        if journal is not None:  # last of all, after the owner lock: a kill before it leaves the whole proof
+            with contextlib.suppress(OSError):
+                os.unlink(journal)  # not synced: a crash that brings it back only costs the next writer a sweep
         return DeleteResult(tuple(deleted), tuple(skipped), tuple(errors), removed, freed, recovered)
 
 
@@ -338,40 +339,11 @@ def plan_rm(info: CacheInfo, refs: tuple[str, ...], resumed: dict[EntryId, Findi
                       already_deleted=tuple(sorted(map(str, resumed))))
 
 
-def in_flight(info: CacheInfo, ref: str) -> tuple[EntryId, Finding] | None:
-    """The entry ``ref`` names if a killed ``rm`` or ``prune`` was deleting it: a trash dir of
-    that entry, or a delete journal naming it, whose owner is gone (only then - a live
-    deleter's trash, or an id that is simply not there, is no proof of anything). A trash dir's
-    id is its place plus the name in it."""
-    text = exact_ref(ref).rstrip("/")
-    base = info.layout.base(info.root)
-    present = {e.id for e in info.entries}
-
-    def named(eid: EntryId) -> bool:
-        return text in (str(eid), eid.path_str, eid.name) and eid not in present
-
-    for f in info.findings:
-        if f.kind == "journal":
-            hit = next((eid for eid in deleted_by_dead(info.layout, info.root, f.path) if named(eid)), None)
-            if hit is not None:
-                return hit, f
-        elif f.kind == "trash" and (m := TRASH_DIR_RE.match(f.path.name)):
-            try:
-                eid = info.layout.make_id(f.path.parent.relative_to(base).parts + (m["name"],))
-            except ValueError:
-                continue
-            if not named(eid):
-                continue
-            with dead_owner(base, m["owner"]) as dead:
-                if dead:
-                    return eid, f
-    return None
-
-
 def leftovers_of(info: CacheInfo, now: float) -> tuple[Finding, ...]:
     """Staging and trash dirs (removed if their owner is gone, checked at execution) and temp
     files older than an hour; temp files inside a candidate go with it."""
-    out = [f for f in info.findings if f.kind in ("stage", "trash")]
+    out = [f for f in info.findings if f.kind in ("stage", "trash")
+           or (f.kind == "journal" and deleted_by_dead(info.layout, info.root, f.path))]
     out += [t for t in info.stale_temp if now - t.mtime >= STALE_TEMP_AGE_S]
     return tuple(out)
 

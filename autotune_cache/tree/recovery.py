@@ -24,6 +24,8 @@ from autotune_cache.tree.atomic import atomic_write_bytes, ensure_tree_dirs, fsy
 from autotune_cache.tree.dirs import remove_tree
 from autotune_cache.tree.layout import OUR_PREFIX, STAGE_DIR_RE, TRASH_DIR_RE, CacheLayout, EntryId
 from autotune_cache.tree.locks import dead_owner, entry_lock
+from autotune_cache.tree.records import CacheInfo, Finding
+from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.swap import inode_of, swap_in, unlink_synced
 
 JOURNAL_FORMAT = 1
@@ -215,3 +217,33 @@ def sweep_leftovers(layout: CacheLayout, root: Path) -> int:
 
     walk(base, 0)
     return removed
+
+
+def in_flight(info: CacheInfo, ref: str) -> tuple[EntryId, Finding] | None:
+    """The entry ``ref`` names if a killed ``rm`` or ``prune`` was deleting it: a trash dir of
+    that entry, or a delete journal naming it, whose owner is gone (only then - a live
+    deleter's trash, or an id that is simply not there, is no proof of anything). A trash dir's
+    id is its place plus the name in it."""
+    text = exact_ref(ref).rstrip("/")
+    base = info.layout.base(info.root)
+    present = {e.id for e in info.entries}
+
+    def named(eid: EntryId) -> bool:
+        return text in (str(eid), eid.path_str, eid.name) and eid not in present
+
+    for f in info.findings:
+        if f.kind == "journal":
+            hit = next((eid for eid in deleted_by_dead(info.layout, info.root, f.path) if named(eid)), None)
+            if hit is not None:
+                return hit, f
+        elif f.kind == "trash" and (m := TRASH_DIR_RE.match(f.path.name)):
+            try:
+                eid = info.layout.make_id(f.path.parent.relative_to(base).parts + (m["name"],))
+            except ValueError:
+                continue
+            if not named(eid):
+                continue
+            with dead_owner(base, m["owner"]) as dead:
+                if dead:
+                    return eid, f
+    return None

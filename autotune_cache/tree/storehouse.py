@@ -4,9 +4,11 @@ writers and deleters left: ``storesweep``).
 Deleting from a store is plan-then-delete, as in the tree (``delete.py``): the plan lists the
 index records the filters or names select; executing it re-reads each record and removes it
 only if it still names the bundle the plan showed (a push since then wins): *tombstone, record,
-bundle, tombstone*, so a reader never meets a record whose bundle is gone. A kill in between
-leaves an unreferenced bundle, which no reader sees, and the tombstone that lets a re-run of the
-same ``rm`` report that entry "already deleted" and finish; the next writer sweeps both. A sealed store (or one whose marker cannot be
+bundle*, so a reader never meets a record whose bundle is gone; the tombstones go once every
+entry of the plan has (the sweep that ends the command). A kill leaves the tombstone of every
+entry already taken - and, between record and bundle, an unreferenced bundle no reader sees -
+so a re-run of the same ``rm`` reports those entries "already deleted" and finishes; the next
+writer sweeps the rest. A sealed store (or one whose marker cannot be
 read, so may be sealed) is never written: ``unseal`` first.
 """
 
@@ -27,7 +29,7 @@ from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store import MARKER, STORE_FORMAT, Store
 from autotune_cache.tree.storerecord import StoreRecord
-from autotune_cache.tree.storesweep import Remains, survey, sweep_store
+from autotune_cache.tree.storesweep import Remains, survey, sweep_store, write_summary
 
 @dataclass(frozen=True)
 class RecordView:
@@ -124,6 +126,7 @@ class StoreDeletePlan:
     def execute(self) -> DeleteResult:
         check_deletable(self.store)
         deleted, skipped, errors = [], list(self.left_alone), []
+        own = None
         try:
             for cand in self.candidates:
                 why = delete_record(self.store, cand.entry.record)
@@ -133,9 +136,15 @@ class StoreDeletePlan:
                     errors.append((str(cand.entry.id), why[1:]))
                 else:
                     skipped.append((str(cand.entry.id), why))
-            swept = sweep_store(self.store)
+            taken = [c.entry.id for c in self.candidates if any(str(c.entry.id) == d for d, _ in deleted)]
+            own = write_summary(self.store, taken) if taken else None  # the tombstones go next
+            crashpoint("store.summary_written")
+            swept = sweep_store(self.store, own)
         finally:
             self.store.release()
+        if own is not None:  # last of all, after the owner lock: a kill before it leaves the whole proof
+            with contextlib.suppress(FileNotFoundError):
+                self.store.fs.rm_file(own)
         return DeleteResult(tuple(deleted), tuple(skipped), tuple(errors), swept.removed, swept.freed)
 
 
@@ -170,8 +179,8 @@ def delete_record(store: Store, rec: StoreRecord) -> str | None:
         with contextlib.suppress(FileNotFoundError):
             store.fs.rm_file(store.root + "/" + rec.bundle)
         crashpoint("store.bundle_removed")
-        with contextlib.suppress(FileNotFoundError):
-            store.fs.rm_file(tombstone)
+        # The tombstone stays until the whole plan has run (the sweep that ends ``execute``
+        # takes it): a re-run of a command killed at a later entry still knows this one went.
     except Exception as e:  # noqa: BLE001 - backends raise their own types
         return f"!cannot delete from {store}: {type(e).__name__}: {str(e).strip()[:200]}"
     return None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import stat as stat_mod
 import time
 from dataclasses import dataclass
@@ -85,6 +86,16 @@ class Tombstone:
 
 
 @dataclass(frozen=True)
+class Summary:
+    """``deleting/<hex>.json``: the entries one delete took, written once its plan has run and
+    removed after its tombstones (a kill while they go leaves this one file saying it all)."""
+
+    rel: str
+    ids: tuple[EntryId, ...]
+    mtime: float | None
+
+
+@dataclass(frozen=True)
 class Remains:
     """What a sweep would look at; ``sweepable`` counts what it would remove now."""
 
@@ -93,6 +104,8 @@ class Remains:
     writers_alive: bool = False
     local: bool = False
     grace: float = ORPHAN_GRACE_S
+    summaries: tuple[Summary, ...] = ()
+    published: frozenset = frozenset()  # str(EntryId) of every readable record
 
     def may_go(self, mtime: float | None, now: float) -> bool:
         """No writer can still be publishing it: a local store with no other live owner, or old enough."""
@@ -109,6 +122,10 @@ class Remains:
         for t in self.tombstones:
             if not t.record_present and ref in (str(t.id), t.id.path_str, t.id.name):
                 return t
+        for summary in self.summaries:
+            for eid in summary.ids:
+                if str(eid) not in self.published and ref in (str(eid), eid.path_str, eid.name):
+                    return Tombstone(summary.rel, eid, None, False, summary.mtime)
         return None
 
     def to_dict(self, now: float | None = None) -> dict:
@@ -185,10 +202,13 @@ def survey(store: Store, records: list | None = None) -> Remains:
         if store._join(record_rel) in unreadable:
             continue  # its record cannot be read: it may name this bundle
         orphans.append(Orphan(rel, int(info.get("size") or 0), _mtime(info), record_rel))
-    tombs = []
+    tombs, summaries = [], []
     for path, info in sorted(stones.items()):
         rel = path[len(root):] if path.startswith(root) else path
-        if not rel.endswith(".json") or "/" not in rel[len(TOMBSTONES) + 1:]:
+        if not rel.endswith(".json"):
+            continue
+        if "/" not in rel[len(TOMBSTONES) + 1:]:
+            summaries.append(Summary(rel, _summary_ids(store, path), _mtime(info)))
             continue
         layout, id_rel = rel[len(TOMBSTONES) + 1:-len(".json")].split("/", 1)
         record_rel = "/".join(("index", layout, f"{id_rel}.json"))
@@ -198,7 +218,24 @@ def survey(store: Store, records: list | None = None) -> Remains:
         tombs.append(Tombstone(rel, EntryId(layout, tuple(id_rel.split("/"))), bundle, record_rel in published,
                                _mtime(info)))
     return Remains(tuple(orphans), tuple(tombs), store.local and other_owner_alive(Path(store.root)), store.local,
-                   orphan_grace())
+                   orphan_grace(), tuple(summaries), frozenset(str(r.id) for r in records))
+
+
+def _summary_ids(store: Store, path: str) -> tuple[EntryId, ...]:
+    try:
+        data = json.loads(store._read_small(path, MAX_RECORD_BYTES, "delete summary"))
+        return tuple(EntryId(d["layout"], tuple(d["id"])) for d in data["deleted"]
+                     if isinstance(d["layout"], str) and all(isinstance(x, str) for x in d["id"]))
+    except Exception:  # noqa: BLE001 - unreadable: it proves nothing
+        return ()
+
+
+def write_summary(store: Store, deleted: list) -> str:
+    """Record, in one object, the entries a delete took (``Summary``); its path."""
+    path = store._join(TOMBSTONES, f"{secrets.token_hex(8)}.json")
+    store._put(path, json.dumps({"format": 1, "deleted": [{"layout": e.layout, "id": list(e.parts)}
+                                                          for e in deleted]}).encode())
+    return path
 
 
 def _tombstone_bundle(store: Store, path: str, layout: str, id_rel: str) -> str | None:
@@ -215,10 +252,11 @@ def _tombstone_bundle(store: Store, path: str, layout: str, id_rel: str) -> str 
     return bundle if m and m["layout"] == layout and m["parts"] == id_rel else None
 
 
-def sweep_store(store: Store) -> Swept:
+def sweep_store(store: Store, own: str | None = None) -> Swept:
     """Remove the remains no writer can still be using (module docstring): dead writers' temp
-    files, orphan bundles, and the tombstones whose bundle is gone or whose record is back.
-    For a command that writes the store, after ``check_writable``."""
+    files, orphan bundles, the tombstones whose bundle is gone or whose record is back, and
+    delete summaries (``own``, the caller's, stays: it removes it last). For a command that
+    writes the store, after ``check_writable``."""
     temps, freed = sweep_temps(store)
     removed = temps
     if not store.marker() or "unreadable" in store.marker():
@@ -240,6 +278,9 @@ def sweep_store(store: Store) -> Swept:
             gone = t.bundle is None or not store.fs.exists(root + t.bundle)
         if gone and _rm(store, root + t.rel):
             finished += not t.record_present
+    for summary in remains.summaries:  # after the tombstones: while any goes, this still says it all
+        if root + summary.rel != own and remains.may_go(summary.mtime, now):
+            _rm(store, root + summary.rel)
     return Swept(removed, freed, temps, kept, finished)
 
 
