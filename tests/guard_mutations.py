@@ -378,6 +378,10 @@ MUTATIONS = [
      "        if tail[FAN_BYTES:FAN_BYTES + root_len].decode(\"utf-8\", \"surrogateescape\") != self.root:",
      "        if False:",
      "tests/tree/test_digestindex.py::test_an_index_of_another_root_is_not_used"),
+    ("32: a store delete's summary proves the ids whose tombstones went", "autotune_cache/tree/storesweep.py",
+     "                if str(eid) not in self.published and ref in (str(eid), eid.path_str, eid.name):",
+     "                if False:",
+     "tests/tree/test_store_housekeeping.py::test_a_store_rm_killed_while_its_tombstones_go_is_still_finished[store.swept]"),
 ]
 
 

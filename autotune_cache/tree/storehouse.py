@@ -140,6 +140,7 @@ class StoreDeletePlan:
             own = write_summary(self.store, taken) if taken else None  # the tombstones go next
             crashpoint("store.summary_written")
             swept = sweep_store(self.store, own)
+            crashpoint("store.swept")
         finally:
             self.store.release()
         if own is not None:  # last of all, after the owner lock: a kill before it leaves the whole proof

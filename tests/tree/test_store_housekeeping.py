@@ -351,3 +351,21 @@ def test_an_orphan_published_or_uploaded_again_since_the_survey_stays(tmp_path):
     bundle = path / again.rel
     os.utime(bundle, (time.time() + 5, time.time() + 5))  # written again after the listing
     assert not _still_orphan(Store(files.url), again)
+
+
+@pytest.mark.parametrize("step", ["store.summary_written", "store.swept"])
+def test_a_store_rm_killed_while_its_tombstones_go_is_still_finished(tmp_path, step):
+    """Killed once its plan has run - with every tombstone there and the summary written, or
+    with the tombstones swept and only the summary left - the re-run reports every id already
+    deleted, exit 0, and leaves nothing under deleting/."""
+    root, path = tmp_path / "tree", tmp_path / "store"
+    files = StoreFiles(f"file://{path}", path=path)
+    ids = published(files, root)
+    killed = run_cli("rm", "-y", files.url, *ids, env={"FI_AUTOTUNE_CRASH_AT": step})
+    assert killed.returncode == -signal.SIGKILL
+    left = sorted(str(p.relative_to(path)) for p in (path / "deleting").rglob("*.json"))
+    assert len(left) == (4 if step == "store.summary_written" else 1), left
+    again = run_cli("rm", "-y", files.url, *ids, "--json")
+    assert again.returncode == 0, again.stderr
+    assert sorted(json.loads(again.stdout)["plan"]["already_deleted"]) == ids
+    assert not list((path / "deleting").rglob("*.json")) and listed(files) == []
