@@ -100,9 +100,10 @@ class StoreDeletePlan:
 
     @property
     def leftovers(self) -> tuple:
-        """Bundles no record names that the run would remove (as the tree's leftovers)."""
+        """Bundles no record names, and tombstones and summaries of finished deletes, that the
+        run would remove (as the tree's leftovers)."""
         now = time.time()
-        return tuple(o for o in self.remains.orphans if self.remains.may_go(o.mtime, now))
+        return tuple(o for o in self.remains.orphans if self.remains.may_go(o.mtime, now)) + tuple(self.remains.done_with(now))
 
     @property
     def empty(self) -> bool:

@@ -83,6 +83,7 @@ class Tombstone:
     bundle: str | None
     record_present: bool
     mtime: float | None
+    bundle_present: bool = False  # in the survey's listing
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,12 @@ class Remains:
         if self.local and not self.writers_alive:
             return True
         return mtime is not None and now - mtime >= self.grace
+
+    def done_with(self, now: float) -> list:
+        """The tombstones and summaries a sweep would remove now (what a delete left once its
+        bundles went, or a stale one): a ``prune URL`` re-run with nothing else to do runs for them."""
+        stones = [t for t in self.tombstones if (self.may_go(t.mtime, now) if t.record_present else not t.bundle_present)]
+        return stones + [s for s in self.summaries if self.may_go(s.mtime, now)]
 
     def sweepable(self, now: float | None = None) -> int:
         now = time.time() if now is None else now
@@ -216,7 +223,7 @@ def survey(store: Store, records: list | None = None) -> Remains:
             continue
         bundle = _tombstone_bundle(store, path, layout, id_rel)
         tombs.append(Tombstone(rel, EntryId(layout, tuple(id_rel.split("/"))), bundle, record_rel in published,
-                               _mtime(info)))
+                               _mtime(info), bundle is not None and root + bundle in bundles))
     return Remains(tuple(orphans), tuple(tombs), store.local and other_owner_alive(Path(store.root)), store.local,
                    orphan_grace(), tuple(summaries), frozenset(str(r.id) for r in records))
 
