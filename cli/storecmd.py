@@ -79,6 +79,9 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
     if dry_run:
         return dry_run_listing(out, "push", [(str(e.id), e.size_on_disk) for e in chosen], str(store))
     result = store.push(layout, [(e, bundle_of(layout, e)) for e in chosen], seal=seal)
+    if not seal:  # the bundles our new records replaced (an entry pushed again with other bytes)
+        for note in sweep_store(store).notes(store):
+            out.note(note)
 
     for entry_id in result.vanished:
         out.note(f"skipped {entry_id}: deleted or replaced while pushing")

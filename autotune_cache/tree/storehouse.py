@@ -29,7 +29,7 @@ from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store import MARKER, STORE_FORMAT, Store
 from autotune_cache.tree.storerecord import StoreRecord
-from autotune_cache.tree.storesweep import Remains, survey, sweep_store, write_summary
+from autotune_cache.tree.storesweep import Remains, dead_temps, survey, sweep_store, write_summary
 
 @dataclass(frozen=True)
 class RecordView:
@@ -103,7 +103,8 @@ class StoreDeletePlan:
         """Bundles no record names, and tombstones and summaries of finished deletes, that the
         run would remove (as the tree's leftovers)."""
         now = time.time()
-        return tuple(o for o in self.remains.orphans if self.remains.may_go(o.mtime, now)) + tuple(self.remains.done_with(now))
+        return (tuple(o for o in self.remains.orphans if self.remains.may_go(o.mtime, now))
+                + tuple(self.remains.done_with(now)) + tuple(dead_temps(self.store)))
 
     @property
     def empty(self) -> bool:

@@ -324,10 +324,19 @@ def sweep_temps(store: Store) -> tuple[int, int]:
     young. An older name has no token: it goes only once older than ``STALE_TEMP_AGE_S``, as the
     tree's temp files do - a push of that age has long finished or died. Object stores have no
     temp files (one PUT)."""
-    if not store.local:
-        return 0, 0
-    base = Path(store.root)
     removed = freed = 0
+    for path, size in dead_temps(store, remove=True):
+        removed, freed = removed + 1, freed + size
+    return removed, freed
+
+
+def dead_temps(store: Store, remove: bool = False) -> list[tuple[Path, int]]:
+    """(path, size) of each temp file of a killed writer in a file:// store (``sweep_temps``),
+    removed with ``remove`` (each while its owner's lock is held, so no new owner can take it)."""
+    if not store.local:
+        return []
+    base = Path(store.root)
+    out = []
     now = time.time()
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = [d for d in dirnames if d != LOCKS_DIRNAME]
@@ -342,12 +351,12 @@ def sweep_temps(store: Store) -> tuple[int, int]:
                 continue
             if m["owner"]:
                 with dead_owner(base, m["owner"]) as dead:
-                    gone = dead and _unlink(path)
+                    gone = dead and (not remove or _unlink(path))
             else:
-                gone = now - st.st_mtime >= STALE_TEMP_AGE_S and _unlink(path)
+                gone = now - st.st_mtime >= STALE_TEMP_AGE_S and (not remove or _unlink(path))
             if gone:
-                removed, freed = removed + 1, freed + st.st_size
-    return removed, freed
+                out.append((path, st.st_size))
+    return out
 
 
 def _unlink(path: Path) -> bool:

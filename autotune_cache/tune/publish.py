@@ -50,7 +50,9 @@ def write_derived(entry: CacheEntry, name: str, to_root: Path | None = None):
 def push_entry(store: Store, plan: TuningPlan, entry: CacheEntry) -> PushResult:
     """One written entry to the store (bundle first, then its record)."""
     layout = plan.layout_obj
-    return store.push(layout, [(entry, bundle_of(layout, entry))])
+    result = store.push(layout, [(entry, bundle_of(layout, entry))])
+    sweep_store(store)  # the bundle a new record replaced (the entry pushed again with other bytes)
+    return result
 
 
 @dataclass(frozen=True)
