@@ -266,7 +266,8 @@ def sweep_store(store: Store, own: str | None = None) -> Swept:
     writes the store, after ``check_writable``."""
     temps, freed = sweep_temps(store)
     removed = temps
-    if not store.marker() or "unreadable" in store.marker():
+    marker = store.marker()  # one read: on a remote store each is a request
+    if not marker or "unreadable" in marker:
         return Swept(removed, freed, temps)
     remains = survey(store)
     now = time.time()
