@@ -21,7 +21,7 @@ from pathlib import Path
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes, read_regular_file
-from autotune_cache.engines.flashinfer_v2.store import env_hash, lacking, store_manifest
+from autotune_cache.managed_store.format import env_hash, lacking, store_manifest
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.keys import KeyFields
 from autotune_cache.plan.tuning import TuningPlan

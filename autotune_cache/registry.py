@@ -32,7 +32,7 @@ class KnownEngine(Protocol):
 #: name -> "module:attribute" of the engine object. The first is the default engine.
 KNOWN_ENGINES: dict[str, str] = {
     "sglang": "autotune_cache.engines.sglang.engine:ENGINE",
-    "flashinfer-v2": "autotune_cache.engines.flashinfer_v2.engine:ENGINE",
+    "flashinfer-v2": "autotune_cache.managed_store.source:ENGINE",
     "vllm": "autotune_cache.engines.vllm.engine:ENGINE",
 }
 

@@ -9,7 +9,7 @@ from autotune_cache.autotuner.installed import installed_flashinfer_version
 from autotune_cache.plan.keys import DEFAULT_SCHEMA, SCHEMAS, KeyFields, get_schema, render_dtype
 from autotune_cache.registry import default_layout
 from autotune_cache.autotuner.installed import VERSION_RE
-from autotune_cache.engines.sglang.layout import ARCH_RE
+from autotune_cache.autotuner.arch import ARCH_RE
 from autotune_cache.plan.topology import Topology, TopologyError
 
 from .output import Output

@@ -11,6 +11,7 @@ from autotune_cache.errors import RootMissing, UsageError
 from autotune_cache.humanize import Duration, parse_duration, parse_size
 from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, Fingerprint, fingerprint_for_staleness, is_known
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
+from autotune_cache.autotuner.arch import ARCH_RE
 from autotune_cache.autotuner.installed import VERSION_RE, installed_flashinfer_version
 from autotune_cache.tree.layout import CacheLayout, RootChoice
 from autotune_cache.tree.select import EntryFilter
@@ -63,17 +64,14 @@ class CommaList(click.ParamType):
         return tuple(out)
 
 
-_ARCH_RE = re.compile(r"^sm[0-9]{2,3}[a-z]?\Z")
-
-
 def _arch_hint(raw: str) -> str:
     """The accepted forms, and the nearest one where punctuation is all that differs (``sm_90``)."""
     near = re.sub(r"[^a-z0-9]", "", raw.lower())
-    guess = f"; did you mean {near}?" if _ARCH_RE.match(near) else ""
+    guess = f"; did you mean {near}?" if ARCH_RE.match(near) else ""
     return f"give sm<major><minor>[suffix], e.g. sm90, sm100a, SM90 (any case){guess}"
 
 
-ARCHS = CommaList("arch", normalize=str.lower, check=lambda a: bool(_ARCH_RE.match(a)), hint=_arch_hint)
+ARCHS = CommaList("arch", normalize=str.lower, check=lambda a: bool(ARCH_RE.match(a)), hint=_arch_hint)
 STATUSES = CommaList("status", normalize=str.lower, choices=EntryStatus.names())
 VERSIONS = CommaList("FlashInfer version", check=lambda v: bool(VERSION_RE.match(v)))
 DURATION = DurationType()

@@ -27,6 +27,12 @@ ALIASES = {"fi_autotune_cli": "cli"}
 HEAVY = ("torch", "flashinfer", "triton")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
+#: The folder that holds one package per engine: only that package imports its modules.
+ENGINES = "autotune_cache.engines"
+#: At most this many modules at the top of a package folder (``__init__`` aside), except in a
+#: folder of one file per command.
+MAX_FOLDER_MODULES = 15
+COMMAND_FOLDERS = ("cli.commands",)
 
 # Floors, bottom to top: a module may import from its own group, or from a group on a lower floor.
 # (module-name prefix or exact module, group, floor); the first match wins, most specific first.
@@ -38,12 +44,14 @@ FLOORS = (
     ("autotune_cache.autotuner", "autotuner", 1),
     ("autotune_cache.plan", "plan", 2),
     ("autotune_cache.tree", "tree", 3),
-    ("autotune_cache.engines", "engines", 4),
-    ("autotune_cache.tune", "tune", 5),
-    ("autotune_cache.check", "check", 5),
-    ("autotune_cache.logs", "logs", 5),
-    ("autotune_cache", "reexports", 6),  # the package's __init__ only (exact match below)
-    ("cli", "cli", 7),
+    ("autotune_cache.calls", "calls", 3),
+    ("autotune_cache.managed_store", "managed_store", 4),
+    ("autotune_cache.engines", "engines", 5),
+    ("autotune_cache.tune", "tune", 6),
+    ("autotune_cache.check", "check", 6),
+    ("autotune_cache.logs", "logs", 6),
+    ("autotune_cache", "reexports", 7),  # the package's __init__ only (exact match below)
+    ("cli", "cli", 8),
 )
 
 
@@ -291,6 +299,39 @@ def floor_violations(g: Graph) -> list[str]:
     return out
 
 
+def engine_of(module: str) -> str | None:
+    """``autotune_cache.engines.<name>`` for a module inside one engine's package, else None."""
+    parts = module.split(".")
+    if module.startswith(ENGINES + ".") and len(parts) > 3:
+        return ".".join(parts[:3])
+    return None
+
+
+def seam_violations(g: Graph) -> list[str]:
+    """Imports of an engine's package from outside it: everything else reaches an engine through
+    the registry (which names engines by import path, importing none), so no caller and no other
+    engine depends on one engine's modules."""
+    out = []
+    for i in g.imports:
+        owner = engine_of(i.target)
+        if owner is None or i.type_only or engine_of(i.src) == owner:
+            continue
+        what = f" ({i.name})" if i.name else ""
+        out.append(f"{g.where(i.src, i.line)}: {i.src} imports {i.target}{what}, inside {owner}")
+    return out
+
+
+def crowded_folders(g: Graph, limit: int = MAX_FOLDER_MODULES) -> list[str]:
+    """Package folders holding more than ``limit`` modules at their top level: a folder that big
+    needs wings (sub-packages by role). A folder of one file per command may hold more."""
+    count: dict[str, int] = {}
+    for m in g.files:
+        package, _, leaf = m.rpartition(".")
+        if leaf != "__init__" and package and not g.files[m].name == "__init__.py":
+            count[package] = count.get(package, 0) + 1
+    return [f"{p}: {n} modules" for p, n in sorted(count.items()) if n > limit and p not in COMMAND_FOLDERS]
+
+
 RULES = {
     "cycles": cycles,
     "function-local imports": local_imports,
@@ -298,6 +339,8 @@ RULES = {
     f"modules over {MAX_MODULE_LINES} lines": long_modules,
     f"functions over {MAX_FUNCTION_LINES} lines": long_functions,
     "floors": floor_violations,
+    "engine seam": seam_violations,
+    f"folders over {MAX_FOLDER_MODULES} modules": crowded_folders,
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from autotune_cache.engines.base import Engine
+from autotune_cache.plan.engine import Engine
 from autotune_cache.engines.sglang.layout import SGLangLayout
 from autotune_cache.engines.sglang.planner import make_plan
 from autotune_cache.tree.layout import RootChoice, env_root

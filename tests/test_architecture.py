@@ -59,6 +59,15 @@ def test_imports_go_down_the_floors(graph):
     _assert_none("imports up a floor or sideways", ig.floor_violations(graph))
 
 
+def test_engines_are_reached_only_through_the_registry(graph):
+    """Issue 33's seam: no module outside ``engines/<name>/`` imports it, no engine a sibling."""
+    _assert_none("imports across the engine seam", ig.seam_violations(graph))
+
+
+def test_no_package_folder_is_crowded(graph):
+    _assert_none(f"package folders over {ig.MAX_FOLDER_MODULES} modules", ig.crowded_folders(graph))
+
+
 # -- the checker, on a package made to break every rule once ---------------------------------------
 
 SYNTHETIC = {
@@ -89,6 +98,15 @@ SYNTHETIC = {
         "def long():\n" + "    x = 1\n" * 85
     ),
     "autotune_cache/stray.py": "\n" * 401,
+    "autotune_cache/engines/__init__.py": "",
+    "autotune_cache/engines/alpha/__init__.py": "",
+    "autotune_cache/engines/alpha/layout.py": "X = 1\n",
+    "autotune_cache/engines/alpha/engine.py": "from autotune_cache.engines.alpha.layout import X\n",
+    "autotune_cache/engines/beta/__init__.py": "",
+    "autotune_cache/engines/beta/engine.py": "from autotune_cache.engines.alpha.layout import X\n",
+    "autotune_cache/engines/requests.py": "from autotune_cache.engines.alpha import engine\n",
+    **{f"autotune_cache/crowd/m{i}.py": "" for i in range(16)},
+    "autotune_cache/crowd/__init__.py": "",
     "cli/__init__.py": "",
     "cli/main.py": "from fi_autotune_cli.cmd import run\nfrom autotune_cache.tune.run import go\n",
     "cli/cmd.py": "from .main import go\nrun = go\n",
@@ -125,8 +143,24 @@ def test_checker_finds_long_modules_and_functions(synthetic):
     assert ig.long_functions(synthetic) == ["autotune_cache/tune/run.py:7: long is 86 lines"]
 
 
+def test_checker_finds_imports_across_the_engine_seam(synthetic):
+    """An engine importing a sibling's module, and a neutral module importing an engine's package
+    (by ``from package import module`` too), are caught; an engine's own imports are not."""
+    assert ig.seam_violations(synthetic) == [
+        "autotune_cache/engines/beta/engine.py:1: autotune_cache.engines.beta.engine imports "
+        "autotune_cache.engines.alpha.layout (X), inside autotune_cache.engines.alpha",
+        "autotune_cache/engines/requests.py:1: autotune_cache.engines.requests imports "
+        "autotune_cache.engines.alpha.engine, inside autotune_cache.engines.alpha",
+    ]
+
+
+def test_checker_finds_crowded_folders(synthetic):
+    assert ig.crowded_folders(synthetic) == ["autotune_cache.crowd: 16 modules"]
+    assert ig.crowded_folders(synthetic, limit=16) == []
+
+
 def test_checker_finds_arrows_up_the_floors(synthetic):
-    found = ig.floor_violations(synthetic)
+    found = [x for x in ig.floor_violations(synthetic) if "crowd" not in x]
     assert found == [
         "autotune_cache/stray.py: autotune_cache.stray is on no floor",
         "autotune_cache/plan/spec.py:1: autotune_cache.plan.spec (floor 2, plan) imports autotune_cache.tree.scan "

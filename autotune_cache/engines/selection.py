@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune_cache import registry
-from autotune_cache.engines.base import Engine
+from autotune_cache.plan.engine import Engine
 from autotune_cache.errors import UsageError
 
 

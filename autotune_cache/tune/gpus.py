@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
-from autotune_cache.engines.sglang.layout import arch_from_capability
+from autotune_cache.autotuner.arch import arch_from_capability
 from autotune_cache.plan.topology import normalize_gpu_uuid
 
 

@@ -16,18 +16,13 @@ import re
 
 from autotune_cache.plan.topology import RankName, Topology
 from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, CacheLayout, Level, NameKind, RootChoice, env_root
+from autotune_cache.autotuner.arch import ARCH_RE
 from autotune_cache.autotuner.installed import VERSION_RE
 
 #: SGLang's side directory of per-run results (never read back by SGLang).
 ENGINE_RUNS_DIRNAME = "runs"
 
 KEY_RE = re.compile(r"^[0-9a-f]{16}\Z")
-ARCH_RE = re.compile(r"^sm[0-9]{2,3}[a-z]?\Z")
-
-
-def arch_from_capability(major: int, minor: int) -> str:
-    """SGLang: ``f"sm{major}{minor}"`` from ``torch.cuda.get_device_capability``."""
-    return f"sm{major}{minor}"
 
 
 class SGLangLayout(CacheLayout):

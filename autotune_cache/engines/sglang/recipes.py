@@ -11,8 +11,8 @@ and tested at the argument level only: no Blackwell GPU has run them yet.
 from __future__ import annotations
 
 from autotune_cache.autotuner.recipe import M, Dtype, OpRecipe, T
-from autotune_cache.engines.sglang.moe_recipes import (cutlass_moe, round_up, trtllm_bf16_moe, trtllm_fp4_moe,
-                                                      trtllm_fp8_block_moe)
+from autotune_cache.calls.fused_moe import (cutlass_moe, moe_layers_in, round_up, trtllm_bf16_moe, trtllm_fp4_moe,
+                                            trtllm_fp8_block_moe)
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.resolution import Resolution, arch_major
 from autotune_cache.plan.spec import ModelSpec
@@ -160,11 +160,6 @@ def mla_decode(spec: ModelSpec, res: Resolution, *, phase: str, q_len: int = 1, 
                  else "sglang/srt/layers/attention/trtllm_mla_backend.py:TRTLLMMLABackend"),
         phases=(phase,), keys_checked=phase in ("decode", "target_verify", "serving"),
     )
-
-
-def moe_layers_in(spec: ModelSpec, layers: range) -> int:
-    """How many of ``layers`` are MoE layers (after the dense first ones, every ``layer_freq``-th)."""
-    return sum(1 for i in layers if spec.moe and i >= spec.moe.first_dense_layers and i % spec.moe.layer_freq == 0)
 
 
 def _moe_recipe(spec: ModelSpec, res: Resolution, moe_layers: int) -> OpRecipe | None:

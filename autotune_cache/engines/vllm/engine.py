@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune_cache.engines.base import Engine
+from autotune_cache.plan.engine import Engine
 from autotune_cache.engines.vllm.layout import OVERRIDE_ENV, VllmDirLayout, VllmLayout, VllmManagedStore, single_rank
 from autotune_cache.engines.vllm.planner import VLLM_CHECKED, make_vllm_plan, other_config_refusal
 from autotune_cache.engines.vllm.target import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash, printed_levels

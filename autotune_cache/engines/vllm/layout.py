@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune_cache.engines.flashinfer_v2.layout import FlashInferV2Layout
+from autotune_cache.managed_store.layout import FlashInferV2Layout
 from autotune_cache.plan.topology import MAX_PARALLEL, MAX_RANK_FILES, Topology, TopologyError
 from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, CacheLayout, Level, NameKind, RootChoice
 from autotune_cache.autotuner.installed import VERSION_RE

@@ -35,8 +35,7 @@ from typing import TYPE_CHECKING
 from autotune_cache.autotuner import buckets as B
 from autotune_cache.autotuner.installed import flashinfer_version_of
 from autotune_cache.autotuner.recipe import OpRecipe
-from autotune_cache.engines.sglang.recipes import moe_layers_in
-from autotune_cache.engines.sglang.moe_recipes import cutlass_moe
+from autotune_cache.calls.fused_moe import cutlass_moe, moe_layers_in
 from autotune_cache.engines.vllm.layout import VllmRankName, arch_dir, single_rank
 from autotune_cache.engines.vllm.sm100 import sm100_refusal, vllm_trtllm_bf16_moe
 from autotune_cache.engines.vllm.target import VllmTarget

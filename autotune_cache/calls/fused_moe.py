@@ -1,5 +1,10 @@
-"""SGLang 0.5.23's fused-MoE calls: FlashInfer's CUTLASS MoE (sm90+) and the trtllm-gen MoE
-kernels (sm100), one recipe each, with the exact shapes, dtypes and flags a rank passes."""
+"""FlashInfer's fused-MoE calls as the engines make them: the CUTLASS MoE (sm90+) and the
+trtllm-gen MoE kernels (sm100), one recipe each, with the exact shapes, dtypes and flags a rank
+passes in SGLang 0.5.23.
+
+Neutral ground below the engines: SGLang's recipes use these as they are, and vLLM's planner
+starts from the CUTLASS call and changes what its ``FlashInferExperts.apply`` passes otherwise,
+so neither engine's package imports the other's."""
 
 from __future__ import annotations
 
@@ -38,6 +43,11 @@ def _gpt_oss_mxfp4_dims(spec: ModelSpec, res: Resolution) -> tuple[int, int]:
     blocks = -(-spec.moe.intermediate_size // 32)
     inter = round_up(-(-blocks // res.moe_tp_size) * 32, 128)
     return round_up(spec.hidden_size, 256), inter
+
+
+def moe_layers_in(spec: ModelSpec, layers: range) -> int:
+    """How many of ``layers`` are MoE layers (after the dense first ones, every ``layer_freq``-th)."""
+    return sum(1 for i in layers if spec.moe and i >= spec.moe.first_dense_layers and i % spec.moe.layer_freq == 0)
 
 
 def cutlass_moe(spec: ModelSpec, res: Resolution, layers: int) -> OpRecipe:

@@ -3,8 +3,8 @@ from another engine's tuned entry, read by any engine that enters ``autotune_v2`
 
 from __future__ import annotations
 
-from autotune_cache.engines.base import Engine
-from autotune_cache.engines.flashinfer_v2.layout import FlashInferV2Layout
+from autotune_cache.plan.engine import Engine
+from autotune_cache.managed_store.layout import FlashInferV2Layout
 
 
 class FlashInferV2(Engine):
