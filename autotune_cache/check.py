@@ -21,42 +21,14 @@ from pathlib import Path
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes, read_regular_file
-from autotune_cache.managed_store.format import env_hash, lacking, store_manifest
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.keys import KeyFields
 from autotune_cache.plan.tuning import TuningPlan
+from autotune_cache.tree.check_report import CheckReport, checkable
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.nearest import Candidate, nearest_difference_to
 from autotune_cache.tree.scan import scan_cache
 from autotune_cache.tree.store import Store
-
-@dataclass
-class CheckReport:
-    entry_id: str
-    where: str  # the key dir, or store URL + id
-    autotunes: bool
-    found: bool = False
-    misses: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    keys_checked: int = 0
-    keys_missing: int = 0
-    rank_files: int = 0
-    #: Under ``check --strict`` what cannot be checked is a miss: a gate never passes on an unknown.
-    strict: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return not self.misses
-
-    def cannot_check(self, why: str) -> None:
-        """Something the verdict depends on is unknown: a miss under --strict, else a warning."""
-        (self.misses if self.strict else self.warnings).append(why)
-
-    def to_dict(self) -> dict:
-        return {"entry": self.entry_id, "where": self.where, "autotunes": self.autotunes, "found": self.found,
-                "ok": self.ok, "misses": self.misses, "warnings": self.warnings, "keys_checked": self.keys_checked,
-                "keys_missing": self.keys_missing, "rank_files": self.rank_files}
-
 
 def nearest_difference(plan: TuningPlan, layout: CacheLayout, candidates: list[Candidate]) -> str | None:
     """One line: which key field (or path part) differs from the entry closest to the plan's."""
@@ -72,16 +44,6 @@ def files_of_bundle(data: bytes, layout: CacheLayout, eid: EntryId) -> dict[str,
             if parsed and parsed[0] == eid and m.isreg():
                 out[parsed[1]] = tar.extractfile(m).read()
     return out
-
-
-def checkable(op, report: CheckReport) -> bool:
-    """Whether ``op``'s predicted keys can be trusted: run on a GPU, or built by FlashInfer's own
-    key construction from SGLang's own call (tests/data/sglang-0.5.23, on CPU)."""
-    if op.recipe.verified or op.recipe.keys_checked:
-        return True
-    report.warnings.append(f"{op.recipe.id}: its keys cannot be checked (neither run on a GPU nor recorded "
-                           "from SGLang's and FlashInfer's own code)")
-    return False
 
 
 def check_files(plan: TuningPlan, layout: CacheLayout, report: CheckReport, files: dict[str, bytes],
@@ -138,32 +100,6 @@ def check_files(plan: TuningPlan, layout: CacheLayout, report: CheckReport, file
                                 "capture it with `fi-autotune env --json` in the serving image, on its GPU)")
 
 
-def check_v2_store(plan: TuningPlan, report: CheckReport, fingerprint: Fingerprint, root) -> None:
-    """FlashInfer's managed store: the directory the serving environment hashes to must hold an
-    entry for every lookup of the startup pass (each entry stands alone: no rank files)."""
-    unknown = [k for k, v in fingerprint.fields.items() if not isinstance(v, str) or v in ("unknown", "None")]
-    if unknown:
-        report.cannot_check(f"{', '.join(unknown)} unknown in {fingerprint.source}: FlashInfer there hashes exactly "
-                            "those values, so the directory below is only right if the serving image reads them the same way")
-    env_dir = Path(root) / "v2" / env_hash(store_manifest(fingerprint.fields))
-    report.where = str(env_dir)
-    if not env_dir.is_dir():
-        report.misses.append(f"no store for the serving environment at {env_dir}")
-        return
-    report.found = True
-    for w in plan.workloads:
-        for op in w.ops:
-            if not checkable(op, report):
-                continue
-            wanted = op.lookups()
-            report.keys_checked += len(wanted)
-            missing = lacking(env_dir, wanted)
-            if missing:
-                report.keys_missing += len(missing)
-                report.misses.append(f"{len(missing)} of {len(wanted)} {op.recipe.id} lookups have no entry "
-                                     f"(e.g. {missing[0]})")
-
-
 def run_check(plan: TuningPlan, reader: CacheLayout, store_url: str | None, fingerprint: Fingerprint | None,
               cache_dir: str | None, strict: bool = False) -> CheckReport:
     """One target's check, as ``reader`` (a layout) would read it: the tree at the plan's root, a
@@ -176,22 +112,21 @@ def run_check(plan: TuningPlan, reader: CacheLayout, store_url: str | None, fing
                          strict=strict)
     if not plan.autotunes:
         return report
-    layout = plan.layout_obj  # the tree the plan's engine reads (a single-rank vLLM: FlashInfer's store)
-    if layout.env_keyed:
-        reader, root = layout, plan.cache_root
-    else:
-        root = cache_dir or reader.default_root().path
-    if reader.env_keyed:
-        if fingerprint is None or store_url is not None:
-            what = "a single-rank vLLM's managed store" if layout.env_keyed else f"--layout {reader.name}"
-            raise UsageError(f"{what} is checked locally against --env-from (the serving image's fingerprint names "
-                             "its directory: `fi-autotune env --json > env.json` there)")
-        check_v2_store(plan, report, fingerprint, root)
-    elif store_url is None:
-        check_tree(plan, layout, report, fingerprint)
-    else:
-        check_store(plan, layout, report, fingerprint, store_url)
+    reader, root = plan.layout_obj.checked_by(plan, reader, cache_dir)
+    reader.check_entry(plan, report, fingerprint, root, store_url, RankFileChecks())
     return report
+
+
+class RankFileChecks:
+    """The checks of an entry of rank files, handed to a layout's ``check_entry``: in the tree
+    at the plan's path, or in a store."""
+
+    def in_tree(self, plan: TuningPlan, layout: CacheLayout, report: CheckReport, fingerprint: Fingerprint | None) -> None:
+        check_tree(plan, layout, report, fingerprint)
+
+    def in_store(self, plan: TuningPlan, layout: CacheLayout, report: CheckReport, fingerprint: Fingerprint | None,
+                 url: str) -> None:
+        check_store(plan, layout, report, fingerprint, url)
 
 
 def check_tree(plan: TuningPlan, layout: CacheLayout, report: CheckReport, fingerprint: Fingerprint | None) -> None:

@@ -60,7 +60,7 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
     if targets_file:
         reject_serving_flags(ctx)
         cache_dir = kw["cache_dir"]
-        if store_url is None and not reader.env_keyed:
+        if store_url is None and reader.holds_rank_files:  # a store's root is the layout's own
             cache_dir = str(resolve_root(cache_dir, must_exist=False).path)
         fleet = load_fleet(targets_file, cache_dir, kw["arch"], fingerprint=fingerprint)
         members, errors, named, unknown_flags = fleet.members, list(fleet.errors), True, ()

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat as stat_mod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, RankFile, read_regular_file
@@ -21,7 +22,10 @@ from autotune_cache.managed_store.convert import write_entry
 from autotune_cache.managed_store.format import (ENTRIES, MANIFEST, V2Result, default_root, entry_name, env_hash,
                                                        lacking, merge_rank_files, store_manifest, write_store)
 from autotune_cache.plan.topology import Topology
-from autotune_cache.tree.layout import TEMP_FILE_RE, CacheLayout, EntryId, Level, Misplaced, NameKind, RootChoice
+from autotune_cache.errors import UsageError
+from autotune_cache.tree.check_report import checkable
+from autotune_cache.tree.layout import (TEMP_FILE_RE, CacheLayout, EntryId, Existing, Level, Misplaced, NameKind, Replay,
+                                       RootChoice)
 from autotune_cache.tree.records import CacheEntry, Finding, finding_for
 from autotune_cache.tree.status import EntryStatus
 
@@ -34,7 +38,6 @@ FI_TEMP_RE = re.compile(r"^\.autotune_.*\.tmp\Z")
 class FlashInferV2Layout(CacheLayout):
     name = "flashinfer-v2"
     engine = "FlashInfer"
-    env_keyed = True
     description = "FlashInfer's managed store (autotune_v2; vLLM single-rank): <root>/v2/<env hash>/entries/*.json"
     levels = (Level("env_hash", "environment hash", ENV_RE),)
     #: Bundled as on disk (``bundle.py``), merged entry by entry on import (FlashInfer writes here too).
@@ -93,16 +96,51 @@ class FlashInferV2Layout(CacheLayout):
         return merge_env(self, root, eid, staged, force, dry_run)
 
     def environment_key(self, metadata: dict) -> str:
+        """The directory FlashInfer in the environment ``metadata`` describes reads: its hash."""
         return env_hash(store_manifest(metadata))
 
-    def lacking(self, entry_dir: Path, groups: list[list[str]]) -> list[str]:
-        return lacking(entry_dir, groups)
+    # --- a plan's entry: one environment directory, one entry per key ---------------------------
+    def bind_environment(self, plan, metadata: dict):
+        return replace(plan, key=self.environment_key(metadata))
+
+    def existing(self, plan, gpu_name: str | None) -> Existing:
+        """Each key stands alone: complete when every lookup of the startup pass has its entry."""
+        groups = [g for w in plan.workloads for op in w.ops for g in op.lookups()]
+        return Existing(None, not lacking(plan.key_dir, groups), None)
+
+    def commit_tuning(self, plan, rank_bytes: dict[str, bytes], metadata: dict, stats: dict, extra: dict,
+                      force: bool) -> str:
+        """A warm's tuned files published as FlashInfer does, one entry per key, into the
+        environment their ``_metadata`` names (no manifest of ours: the store has no rank files)."""
+        published = self.publish_tuning(plan.cache_root, rank_bytes)
+        return f"{published.env_dir}: {published.written} entries written, {published.unchanged} already there"
 
     def publish_tuning(self, root: Path, rank_bytes: dict[str, bytes]) -> V2Result:
-        """A warm's tuned files published as FlashInfer does, one entry per key, into the
-        environment their ``_metadata`` names."""
         metadata, values = merge_rank_files(rank_bytes)
         return write_store(root, metadata, values)
+
+    def stage_replay(self, key_dir: Path, ranks: list[str], tmp: Path, load, environment: dict) -> Replay:
+        """A copy of the environment directory, entered as ``autotune_v2(mode="tune")`` (a miss
+        then publishes into the copy); FlashInfer reads it only where this host hashes to it."""
+        shutil.copytree(key_dir, tmp / key_dir.relative_to(key_dir.parent.parent))
+        return Replay(str(key_dir), self.environment_key(environment) == key_dir.name, store_root=tmp)
+
+    def replayed_tunes(self, changed: list[bytes], profiled: list[str]) -> list[str]:
+        """What the pass published (new, or replaced): what it tuned."""
+        return [json.loads(data)["key"] for data in changed]
+
+    def checked_by(self, plan, reader: CacheLayout, cache_dir: str | None) -> tuple[CacheLayout, Path | None]:
+        """A plan that writes this store (a single-rank vLLM) is checked in it, at its own root."""
+        return self, plan.cache_root
+
+    def check_entry(self, plan, report, fingerprint, root: Path | None, store_url: str | None, files) -> None:
+        """The directory the serving environment hashes to must hold an entry for every lookup of
+        the startup pass; only the serving image's fingerprint (``--env-from``) names it."""
+        if fingerprint is None or store_url is not None:
+            what = "a single-rank vLLM's managed store" if plan.layout_obj is self else f"--layout {self.name}"
+            raise UsageError(f"{what} is checked locally against --env-from (the serving image's fingerprint names "
+                             "its directory: `fi-autotune env --json > env.json` there)")
+        check_environment_dir(plan, report, fingerprint, root)
 
     def expected_files(self, topology: Topology) -> list[str]:
         return []
@@ -231,3 +269,29 @@ def scan_env_dir(layout: FlashInferV2Layout, path: Path, eid: EntryId, fingerpri
         last_modified=found.newest, last_used=(found.newest_atime or None) if atime_trusted else None,
         state=tuple(sorted(found.state)),
     )
+
+
+def check_environment_dir(plan, report, fingerprint, root: Path) -> None:
+    """``check`` of FlashInfer's managed store: the serving environment's directory, every lookup
+    of the startup pass with an entry (each stands alone: no rank files)."""
+    unknown = [k for k, v in fingerprint.fields.items() if not isinstance(v, str) or v in ("unknown", "None")]
+    if unknown:
+        report.cannot_check(f"{', '.join(unknown)} unknown in {fingerprint.source}: FlashInfer there hashes exactly "
+                            "those values, so the directory below is only right if the serving image reads them the same way")
+    env_dir = Path(root) / "v2" / env_hash(store_manifest(fingerprint.fields))
+    report.where = str(env_dir)
+    if not env_dir.is_dir():
+        report.misses.append(f"no store for the serving environment at {env_dir}")
+        return
+    report.found = True
+    for w in plan.workloads:
+        for op in w.ops:
+            if not checkable(op, report):
+                continue
+            wanted = op.lookups()
+            report.keys_checked += len(wanted)
+            missing = lacking(env_dir, wanted)
+            if missing:
+                report.keys_missing += len(missing)
+                report.misses.append(f"{len(missing)} of {len(wanted)} {op.recipe.id} lookups have no entry "
+                                     f"(e.g. {missing[0]})")

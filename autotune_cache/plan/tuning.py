@@ -105,8 +105,7 @@ class TuningPlan:
     def for_environment(self, metadata: dict) -> "TuningPlan":
         """This plan with the key the environment ``metadata`` (FlashInfer's ``_metadata``) names:
         unchanged for a layout whose path does not depend on it."""
-        layout = self.layout_obj
-        return replace(self, key=layout.environment_key(metadata)) if layout.env_keyed else self
+        return self.layout_obj.bind_environment(self, metadata)
 
     @property
     def autotunes(self) -> bool:

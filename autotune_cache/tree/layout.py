@@ -111,6 +111,26 @@ class RootChoice:
 
 
 @dataclass(frozen=True)
+class Existing:
+    """The entry already at a plan's path. ``refusal``: why it must not be replaced without
+    --force (another GPU model's, or another configuration's under the same vLLM hash)."""
+
+    refusal: str | None
+    complete: bool
+    quality: str | None  # the mode it was tuned in (None: by the engine or an older warm)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """``verify``'s staged copy: where the engine would read (``source``), whether it accepts the
+    files, and FlashInfer's managed store root to enter (None: the files are loaded directly)."""
+
+    source: str
+    accepted: bool
+    store_root: Path | None = None
+
+
+@dataclass(frozen=True)
 class Misplaced:
     """A directory given as a root that is not one: the root meant, and what the directory is."""
 
@@ -130,9 +150,6 @@ class CacheLayout(ABC):
     description: ClassVar[str]
     #: Directory levels from ``base(root)`` down to an entry dir.
     levels: ClassVar[tuple[Level, ...]]
-    #: Directories named by the serving environment's hash (FlashInfer's managed store): a
-    #: reader of this layout is checked against the serving image's fingerprint (``--env-from``).
-    env_keyed: ClassVar[bool] = False
     #: Subdirectories of an entry that hold its data files (bundled as ``<dir>/<name>``); an entry
     #: with any is merged file by file on import (``stage_bundle``/``merge_bundle``), never replaced.
     data_dirs: ClassVar[tuple[str, ...]] = ()
@@ -159,16 +176,6 @@ class CacheLayout(ABC):
         """False where the engine has no root at all until the user names one (an unset variable)."""
         return True
 
-    def environment_key(self, metadata: dict) -> str:
-        """An ``env_keyed`` layout's entry name for the environment FlashInfer describes as
-        ``metadata`` (its ``_metadata`` fields)."""
-        raise NotImplementedError(f"the {self.name} layout does not name entries by environment")
-
-    def lacking(self, entry_dir: Path, groups: list[list[str]]) -> list[str]:
-        """An ``env_keyed`` layout's check of one entry: of ``groups`` (per lookup, the keys it may
-        be stored under), the first key of each that the entry does not serve."""
-        raise NotImplementedError(f"the {self.name} layout holds rank files, not one entry per key")
-
     def stage_bundle(self, eid: EntryId, files: dict[str, bytes]):
         """A merged layout's check of one entry read from bundles (``data_dirs``): an object with
         ``files``, ``metadata`` and ``records``; raises FiAutotuneError for what the engine would reject."""
@@ -180,10 +187,43 @@ class CacheLayout(ABC):
         ``dry_run``: the same answer, nothing written."""
         raise NotImplementedError(f"the {self.name} layout imports through a transaction")
 
-    def publish_tuning(self, root: Path, rank_bytes: dict[str, bytes]):
-        """An ``env_keyed`` layout's write of a warm's tuned files (a result with ``env_dir`` and
-        ``to_dict``): it has no rank files of its own."""
-        raise NotImplementedError(f"the {self.name} layout is written with commit_entry")
+    # --- a plan's entry: what is there, how tuning is written, replayed and checked --------------
+    # Each kind answers these itself (uv's cache buckets, not flags): a tree of rank-file entries
+    # (``rank_layout.RankFileLayout``) and FlashInfer's managed store, named by environment.
+
+    def bind_environment(self, plan, metadata: dict):
+        """``plan`` (a ``TuningPlan``) for the environment FlashInfer describes as ``metadata``
+        (its ``_metadata``): unchanged where the path does not depend on it."""
+        return plan
+
+    @abstractmethod
+    def existing(self, plan, gpu_name: str | None) -> "Existing":
+        """What is at ``plan``'s entry directory (which exists), for ``warm``'s existing-entry rule."""
+
+    @abstractmethod
+    def commit_tuning(self, plan, rank_bytes: dict[str, bytes], metadata: dict, stats: dict, extra: dict,
+                      force: bool) -> str:
+        """A warm's tuned files written as this tree holds them, in one step (refusals raise):
+        what was written, for the report."""
+
+    @abstractmethod
+    def stage_replay(self, key_dir: Path, ranks: list[str], tmp: Path, load, environment: dict) -> "Replay":
+        """``verify``'s copy, under ``tmp``, of what the engine reads from ``key_dir`` (``load``:
+        FlashInfer's ``load_configs``; ``environment``: this host's ``_metadata`` fields)."""
+
+    @abstractmethod
+    def replayed_tunes(self, changed: list[bytes], profiled: list[str]) -> list[str]:
+        """The keys a replay tuned: from the files it changed in the copy, or the tuner's winners."""
+
+    @abstractmethod
+    def checked_by(self, plan, reader: "CacheLayout", cache_dir: str | None) -> "tuple[CacheLayout, Path | None]":
+        """Which layout reads ``plan``'s entry when ``check --layout reader`` asks, and the root it
+        reads (None: the plan's own tree or store)."""
+
+    @abstractmethod
+    def check_entry(self, plan, report, fingerprint, root: Path | None, store_url: str | None, files) -> None:
+        """``check`` of ``plan``'s entry as this layout's engine reads it, into ``report`` (a
+        ``check_report.CheckReport``); ``files``: the checks of rank files in a tree or store."""
 
     @abstractmethod
     def base_parts(self) -> tuple[str, ...]:

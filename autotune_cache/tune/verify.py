@@ -11,7 +11,6 @@ torch (the skeleton); the command imports it only when it runs.
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import tempfile
 import time
@@ -120,16 +119,6 @@ def _verify_passes(plan: TuningPlan, key_dir: Path) -> VerifyReport:
     return VerifyReport(str(key_dir), reports)
 
 
-def rank_fingerprint(path: Path) -> tuple[str, int] | None:
-    """vLLM's ``_autotune_cache_fingerprint``: the file's ``_metadata`` and its number of other fields."""
-    try:
-        obj = parse_cache_bytes(read_regular_file(path))
-    except (OSError, ValueError):
-        return None
-    meta = obj.get("_metadata")
-    return json.dumps(meta, sort_keys=True), len([k for k in obj if k != "_metadata"])
-
-
 def _entry_bytes(root: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in root.glob("v2/*/entries/*.json")}
 
@@ -155,21 +144,13 @@ def verify_bucketed(plan: TuningPlan, key_dir: Path, buckets: tuple[int, ...]) -
         try:
             tuner = AutoTuner.get()
             tuner.clear_cache()
-            if plan.layout_obj.env_keyed:  # a copy: a miss in tune mode publishes into the store
-                shutil.copytree(key_dir, tmp / key_dir.relative_to(key_dir.parent.parent))
-                # FlashInfer here looks in the directory its own environment hashes to
-                source, accepted = str(key_dir), plan.layout_obj.environment_key(this_host().fields) == key_dir.name
-                context = autotune_v2(mode="tune", cache_root=tmp)
-            else:
-                prints = {name: rank_fingerprint(key_dir / name) for name in w["ranks"]}
-                source = str(key_dir / w["ranks"][0])
-                accepted = None not in prints.values() and len(set(prints.values())) == 1  # vLLM's hit test
-                if accepted:
-                    shutil.copyfile(source, tmp / w["ranks"][0])
-                    accepted = bool(tuner.load_configs(str(tmp / w["ranks"][0])))
-                context = contextlib.nullcontext()
+            # the layout stages what the engine reads: rank files behind vLLM's hit test, or a copy
+            # of the managed store entered in tune mode (a miss then publishes into the copy)
+            replay = plan.layout_obj.stage_replay(key_dir, w["ranks"], tmp, tuner.load_configs, this_host().fields)
+            context = (autotune_v2(mode="tune", cache_root=replay.store_root) if replay.store_root is not None
+                       else contextlib.nullcontext())
             before = _entry_bytes(tmp)
-            report = WorkloadReport(source, len(w["ranks"]), accepted)
+            report = WorkloadReport(replay.source, len(w["ranks"]), replay.accepted)
             model = SkeletonModel(w["ops"], hidden=plan.spec.hidden_size, vocab=plan.spec.vocab_size,
                                   tp=plan.resolution.flags.tp, dp=plan.resolution.attn_dp_size,
                                   dtype=plan.resolution.dtype, device=device)
@@ -179,13 +160,11 @@ def verify_bucketed(plan: TuningPlan, key_dir: Path, buckets: tuple[int, ...]) -
                     layer(n)
             torch.cuda.synchronize()
             report.replay_s = round(time.perf_counter() - t0, 3)
-            if plan.layout_obj.env_keyed:  # what the pass published (new, or replaced): what it tuned
-                tuned = [json.loads(data)["key"] for path, data in sorted(_entry_bytes(tmp).items()) if before.get(path) != data]
-            else:
-                tuned = [k.file_key for k in tuner.profiling_cache]
+            changed = [data for path, data in sorted(_entry_bytes(tmp).items()) if before.get(path) != data]
+            tuned = plan.layout_obj.replayed_tunes(changed, [k.file_key for k in tuner.profiling_cache])
             report.retuned, report.retuned_keys = len(tuned), tuned[:20]
             report.lookups = sum(len(op["engine_keys"]) * len(op["custom_ops"]) for op in w["ops"])
-            report.hits = max(0, report.lookups - report.retuned) if accepted else 0
+            report.hits = max(0, report.lookups - report.retuned) if replay.accepted else 0
             reports.append(report)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

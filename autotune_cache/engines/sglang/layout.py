@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 
 from autotune_cache.plan.topology import RankName, Topology
-from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, CacheLayout, Level, NameKind, RootChoice, env_root
+from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, Level, NameKind, RootChoice, env_root
+from autotune_cache.tree.rank_layout import RankFileLayout
 from autotune_cache.autotuner.arch import ARCH_RE
 from autotune_cache.autotuner.installed import VERSION_RE
 
@@ -25,7 +26,7 @@ ENGINE_RUNS_DIRNAME = "runs"
 KEY_RE = re.compile(r"^[0-9a-f]{16}\Z")
 
 
-class SGLangLayout(CacheLayout):
+class SGLangLayout(RankFileLayout):
     name = "sglang"
     engine = "SGLang"
     description = "SGLang 0.5.x: $SGLANG_CACHE_DIR/flashinfer/autotune/<version>/<arch>/<key>/rank_*.json"

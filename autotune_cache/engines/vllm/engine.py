@@ -72,7 +72,7 @@ class Vllm(Engine):
     def describe(self, plan: TuningPlan) -> list[tuple[str, str]]:
         n = plan.resolution.chunked_prefill_size
         tuning = f"autotune(tuning_buckets=get_hybrid_num_tokens_buckets({n}), round_up=True)"
-        if plan.layout_obj.env_keyed:
+        if not plan.layout_obj.holds_rank_files:  # a single rank: FlashInfer's managed store
             return [("Tuning pass", f"vLLM's {tuning} inside autotune_v2(mode=\"tune\", cache_root=<root>): every "
                                     "lookup the store serves is not profiled"),
                     ("Key", plan.key or "the tuning GPU's environment hash (FlashInfer's manifest.json; warm binds it)")]

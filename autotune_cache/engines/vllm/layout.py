@@ -34,7 +34,8 @@ from pathlib import Path
 
 from autotune_cache.managed_store.layout import FlashInferV2Layout
 from autotune_cache.plan.topology import MAX_PARALLEL, MAX_RANK_FILES, Topology, TopologyError
-from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, CacheLayout, Level, NameKind, RootChoice
+from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, Level, NameKind, RootChoice
+from autotune_cache.tree.rank_layout import RankFileLayout
 from autotune_cache.autotuner.installed import VERSION_RE
 
 HASH_RE = re.compile(r"^[0-9a-f]{64}\Z")
@@ -85,7 +86,7 @@ def arch_dir(arch: str) -> str:
     return f"{major}{minor}a"
 
 
-class VllmLayout(CacheLayout):
+class VllmLayout(RankFileLayout):
     name = "vllm"
     engine = "vLLM"
     description = ("vLLM 0.33 (multi-rank): $VLLM_CACHE_ROOT/flashinfer_autotune_cache/<version>/<arch dir>/<config hash>/"
