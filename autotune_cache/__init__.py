@@ -6,7 +6,7 @@ This package never imports torch or flashinfer at import time: the cache-tree co
 
 from autotune_cache.version import __version__
 from autotune_cache.errors import EntryLocked, ExitCode, FiAutotuneError, UsageError
-from autotune_cache.plan.keys import SCHEMAS, KeyFields, KeySchema, get_schema
+from autotune_cache.plan.entry_key import KeyFields, KeySchema, get_schema, key_schemas
 from autotune_cache.registry import default_layout, get_layout, layouts
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tune.lm_head import lm_head_stub, lm_head_stubbed
@@ -44,8 +44,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """``LAYOUTS``, the layouts by name, as the registry knows them (read when asked: the
-    registry imports no engine until someone wants one)."""
+    """``LAYOUTS``, the layouts by name, and ``SCHEMAS``, every engine's key schemas by name, as
+    the registry knows them (read when asked: the registry imports no engine until someone wants one)."""
     if name == "LAYOUTS":
         return layouts()
+    if name == "SCHEMAS":
+        return key_schemas()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

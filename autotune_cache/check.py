@@ -22,7 +22,7 @@ from pathlib import Path
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes, read_regular_file
 from autotune_cache.errors import UsageError
-from autotune_cache.plan.keys import KeyFields
+from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.check_report import CheckReport, checkable
 from autotune_cache.tree.layout import CacheLayout, EntryId

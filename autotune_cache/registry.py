@@ -104,6 +104,17 @@ def get_layout(name: str) -> KnownLayout:
     return layout
 
 
+def key_schemas() -> dict[str, Any]:
+    """Every engine's key schemas (``Engine.key_schemas``) by name; a name is unique across engines."""
+    out: dict[str, Any] = {}
+    for engine in engines():
+        for name, schema in getattr(engine, "key_schemas", {}).items():
+            if name in out:
+                raise RuntimeError(f"key schema {name!r} is claimed by two engines")
+            out[name] = schema
+    return out
+
+
 def default_engine() -> KnownEngine:
     return get_engine(next(iter(KNOWN_ENGINES)))
 

@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from autotune_cache.plan.keys import KeyFields  # noqa: E402
+from autotune_cache.plan.entry_key import KeyFields  # noqa: E402
 from autotune_cache.registry import default_layout  # noqa: E402
 from autotune_cache.tree.layout import MANIFEST_NAME  # noqa: E402
 from autotune_cache.tree.manifest import RankRecord  # noqa: E402

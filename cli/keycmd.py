@@ -6,7 +6,7 @@ import click
 
 from autotune_cache.errors import UsageError
 from autotune_cache.autotuner.installed import installed_flashinfer_version
-from autotune_cache.plan.keys import DEFAULT_SCHEMA, SCHEMAS, KeyFields, get_schema, render_dtype
+from autotune_cache.plan.entry_key import DEFAULT_SCHEMA, KeyFields, get_schema, key_schemas, render_dtype
 from autotune_cache.registry import default_layout
 from autotune_cache.autotuner.installed import VERSION_RE
 from autotune_cache.autotuner.arch import ARCH_RE
@@ -29,7 +29,7 @@ from .params import POSITIVE, cache_dir_option, json_option, quiet_option, resol
 @click.option("--arch", required=True, help="Target arch dir, e.g. sm90 or sm100.")
 @click.option("--flashinfer-version", default=None, help="Default: the installed flashinfer-python.")
 @click.option("--skip-ops", default="", help="Comma-separated --flashinfer-autotune-skip-ops.")
-@click.option("--schema", default=DEFAULT_SCHEMA, show_default=True, help=f"One of: {', '.join(sorted(SCHEMAS))}.")
+@click.option("--schema", default=DEFAULT_SCHEMA, show_default=True, help=f"One of: {', '.join(sorted(key_schemas()))}.")
 @click.option("--no-dp-attention", is_flag=True, help="--dp means independent replicas.")
 @click.option("--draft-quantization", default=None, help="Compute the speculative draft worker's key.")
 @cache_dir_option

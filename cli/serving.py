@@ -16,7 +16,7 @@ from autotune_cache import registry
 from autotune_cache.engines.requests import build_request, build_requests
 from autotune_cache.engines.sglang.serving_command import parse_serving_command
 from autotune_cache.errors import UsageError
-from autotune_cache.plan.keys import SCHEMAS
+from autotune_cache.plan.entry_key import key_schemas
 from autotune_cache.plan.options import SERVING_OPTIONS, Option, ServingOptions
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.tune.gpus import detect_gpu_uuids
@@ -33,7 +33,7 @@ def _click_option(option: Option):
     kind = {"positive": POSITIVE, "choice": click.Choice(list(option.choices))}.get(option.kind)
     help_text = option.help
     if option.name == "schema":
-        help_text = f"{option.help[:-1]} ({', '.join(SCHEMAS)})."
+        help_text = f"{option.help[:-1]} ({', '.join(key_schemas())})."
     kw["help"] = help_text or None
     return click.option(option.spelling, option.name, type=kind, default=option.default, **kw)
 

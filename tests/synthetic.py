@@ -12,7 +12,7 @@ import random
 import re
 from pathlib import Path
 
-from autotune_cache.plan.keys import KeyFields, get_schema
+from autotune_cache.plan.entry_key import KeyFields, get_schema
 from autotune_cache.registry import default_layout
 from autotune_cache.tree.layout import EntryId
 from autotune_cache.tree.manifest import Manifest, utc_now_iso

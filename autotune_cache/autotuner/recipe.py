@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune_cache.autotuner.buckets import gemm_key
-from autotune_cache.autotuner.keys import BUILDERS
+from autotune_cache.autotuner.lookup_keys import BUILDERS
 
 M = "M"  # the dynamic token dimension
 

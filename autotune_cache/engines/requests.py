@@ -12,7 +12,6 @@ from typing import Callable
 from autotune_cache import registry
 from autotune_cache.engines.sglang.serving_command import check_option_values
 from autotune_cache.errors import UsageError
-from autotune_cache.plan.keys import pick_schema
 from autotune_cache.plan.options import ServingOptions
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.topology import TopologyError, normalize_gpu_uuid
@@ -44,7 +43,7 @@ def build_request(options: ServingOptions, *, layout: str | None = None, engine_
     if model is None:
         raise UsageError("give --model (a hub id, preset or local model directory), or --model-path with --config")
     engine = registry.engine_of_layout(layout) if layout else registry.default_engine()
-    schema, schema_source = pick_schema(options.schema, options.engine)
+    schema, schema_source = registry.default_engine().pick_schema(options.schema, options.engine)
     return TuneRequest(
         model=model, flags=options.flags(gpu_uuids_of(options.gpu_uuids, detect_gpu_uuids)),
         schema_source=schema_source, arch=options.arch.lower() if options.arch else None,

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from autotune_cache.plan.keys import SCHEMAS, KeyFields
+from autotune_cache.plan.entry_key import DEFAULT_SCHEMA, KeyFields, get_schema
 from autotune_cache.registry import layouts
 from autotune_cache.tree.layout import CacheLayout, EntryId, NameKind
 from autotune_cache.tree.nearest import Candidate, field_differences, nearest_difference_to
@@ -109,7 +109,7 @@ def explain_sglang_key(trees: Trees, loc: Located, server_fields: dict) -> str |
     for c in candidates:
         if c.key_fields is None:
             continue
-        schema = SCHEMAS["sglang"]
+        schema = get_schema(DEFAULT_SCHEMA)
         for name, changed in _mutations(c.key_fields, server_fields):
             if schema.key(changed) == want_key:
                 diffs = field_differences(c.key_fields.to_dict(), changed.to_dict())

@@ -32,7 +32,7 @@ from autotune_cache.tree.atomic import atomic_write_bytes, crashpoint, ensure_tr
 from autotune_cache.tree.dirs import remove_tree
 from autotune_cache.tree.layout import stage_name
 from autotune_cache.errors import FiAutotuneError
-from autotune_cache.autotuner.filekey import encode_key_fields, parse_key
+from autotune_cache.autotuner.lookup_keys import encode_key_fields, parse_key
 from autotune_cache.autotuner.fingerprint import FIELDS
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, read_regular_file
 from autotune_cache.registry import get_layout

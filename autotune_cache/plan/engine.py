@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 from autotune_cache import registry
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.engine_target import EngineTarget
+from autotune_cache.plan.entry_key import DEFAULT_SCHEMA, get_schema
 from autotune_cache.plan.options import Option
 
 if TYPE_CHECKING:
@@ -40,6 +41,9 @@ class Engine(ABC):
     checks: ClassVar[bool] = False
     #: Options only this engine's targets take (``plan.options.Option``); the CLI offers them.
     cli_options: ClassVar[tuple[Option, ...]] = ()
+    #: The key schemas this engine's releases hash, by name (``plan.entry_key.KeySchema``); all
+    #: engines' are found through the registry (``plan.entry_key.key_schemas``).
+    key_schemas: ClassVar[dict] = {}
 
     def __str__(self) -> str:
         return self.label
@@ -101,6 +105,13 @@ class Engine(ABC):
         """Option values to try when ``plan`` would not autotune (``plan`` suggests those under
         which the engine would): the engine's own choices, each tried through its planner."""
         return []
+
+    def pick_schema(self, schema: str | None, release: str | None) -> tuple[str, str]:
+        """(key schema, where it came from) for ``--schema`` / ``--engine``: by name (any engine's),
+        else the default schema; an engine whose releases hash differently picks by release."""
+        if release:
+            raise UsageError(f"--engine {release!r}: {self.title} has no releases to choose a key schema by")
+        return (get_schema(schema).name, "--schema") if schema else (DEFAULT_SCHEMA, "the default key schema")
 
     def dp_meaning(self, topology) -> str | None:
         """What the plan's ``dp`` means in this engine's own flags (None: dp is 1, or says itself)."""

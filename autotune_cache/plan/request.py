@@ -13,7 +13,7 @@ from pathlib import Path
 from autotune_cache import registry
 from autotune_cache.plan.engine_target import EngineTarget
 from autotune_cache.plan.flags import ServerFlags
-from autotune_cache.plan.keys import DEFAULT_SCHEMA
+from autotune_cache.plan.entry_key import DEFAULT_SCHEMA
 
 REQUEST_FORMAT = 1
 

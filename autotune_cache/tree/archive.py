@@ -17,7 +17,7 @@ from pathlib import PurePosixPath
 from typing import BinaryIO, Callable
 
 from autotune_cache.errors import FiAutotuneError, os_error_message
-from autotune_cache.plan.keys import SCHEMAS
+from autotune_cache.plan.entry_key import key_schemas
 from autotune_cache.registry import layouts
 from autotune_cache.tree.layout import (JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE, CacheLayout,
                                         EntryId, NameKind)
@@ -246,7 +246,7 @@ def _manifest_for(eid: EntryId, data: bytes | None, layout: CacheLayout) -> Mani
     ids = layout.id_fields(eid)
     if manifest_names_other_entry(manifest, ids, eid):
         raise FiAutotuneError(f"{eid}: manifest describes another entry")
-    schema = SCHEMAS.get(manifest.schema)
+    schema = key_schemas().get(manifest.schema)
     if schema is not None and schema.key(manifest.key_fields) != eid.name:
         raise FiAutotuneError(f"{eid}: key does not match the manifest's key fields")
     return manifest

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from datetime import datetime, timezone
 
 from autotune_cache.version import __version__
-from autotune_cache.plan.keys import KeyFields
+from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.plan.topology import MAX_RANK_FILES, Topology, TopologyError
 
 #: 2: ``request`` (the typed serving request) replaces ``extra.plan_args``; records gain ctime_ns.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune_cache.plan.keys import KeyFields
+from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.tree.layout import CacheLayout, EntryId
 
 KEY_FIELD_LABELS = {

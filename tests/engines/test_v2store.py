@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.autotuner.filekey import TorchDtype, encode_key_fields, parse_key
+from autotune_cache.autotuner.lookup_keys import TorchDtype, encode_key_fields, parse_key
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.flags import ServerFlags
 from tests.synthetic import DEFAULT_METADATA, write_plan_entry

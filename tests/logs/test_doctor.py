@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.plan.keys import KeyFields
+from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.plan.topology import Topology
 from tests.synthetic import write_fake_entry
 

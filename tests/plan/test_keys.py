@@ -5,7 +5,7 @@ import hashlib
 import pytest
 
 from autotune_cache.errors import UsageError
-from autotune_cache.plan.keys import KeyFields, get_schema, render_dtype, render_optional
+from autotune_cache.plan.entry_key import KeyFields, get_schema, render_dtype, render_optional
 
 GLM = KeyFields(
     model_path="zai-org/GLM-5.1-FP8", dtype="bfloat16", quantization="fp8",
@@ -72,7 +72,8 @@ R1 = dict(model_path="deepseek-ai/DeepSeek-R1", dtype="torch.bfloat16", quantiza
     ("sglang", "d6c188ee4ed2a6da"),  # 0.5.23
 ])
 def test_every_sglang_schema_of_2026(schema, key):
-    from autotune_cache.plan.keys import SCHEMAS, KeyFields
+    from autotune_cache.engines.sglang.key_schemas import SCHEMAS
+    from autotune_cache.plan.entry_key import KeyFields
 
     assert SCHEMAS[schema].key(KeyFields(**R1)) == key
 
@@ -80,7 +81,8 @@ def test_every_sglang_schema_of_2026(schema, key):
 def test_draft_key_and_skip_ops_rendering():
     import dataclasses
 
-    from autotune_cache.plan.keys import SCHEMAS, KeyFields
+    from autotune_cache.engines.sglang.key_schemas import SCHEMAS
+    from autotune_cache.plan.entry_key import KeyFields
 
     f = KeyFields(**R1)
     assert SCHEMAS["sglang"].key(dataclasses.replace(f, is_draft=True)) == "3b4bcb78b83e1372"
@@ -94,14 +96,14 @@ def test_draft_key_and_skip_ops_rendering():
     ("0.5.17", "sglang-0.5.17"), ("0.5.18", "sglang-0.5.18"), ("0.5.22", "sglang-0.5.18"), ("0.5.23", "sglang"),
 ])
 def test_schema_follows_the_sglang_release(version, schema):
-    from autotune_cache.plan.keys import schema_for_sglang
+    from autotune_cache.engines.sglang.key_schemas import schema_for_sglang
 
     assert schema_for_sglang(version) == schema
 
 
 def test_unknown_releases_are_refused_naming_the_known_ones():
     from autotune_cache.errors import UsageError
-    from autotune_cache.plan.keys import schema_for_sglang
+    from autotune_cache.engines.sglang.key_schemas import schema_for_sglang
 
     with pytest.raises(UsageError, match=r"0.5.24: .*known: 0.5.12-0.5.16, 0.5.17, 0.5.18-0.5.22, 0.5.23"):
         schema_for_sglang("0.5.24")

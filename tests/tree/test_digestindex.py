@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.plan.keys import KeyFields
+from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.plan.topology import Topology
 from autotune_cache.registry import default_layout
 from autotune_cache.tree import entry_scan as entry_scan_mod

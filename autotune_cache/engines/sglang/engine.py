@@ -9,7 +9,8 @@ from autotune_cache.plan.engine import Engine
 from autotune_cache.engines.sglang.layout import SGLangLayout
 from autotune_cache.engines.sglang.planner import make_plan
 from autotune_cache.engines.sglang.serving_command import flag_table
-from autotune_cache.plan.keys import get_schema
+from autotune_cache.engines.sglang.key_schemas import SCHEMAS, pick_schema
+from autotune_cache.plan.entry_key import get_schema
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.tuning import TuningPlan
 
@@ -21,6 +22,10 @@ class SGLang(Engine):
     checks = True
 
     layouts = (SGLangLayout(),)
+    key_schemas = SCHEMAS
+
+    def pick_schema(self, schema: str | None, release: str | None) -> tuple[str, str]:
+        return pick_schema(schema, release)
 
     def workers(self, request: TuneRequest) -> list[TuneRequest]:
         """The target, and with speculative decoding the draft worker, which SGLang tunes into an

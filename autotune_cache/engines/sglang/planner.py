@@ -19,7 +19,7 @@ from autotune_cache.engines.sglang.speculative import MTP_ARCHS
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.config_source import ConfigSource
 from autotune_cache.plan.flags import ServerFlags
-from autotune_cache.plan.keys import DEFAULT_SCHEMA, get_schema
+from autotune_cache.plan.entry_key import DEFAULT_SCHEMA, get_schema
 from autotune_cache.plan.resolution import Resolution
 from autotune_cache.plan.spec import ModelSpec, load_spec
 from autotune_cache.plan.tuning import OpPlan, TuningPlan, Workload, dummy_tokens, pp_layer_ranges

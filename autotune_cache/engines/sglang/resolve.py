@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.flags import ServerFlags
-from autotune_cache.plan.keys import KeyFields, render_dtype
+from autotune_cache.plan.entry_key import KeyFields, render_dtype
 from autotune_cache.plan.resolution import Resolution, arch_major
 from autotune_cache.engines.sglang.attention import resolve_attention
 from autotune_cache.engines.sglang.dispatch import moe_dispatch

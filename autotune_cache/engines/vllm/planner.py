@@ -41,7 +41,7 @@ from autotune_cache.engines.vllm.sm100 import sm100_refusal, vllm_trtllm_bf16_mo
 from autotune_cache.engines.vllm.target import VllmTarget
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.flags import ServerFlags
-from autotune_cache.plan.keys import KeyFields, render_dtype
+from autotune_cache.plan.entry_key import KeyFields, render_dtype
 from autotune_cache.plan.resolution import Resolution, arch_major
 from autotune_cache.plan.spec import ModelSpec, load_spec
 from autotune_cache.plan.topology import Topology, TopologyError

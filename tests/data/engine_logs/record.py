@@ -33,7 +33,7 @@ import tqdm
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from autotune_cache.plan.keys import SCHEMAS, KeyFields  # noqa: E402
+from autotune_cache.plan.entry_key import KeyFields, get_schema  # noqa: E402
 
 T0 = time.mktime((2026, 6, 29, 1, 38, 0, 0, 0, -1))
 SG = "[%(asctime)s{prefix}] %(message)s"
@@ -50,7 +50,7 @@ ARGS = "server_args={{'model_path': 'Qwen/Qwen3-30B-A3B', 'tp_size': {tp}, 'pp_s
 
 
 def key(f: KeyFields) -> str:
-    return SCHEMAS["sglang"].key(f)
+    return get_schema("sglang").key(f)
 
 
 class Log:
