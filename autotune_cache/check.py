@@ -16,12 +16,9 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes, read_regular_file
-from autotune_cache.errors import UsageError
 from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.check_report import CheckReport, checkable

@@ -156,7 +156,7 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
     flt = entry_filter(model, versions, arch, status, older_than, unused_for, other, larger_than=larger_than,
                        smaller_than=smaller_than)
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
-    if not dry_run:
+    if not dry_run:  # a writer finishes what killed writers left, once, before it reads (a dry run writes nothing)
         for done in recover_journals(layout, root.path):
             out.note(done)
     info = scan_cache(root.path, layout, fingerprint=fingerprint)
@@ -200,7 +200,7 @@ def rm_cmd(refs, cache_dir, layouts, dry_run, yes, as_json, quiet):
                 return True
         return False
 
-    found = scan_trees(cache_dir, layouts, refs, gone=gone)
+    found = scan_trees(cache_dir, layouts, refs, gone=gone, finish_writes=not dry_run)
     infos = {id(info): info for _, info in found}
     infos.update({k: info for k, (info, _) in resumed.items()})
     if len(infos) > 1:

@@ -26,7 +26,6 @@ from .params import (
     flatten, resolve_root, size_filters, cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
     quiet_option, staleness_fingerprint, timeout_option, trees,
 )
-from .tree import recover_journals_quietly
 
 SORTS = {
     # part by part, as the tree is walked ("0.7.2" before "0.7.2.post1"): the streamed order
@@ -222,9 +221,6 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
     def atime() -> str | None:  # once the walk is done: every listed entry has been counted
         return tree_atime_doubt(totals, targets)
 
-    for layout, root in targets:
-        for done in recover_journals_quietly(root.path, layout):
-            out.note(done)
     scans = [iter_entries(root.path, pick, layout=layout, fingerprint=fingerprint) for layout, root in targets]
     totals = _Totals()
 

@@ -19,7 +19,6 @@ from .params import (
     archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root, timeout_option,
 )
 from .transfer import dry_run_listing, exportable
-from .tree import recover_journals_quietly
 
 
 def _store_and_refs(args: tuple[str, ...], verb: str) -> tuple[str, tuple[str, ...]]:
@@ -65,7 +64,6 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
     root = resolve_root(cache_dir, must_exist=True, layout=layout)
     store = Store(url)
     store.check_writable()
-    recover_journals_quietly(root.path, layout)
     info = scan_cache(root.path, layout)
     entries = info.resolve(refs) if refs else list(info.entries)
     flt = entry_filter(model, versions, arch, status, older_than, unused_for)

@@ -18,7 +18,6 @@ from autotune_cache.tree.status import EntryStatus
 
 from .output import Output
 from .params import archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root
-from .tree import recover_journals_quietly
 
 
 def exportable(out: Output, entries, include_incomplete: bool, verb: str = "pushing") -> list:
@@ -113,7 +112,6 @@ def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, o
     out_path = None if to_stdout else Path(output)
     if out_path is not None and not out_path.parent.is_dir():
         raise UsageError(f"output directory {str(out_path.parent)!r} does not exist")
-    recover_journals_quietly(root.path, layout)
     info = scan_cache(root.path, layout)
     entries = info.resolve(refs) if refs else list(info.entries)
     flt = entry_filter(model, versions, arch, status, older_than, unused_for)

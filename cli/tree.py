@@ -7,10 +7,10 @@ import click
 
 from autotune_cache.errors import AmbiguousEntry, FiAutotuneError
 from autotune_cache.autotuner.rankfile import summarize_ops
-from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
+from autotune_cache.registry import get_layout, layouts as known_layouts
+from autotune_cache.tree.recovery import recover_journals
 from autotune_cache.tune.quality import selection_summary
 from autotune_cache.tree.scan import CacheEntry, scan_cache
-from autotune_cache.tree.recovery import recover_journals
 from autotune_cache.tree.refs import exact_ref
 
 from .output import Output
@@ -20,19 +20,13 @@ from .params import (
 )
 
 
-def recover_journals_quietly(root, layout=None) -> list[str]:
-    """Finish interrupted multi-entry writes when this tree is writable (a no-op otherwise)."""
-    try:
-        return recover_journals(layout or default_layout(), root)
-    except Exception:  # noqa: BLE001 - a reader never fails because it could not finish a write
-        return []
-
-
-def scan_trees(cache_dir, layouts, refs, fingerprint=None, gone=None):
+def scan_trees(cache_dir, layouts, refs, fingerprint=None, gone=None, finish_writes: bool = False):
     """Scan the trees the ids name (a ``<layout>:`` prefix names its layout; ``--layout`` or
     ``--cache-dir`` otherwise) and resolve the ids there: [(entry, CacheInfo)]. ``gone(ref,
     infos)``: True for a ref found nowhere that is accounted for anyway (``rm``: an entry a
-    killed rm had deleted); it is left out instead of failing."""
+    killed rm had deleted); it is left out instead of failing. ``finish_writes``: the command
+    writes (``rm``), so it first finishes the transactions killed writers left, once; a reader
+    (``show``) reads the tree as it is."""
     for ref in refs:
         exact_ref(ref)  # before anything is scanned: a stray newline is a slip, not a missing entry
     names = list(flatten(layouts))
@@ -43,7 +37,8 @@ def scan_trees(cache_dir, layouts, refs, fingerprint=None, gone=None):
     targets = trees(cache_dir, tuple(names))
     infos = []
     for layout, root in targets:
-        recover_journals_quietly(root.path, layout)
+        if finish_writes:
+            recover_journals(layout, root.path)
         infos.append(scan_cache(root.path, layout, fingerprint))
     found = []
     for ref in refs:

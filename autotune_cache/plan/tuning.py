@@ -7,7 +7,7 @@ runtime is needed; flashinfer is imported (CPU only) for its bucket functions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 

@@ -29,7 +29,7 @@ from autotune_cache.tree.entry_scan import scan_entry
 from autotune_cache.tree.layout import OUR_PREFIX, CacheLayout, EntryId, trash_name
 from autotune_cache.tree.locks import entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
-from autotune_cache.tree.recovery import (deleted_by_dead, recover_journals, remove_leftover, sweep_leftovers,
+from autotune_cache.tree.recovery import (deleted_by_dead, remove_leftover, sweep_leftovers,
                                           write_delete_journal)
 from autotune_cache.tree.select import EntryFilter, beyond_latest, over_budget
 from autotune_cache.tree.status import EntryStatus
@@ -172,7 +172,7 @@ class DeletePlan:
     def execute(self) -> DeleteResult:
         deleted, skipped, errors = [], list(self.left_alone), []
         base = self.layout.base(self.root)
-        recovered = tuple(recover_journals(self.layout, self.root))
+        recovered = ()  # the command finished killed writers' transactions before it planned (writers recover once)
 
         def rescan(e: CacheEntry) -> CacheEntry:
             return scan_entry(self.layout, e.path, e.id, self.scan_fingerprint)

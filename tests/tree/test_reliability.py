@@ -71,6 +71,21 @@ def seeded_archive(tmp_path: Path, n: int, name: str = "a.tgz", buckets=(1, 2, 4
     return archive, [str(e) for e in eids]  # eids[i] is org/m{i}
 
 
+def tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``root`` with its size and mtime: what a reader must leave as it found it."""
+    return {str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def finish_with_a_writer(root: Path) -> None:
+    """Readers never write (issue 33): a reader run over what a kill left changes nothing; the next
+    writer - here a prune that selects nothing - finishes it."""
+    before = tree_state(root)
+    listed(root)
+    assert tree_state(root) == before, "ls wrote to the tree"
+    proc = run_cli("prune", "--older-than", "36500d", "-y", "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+
+
 def listed(root: Path) -> dict[str, str]:
     proc = run_cli("ls", "--json", "--cache-dir", str(root)) if root.exists() else None
     if proc is None:
@@ -178,7 +193,8 @@ def test_a_killed_import_ends_all_or_nothing(tmp_path, point, exchange, expect):
     env = {"FI_AUTOTUNE_CRASH_AT": point, **({} if exchange else {"FI_AUTOTUNE_NO_EXCHANGE": "1"})}
     killed = _import(archive, root, "--force", env=env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    after = listed(root)  # any command finishes (or ignores) what the kill left
+    finish_with_a_writer(root)
+    after = listed(root)
     assert set(after.values()) == {"complete"}
     if expect == "none":
         assert sorted(after) == sorted(eids[:2])
@@ -207,6 +223,8 @@ def test_import_killed_at_random_times_is_all_or_nothing(tmp_path):
         time.sleep(rng.uniform(0.2, 0.9))
         p.send_signal(signal.SIGKILL)
         p.wait()
+        if root.exists():
+            finish_with_a_writer(root)
         after = listed(root) if root.exists() else {}
         assert sorted(after) in ([], sorted(eids)), (i, len(after))
         outcomes["all" if after else "none"] += 1
@@ -632,7 +650,8 @@ def test_recovery_keeps_an_entry_rewritten_after_the_kill(tmp_path):
     target.mkdir()
     for name in ("rank_tp0_pp0_dp0.json", "rank_tp1_pp0_dp1.json"):
         (target / name).write_bytes(engine)
-    after = listed(root)  # finishes the journal
+    finish_with_a_writer(root)  # finishes the journal
+    after = listed(root)
     assert sorted(after) == sorted(eids)
     assert (target / "rank_tp0_pp0_dp0.json").read_bytes() == engine
     assert leftovers(root) == []

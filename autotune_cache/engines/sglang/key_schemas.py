@@ -10,7 +10,7 @@ import re
 
 from autotune_cache.autotuner.installed import installed_version
 from autotune_cache.errors import UsageError
-from autotune_cache.plan.entry_key import (DEFAULT_SCHEMA, KeyFields, KeySchema, Renderer, get_schema, render_dtype,
+from autotune_cache.plan.entry_key import (DEFAULT_SCHEMA, KeySchema, Renderer, get_schema, render_dtype,
                                            render_optional)
 
 _COMMON_PARTS: tuple[tuple[str, Renderer], ...] = (
