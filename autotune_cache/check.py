@@ -24,8 +24,8 @@ from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.check_report import CheckReport, checkable
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.nearest import Candidate, nearest_difference_to
-from autotune_cache.tree.scan import scan_cache
-from autotune_cache.tree.store import Store
+from autotune_cache.tree.scanner.scan import scan_cache
+from autotune_cache.tree.store.store import Store
 
 def nearest_difference(plan: TuningPlan, layout: CacheLayout, candidates: list[Candidate]) -> str | None:
     """One line: which key field (or path part) differs from the entry closest to the plan's."""

@@ -11,11 +11,11 @@ from autotune_cache.humanize import parse_size
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.installed import installed_flashinfer_version
 from autotune_cache.tree.delete import DeletePlan, describe_result, plan_prune, plan_rm
-from autotune_cache.tree.store import Store
-from autotune_cache.tree.storehouse import plan_store_delete
-from autotune_cache.tree.storerecord import is_store_url
-from autotune_cache.tree.scan import scan_cache
-from autotune_cache.tree.recovery import in_flight, recover_journals
+from autotune_cache.tree.store.store import Store
+from autotune_cache.tree.store.storehouse import plan_store_delete
+from autotune_cache.tree.store.storerecord import is_store_url
+from autotune_cache.tree.scanner.scan import scan_cache
+from autotune_cache.tree.crashsafe.recovery import in_flight, recover_journals
 
 from .output import PROG, Output
 from .params import (

@@ -14,11 +14,11 @@ from autotune_cache.autotuner.fingerprint import FIELDS
 from autotune_cache.registry import default_layout, layouts
 from autotune_cache.tree.layout import MANIFEST_NAME, NameKind
 from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
-from autotune_cache.tree.archive import import_archives
+from autotune_cache.tree.store.archive import import_archives
 from autotune_cache.tree.manifest import Manifest
-from autotune_cache.tree.scan import scan_cache
-from autotune_cache.tree.store import Store
-from autotune_cache.tree.storerecord import is_store_url
+from autotune_cache.tree.scanner.scan import scan_cache
+from autotune_cache.tree.store.store import Store
+from autotune_cache.tree.store.storerecord import is_store_url
 from autotune_cache.tune.recorded import request_of
 
 from .output import Output

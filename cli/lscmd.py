@@ -14,12 +14,12 @@ import click
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.humanize import format_size, plural
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
-from autotune_cache.tree.atime import TimeSpan, atime_doubt
-from autotune_cache.tree.scan import CacheEntry, iter_entries
+from autotune_cache.tree.scanner.atime import TimeSpan, atime_doubt
+from autotune_cache.tree.scanner.scan import CacheEntry, iter_entries
 from autotune_cache.tree.status import EntryStatus
-from autotune_cache.tree.store import Store
-from autotune_cache.tree.storehouse import record_views, require_store_filters
-from autotune_cache.tree.storesweep import survey
+from autotune_cache.tree.store.store import Store
+from autotune_cache.tree.store.storehouse import record_views, require_store_filters
+from autotune_cache.tree.store.storesweep import survey
 
 from .output import Mode, Output
 from .params import (

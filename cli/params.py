@@ -15,7 +15,7 @@ from autotune_cache.autotuner.arch import ARCH_RE
 from autotune_cache.autotuner.installed import VERSION_RE, installed_flashinfer_version
 from autotune_cache.tree.layout import CacheLayout, RootChoice
 from autotune_cache.tree.select import EntryFilter
-from autotune_cache.tree.storeio import DEFAULT_TIMEOUT, TIMEOUT_ENV, set_store_timeout
+from autotune_cache.tree.store.storeio import DEFAULT_TIMEOUT, TIMEOUT_ENV, set_store_timeout
 from autotune_cache.tree.status import EntryStatus
 
 

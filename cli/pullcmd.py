@@ -1,7 +1,7 @@
 """``pull``: entries from a remote store (s3://, gs://, file://, https://) into the tree.
 
 One path for the run and its ``--dry-run``: both fetch, verify and judge every bundle and ask
-the tree what it would refuse (``tree.pull.pull``), so a preview never promises what the run
+the tree what it would refuse (``tree.store.pull.pull``), so a preview never promises what the run
 refuses, and both exit alike.
 """
 
@@ -16,10 +16,10 @@ from autotune_cache.check import store_miss
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.plan.options import SERVING_OPTIONS
 from autotune_cache.registry import layouts
-from autotune_cache.tree.archive import ImportResult
-from autotune_cache.tree.pull import PullRefused, pull, select_records
-from autotune_cache.tree.store import Store
-from autotune_cache.tree.storehouse import record_views
+from autotune_cache.tree.store.archive import ImportResult
+from autotune_cache.tree.store.pull import PullRefused, pull, select_records
+from autotune_cache.tree.store.store import Store
+from autotune_cache.tree.store.storehouse import record_views
 
 from .output import Output
 from .params import (

@@ -8,11 +8,11 @@ from pathlib import Path
 import click
 
 from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.tree.scan import scan_cache
-from autotune_cache.tree.store import Store, bundle_of
-from autotune_cache.tree.storehouse import unseal
-from autotune_cache.tree.storesweep import sweep_store
-from autotune_cache.tree.storerecord import is_store_url
+from autotune_cache.tree.scanner.scan import scan_cache
+from autotune_cache.tree.store.store import Store, bundle_of
+from autotune_cache.tree.store.storehouse import unseal
+from autotune_cache.tree.store.storesweep import sweep_store
+from autotune_cache.tree.store.storerecord import is_store_url
 
 from .output import Output
 from .params import (

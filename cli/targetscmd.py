@@ -18,8 +18,8 @@ from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.engines.selection import WarmGroup, warm_groups
 from autotune_cache.plan.options import SERVING_OPTIONS, ServingOptions, take_options
 from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
-from autotune_cache.tree.scan import scan_entry
-from autotune_cache.tree.store import Store
+from autotune_cache.tree.scanner.scan import scan_entry
+from autotune_cache.tree.store.store import Store
 from autotune_cache.tune.fleet import FleetItem, merge_work
 from autotune_cache.tune.gpus import detect_gpu_uuids
 from autotune_cache.tune.publish import writable_store

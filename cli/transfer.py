@@ -9,11 +9,11 @@ from pathlib import Path
 
 import click
 
-from autotune_cache.tree.archive import import_archive, import_archives
-from autotune_cache.tree.export import export_entries, export_to_file
+from autotune_cache.tree.store.archive import import_archive, import_archives
+from autotune_cache.tree.store.export import export_entries, export_to_file
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.humanize import format_size, plural
-from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 
 from .output import Output

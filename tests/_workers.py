@@ -6,12 +6,12 @@ import random
 import sys
 from pathlib import Path
 
-from autotune_cache.tree.archive import import_archive
+from autotune_cache.tree.store.archive import import_archive
 from autotune_cache.errors import EntryLocked
 from autotune_cache.registry import default_layout
 from autotune_cache.tree.delete import plan_prune
 from autotune_cache.tree.select import EntryFilter
-from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 from tests.synthetic import default_fields, write_fake_entry
 

@@ -17,7 +17,7 @@ from autotune_cache.registry import layouts
 from autotune_cache.tree.layout import CacheLayout, EntryId, NameKind
 from autotune_cache.tree.nearest import Candidate, field_differences, nearest_difference_to
 from autotune_cache.tree.records import CacheEntry, CacheInfo
-from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.scanner.scan import scan_cache
 
 
 @dataclass(frozen=True)

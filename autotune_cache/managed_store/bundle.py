@@ -22,8 +22,8 @@ from pathlib import Path
 from autotune_cache.autotuner.rankfile import read_regular_file
 from autotune_cache.managed_store.format import ENTRIES, MANIFEST, SCHEMA, entry_name, env_hash
 from autotune_cache.errors import FiAutotuneError
-from autotune_cache.tree.atomic import atomic_write_bytes, ensure_tree_dirs
-from autotune_cache.tree.locks import entry_lock
+from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, ensure_tree_dirs
+from autotune_cache.tree.crashsafe.locks import entry_lock
 
 
 @dataclass(frozen=True)

@@ -28,16 +28,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune_cache.tree.atomic import atomic_write_bytes, crashpoint, ensure_tree_dirs, fsync_dir, remove_our_temps
-from autotune_cache.tree.dirs import remove_tree
+from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, crashpoint, ensure_tree_dirs, fsync_dir, remove_our_temps
+from autotune_cache.tree.crashsafe.dirs import remove_tree
 from autotune_cache.tree.layout import stage_name
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.autotuner.lookup_keys import encode_key_fields, parse_key
 from autotune_cache.autotuner.fingerprint import FIELDS
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, read_regular_file
 from autotune_cache.registry import get_layout
-from autotune_cache.tree.locks import entry_lock, hold_owner_lock
-from autotune_cache.tree.recovery import sweep_leftovers
+from autotune_cache.tree.crashsafe.locks import entry_lock, hold_owner_lock
+from autotune_cache.tree.crashsafe.recovery import sweep_leftovers
 
 SCHEMA = "v2"
 ENV_HASH_CHARS = 16

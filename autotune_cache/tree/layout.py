@@ -351,7 +351,7 @@ class CacheLayout(ABC):
 
     def scan_entry(self, path: Path, eid: EntryId, fingerprint, atime_trusted: bool):
         """A ``CacheEntry`` for layouts whose entries are not a directory of rank files, read
-        their own way; None (the default): the common scan (``tree.entry_scan``) reads it."""
+        their own way; None (the default): the common scan (``tree.scanner.entry_scan``) reads it."""
         return None
 
     def disagreement(self, rank_files: list, notes: list[str]) -> str | None:

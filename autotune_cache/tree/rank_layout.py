@@ -12,7 +12,7 @@ from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
 from autotune_cache.errors import FiAutotuneError
-from autotune_cache.tree.entry_scan import scan_entry
+from autotune_cache.tree.scanner.entry_scan import scan_entry
 from autotune_cache.tree.layout import CacheLayout, Existing, Replay
 from autotune_cache.tree.manifest import Manifest, utc_now_iso
 from autotune_cache.tree.writer import commit_entry, other_gpu_refusal, replace_policy

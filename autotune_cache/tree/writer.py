@@ -13,8 +13,8 @@ import os
 from autotune_cache.errors import FiAutotuneError, os_error_message
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.manifest import Manifest
-from autotune_cache.tree.scan import scan_entry
-from autotune_cache.tree.txn import Check, CommitResult, StagedEntry, Transaction
+from autotune_cache.tree.scanner.scan import scan_entry
+from autotune_cache.tree.crashsafe.txn import Check, CommitResult, StagedEntry, Transaction
 
 
 def other_gpu_refusal(existing_gpu: str | None, incoming_gpu: str | None, arch: str | None) -> str | None:

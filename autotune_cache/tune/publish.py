@@ -10,10 +10,10 @@ from pathlib import Path
 from autotune_cache.registry import get_layout
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.tuning import TuningPlan
-from autotune_cache.tree.scan import CacheEntry, scan_entry
-from autotune_cache.tree.store import PushResult, Store, bundle_of
-from autotune_cache.tree.storesweep import sweep_store
-from autotune_cache.tree.storerecord import is_store_url
+from autotune_cache.tree.scanner.scan import CacheEntry, scan_entry
+from autotune_cache.tree.store.store import PushResult, Store, bundle_of
+from autotune_cache.tree.store.storesweep import sweep_store
+from autotune_cache.tree.store.storerecord import is_store_url
 
 
 def writable_store(url: str | None) -> Store | None:

@@ -14,7 +14,7 @@ from typing import Callable
 
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.plan.tuning import TuningPlan
-from autotune_cache.tree.store import Store
+from autotune_cache.tree.store.store import Store
 from autotune_cache.tune.fleet import FleetItem, FleetResult, warm_fleet
 from autotune_cache.tune.gpus import GpuInfo
 from autotune_cache.tune.machine import THIS_MACHINE, Machine

@@ -353,7 +353,7 @@ LOCK_HOLDER = """
 import sys, time
 from pathlib import Path
 from autotune_cache.registry import default_layout
-from autotune_cache.tree.locks import entry_lock
+from autotune_cache.tree.crashsafe.locks import entry_lock
 layout = default_layout()
 with entry_lock(layout, Path(sys.argv[1]), layout.parse_id(sys.argv[2])):
     print("locked", flush=True)
@@ -380,7 +380,7 @@ def test_prune_leaves_an_entry_changed_since_the_plan(root):
     """The plan is what was shown; an entry re-tuned between plan and execution stays."""
     from autotune_cache.tree.delete import plan_prune
     from autotune_cache.tree.select import EntryFilter
-    from autotune_cache.tree.scan import scan_cache
+    from autotune_cache.tree.scanner.scan import scan_cache
     from autotune_cache.tree.status import EntryStatus
 
     eid = write_fake_entry(root)
@@ -460,7 +460,7 @@ def test_a_refused_import_taking_its_empty_tree_away_does_not_break_a_concurrent
     as the other has made it too (between its mkdirs and its owner lock). The other must make it
     again and import, not fail with 'cannot write to the cache tree'."""
     from autotune_cache.tree import txn
-    from autotune_cache.tree.archive import import_archive
+    from autotune_cache.tree.store.archive import import_archive
 
     eid = write_fake_entry(root)
     archive = tmp_path / "a.tgz"

@@ -117,7 +117,7 @@ def test_vllm_temp_files_are_temp_not_data(tmp_path):
     root = tmp_path / "vllm"
     path = write_vllm_entry(root, H1, world=1)
     (path / ".autotune_configs_dp0_rank0.json.k3j2.tmp").write_text("{")
-    from autotune_cache.tree.scan import scan_entry
+    from autotune_cache.tree.scanner.scan import scan_entry
 
     layout = get_layout("vllm")
     e = scan_entry(layout, path, layout.make_id(("0.7.2.post1", "90a", H1)))
@@ -303,8 +303,8 @@ def test_two_layouts_in_one_root_keep_their_own_digest_index(tmp_path):
     the records it used, so a shared index file would lose the other layout's every time."""
     import os as _os
 
-    from autotune_cache.tree.digestindex import DigestIndex, entry_key
-    from autotune_cache.tree.scan import scan_cache
+    from autotune_cache.tree.scanner.digestindex import DigestIndex, entry_key
+    from autotune_cache.tree.scanner.scan import scan_cache
     from tests.synthetic import entry_path, write_fake_entry
 
     root = tmp_path / "shared-root"

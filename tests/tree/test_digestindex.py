@@ -1,4 +1,4 @@
-"""The digest index (``tree/digestindex.py``): what an engine-written entry's rank files hold,
+"""The digest index (``tree/scanner/digestindex.py``): what an engine-written entry's rank files hold,
 remembered per entry by the stat of every file, in one compact file per tree outside it.
 
 What must hold: a record only ever describes the bytes it was made from (an edit with the mtime
@@ -22,8 +22,8 @@ from autotune_cache.plan.topology import Topology
 from autotune_cache.registry import default_layout
 from autotune_cache.tree import entry_scan as entry_scan_mod
 from autotune_cache.tree import digestindex as di
-from autotune_cache.tree.digestindex import DigestIndex
-from autotune_cache.tree.scan import iter_entries, scan_cache
+from autotune_cache.tree.scanner.digestindex import DigestIndex
+from autotune_cache.tree.scanner.scan import iter_entries, scan_cache
 from autotune_cache.tree.status import EntryStatus
 from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs, make_manifest
 
@@ -77,7 +77,7 @@ def test_every_entry_is_remembered_and_a_second_scan_reads_no_rank_file(root, mo
 
 def test_the_streamed_scan_over_forked_processes_learns_from_its_children(root, monkeypatch):
     """``ls`` scans in batches over forked children: what a child read reaches the saved index."""
-    monkeypatch.setattr("autotune_cache.tree.scan.PARALLEL_MIN_ENTRIES", 4)
+    monkeypatch.setattr("autotune_cache.tree.scanner.scan.PARALLEL_MIN_ENTRIES", 4)
     engine_tree(root, 30)
     batches, _ = iter_entries(root, lambda e: e.to_dict(), jobs=3, batch=8)
     first = [d for b in batches for d in b]

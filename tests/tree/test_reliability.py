@@ -23,7 +23,7 @@ from autotune_cache.registry import default_layout
 from autotune_cache.tree.layout import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.autotuner.rankfile import parse_cache_bytes
-from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
 
@@ -149,7 +149,7 @@ def test_ctrl_c_during_commit_is_deferred_until_the_entry_is_whole(tmp_path):
     code = (
         "import os, signal, sys\n"
         "from pathlib import Path\n"
-        "import autotune_cache.tree.txn as t\n"
+        "import autotune_cache.tree.crashsafe.txn as t\n"
         "from tests.synthetic import write_fake_entry\n"
         "orig = t.swap_in\n"
         "def interrupted(*a):\n"
@@ -573,7 +573,7 @@ import sys, time
 from pathlib import Path
 from autotune_cache.registry import default_layout
 from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs
-from autotune_cache.tree.txn import Transaction
+from autotune_cache.tree.crashsafe.txn import Transaction
 layout = default_layout()
 txn = Transaction(layout, Path(sys.argv[1]))
 eid = layout.make_id(("0.7.2.post1", "sm90", "0123456789abcdef"))

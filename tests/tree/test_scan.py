@@ -13,7 +13,7 @@ from autotune_cache.tree import scan as scan_mod
 from autotune_cache.tree import entry_scan as entry_scan_mod
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.registry import default_layout
-from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 from autotune_cache.plan.topology import Topology
@@ -141,7 +141,7 @@ def test_unreadable_entry_dir(root):
     """Where permissions apply: an entry dir that cannot be listed is `unreadable`, not 56y old."""
     eid = write_fake_entry(root)
     entry_path(root, eid).chmod(0o000)
-    code = ("import json,sys; from autotune_cache.tree.scan import scan_cache; (e,)=scan_cache(sys.argv[1]).entries;"
+    code = ("import json,sys; from autotune_cache.tree.scanner.scan import scan_cache; (e,)=scan_cache(sys.argv[1]).entries;"
             "print(json.dumps([e.status.value, e.last_modified > 0, e.problems]))")
     proc = subprocess.run(unprivileged([sys.executable, "-c", code, str(root)]), capture_output=True, text=True,
                           cwd=REPO)

@@ -14,8 +14,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from autotune_cache.tree.store import Store
-from autotune_cache.tree.storehouse import plan_store_delete
+from autotune_cache.tree.store.store import Store
+from autotune_cache.tree.store.storehouse import plan_store_delete
 from tests.synthetic import default_fields, write_fake_entry
 
 from ..conftest import run_cli
@@ -334,7 +334,7 @@ def test_a_sweep_never_takes_a_bundle_an_unreadable_record_or_an_edited_tombston
 def test_an_orphan_published_or_uploaded_again_since_the_survey_stays(tmp_path):
     """The check just before a sweep removes an orphan: a record naming it since the listing,
     or a fresh upload of the same name (a push of that entry), keeps it."""
-    from autotune_cache.tree.storesweep import _still_orphan, survey
+    from autotune_cache.tree.store.storesweep import _still_orphan, survey
 
     root, path = tmp_path / "tree", tmp_path / "store"
     files = StoreFiles(f"file://{path}", path=path)

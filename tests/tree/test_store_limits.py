@@ -13,8 +13,8 @@ import time
 import pytest
 
 from autotune_cache.registry import default_layout
-from autotune_cache.tree.scan import scan_cache
-from autotune_cache.tree.store import Store, bundle_of
+from autotune_cache.tree.scanner.scan import scan_cache
+from autotune_cache.tree.store.store import Store, bundle_of
 from tests.synthetic import default_fields, write_fake_entry
 
 from ..conftest import REPO, run_cli
@@ -104,7 +104,7 @@ def test_a_server_trickling_faster_than_the_timeout_fails_at_its_deadline(tmp_pa
 def test_every_request_to_a_remote_store_has_a_deadline():
     """The deadline is fsspec's own for an asynchronous backend (the request is cancelled): the
     exact call our code makes, checked on a stand-in of fsspec's sync wrapper."""
-    from autotune_cache.tree.storeio import DeadlinePassed, bounded
+    from autotune_cache.tree.store.storeio import DeadlinePassed, bounded
     from fsspec.exceptions import FSTimeoutError
 
     calls = []

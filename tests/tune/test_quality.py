@@ -15,7 +15,7 @@ from autotune_cache.tune.quality import (DEFAULT_THRESHOLD, Candidate, QualitySe
                                     candidates, choose)
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_file_key
 from autotune_cache.plan.request import TuneRequest
-from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.tune.gpus import GpuInfo
 from autotune_cache.tune.pool import WorkerPool

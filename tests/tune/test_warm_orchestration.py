@@ -17,7 +17,7 @@ from dataclasses import replace
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS
 from autotune_cache.plan.request import TuneRequest
-from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.plan.flags import ServerFlags
 from tests.synthetic import write_fake_entry
 from autotune_cache.tune.gpus import GpuInfo

@@ -22,12 +22,12 @@ from typing import Callable, Iterator, TypeVar
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.registry import default_layout
-from autotune_cache.tree.atime import policy_for
-from autotune_cache.tree.digestindex import DigestIndex
-from autotune_cache.tree.entry_scan import scan_entry
+from autotune_cache.tree.scanner.atime import policy_for
+from autotune_cache.tree.scanner.digestindex import DigestIndex
+from autotune_cache.tree.scanner.entry_scan import scan_entry
 from autotune_cache.tree.layout import CacheLayout
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
-from autotune_cache.tree.walk import iter_entry_dirs, list_entry_dirs
+from autotune_cache.tree.scanner.walk import iter_entry_dirs, list_entry_dirs
 
 __all__ = ["CacheEntry", "CacheInfo", "Finding", "PARALLEL_MIN_ENTRIES", "STREAM_BATCH", "iter_entries", "map_entries", "scan_cache", "scan_entry"]
 

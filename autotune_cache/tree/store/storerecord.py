@@ -3,7 +3,7 @@
 A record is a small JSON file anyone with write access to the store can edit; only the bundle
 it names is pinned (by the sha256 in that name). So a record is parsed defensively here (types,
 a bundle path that matches its sha256, a format this version reads), and ``pull`` judges the
-bundle's own contents against it (``tree/pull.py``). Also the store's shared small names: the
+bundle's own contents against it (``tree/store/pull.py``). Also the store's shared small names: the
 error type, and URLs without credentials for messages.
 """
 

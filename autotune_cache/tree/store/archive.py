@@ -23,8 +23,8 @@ from autotune_cache.tree.layout import (JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DI
                                         EntryId, NameKind)
 from autotune_cache.tree.manifest import Manifest, NewerManifest
 from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, parse_cache_bytes
-from autotune_cache.tree.entry_scan import manifest_names_other_entry
-from autotune_cache.tree.txn import Transaction
+from autotune_cache.tree.scanner.entry_scan import manifest_names_other_entry
+from autotune_cache.tree.crashsafe.txn import Transaction
 from autotune_cache.tree.writer import replace_policy
 
 #: Members in one archive: 8 files per entry for ~12,000 entries.

@@ -22,14 +22,14 @@ from datetime import datetime, timezone
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import format_size
-from autotune_cache.tree.atomic import crashpoint
+from autotune_cache.tree.crashsafe.atomic import crashpoint
 from autotune_cache.tree.delete import Candidate, DeleteResult
 from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.status import EntryStatus
-from autotune_cache.tree.store import MARKER, STORE_FORMAT, Store
-from autotune_cache.tree.storerecord import StoreRecord
-from autotune_cache.tree.storesweep import Remains, dead_temps, survey, sweep_store, write_summary
+from autotune_cache.tree.store.store import MARKER, STORE_FORMAT, Store
+from autotune_cache.tree.store.storerecord import StoreRecord
+from autotune_cache.tree.store.storesweep import Remains, dead_temps, survey, sweep_store, write_summary
 
 @dataclass(frozen=True)
 class RecordView:

@@ -36,9 +36,9 @@ from pathlib import Path
 from autotune_cache.errors import UsageError
 from autotune_cache.tree.delete import STALE_TEMP_AGE_S
 from autotune_cache.tree.layout import LOCKS_DIRNAME, EntryId
-from autotune_cache.tree.locks import dead_owner, other_owner_alive
-from autotune_cache.tree.store import TEMP_PREFIX, TOMBSTONES, Store, is_missing
-from autotune_cache.tree.storerecord import MAX_RECORD_BYTES
+from autotune_cache.tree.crashsafe.locks import dead_owner, other_owner_alive
+from autotune_cache.tree.store.store import TEMP_PREFIX, TOMBSTONES, Store, is_missing
+from autotune_cache.tree.store.storerecord import MAX_RECORD_BYTES
 
 #: A bundle no record names goes once this old, whoever may be writing: a push publishes its
 #: record seconds after its bundle, so an hour-old orphan is a killed push's or delete's.

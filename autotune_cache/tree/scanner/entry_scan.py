@@ -17,8 +17,8 @@ from stat import S_ISDIR, S_ISREG
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.rankfile import RankFile, read_regular_file
 from autotune_cache.plan.topology import MAX_RANK_FILES, Topology, TopologyError
-from autotune_cache.tree.digestindex import DigestIndex, entry_key
-from autotune_cache.tree.dirs import dir_size, list_dir
+from autotune_cache.tree.scanner.digestindex import DigestIndex, entry_key
+from autotune_cache.tree.crashsafe.dirs import dir_size, list_dir
 from autotune_cache.tree.layout import MANIFEST_NAME, CacheLayout, EntryId, NameKind
 from autotune_cache.autotuner.installed import VERSION_RE
 from autotune_cache.tree.manifest import Manifest, NewerManifest

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.tree.archive import ImportPlan, ImportResult, import_archives
+from autotune_cache.tree.store.archive import ImportPlan, ImportResult, import_archives
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.refs import exact_ref
-from autotune_cache.tree.store import Store
-from autotune_cache.tree.storerecord import StoreError, StoreRecord
-from autotune_cache.tree.txn import StagedEntry, Transaction
+from autotune_cache.tree.store.store import Store
+from autotune_cache.tree.store.storerecord import StoreError, StoreRecord
+from autotune_cache.tree.crashsafe.txn import StagedEntry, Transaction
 
 
 class PullRefused(FiAutotuneError):

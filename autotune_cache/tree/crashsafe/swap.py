@@ -9,8 +9,8 @@ import os
 import stat as stat_mod
 from pathlib import Path
 
-from autotune_cache.tree.atomic import crashpoint, exchange_paths, fsync_dir
-from autotune_cache.tree.dirs import remove_tree
+from autotune_cache.tree.crashsafe.atomic import crashpoint, exchange_paths, fsync_dir
+from autotune_cache.tree.crashsafe.dirs import remove_tree
 
 
 def inode_of(path: Path) -> int | None:

@@ -35,13 +35,13 @@ from urllib.parse import urlsplit
 
 from autotune_cache.version import __version__
 from autotune_cache.errors import FiAutotuneError, UsageError
-from autotune_cache.tree.export import export_entries
-from autotune_cache.tree.atomic import atomic_write_bytes, crashpoint
+from autotune_cache.tree.store.export import export_entries
+from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, crashpoint
 from autotune_cache.tree.layout import CacheLayout, EntryId
-from autotune_cache.tree.locks import hold_owner_lock, release_owner_lock
-from autotune_cache.tree.storeio import (TIMEOUT_ENV, DeadlinePassed, TooLarge, bounded, is_timeout, read_capped,
+from autotune_cache.tree.crashsafe.locks import hold_owner_lock, release_owner_lock
+from autotune_cache.tree.store.storeio import (TIMEOUT_ENV, DeadlinePassed, TooLarge, bounded, is_timeout, read_capped,
                                          store_timeout, timeout_options)
-from autotune_cache.tree.storerecord import MAX_RECORD_BYTES, StoreError, StoreRecord, redact
+from autotune_cache.tree.store.storerecord import MAX_RECORD_BYTES, StoreError, StoreRecord, redact
 
 MARKER = "fi-autotune-store.json"
 STORE_FORMAT = 1

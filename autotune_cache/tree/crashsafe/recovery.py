@@ -20,13 +20,13 @@ import os
 import secrets
 from pathlib import Path
 
-from autotune_cache.tree.atomic import atomic_write_bytes, ensure_tree_dirs, fsync_dir
-from autotune_cache.tree.dirs import remove_tree
+from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, ensure_tree_dirs, fsync_dir
+from autotune_cache.tree.crashsafe.dirs import remove_tree
 from autotune_cache.tree.layout import OUR_PREFIX, STAGE_DIR_RE, TRASH_DIR_RE, CacheLayout, EntryId
-from autotune_cache.tree.locks import dead_owner, entry_lock
+from autotune_cache.tree.crashsafe.locks import dead_owner, entry_lock
 from autotune_cache.tree.records import CacheInfo, Finding
 from autotune_cache.tree.refs import exact_ref
-from autotune_cache.tree.swap import inode_of, swap_in, unlink_synced
+from autotune_cache.tree.crashsafe.swap import inode_of, swap_in, unlink_synced
 
 JOURNAL_FORMAT = 1
 #: A delete journal's ``kind`` (a transaction's has none).
