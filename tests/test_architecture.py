@@ -75,9 +75,9 @@ SYNTHETIC = {
     "autotune_cache/errors.py": "class Error(Exception):\n    pass\n",
     "autotune_cache/plan/__init__.py": "",
     # plan imports tree (up a floor) and tree imports plan: a cycle, and one arrow up
-    "autotune_cache/plan/spec.py": "from autotune_cache.tree import scan\nfrom ..errors import Error\n",
+    "autotune_cache/plan/spec.py": "from autotune_cache.tree import reader\nfrom ..errors import Error\n",
     "autotune_cache/tree/__init__.py": "",
-    "autotune_cache/tree/scanner/scan.py": (
+    "autotune_cache/tree/reader.py": (
         "from typing import TYPE_CHECKING\n"
         "from autotune_cache.plan.spec import Error\n"
         "if TYPE_CHECKING:\n"
@@ -89,7 +89,7 @@ SYNTHETIC = {
     "autotune_cache/tune/kernels.py": "import flashinfer.autotuner\n",
     "autotune_cache/tune/gpu.py": "from autotune_cache.tune.kernels import flashinfer as kernel\n",
     "autotune_cache/tune/run.py": (
-        "from autotune_cache.tree.scanner.scan import _helper\n"
+        "from autotune_cache.tree.reader import _helper\n"
         "def go():\n"
         "    import torch  # a heavy dependency: allowed lazily\n"
         "    from autotune_cache.plan import spec  # ours: a local import\n"
@@ -125,7 +125,7 @@ def test_checker_finds_each_cycle_with_its_edges(synthetic):
     found = ig.cycles(synthetic)
     assert len(found) == 2, found
     plan_tree = next(c for c in found if "autotune_cache.plan.spec" in c)
-    assert "autotune_cache.tree.scanner.scan" in plan_tree and "autotune_cache/plan/spec.py:1" in plan_tree
+    assert "autotune_cache.tree.reader" in plan_tree and "autotune_cache/plan/spec.py:1" in plan_tree
     cli = next(c for c in found if "cli.main" in c)
     assert "cli/main.py:1 -> cli.cmd" in cli and "cli/cmd.py:1 -> cli.main" in cli  # the installed name is ours
 
@@ -135,7 +135,7 @@ def test_checker_finds_local_imports_of_ours_only(synthetic):
 
 
 def test_checker_finds_private_names(synthetic):
-    assert ig.private_imports(synthetic) == ["autotune_cache/tune/run.py:1: from autotune_cache.tree.scanner.scan import _helper"]
+    assert ig.private_imports(synthetic) == ["autotune_cache/tune/run.py:1: from autotune_cache.tree.reader import _helper"]
 
 
 def test_checker_finds_long_modules_and_functions(synthetic):
@@ -163,7 +163,7 @@ def test_checker_finds_arrows_up_the_floors(synthetic):
     found = [x for x in ig.floor_violations(synthetic) if "crowd" not in x]
     assert found == [
         "autotune_cache/stray.py: autotune_cache.stray is on no floor",
-        "autotune_cache/plan/spec.py:1: autotune_cache.plan.spec (floor 2, plan) imports autotune_cache.tree.scanner.scan "
+        "autotune_cache/plan/spec.py:1: autotune_cache.plan.spec (floor 2, plan) imports autotune_cache.tree.reader "
         "(floor 3, tree): up",
     ], found  # TYPE_CHECKING imports, down-going imports and the CLI's imports are not offenders
 

@@ -459,7 +459,7 @@ def test_a_refused_import_taking_its_empty_tree_away_does_not_break_a_concurrent
     """Two imports into one new root: the refused one made the tree and takes it away again just
     as the other has made it too (between its mkdirs and its owner lock). The other must make it
     again and import, not fail with 'cannot write to the cache tree'."""
-    from autotune_cache.tree import txn
+    from autotune_cache.tree.crashsafe import txn
     from autotune_cache.tree.store.archive import import_archive
 
     eid = write_fake_entry(root)

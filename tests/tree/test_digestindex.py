@@ -20,8 +20,8 @@ import pytest
 from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.plan.topology import Topology
 from autotune_cache.registry import default_layout
-from autotune_cache.tree import entry_scan as entry_scan_mod
-from autotune_cache.tree import digestindex as di
+from autotune_cache.tree.scanner import entry_scan as entry_scan_mod
+from autotune_cache.tree.scanner import digestindex as di
 from autotune_cache.tree.scanner.digestindex import DigestIndex
 from autotune_cache.tree.scanner.scan import iter_entries, scan_cache
 from autotune_cache.tree.status import EntryStatus

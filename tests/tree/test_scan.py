@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.tree import scan as scan_mod
-from autotune_cache.tree import entry_scan as entry_scan_mod
+from autotune_cache.tree.scanner import scan as scan_mod
+from autotune_cache.tree.scanner import entry_scan as entry_scan_mod
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.registry import default_layout
 from autotune_cache.tree.scanner.scan import scan_cache
