@@ -13,8 +13,11 @@ call) resumes from what is saved.
 
 Which keys a bucket produced is recorded as the worker tunes it (``worker.SlotRecorder``), so
 each target's rank files hold exactly its own buckets, byte for byte what a ``warm`` of that
-target alone would write from the same measurements. The pool, the dealing, the existing-entry
-rule and the commit are ``warm``'s own (``dispatch``, ``commit``).
+target alone would write from the same measurements.
+
+``warm`` of one target is a fleet of one (``warm_fleet(alone=True)``): the same admission (the
+existing-entry rule), work queue, dispatch, supervision and commit, in the target's own work dir
+(``workdir.work_dir``), with careful tuning, and committed once the workers have finished.
 """
 
 from __future__ import annotations

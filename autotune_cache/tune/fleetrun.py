@@ -114,8 +114,8 @@ class FleetRun:
                     ready.append(lambda item=item: self.commit(item))
         return ready
 
-    def _phases(self) -> list[Phase]:
-        queue = self.queue()
+    def _phases(self, queue: list[tuple[int, int]]) -> list[Phase]:
+        """Tuning the queue; careful mode then races what the tunes disagree on (``careful.py``)."""
         phases = [Phase("tuning", lambda: [f"{t} {b}" for t, b in queue], self.profiles(), self.already())]
         if self.quality.careful:
             def race_phase() -> list[str]:
@@ -138,10 +138,10 @@ class FleetRun:
     def tune(self, pool: WorkerPool | None, machine: Machine, progress) -> list[dict]:
         """Deal the work to the pool; the workers' events. A fleet commits each target as it
         completes; one target (not ``shared``) is committed by the caller (``commit_alone``)."""
-        phases, tasks = self._phases(), self._tasks()
-        n_items = len(self.queue())
+        queue = self.queue()
+        phases, tasks = self._phases(queue), self._tasks()
         with pool_for(machine, self.gpus, pool) as p:
-            active = len(p.procs) if self.quality.careful else min(len(p.procs), n_items)
+            active = len(p.procs) if self.quality.careful else min(len(p.procs), len(queue))
             if not self.shared:
                 return run_workers(p, tasks, active, phases, progress, skip_if_idle=True)
             try:
