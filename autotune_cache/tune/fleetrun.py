@@ -142,8 +142,8 @@ class FleetRun:
         phases, tasks = self._phases(queue), self._tasks()
         with pool_for(machine, self.gpus, pool) as p:
             active = len(p.procs) if self.quality.careful else min(len(p.procs), len(queue))
-            if not self.shared:
-                return run_workers(p, tasks, active, phases, progress, skip_if_idle=True)
+            if not self.shared:  # nothing left to tune still shows its progress line, as it always has
+                return run_workers(p, tasks, active, phases, progress)
             try:
                 for item in self.items:  # nothing left to tune for it (an earlier run saved it all)
                     if not self.remaining[id(item)]:
