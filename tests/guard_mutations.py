@@ -134,7 +134,7 @@ MUTATIONS = [
      "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n", "        pass\n",
      "tests/tune/test_warm_orchestration.py::test_a_second_warm_of_the_same_target_is_refused_while_one_runs"),
     ("fleet: a target gets its own buckets only", "autotune_cache/tune/fleetrun.py",
-     "                for b in op[\"buckets\"]:\n                    recs = records[g].get(b)", "                for b in records[g]:\n                    recs = records[g].get(b)",
+     "        for b in op[\"buckets\"]:\n            recs = records[g].get(b)", "        for b in records[g]:\n            recs = records[g].get(b)",
      "tests/tune/test_fleet.py::test_a_target_gets_only_its_own_buckets_of_a_shared_call"),
     ("fleet: two targets of one entry refused", "cli/targetscmd.py",
      "        if m.plan.autotunes and first is not m:\n", "        if False:\n",

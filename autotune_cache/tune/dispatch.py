@@ -1,6 +1,6 @@
 """The part every warm shares once its work is known: start (or reuse) the pool, hand each worker
-its task file, deal the items and read the events (``supervise.py``). ``warm`` and
-``warm --targets`` differ only in what they deal and how they commit."""
+its task file, deal the items and read the events (``supervise.py``). Every warm reaches it
+through ``fleetrun.FleetRun`` (one target is a fleet of one)."""
 
 from __future__ import annotations
 

@@ -13,28 +13,35 @@ call) resumes from what is saved.
 
 Which keys a bucket produced is recorded as the worker tunes it (``worker.SlotRecorder``), so
 each target's rank files hold exactly its own buckets, byte for byte what a ``warm`` of that
-target alone would write from the same measurements. The pool, the dealing, the existing-entry
-rule and the commit are ``warm``'s own (``dispatch``, ``commit``).
+target alone would write from the same measurements.
+
+``warm`` of one target is a fleet of one (``warm_fleet(alone=True)``): the same admission (the
+existing-entry rule), work queue, dispatch, supervision and commit, in the target's own work dir
+(``workdir.work_dir``), with careful tuning, and committed once the workers have finished.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator
 
 from autotune_cache.plan.tuning import TuningPlan
-from autotune_cache.tune.commit import existing_entry
+from autotune_cache.tune.commit import Existing, existing_entry
 from autotune_cache.tune.fleetrun import FleetRun
 from autotune_cache.tune.gpus import GpuInfo
 from autotune_cache.tune.machine import THIS_MACHINE, Machine, preflight
 from autotune_cache.tune.pool import WorkerPool
+from autotune_cache.tune.quality import QualitySettings
 from autotune_cache.tune.timings import worker_timings
 from autotune_cache.tune.work import distinct_ops, profiles_of
-from autotune_cache.tune.workdir import lock_work_dir, op_work_dir, open_work_dir, read_done
+from autotune_cache.tune.workdir import lock_work_dir, op_work_dir, open_work_dir, work_dir
 
 
 def call_signature(op: dict) -> str:
@@ -58,6 +65,12 @@ class FleetItem:
     worker: str = "target"
     needs: dict = field(default_factory=dict)  # global op -> set of buckets
     local: list = field(default_factory=list)  # per workload: [(global op, local op dict)]
+    existing: Existing | None = None  # the entry found at its path (admit)
+    #: What its commit wrote (``FleetRun.commit_alone``): ``commit.commit_plan``'s answer, the
+    #: rank files' names and, careful, the selection summary.
+    written: str = ""
+    rank_files: list = field(default_factory=list)
+    selection: dict = field(default_factory=dict)
 
     @property
     def profiles(self) -> int:
@@ -120,10 +133,10 @@ class FleetResult:
                 "gpus": self.gpus, "timings": self.timings}
 
 
-def _admit(items: list[FleetItem], info: GpuInfo, gpus: int | None, pool: WorkerPool | None,
-           force: bool) -> tuple[list[FleetItem], int | None]:
+def admit(items: list[FleetItem], info: GpuInfo, gpus: int | None, pool: WorkerPool | None,
+          force: bool) -> tuple[list[FleetItem], int | None]:
     """The items to tune, and the worker count: the others are marked (nothing to tune, refused,
-    already complete) by the rule a single ``warm`` follows."""
+    already complete; ``item.existing`` is what was found) - one rule for every warm."""
     todo: list[FleetItem] = []
     n = None
     for item in items:
@@ -132,7 +145,7 @@ def _admit(items: list[FleetItem], info: GpuInfo, gpus: int | None, pool: Worker
             item.status, item.message = "nothing-to-tune", f"{plan.engine} would not autotune this configuration"
             continue
         n = preflight(plan, info, gpus, pool)
-        existing = None if force else existing_entry(plan, info)
+        existing = item.existing = None if force else existing_entry(plan, info)
         if existing is not None and existing.refusal:
             item.status, item.message = "failed", existing.refusal
             continue
@@ -141,6 +154,29 @@ def _admit(items: list[FleetItem], info: GpuInfo, gpus: int | None, pool: Worker
             continue
         todo.append(item)
     return todo, n
+
+
+def careful_settings(plan: TuningPlan, quality: QualitySettings | None) -> QualitySettings:
+    """The run's settings; a careful race replays CUDA graphs up to the engine's decode batch
+    (every attention-DP rank's, at a MoE) unless told otherwise."""
+    quality = quality or QualitySettings()
+    if quality.careful and not quality.graph_max_tokens:
+        quality = dataclasses.replace(quality, graph_max_tokens=plan.resolution.decode_batch * plan.resolution.attn_dp_size)
+    return quality
+
+
+@contextmanager
+def held_dirs(dirs: list[Path], force: bool) -> Iterator[None]:
+    """The run's work dirs, locked (``workdir.lock_work_dir``) and opened for as long as it tunes."""
+    locks = []
+    try:
+        for d in dict.fromkeys(dirs):
+            locks.append(lock_work_dir(d))
+            open_work_dir(d, force)
+        yield
+    finally:
+        for fd in locks:
+            os.close(fd)
 
 
 def warm_fleet(
@@ -154,32 +190,36 @@ def warm_fleet(
     on_committed: Callable[[FleetItem], None] | None = None,
     machine: Machine = THIS_MACHINE,
     deal: str = "targets",
+    quality: QualitySettings | None = None,
+    alone: bool = False,
+    started: tuple[float, float] | None = None,
 ) -> FleetResult:
     """Tune every item's plan on one pool, identical calls once; each item committed (and handed
-    to ``on_committed``) as soon as its own buckets are saved."""
-    t_start = time.perf_counter()
-    todo, n = _admit(items, info, gpus, pool, force)
-    work = merge_work(todo)
-    total = sum(i.profiles for i in todo)
+    to ``on_committed``) as soon as its own buckets are saved. ``alone``: one target (``warm``),
+    tuned in its own work dir (``quality`` may be careful) and committed once the workers have
+    finished, its manifest recording their timings (from ``started``: perf and epoch seconds)."""
+    t_start, epoch_start = started or (time.perf_counter(), time.time())
+    todo, n = admit(items, info, gpus, pool, force)
     if not todo:
         return FleetResult(items, 0, 0, 0, 0, {})
-    dirs = [op_work_dir(todo[0].plan, sig) for sig in work.signatures]
-    locks = []
-    try:
-        for d in dirs:
-            locks.append(lock_work_dir(d))
-            open_work_dir(d, force)
-        run = FleetRun(todo, work.ops, dirs, [read_done(d, FleetRun.PREFIX) for d in dirs], force, n, on_committed,
-                       deal)
-        distinct, already = work.profiles(), run.already()
-        events = run.tune(pool, machine, progress, distinct)
+    quality = careful_settings(todo[0].plan, quality)
+    work = merge_work(todo)
+    total = sum(i.profiles for i in todo)
+    dirs = ([work_dir(todo[0].plan, quality)] * len(work.ops) if alone else
+            [op_work_dir(todo[0].plan, sig) for sig in work.signatures])
+    with held_dirs(dirs, force):
+        run = FleetRun(todo, work.ops, dirs, None, force, n, on_committed, deal, quality=quality, shared=not alone)
+        tuned = run.profiles() - run.already()
+        events = run.tune(pool, machine, progress)
         t_end = time.perf_counter()
-        timings = worker_timings(events, t_start, t_end) if events else {}
-        timings["wall_s"] = round(t_end - t_start, 3)
+        timings = worker_timings(events, t_start, t_end) if events or alone else {}
+        if alone:
+            run.commit_alone(todo[0], {"profiles": run.profiles(), "profiles_tuned_this_run": tuned, "gpus": n,
+                                       **{k: v for k, v in timings.items() if k != "timeline"}})
+            timings["write_s"] = round(time.perf_counter() - t_end, 3)
+            timings["timeline"].update(planned=epoch_start, written=time.time())
+        timings["wall_s"] = round(time.perf_counter() - t_start, 3) if alone else round(t_end - t_start, 3)
         if all(i.status == "written" for i in todo):
-            for d in dirs:
+            for d in dict.fromkeys(dirs):
                 shutil.rmtree(d, ignore_errors=True)
-        return FleetResult(items, total, distinct, distinct - already, n or 0, timings)
-    finally:
-        for fd in locks:
-            os.close(fd)
+        return FleetResult(items, total, run.profiles(), tuned, n or 0, timings)

@@ -77,9 +77,9 @@ def _done_lines(wd: Path, prefix: str):
                 yield int(bucket), rest
 
 
-def read_done(wd: Path, prefix: "str | int") -> set[int]:
+def read_done(wd: Path, prefix: str) -> set[int]:
     """Buckets a tune has saved (a done line is written only after the op's file holds them)."""
-    return {b for b, _ in _done_lines(wd, prefix if isinstance(prefix, str) else tune_prefix(prefix, None))}
+    return {b for b, _ in _done_lines(wd, prefix)}
 
 
 def read_slot_records(wd: Path, prefix: str) -> dict[int, list[SlotRecord]]:

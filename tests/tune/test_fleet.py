@@ -248,6 +248,23 @@ def test_longest_first_orders_by_cost_across_targets():
         FleetRun(items, ops, [], [set(), set()], False, 1, None, "shortest")
 
 
+def test_careful_tuning_is_one_target_in_its_own_work_dir():
+    """A careful run races and selects per call in one target's work dir (``warm`` of one
+    target); a shared per-call dir holds other targets' buckets, so the run refuses it."""
+    from types import SimpleNamespace
+    from autotune_cache.tune.fleetrun import FleetRun
+    from autotune_cache.tune.quality import QualitySettings
+    ops = [{"custom_ops": ["gemm"], "buckets": [1, 8192]}]
+    one = [SimpleNamespace(needs={0: {1, 8192}})]
+    careful = QualitySettings("careful")
+    with pytest.raises(ValueError, match="careful"):
+        FleetRun(one, ops, [Path("a")], None, False, 1, None, quality=careful)
+    with pytest.raises(ValueError, match="careful"):
+        FleetRun(one * 2, ops, [Path("a")], None, False, 1, None, quality=careful, shared=False)
+    run = FleetRun(one, ops, [Path("a")], [set()] * careful.tunes, False, 1, None, quality=careful, shared=False)
+    assert run.tunes == [(0, r) for r in range(careful.tunes)] and run.prefix(0, 1) == "op0.r1"
+
+
 def test_a_failed_run_keeps_what_it_wrote_and_resumes(fleet, tmp_path):
     proc = warm_targets(fleet, tmp_path, "--gpus", "1", "--deal", "targets", env={"FAKE_WORKER_MODE": "crash-after-100"})
     assert proc.returncode == 1 and "exited with -9" in proc.stderr
