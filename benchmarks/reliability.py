@@ -106,8 +106,8 @@ from autotune_cache.registry import default_layout  # noqa: E402
 from autotune_cache.tree.layout import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE  # noqa: E402
 from autotune_cache.tree.manifest import Manifest  # noqa: E402
 from autotune_cache.autotuner.rankfile import parse_cache_bytes  # noqa: E402
-from tests.synthetic import (DEFAULT_METADATA, cache_file_bytes, default_fields, fake_configs, write_fake_entry,  # noqa: E402
-                             write_vllm_entry)  # noqa: E402
+from devtools.synthetic import (DEFAULT_METADATA, cache_file_bytes, default_fields, fake_configs, write_fake_entry,  # noqa: E402
+                                write_vllm_entry)  # noqa: E402
 
 SG = default_layout()
 COLUMNS = ("attempts", "kills", "corrupt", "lost", "half", "leftovers", "unfinished", "tracebacks", "hangs",
@@ -190,7 +190,7 @@ def seeded(tmp: Path, n: int, tag: str, tp: int = 2) -> tuple[Path, Path, list[s
 def concurrency(tmp: Path, rounds: int) -> Row:
     row = Row()
     src = tmp / "conc-src"
-    subprocess.run([sys.executable, "-m", "tests._workers", "seed", str(src)], cwd=REPO, check=True)
+    subprocess.run([sys.executable, "-m", "devtools.workers", "seed", str(src)], cwd=REPO, check=True)
     archive = tmp / "conc.tgz"
     assert cli("export", "-o", archive, "--cache-dir", src).returncode == 0
     expected = sorted(statuses(src, row))
@@ -198,7 +198,7 @@ def concurrency(tmp: Path, rounds: int) -> Row:
         root = tmp / f"conc-{r}"
         procs = ([("writer", 3, i) for i in range(3)] + [("pruner", 4, i) for i in range(2)]
                  + [("importer", 3, i) for i in range(3)])
-        running = [subprocess.Popen([sys.executable, "-m", "tests._workers", mode, str(root), str(n),
+        running = [subprocess.Popen([sys.executable, "-m", "devtools.workers", mode, str(root), str(n),
                                      *([str(archive)] if mode == "importer" else []), f"{r}-{i}"],
                                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for mode, n, i in procs]
         for p in running:
@@ -241,7 +241,7 @@ def kill_at_random(tmp: Path, kills: int, rng: random.Random) -> Row:
             p = subprocess.Popen([sys.executable, "-m", "fi_autotune_cli", *argv], cwd=REPO,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         else:
-            p = subprocess.Popen([sys.executable, "-m", "tests._workers", "forever", str(root), "0", str(i)], cwd=REPO,
+            p = subprocess.Popen([sys.executable, "-m", "devtools.workers", "forever", str(root), "0", str(i)], cwd=REPO,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             p.stdout.readline()
         time.sleep(rng.uniform(0.05, 0.9 if kind == "import" else 0.5))

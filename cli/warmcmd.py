@@ -2,7 +2,7 @@
 
 Each parses its options into typed requests, calls one library function (``tune.session``:
 ``run_warm``, ``run_fleet``; ``tune.verify``) and prints the result. The machine - its GPUs and
-the worker command - comes from click's context object when one is given (tests/_fake_gpu_cli.py
+the worker command - comes from click's context object when one is given (tests/standins/fake_gpu_cli.py
 runs the real command on fake GPUs that way), else it is this machine.
 """
 

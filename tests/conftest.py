@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ._servers import SECRET, free_port, wait_for
+from .support.servers import SECRET, free_port, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 

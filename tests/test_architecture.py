@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from . import _import_graph as ig
+from .support import import_graph as ig
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ import pytest
 
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.flags import ServerFlags
-from tests.synthetic import DEFAULT_METADATA, entry_path, write_plan_entry
+from devtools.synthetic import DEFAULT_METADATA, entry_path, write_plan_entry
 
 from .conftest import run_cli
 

@@ -2,7 +2,7 @@
 what command starts a worker on one.
 
 The defaults are this machine's (NVML, ``python -m autotune_cache.tune.worker``). A GPU-less CI
-passes fixed GPUs and a stand-in worker script instead (tests/_fake_gpu_cli.py) - through this
+passes fixed GPUs and a stand-in worker script instead (tests/standins/fake_gpu_cli.py) - through this
 parameter, not through hooks in the code: everything else runs as in production.
 """
 

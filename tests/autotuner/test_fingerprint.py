@@ -15,7 +15,7 @@ import pytest
 
 from autotune_cache.errors import UsageError
 from autotune_cache.autotuner.fingerprint import FIELDS, Fingerprint
-from tests.synthetic import DEFAULT_METADATA
+from devtools.synthetic import DEFAULT_METADATA
 
 flashinfer_autotuner = pytest.importorskip("flashinfer.autotuner.autotuner")
 

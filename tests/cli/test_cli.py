@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.registry import default_layout
-from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
+from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 
 from ..conftest import REPO, run_cli, run_json
 

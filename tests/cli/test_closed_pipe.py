@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from tests.synthetic import default_fields, write_fake_entry
+from devtools.synthetic import default_fields, write_fake_entry
 
 from ..conftest import REPO
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from autotune_cache.plan.request import TuneRequest
-from tests.synthetic import DEFAULT_METADATA, write_plan_entry
+from devtools.synthetic import DEFAULT_METADATA, write_plan_entry
 
 from ..conftest import run_cli
 
@@ -128,7 +128,7 @@ def test_one_targets_error_names_it_and_the_others_still_run(tmp_path):
 
 
 def test_warm_targets_tunes_the_good_targets_and_names_the_bad_one(tmp_path):
-    from tests._fake_gpus import gpu_env, run_gpu_cli
+    from tests.support.fake_gpus import gpu_env, run_gpu_cli
 
     targets = tmp_path / "t.yaml"
     targets.write_text(json.dumps({"defaults": {"flashinfer_version": "0.7.2.post1"}, "targets": [

@@ -10,8 +10,8 @@ import pytest
 
 from fi_autotune_cli.main import COMMANDS
 from fi_autotune_cli.output import JSON_FORMATS, json_format
-from tests._fake_gpus import gpu_env, run_gpu_cli
-from tests.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
+from tests.support.fake_gpus import gpu_env, run_gpu_cli
+from devtools.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
 
 from ..conftest import REPO, run_cli
 

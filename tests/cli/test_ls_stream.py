@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from cli.output import Output
-from tests.synthetic import default_fields, write_fake_entry
+from devtools.synthetic import default_fields, write_fake_entry
 
 from ..conftest import run_cli
 

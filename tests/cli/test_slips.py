@@ -13,7 +13,7 @@ import pytest
 
 from autotune_cache.humanize import parse_duration, parse_size
 from autotune_cache.errors import UsageError
-from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry, write_vllm_entry
+from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry, write_vllm_entry
 
 from ..conftest import run_cli, run_json
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
+from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 
 from ..conftest import REPO, run_cli, run_json
 
@@ -281,7 +281,7 @@ def test_answering_no_at_the_prompt_is_exit_1_not_an_interruption(root):
 def _qwen_entry(root, version: str):
     from autotune_cache.plan.flags import ServerFlags
     from autotune_cache.plan.request import TuneRequest
-    from tests.synthetic import write_plan_entry
+    from devtools.synthetic import write_plan_entry
 
     req = TuneRequest("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass"), arch="sm90",
                       flashinfer_version=version)

@@ -1,5 +1,5 @@
 """The engine seam: an engine fi-autotune has never heard of, added by one module
-(tests/_toy_engine.py) and one registry line, works with plan, ls, show and rm - no command
+(tests/support/toy_engine.py) and one registry line, works with plan, ls, show and rm - no command
 and no library module names it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from autotune_cache import registry
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.plan.request import TuneRequest
-from tests.synthetic import write_plan_entry
+from devtools.synthetic import write_plan_entry
 from fi_autotune_cli.main import main
 
 QWEN = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass",
@@ -21,7 +21,7 @@ QWEN = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "f
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
-    registry.register_engine("toy", "tests._toy_engine:ENGINE")  # the one line
+    registry.register_engine("toy", "tests.support.toy_engine:ENGINE")  # the one line
     root = tmp_path / "toy-root"
     root.mkdir()
     monkeypatch.setenv("TOY_CACHE_DIR", str(root))
@@ -42,12 +42,12 @@ def test_the_registry_finds_the_toy_engine_and_its_layout(toy):
     registry.unregister_engine("toy")
     with pytest.raises(UsageError, match="unknown layout 'toy'"):
         registry.get_layout("toy")
-    registry.register_engine("toy", "tests._toy_engine:ENGINE")
+    registry.register_engine("toy", "tests.support.toy_engine:ENGINE")
 
 
 def test_a_name_taken_is_refused():
     with pytest.raises(ValueError, match="already registered"):
-        registry.register_engine("sglang", "tests._toy_engine:ENGINE")
+        registry.register_engine("sglang", "tests.support.toy_engine:ENGINE")
 
 
 def test_plan_for_the_toy_engine(toy, capsys):

@@ -14,7 +14,7 @@ from autotune_cache.engines.sglang.dispatch import TABLE as DISPATCH
 from autotune_cache.engines.sglang.serving_command import FLAG_TABLE, MODELLED, flag_table, parse_serving_command
 
 from ..conftest import run_cli
-from ..sglang_golden import DATA, our_plan, worker_diffs
+from ..support.sglang_golden import DATA, our_plan, worker_diffs
 
 TABLE = json.loads(FLAG_TABLE.read_text())["flags"]
 PROBES = json.loads((DATA / "probes.json").read_text())["bases"] if (DATA / "probes.json").is_file() else {}

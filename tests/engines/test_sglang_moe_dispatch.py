@@ -36,7 +36,7 @@ def test_bf16_experts_on_flashinfer_mxfp4_run_triton_and_tune_nothing(tmp_path, 
 
 from autotune_cache.engines.sglang.dispatch import TABLE, is_tunable_moe_api  # noqa: E402
 
-from ..sglang_golden import our_plan  # noqa: E402
+from ..support.sglang_golden import our_plan  # noqa: E402
 
 ALL = json.loads(TABLE.read_text())["probes"]
 #: Probes that ran to SGLang's answer (not those the oracle's environment failed: record.py ENVIRONMENT_ERRORS)

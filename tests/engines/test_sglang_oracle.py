@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from ..sglang_golden import DATA, REPO, compare_call, compare_keys, matching_op, ops_of, our_plan, worker_diffs
+from ..support.sglang_golden import DATA, REPO, compare_call, compare_keys, matching_op, ops_of, our_plan, worker_diffs
 
 MATRIX = json.loads((REPO / "tests" / "data" / "serving_matrix.json").read_text())
 GOLDEN = json.loads((DATA / "matrix.json").read_text())["cases"] if (DATA / "matrix.json").is_file() else {}

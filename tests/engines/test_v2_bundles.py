@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from ..conftest import run_cli
-from .._fake_gpus import gpu_env, run_gpu_cli
-from ..synthetic import DEFAULT_METADATA
+from ..support.fake_gpus import gpu_env, run_gpu_cli
+from devtools.synthetic import DEFAULT_METADATA
 
 QWEN = ["--model", "Qwen/Qwen3-30B-A3B", "--moe-runner-backend", "flashinfer_cutlass", "--flashinfer-version", "0.7.2.post1"]
 META = {**DEFAULT_METADATA, "gpu": "NVIDIA H200"}

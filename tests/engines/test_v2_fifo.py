@@ -8,7 +8,7 @@ import stat
 
 from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.plan.request import TuneRequest
-from tests.synthetic import write_plan_entry
+from devtools.synthetic import write_plan_entry
 
 from ..conftest import run_cli, run_json
 

@@ -11,7 +11,7 @@ import pytest
 from autotune_cache.autotuner.lookup_keys import TorchDtype, encode_key_fields, parse_key
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.flags import ServerFlags
-from tests.synthetic import DEFAULT_METADATA, write_plan_entry
+from devtools.synthetic import DEFAULT_METADATA, write_plan_entry
 
 from ..conftest import run_cli, run_json
 

@@ -13,7 +13,7 @@ import pytest
 
 from autotune_cache.registry import get_layout
 from autotune_cache.engines.vllm.layout import VllmRankName, arch_dir
-from tests.synthetic import write_vllm_entry
+from devtools.synthetic import write_vllm_entry
 
 from ..conftest import REPO, run_cli, run_json
 
@@ -56,7 +56,7 @@ def test_paths_are_vllms_own(tmp_path, archs, expect_dir):
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vroot"), "FLASHINFER_CUDA_ARCH_LIST": archs,
            "CUDA_VISIBLE_DEVICES": ""}
     env.pop("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", None)
-    out = subprocess.run([VLLM_PYTHON, str(REPO / "tests" / "_vllm_paths.py"), json.dumps(pairs)], env=env,
+    out = subprocess.run([VLLM_PYTHON, str(REPO / "tests" / "oracle" / "vllm_paths.py"), json.dumps(pairs)], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     theirs = json.loads(out.stdout.strip().splitlines()[-1])
@@ -68,7 +68,7 @@ def test_paths_are_vllms_own(tmp_path, archs, expect_dir):
     assert theirs["v2_root"] is None
     # With the override, the hash dirs sit directly in it (our vllm-dir layout), and so does v2.
     env["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] = str(tmp_path / "shared")
-    out = subprocess.run([VLLM_PYTHON, str(REPO / "tests" / "_vllm_paths.py"), "[]"], env=env,
+    out = subprocess.run([VLLM_PYTHON, str(REPO / "tests" / "oracle" / "vllm_paths.py"), "[]"], env=env,
                          capture_output=True, text=True, timeout=300)
     theirs = json.loads(out.stdout.strip().splitlines()[-1])
     assert theirs["root"] == str(tmp_path / "shared") == theirs["v2_root"]
@@ -94,7 +94,7 @@ def test_ls_lists_a_vllm_tree_with_its_ranks(tmp_path):
 
 
 def test_ls_without_layout_lists_vllm_beside_sglang(tmp_path, root):
-    from tests.synthetic import write_fake_entry
+    from devtools.synthetic import write_fake_entry
 
     write_fake_entry(root)
     vroot = tmp_path / "vllm"
@@ -231,7 +231,7 @@ def test_other_versions_never_takes_an_entry_whose_version_it_cannot_read(tmp_pa
         == [f"vllm-dir:{H1}"]
     # Files without a readable version: never "another version" than the installed one.
     from autotune_cache.autotuner.rankfile import cache_file_bytes
-    from tests.synthetic import DEFAULT_METADATA, fake_configs
+    from devtools.synthetic import DEFAULT_METADATA, fake_configs
 
     meta = {k: v for k, v in DEFAULT_METADATA.items() if k != "flashinfer_version"}
     (path / "autotune_configs_dp0_rank0.json").write_bytes(cache_file_bytes(meta, fake_configs()))
@@ -244,7 +244,7 @@ def test_metadata_that_differs_across_ranks_is_diverged(tmp_path):
     root = tmp_path / "vllm"
     path = write_vllm_entry(root, H1, world=2)
     from autotune_cache.autotuner.rankfile import cache_file_bytes
-    from tests.synthetic import DEFAULT_METADATA, fake_configs
+    from devtools.synthetic import DEFAULT_METADATA, fake_configs
 
     (path / "autotune_configs_dp0_rank1.json").write_bytes(
         cache_file_bytes({**DEFAULT_METADATA, "cudnn_version": "91600"}, fake_configs()))
@@ -305,7 +305,7 @@ def test_two_layouts_in_one_root_keep_their_own_digest_index(tmp_path):
 
     from autotune_cache.tree.scanner.digestindex import DigestIndex, entry_key
     from autotune_cache.tree.scanner.scan import scan_cache
-    from tests.synthetic import entry_path, write_fake_entry
+    from devtools.synthetic import entry_path, write_fake_entry
 
     root = tmp_path / "shared-root"
     eid = write_fake_entry(root, with_manifest=False)

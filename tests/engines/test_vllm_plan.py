@@ -18,7 +18,7 @@ from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.engines.vllm.target import VllmTarget, parse_config_hash
 
 from ..conftest import REPO, run_cli
-from .._fake_gpus import gpu_env, run_gpu_cli
+from ..support.fake_gpus import gpu_env, run_gpu_cli
 
 H = "c0ffee" * 10 + "abcd"
 QWEN = "Qwen/Qwen3-30B-A3B"
@@ -243,7 +243,7 @@ def test_a_manifest_naming_another_vllm_entry_is_not_trusted(tmp_path):
 
 # --- checked against vLLM's own call ------------------------------------------------------------
 # tests/data holds the calls vLLM 0.33.0's FlashInferExperts.apply made (recorded on CPU by
-# tests/_vllm_moe_call.py, FlashInfer's function replaced by a recorder), bound to FlashInfer's
+# tests/oracle/vllm_moe_call.py, FlashInfer's function replaced by a recorder), bound to FlashInfer's
 # signature with its defaults: CI compares our recipes with them without vLLM; with an interpreter
 # that has vLLM ($FI_AUTOTUNE_VLLM_PYTHON) they are recorded again and must not have changed.
 
@@ -255,7 +255,7 @@ NOT_IN_KEY = {"tp_rank", "ep_rank", "output"}
 
 
 def our_call(tmp_path, name: str, sglang: bool = False) -> dict:
-    from .._fi_call import bound, materialize
+    from ..support.fi_call import bound, materialize
 
     case = GOLDEN["cases"][name]["case"]
     config = per_tensor_fp8_config(tmp_path) if case["fp8"] else None
@@ -288,7 +288,7 @@ def test_sglangs_call_is_not_vllms(tmp_path):
 @pytest.mark.parametrize("name", sorted(GOLDEN["cases"]))
 def test_golden_calls_are_what_vllm_makes(name):
     case = GOLDEN["cases"][name]["case"]
-    out = subprocess.run([VLLM_PYTHON, str(REPO / "tests" / "_vllm_moe_call.py"), json.dumps({"case": case})],
+    out = subprocess.run([VLLM_PYTHON, str(REPO / "tests" / "oracle" / "vllm_moe_call.py"), json.dumps({"case": case})],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])["vllm"] == GOLDEN["cases"][name]["call"]

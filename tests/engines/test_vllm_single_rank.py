@@ -1,7 +1,7 @@
 """A single-rank vLLM 0.33 (tp x pp x dp = 1) reads FlashInfer's managed store, not per-rank
 files (``use_flashinfer_autotune_v2``), at ``resolve_flashinfer_autotune_v2_root``: warm tunes
 vLLM's own call and publishes it there; FlashInfer's own store class (run on CPU) is the judge
-of what was written. The real CLI on stand-in GPUs (tests/_fake_gpu_cli.py)."""
+of what was written. The real CLI on stand-in GPUs (tests/standins/fake_gpu_cli.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from autotune_cache.engines.vllm.target import VllmTarget
 from autotune_cache.tune.envprobe import probe_environment
 
 from ..conftest import run_cli
-from .._fake_gpus import gpu_env, run_gpu_cli
-from ..synthetic import DEFAULT_METADATA
+from ..support.fake_gpus import gpu_env, run_gpu_cli
+from devtools.synthetic import DEFAULT_METADATA
 
 QWEN = "Qwen/Qwen3-30B-A3B"
 FLAGS = ["--model", QWEN, "--moe-runner-backend", "flashinfer_cutlass", "--flashinfer-version", "0.7.2.post1"]

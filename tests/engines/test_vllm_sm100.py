@@ -19,7 +19,7 @@ from autotune_cache.plan.request import TuneRequest
 from autotune_cache.engines.vllm.target import VllmTarget
 
 from ..conftest import REPO, run_cli
-from ..sglang_golden import compare_call, compare_keys
+from ..support.sglang_golden import compare_call, compare_keys
 
 GOLDEN_PATH = REPO / "tests" / "data" / "vllm-0.33.0" / "sm100-trtllm_bf16_moe.json"
 GOLDEN = json.loads(GOLDEN_PATH.read_text())
@@ -98,7 +98,7 @@ def test_golden_is_what_vllm_and_flashinfer_make_now(tmp_path):
 def test_warm_on_a_b200_writes_the_recorded_calls_keys(tmp_path):
     """The real CLI on a stand-in B200: a single-rank vLLM's store holds exactly FlashInfer's keys
     for vLLM's recorded call (one entry per bucket)."""
-    from .._fake_gpus import gpu_env, run_gpu_cli
+    from ..support.fake_gpus import gpu_env, run_gpu_cli
 
     env = gpu_env(tmp_path, VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=str(tmp_path / "vroot"), FAKE_GPUS="1xNVIDIA B200@sm100",
                   FAKE_GPU="NVIDIA B200")

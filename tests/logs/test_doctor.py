@@ -11,7 +11,7 @@ import pytest
 
 from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.plan.topology import Topology
-from tests.synthetic import write_fake_entry
+from devtools.synthetic import write_fake_entry
 
 from ..conftest import run_cli
 

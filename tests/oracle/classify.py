@@ -13,7 +13,7 @@ compared with its base:
 
 A flag's effect is ``matters`` if any probe differs, else ``reaches`` if any probe reaches, else
 ``none`` if at least one probe ran and every probe that ran was the same, else ``unknown``.
-fi-autotune reads ``modelled`` flags itself (``servecmd.MODELLED``), whatever the probes say.
+fi-autotune reads ``modelled`` flags itself (``MODELLED`` in autotune_cache/engines/sglang/serving_command.py), whatever the probes say.
 """
 
 from __future__ import annotations

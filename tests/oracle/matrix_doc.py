@@ -58,7 +58,7 @@ def table() -> str:
                 status, diffs = diff_case(golden, Path(tmp))
                 ours = "equal" if status == "equal" and not diffs else status
                 if status == "refused":
-                    from tests.sglang_golden import our_plan
+                    from tests.support.sglang_golden import our_plan
 
                     line = str(our_plan(golden, Path(tmp))[1]).strip().splitlines()[-1]
                     ours = "refused: " + line.removeprefix("fi-autotune: error: ")[:140]

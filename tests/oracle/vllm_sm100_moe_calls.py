@@ -13,8 +13,8 @@ are the shapes vLLM keeps after ``convert_moe_weights_to_flashinfer_trtllm_block
 in-place reorder: ``[E, 2I, H]`` and ``[E, H, I]``), viewed by vLLM's own ``view_as_block_major_k``.
 Printed: one record per case, ``{"id", "case", "api", "m", "kwargs"}`` with every parameter of
 FlashInfer's function bound (defaults applied) and encoded as ``tests/oracle/flashinfer_keys.py``
-reads it, so the same record gives FlashInfer's own keys (``record_vllm_sm100`` in
-``tests/oracle/record.py`` runs both). Not vLLM's code: process groups (rank 0 of the configured
+reads it, so the same record gives FlashInfer's own keys (``golden()`` below runs both:
+``--golden``). Not vLLM's code: process groups (rank 0 of the configured
 widths), and the device (CPU tensors; the experts' ``apply`` never asks for one).
 """
 

@@ -1,6 +1,6 @@
 """docs/deploy.md's recipes, run: every ``# recipe:`` shell block, in order, against a real S3
 server on loopback. GPU steps (``fi-autotune env`` and ``warm`` on the GPU box) are stood in for
-by tests/_standin.py where no GPU exists; everything else runs as written."""
+by tests/standins/deploy_steps.py where no GPU exists; everything else runs as written."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ DOC = REPO / "docs" / "deploy.md"
 BLOCK_RE = re.compile(r"```bash\n(# recipe: (?P<name>[\w-]+) (?P<step>\d+)/(?P<steps>\d+) \((?P<where>[^)]*)\)\n.*?)```", re.S)
 
 STANDIN = (
-    'fi-autotune() { case "$1" in env|warm) "$FI_PY" -m tests._standin "$@";; *) command fi-autotune "$@";; esac; }\n'
+    'fi-autotune() { case "$1" in env|warm) "$FI_PY" -m tests.standins.deploy_steps "$@";; *) command fi-autotune "$@";; esac; }\n'
 )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from autotune_cache.tree.diff import compare_configs, token_positions
 from autotune_cache.autotuner.rankfile import cache_file_bytes
-from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, fake_configs, write_fake_entry
+from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, fake_configs, write_fake_entry
 
 from ..conftest import run_cli
 
@@ -169,7 +169,7 @@ def test_what_the_engine_would_notice_is_never_identical(tmp_path, root):
 
 def test_a_file_against_an_entry_whose_ranks_differ(tmp_path):
     from autotune_cache.registry import default_layout
-    from tests.synthetic import make_manifest
+    from devtools.synthetic import make_manifest
     from autotune_cache.plan.topology import Topology
     from autotune_cache.tree.writer import commit_entry
 

@@ -25,7 +25,7 @@ from autotune_cache.tree.scanner import digestindex as di
 from autotune_cache.tree.scanner.digestindex import DigestIndex
 from autotune_cache.tree.scanner.scan import iter_entries, scan_cache
 from autotune_cache.tree.status import EntryStatus
-from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs, make_manifest
+from devtools.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs, make_manifest
 
 from ..conftest import REPO
 

@@ -14,7 +14,7 @@ import filelock
 
 from autotune_cache.registry import default_layout
 from autotune_cache.tree.layout import LOCKS_DIRNAME, TRASH_DIR_RE, trash_name
-from tests.synthetic import default_fields, entry_path, write_fake_entry
+from devtools.synthetic import default_fields, entry_path, write_fake_entry
 
 from ..conftest import run_cli, run_json
 

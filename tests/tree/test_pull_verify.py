@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
+from devtools.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
 
-from .._servers import SECRET
+from ..support.servers import SECRET
 from ..conftest import run_cli
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -25,7 +25,7 @@ from autotune_cache.tree.manifest import Manifest
 from autotune_cache.autotuner.rankfile import parse_cache_bytes
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
-from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
+from devtools.synthetic import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
 
 from ..conftest import REPO, run_cli, run_cli_unprivileged, run_json
 
@@ -33,7 +33,7 @@ SG = default_layout()
 
 
 def worker(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests._workers", *map(str, args)], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "devtools.workers", *map(str, args)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -150,7 +150,7 @@ def test_ctrl_c_during_commit_is_deferred_until_the_entry_is_whole(tmp_path):
         "import os, signal, sys\n"
         "from pathlib import Path\n"
         "import autotune_cache.tree.crashsafe.txn as t\n"
-        "from tests.synthetic import write_fake_entry\n"
+        "from devtools.synthetic import write_fake_entry\n"
         "orig = t.swap_in\n"
         "def interrupted(*a):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
@@ -572,7 +572,7 @@ STAGER = """
 import sys, time
 from pathlib import Path
 from autotune_cache.registry import default_layout
-from tests.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs
+from devtools.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs
 from autotune_cache.tree.crashsafe.txn import Transaction
 layout = default_layout()
 txn = Transaction(layout, Path(sys.argv[1]))

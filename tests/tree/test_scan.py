@@ -15,7 +15,7 @@ from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.registry import default_layout
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
-from tests.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
+from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 from autotune_cache.plan.topology import Topology
 
 from ..conftest import REPO, unprivileged

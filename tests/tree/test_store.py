@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
+from devtools.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
 
-from .._servers import SECRET, free_port as _free_port, wait_for as _wait_for
+from ..support.servers import SECRET, free_port as _free_port, wait_for as _wait_for
 from ..conftest import REPO, run_cli
 
 pytest.importorskip("s3fs")

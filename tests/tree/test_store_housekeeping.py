@@ -16,7 +16,7 @@ import pytest
 
 from autotune_cache.tree.store.store import Store
 from autotune_cache.tree.store.storehouse import plan_store_delete
-from tests.synthetic import default_fields, write_fake_entry
+from devtools.synthetic import default_fields, write_fake_entry
 
 from ..conftest import run_cli
 from .test_pull_verify import StoreFiles, cli, store  # noqa: F401 - the store fixture (file:// and S3)

@@ -15,7 +15,7 @@ import pytest
 from autotune_cache.registry import default_layout
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.store.store import Store, bundle_of
-from tests.synthetic import default_fields, write_fake_entry
+from devtools.synthetic import default_fields, write_fake_entry
 
 from ..conftest import REPO, run_cli
 from .test_pull_verify import pushed, store  # noqa: F401 - the store fixture (file:// and S3)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry, write_vllm_entry
+from devtools.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry, write_vllm_entry
 
 from ..conftest import run_cli
 from ..engines.test_v2_bundles import V2, env_dir as v2_env_dir, store_root as v2_root, tree as v2_tree  # noqa: F401

@@ -1,7 +1,7 @@
 """Fleets: targets files, plan/warm/check --targets, sharding - with real processes and real trees.
 
-No GPU exists here: ``warm`` runs through tests/_fake_gpu_cli.py, the real command line on a
-machine of two H200s whose workers run tests/_fake_worker.py (it writes the keys the plan's
+No GPU exists here: ``warm`` runs through tests/standins/fake_gpu_cli.py, the real command line on a
+machine of two H200s whose workers run tests/standins/fake_worker.py (it writes the keys the plan's
 recipes predict, with an H200 fingerprint). Everything else - planning, the work queue, the
 commits, the stores, the shard split - is the real thing.
 """
@@ -18,7 +18,7 @@ import pytest
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.targets import MAX_TARGETS, assign, load_targets, parse_shard, parse_targets, shard_from_env
 
-from .._fake_gpus import FAKE_GPU_CLI, gpu_env, run_gpu_cli
+from ..support.fake_gpus import FAKE_GPU_CLI, gpu_env, run_gpu_cli
 from ..conftest import REPO, run_cli
 
 TARGETS = """\
@@ -140,7 +140,7 @@ def test_plan_targets_merges_identical_calls_and_shows_coverage(fleet, tmp_path)
     data = json.loads(run_cli("plan", "--targets", str(fleet), "--cache-dir", str(root), "--json").stdout)
     assert {t["coverage"] for t in data["workers"]} == {"missing"}
     assert data["profiles_one_by_one"] == 294 and data["profiles_merged"] == 252
-    from tests.synthetic import entry_path, write_plan_entry
+    from devtools.synthetic import entry_path, write_plan_entry
     from autotune_cache.plan.request import TuneRequest
 
     plan = TuneRequest.from_dict(data["workers"][2]["request"]).plan(root)

@@ -63,11 +63,11 @@ def assert_schema(command: str, data: dict) -> None:
 
 
 def v2_replay(args, root: Path, result: dict, v2: Path) -> dict:
-    """FlashInfer's own v2 store, as warm wrote it, in an engine's startup pass (tests/_v2_replay.py)."""
+    """FlashInfer's own v2 store, as warm wrote it, in an engine's startup pass (tests/gpu_probes/v2_replay.py)."""
     plan = root.parent / "plan.json"
     (target,) = run_json("plan", *args, "--cache-dir", str(root))["workers"]
     plan.write_text(json.dumps(target))  # the one worker's plan, as the replay reads it
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "_v2_replay.py"), str(plan), result["rank_files"][0], str(v2)],
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "gpu_probes" / "v2_replay.py"), str(plan), result["rank_files"][0], str(v2)],
                           capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rep = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -294,7 +294,7 @@ def test_vllm_layout_serves_vllms_own_call(tmp_path):
     vdir = Path(by_name["vllm"]["key_dir"])
     sg_file = sorted(Path(by_name["sglang"]["key_dir"]).glob("rank_*.json"))[0]
     golden = json.loads((REPO / "tests" / "data" / "vllm-0.33.0-cutlass_fused_moe-calls.json").read_text())
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "_vllm_replay.py"), json.dumps(golden["cases"]["tp2"]),
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "gpu_probes" / "vllm_replay.py"), json.dumps(golden["cases"]["tp2"]),
                            str(vdir), "8192", str(sg_file)], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -307,7 +307,7 @@ def test_vllm_layout_serves_vllms_own_call(tmp_path):
 
 
 def vllm_v2_pass(case: dict, root: Path) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "_vllm_replay.py"), "--v2", json.dumps(case), str(root),
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "gpu_probes" / "vllm_replay.py"), "--v2", json.dumps(case), str(root),
                            "8192"], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,5 +1,5 @@
 """Careful tuning: the selection rules (no GPU), and warm's careful mode with real worker
-processes (tests/_fake_worker.py stands in for the GPU part; the real race runs in test_gpu.py)."""
+processes (tests/standins/fake_worker.py stands in for the GPU part; the real race runs in test_gpu.py)."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_settings_race_graph_only_at_decode_sizes():
 
 # -- warm --quality careful with real worker processes ------------------------------------------
 
-FAKE = [sys.executable, str(REPO / "tests" / "_fake_worker.py")]
+FAKE = [sys.executable, str(REPO / "tests" / "standins" / "fake_worker.py")]
 H200 = GpuInfo(2, "sm90", ("NVIDIA H200", "NVIDIA H200"))
 
 

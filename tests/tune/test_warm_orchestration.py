@@ -1,6 +1,6 @@
 """warm's orchestration on CPU with real worker processes speaking the worker protocol.
 
-No GPU exists here, so tests/_fake_worker.py stands in for the GPU part of autotune_cache.tune.worker;
+No GPU exists here, so tests/standins/fake_worker.py stands in for the GPU part of autotune_cache.tune.worker;
 it receives exactly the task files warm writes. The real worker runs in tests/tune/test_gpu.py.
 """
 
@@ -19,14 +19,14 @@ from autotune_cache.autotuner.rankfile import RESERVED_KEYS
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.plan.flags import ServerFlags
-from tests.synthetic import write_fake_entry
+from devtools.synthetic import write_fake_entry
 from autotune_cache.tune.gpus import GpuInfo
 from autotune_cache.tune.pool import WorkerPool
 from autotune_cache.tune.warm import warm
 
 from ..conftest import REPO
 
-FAKE = [sys.executable, str(REPO / "tests" / "_fake_worker.py")]
+FAKE = [sys.executable, str(REPO / "tests" / "standins" / "fake_worker.py")]
 H200 = GpuInfo(2, "sm90", ("NVIDIA H200", "NVIDIA H200"))
 
 
@@ -102,7 +102,7 @@ def test_mixed_metadata_is_refused(plan, monkeypatch):
     monkeypatch.setenv("FAKE_WORKER_MODE", "ok")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     # worker 1 reports another GPU model in its files' _metadata
-    argv = [sys.executable, "-c", "import os,sys,runpy; os.environ['FAKE_GPU']='NVIDIA H100 80GB HBM3' if os.environ['CUDA_VISIBLE_DEVICES']=='1' else 'NVIDIA H200'; sys.argv=['w']; runpy.run_path(%r, run_name='__main__')" % str(REPO / "tests" / "_fake_worker.py")]
+    argv = [sys.executable, "-c", "import os,sys,runpy; os.environ['FAKE_GPU']='NVIDIA H100 80GB HBM3' if os.environ['CUDA_VISIBLE_DEVICES']=='1' else 'NVIDIA H200'; sys.argv=['w']; runpy.run_path(%r, run_name='__main__')" % str(REPO / "tests" / "standins" / "fake_worker.py")]
     with pytest.raises(FiAutotuneError, match="different environments"):
         warm(plan, gpus=2, gpu_info=H200, pool=WorkerPool(2, argv=argv))
     assert not scan_cache(plan.cache_root).entries

@@ -1,7 +1,7 @@
 """The import graph of ``autotune_cache/`` and ``cli/``, read with ``ast`` (nothing is imported),
 and the rules of issue 21 checked on it. Used by tests/test_architecture.py; also a script:
 
-    python tests/_import_graph.py [ROOT]     # prints every rule's offenders and their counts
+    python tests/support/import_graph.py [ROOT]     # prints every rule's offenders and their counts
 
 What counts as an import edge: a module-level ``import``/``from ... import`` of one of our modules
 (class bodies and ``try`` blocks included). An import inside ``if TYPE_CHECKING:`` is no edge (it
@@ -345,7 +345,7 @@ RULES = {
 
 
 def main(argv: list[str]) -> int:
-    g = read_graph(Path(argv[0]) if argv else Path(__file__).resolve().parent.parent)
+    g = read_graph(Path(argv[0]) if argv else Path(__file__).resolve().parents[2])
     print(f"modules {len(g.files)}, import edges {len({(i.src, i.target) for i in g.edges})}")
     for name, rule in RULES.items():
         found = rule(g)

@@ -1,6 +1,6 @@
-"""Write the startup-log fixtures of ``doctor`` (tests/logs/test_doctor.py) in this folder.
+"""Write the startup-log fixtures of ``doctor`` (tests/logs/test_doctor.py) in tests/data/engine_logs/.
 
-    .venv/bin/python tests/data/engine_logs/record.py
+    .venv/bin/python tests/oracle/engine_logs.py
 
 How each line is made (what is the engines' own, and what is replayed):
 - line prefixes: Python ``logging`` with each engine's own formatter string and date format
@@ -14,7 +14,7 @@ How each line is made (what is the engines' own, and what is replayed):
   desc ``[AutoTuner]: Tuning {op}``, unit ``profile``), its redraws ``\\r``-separated as tqdm
   writes them to a pipe;
 - paths: SGLang's key from fi-autotune's key schema (held to SGLang's own function by
-  tests/engines/test_sglang_oracle.py), so the hit fixtures name entries ``tests/synthetic`` writes.
+  tests/engines/test_sglang_oracle.py), so the hit fixtures name entries ``devtools/synthetic`` writes.
 Not yet done: running SGLang's ``flashinfer_autotune_context`` itself on the CPU oracle
 (tests/oracle/) to emit these lines; the GPU test (tests/logs/test_doctor_gpu.py) reads a log of
 FlashInfer's own autotuner on a lent GPU.
@@ -30,8 +30,9 @@ from pathlib import Path
 
 import tqdm
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))
+REPO = Path(__file__).resolve().parents[2]
+HERE = REPO / "tests" / "data" / "engine_logs"  # where the fixtures live (next to FORMATS.md)
+sys.path.insert(0, str(REPO))
 
 from autotune_cache.plan.entry_key import KeyFields, get_schema  # noqa: E402
 

@@ -1,12 +1,12 @@
 """The real ``fi-autotune`` command line on a machine without a GPU:
 
-    python tests/_fake_gpu_cli.py warm ARGS...
+    python tests/standins/fake_gpu_cli.py warm ARGS...
 
 runs the click CLI in this process exactly as ``fi-autotune`` does (same errors, same exit
 codes), with one thing swapped: the machine warm runs on (``autotune_cache.tune.machine.Machine``,
 handed to the commands as click's context object). It sees ``FAKE_GPUS`` (default
 ``2xNVIDIA H200@sm90``: count x name @ arch) and starts ``FAKE_WORKER`` (default
-tests/_fake_worker.py, which speaks the worker protocol and writes the keys the plan's recipes
+tests/standins/fake_worker.py, which speaks the worker protocol and writes the keys the plan's recipes
 predict) as each GPU's worker. Everything else - planning, the work queue, the commits, the
 stores - is the real thing.
 """
@@ -21,18 +21,18 @@ from autotune_cache.tune.gpus import GpuInfo
 from autotune_cache.tune.machine import Machine
 from fi_autotune_cli import main as cli_main
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.synthetic
-from tests.synthetic import DEFAULT_METADATA  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: devtools.synthetic
+from devtools.synthetic import DEFAULT_METADATA  # noqa: E402
 
 DEFAULT_GPUS = "2xNVIDIA H200@sm90"
-DEFAULT_WORKER = str(Path(__file__).resolve().parent / "_fake_worker.py")
+DEFAULT_WORKER = str(Path(__file__).resolve().parent / "fake_worker.py")
 
 
 def fake_machine(gpus: str = DEFAULT_GPUS, worker: str = DEFAULT_WORKER) -> Machine:
     """``gpus`` as ``<count>x<name>@<arch>``; ``worker`` the script each worker process runs."""
     count, _, rest = gpus.partition("x")
     name, _, arch = rest.partition("@")
-    # FlashInfer's metadata as the stand-in worker writes it (tests/_fake_worker.py)
+    # FlashInfer's metadata as the stand-in worker writes it (tests/standins/fake_worker.py)
     metadata = {**DEFAULT_METADATA, "gpu": os.environ.get("FAKE_GPU", "NVIDIA H200")}
     return Machine(GpuInfo(int(count), arch, (name,) * int(count)), (sys.executable, worker), metadata)
 

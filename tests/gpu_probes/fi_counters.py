@@ -2,7 +2,7 @@
 
 ``count_tuner()`` wraps ``AutoTuner.search_cache`` (each lookup: op, input shapes, hit, runner,
 tactic) and ``AutoTuner._profile_single_kernel`` (one per (runner, tactic) timed) for the rest of
-the process. Used by tests/_v2_replay.py and tests/_vllm_replay.py (both run as scripts)."""
+the process. Used by tests/gpu_probes/v2_replay.py and tests/gpu_probes/vllm_replay.py (both run as scripts)."""
 
 from __future__ import annotations
 

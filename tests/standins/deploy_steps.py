@@ -5,8 +5,8 @@
 * ``warm ARGS``: parses ARGS with the real ``warm`` command's options and writes the entry
   ``warm`` would write for them (every key the plan's recipes predict, that fingerprint as
   ``_metadata``), through the real writer;
-* ``warm --targets ...``: the real command (tests/_fake_gpu_cli.py), with two H200s and
-  tests/_fake_worker.py standing in for the GPUs and the GPU worker (it writes the same keys and
+* ``warm --targets ...``: the real command (tests/standins/fake_gpu_cli.py), with two H200s and
+  tests/standins/fake_worker.py standing in for the GPUs and the GPU worker (it writes the same keys and
   fingerprint).
 
 Only what cannot exist in CI (a GPU) is faked; every other step of a recipe runs for real.
@@ -17,11 +17,11 @@ from __future__ import annotations
 import json
 import sys
 
-from tests.synthetic import DEFAULT_METADATA, write_plan_entry
+from devtools.synthetic import DEFAULT_METADATA, write_plan_entry
 from fi_autotune_cli.plancmd import build_plan, request_from
 from fi_autotune_cli.warmcmd import warm_cmd
 
-from ._fake_gpu_cli import fake_machine, run
+from .fake_gpu_cli import fake_machine, run
 
 H200 = {"format": 1, "tool": "fi-autotune env", "fingerprint": DEFAULT_METADATA, "arch": "sm90",
         "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": None}], "host": "gpu-box", "captured": None}

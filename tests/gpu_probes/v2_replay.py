@@ -1,7 +1,7 @@
 """GPU helper for test_gpu.py: does FlashInfer's own v2 store, as warm wrote it, serve the engine's
 startup pass with no profiling and the same tactics as the rank file?
 
-``python tests/_v2_replay.py PLAN_JSON RANK_FILE V2_ROOT`` prints one JSON line. Two passes over
+``python tests/gpu_probes/v2_replay.py PLAN_JSON RANK_FILE V2_ROOT`` prints one JSON line. Two passes over
 the skeleton at the engine's token counts, in this order (the v2 store, once attached, stays):
 
 1. rank file: ``load_configs`` + ``autotune(False)``: the tactics SGLang's rank file serves;
@@ -24,7 +24,7 @@ def main() -> None:
     from flashinfer.autotune_cache import autotune_v2
     from flashinfer.autotuner import AutoTuner, autotune
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from autotune_cache.tune.lm_head import lm_head_stub
     from autotune_cache.tune.skeleton import SkeletonModel
 
@@ -39,7 +39,7 @@ def main() -> None:
     from autotune_cache.plan.tuning import dummy_tokens
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _fi_counters import count_tuner
+    from fi_counters import count_tuner
 
     counters = count_tuner()
     lookups = counters.lookups

@@ -1,5 +1,6 @@
 """Synthetic but format-exact cache entries, for tests and benchmarks of the cache tree (not
-shipped in the package: benchmarks import it as ``tests.synthetic`` from the repository root).
+shipped in the package: tests and benchmarks import it as ``devtools.synthetic`` from the
+repository root).
 
 The rank files follow ``AutoTuner.save_configs`` byte for byte in structure: ``_metadata``
 first, keys sorted, ``_generation`` = sha256 of the compact sorted dump, ``indent=2``.

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "sglang-0.5.23"
 MODELS = json.loads((REPO / "tests" / "oracle" / "models.json").read_text())
 

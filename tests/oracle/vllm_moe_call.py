@@ -23,8 +23,8 @@ import vllm.model_executor.layers.fused_moe.experts.flashinfer_cutlass_moe as fc
 from vllm.config import ParallelConfig
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _fi_call import bound, materialize  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # tests/support/fi_call.py, shared with the test
+from fi_call import bound, materialize  # noqa: E402
 
 args = json.loads(sys.argv[1])
 case = args["case"]

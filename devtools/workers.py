@@ -1,4 +1,4 @@
-"""Worker processes for the reliability tests: ``python -m tests._workers MODE ROOT ...``."""
+"""Worker processes for the reliability tests: ``python -m devtools.workers MODE ROOT ...``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from autotune_cache.tree.delete import plan_prune
 from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
-from tests.synthetic import default_fields, write_fake_entry
+from devtools.synthetic import default_fields, write_fake_entry
 
 MODELS = ("zai-org/GLM-5.1-FP8", "deepseek-ai/DeepSeek-V3", "moonshotai/Kimi-K2-Instruct")
 SMALL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)

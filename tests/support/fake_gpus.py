@@ -1,5 +1,5 @@
-"""The real command line on two stand-in H200s (tests/_fake_gpu_cli.py runs the click CLI with a
-fake ``Machine``, whose workers are tests/_fake_worker.py), shared by the fleet and vLLM tests."""
+"""The real command line on two stand-in H200s (tests/standins/fake_gpu_cli.py runs the click CLI with a
+fake ``Machine``, whose workers are tests/standins/fake_worker.py), shared by the fleet and vLLM tests."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 #: The real command line on two stand-in H200s.
-FAKE_GPU_CLI = [sys.executable, str(REPO / "tests" / "_fake_gpu_cli.py")]
+FAKE_GPU_CLI = [sys.executable, str(REPO / "tests" / "standins" / "fake_gpu_cli.py")]
 
 
 def gpu_env(tmp_path: Path, **extra) -> dict:

@@ -13,7 +13,7 @@ import pytest
 
 from autotune_cache.tune.exhaustive import bootstrap, relative_iqr, shortlist, stable, summarize, table
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _noisy(mu: float, n: int, rel: float, seed: int) -> list[float]:

@@ -1,6 +1,6 @@
 """GPU helper for test_gpu.py: does a vLLM entry that warm wrote serve vLLM 0.33's own call?
 
-``python tests/_vllm_replay.py GOLDEN_CASE KEY_DIR MAX_NUM_BATCHED_TOKENS [OTHER_RANK_FILE]`` prints one
+``python tests/gpu_probes/vllm_replay.py GOLDEN_CASE KEY_DIR MAX_NUM_BATCHED_TOKENS [OTHER_RANK_FILE]`` prints one
 JSON line. The call is the one vLLM's ``FlashInferExperts.apply`` made (tests/data, recorded from
 vLLM 0.33.0 on CPU), rebuilt on the GPU with data; FlashInfer is the only engine code here.
 
@@ -15,7 +15,7 @@ vLLM 0.33.0 on CPU), rebuilt on the GPU with data; FlashInfer is the only engine
 With OTHER_RANK_FILE (the SGLang file of the same run), step 3 again over that file: the control
 that shows the keys differ (it profiles).
 
-``python tests/_vllm_replay.py --v2 GOLDEN_CASE ROOT MAX_NUM_BATCHED_TOKENS``: a single-rank vLLM,
+``python tests/gpu_probes/vllm_replay.py --v2 GOLDEN_CASE ROOT MAX_NUM_BATCHED_TOKENS``: a single-rank vLLM,
 which reads FlashInfer's managed store instead (``use_flashinfer_autotune_v2``). Its startup pass
 exactly as ``kernel_warmup.flashinfer_autotune`` enters it - ``torch.inference_mode()`` and
 ``autotune_v2(mode="tune", cache_root=ROOT)``, inside it ``autotune(tuning_buckets=
@@ -84,7 +84,7 @@ def main() -> None:
             **static, **scalars)
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _fi_counters import count_tuner
+    from fi_counters import count_tuner
 
     counters = count_tuner()
     tuner = AutoTuner.get()
