@@ -9,7 +9,8 @@ import os
 import stat as stat_mod
 from pathlib import Path
 
-from autotune_cache.tree.atomic import crashpoint, exchange_paths, fsync_dir
+from autotune_cache.tree.atomic import exchange_paths, fsync_dir
+from autotune_cache.tree.faults import crashpoint
 from autotune_cache.tree.dirs import remove_tree
 
 
