@@ -22,11 +22,11 @@ from .test_reliability import leftovers, listed, seeded_archive
 OLD_VARIABLES = {"FI_AUTOTUNE_CRASH_AT": "txn.journaled", "FI_AUTOTUNE_NO_EXCHANGE": "1"}
 
 
-def replacing(tmp_path: Path) -> tuple[Path, list[str], Path]:
-    """An archive of two entries and a tree holding older versions of both: importing it with
-    ``--force`` swaps both in (RENAME_EXCHANGE, or the journaled pair of renames without it)."""
-    archive, eids = seeded_archive(tmp_path, 2)
-    root = tmp_path / "dest"
+def replacing(tmp_path: Path, name: str = "dest") -> tuple[Path, list[str], Path]:
+    """An archive of two entries and a tree ``name`` holding older versions of both: importing it
+    with ``--force`` swaps both in (RENAME_EXCHANGE, or the journaled pair of renames without it)."""
+    archive, eids = seeded_archive(tmp_path, 2, f"{name}.tgz")
+    root = tmp_path / name
     for i in (0, 1):
         write_fake_entry(root, fields=default_fields(f"org/m{i}", tp=2, dp=2), arch="sm90", seed=99, buckets=(1, 2))
     return archive, eids, root
@@ -34,12 +34,12 @@ def replacing(tmp_path: Path) -> tuple[Path, list[str], Path]:
 
 def test_a_crash_point_in_the_environment_kills_nothing(tmp_path):
     archive, eids, root = replacing(tmp_path)
-    args = ("import", str(archive), "--force", "--cache-dir", str(root))
-    plain = run_cli(*args, env=OLD_VARIABLES)
+    plain = run_cli("import", str(archive), "--force", "--cache-dir", str(root), env=OLD_VARIABLES)
     assert plain.returncode == 0, plain.stderr
     assert listed(root) == {e: "complete" for e in eids} and leftovers(root) == []
     # the step is reached: the launcher, told to, is killed there
-    killed = run_cli(*args, launcher=crash_at("txn.journaled"))
+    archive, eids, root = replacing(tmp_path, "again")
+    killed = run_cli("import", str(archive), "--force", "--cache-dir", str(root), launcher=crash_at("txn.journaled"))
     assert killed.returncode == -signal.SIGKILL, killed.stderr
 
 
@@ -60,7 +60,7 @@ def test_the_launcher_is_the_real_command_line(tmp_path):
     """With no fault asked, the launcher is ``fi-autotune``: same output, same exit codes."""
     root = tmp_path / "tree"
     write_fake_entry(root)
-    for args in (("ls", "--cache-dir", str(root)), ("ls", "--json", "--cache-dir", str(root)),
+    for args in (("ls", "--json", "--cache-dir", str(root)),  # (the table says "5s ago": not comparable)
                  ("show", "no/such/entry", "--cache-dir", str(root)), ("ls", "--no-such-option")):
         plain, launched = run_cli(*args), run_cli(*args, launcher=crash_at())
         assert (launched.returncode, launched.stdout, launched.stderr) == (plain.returncode, plain.stdout, plain.stderr)
