@@ -13,7 +13,7 @@ Trials, each a row of the table:
   writer, each SIGKILLed after a random delay, then checked with ``ls`` (which finishes any
   interrupted write) and repaired by re-running the command;
 * kill at exact steps: every crash point of the write and delete paths
-  (``FI_AUTOTUNE_CRASH_AT``), with and without ``RENAME_EXCHANGE``;
+  (run through tests/standins/fault_cli.py), with and without ``RENAME_EXCHANGE``;
 * malformed trees x 8 commands; hostile archives.
 
 ``--long`` adds (each a row, or a row per command):
@@ -41,7 +41,7 @@ Trials, each a row of the table:
 Columns (every failure column is a count of findings; the target is zero in each):
 
 * attempts: commands run (for a kill: one kill point, its checks and its re-run count once);
-* kills: attempts whose process died by SIGKILL (sent by us, by ``FI_AUTOTUNE_CRASH_AT``, or by
+* kills: attempts whose process died by SIGKILL (sent by us, by tests/standins/fault_cli.py's crash point, or by
   strace at the syscall aimed at);
 * corrupt: a file a reader would take as finished that does not verify or parse: a rank file or
   manifest in a tree (not a temp, stage or trash name), a file of FlashInfer's managed store, a
@@ -106,8 +106,9 @@ from autotune_cache.registry import default_layout  # noqa: E402
 from autotune_cache.tree.layout import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE  # noqa: E402
 from autotune_cache.tree.manifest import Manifest  # noqa: E402
 from autotune_cache.autotuner.rankfile import parse_cache_bytes  # noqa: E402
+from tests.standins.fault_cli import crash_at  # noqa: E402
 from devtools.synthetic import (DEFAULT_METADATA, cache_file_bytes, default_fields, fake_configs, write_fake_entry,  # noqa: E402
-                                write_vllm_entry)  # noqa: E402
+                             write_vllm_entry)  # noqa: E402
 
 SG = default_layout()
 COLUMNS = ("attempts", "kills", "corrupt", "lost", "half", "leftovers", "unfinished", "tracebacks", "hangs",
@@ -116,10 +117,11 @@ FAILURES = COLUMNS[2:]
 TIMEOUT = 60
 
 
-def cli(*args, env=None, input=None) -> subprocess.CompletedProcess | None:
+def cli(*args, env=None, input=None, launcher=None) -> subprocess.CompletedProcess | None:
+    """``fi-autotune ARGS`` in a process; ``launcher``: the command to run it with instead (``crash_at``)."""
     try:
-        return subprocess.run([sys.executable, "-m", "fi_autotune_cli", *map(str, args)], cwd=REPO, capture_output=True,
-                              env={**os.environ, **(env or {})}, input=input, timeout=TIMEOUT)
+        return subprocess.run([*(launcher or [sys.executable, "-m", "fi_autotune_cli"]), *map(str, args)], cwd=REPO,
+                              capture_output=True, env={**os.environ, **(env or {})}, input=input, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         return None
 
@@ -270,23 +272,25 @@ def kill_at_random(tmp: Path, kills: int, rng: random.Random) -> Row:
     return row
 
 
-CRASH_POINTS = [("txn.staged_file:3", {}), ("txn.journaled", {}), ("txn.exchanged:1", {}), ("txn.exchanged:2", {}),
-                ("txn.swapped:2", {}), ("txn.unjournaled", {}), ("txn.between_renames:1", {"FI_AUTOTUNE_NO_EXCHANGE": "1"}),
-                ("txn.between_renames:3", {"FI_AUTOTUNE_NO_EXCHANGE": "1"})]
+# (crash point, without RENAME_EXCHANGE)
+CRASH_POINTS = [("txn.staged_file:3", False), ("txn.journaled", False), ("txn.exchanged:1", False),
+                ("txn.exchanged:2", False), ("txn.swapped:2", False), ("txn.unjournaled", False),
+                ("txn.between_renames:1", True), ("txn.between_renames:3", True)]
 
 
 def kill_at_steps(tmp: Path, repeats: int) -> Row:
     row = Row()
     _, archive, eids = seeded(tmp, 5, "step")
     for rep in range(repeats):
-        for point, env in CRASH_POINTS:
+        for point, no_exchange in CRASH_POINTS:
             root = tmp / f"step-{rep}-{point.replace(':', '_')}"
             for i in range(3):  # old versions of three of the archive's entries are there
                 write_fake_entry(root, fields=default_fields(f"org/step{i}", tp=2, dp=2), arch="sm90", seed=50 + i,
                                  buckets=(1, 2))
             before = statuses(root, row)
             row["attempts"] += 1
-            p = row.proc(cli("import", archive, "--force", "--cache-dir", root, env={"FI_AUTOTUNE_CRASH_AT": point, **env}))
+            p = row.proc(cli("import", archive, "--force", "--cache-dir", root,
+                             launcher=crash_at(point, no_exchange=no_exchange)))
             if p is not None and p.returncode != -signal.SIGKILL:
                 row.fail("half", f"{point}: never reached (exit {p.returncode})")  # the trial would prove nothing
             elif p is not None:
@@ -307,7 +311,7 @@ def kill_at_steps(tmp: Path, repeats: int) -> Row:
                 write_fake_entry(root, fields=default_fields(f"d{j}", tp=4, dp=4), flashinfer_version="0.7.1")
             row["attempts"] += 1
             p = row.proc(cli("prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", root,
-                             env={"FI_AUTOTUNE_CRASH_AT": f"prune.renamed:{n}"}))
+                             launcher=crash_at(f"prune.renamed:{n}")))
             row["kills"] += p is not None and p.returncode == -signal.SIGKILL
             now = statuses(root, row)
             row["half"] += sum(1 for s in now.values() if s != "complete")

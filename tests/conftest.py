@@ -37,12 +37,14 @@ def _own_home_caches(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "xdg-cache"))
 
 
-def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    """The real command in a real process, as a user runs it."""
+def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 120,
+            launcher: list[str] | None = None, **kw) -> subprocess.CompletedProcess:
+    """The real command in a real process, as a user runs it; ``launcher``: the command that
+    runs it instead of ``python -m fi_autotune_cli`` (tests/standins/fault_cli.py's ``crash_at``)."""
     # the runner's terminal (xdist workers export COLUMNS) must not shape what a test reads
     full_env = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "fi_autotune_cli", *args], capture_output=True, text=True,
+        [*(launcher or [sys.executable, "-m", "fi_autotune_cli"]), *args], capture_output=True, text=True,
         env=full_env, input=input, timeout=timeout, cwd=kw.pop("cwd", REPO), **kw,
     )
 

@@ -23,9 +23,10 @@ from typing import Callable
 from autotune_cache.errors import EntryLocked, FiAutotuneError, UsageError, os_error_message
 from autotune_cache.humanize import format_size, plural
 from autotune_cache.tree.scanner.atime import TimeSpan, atime_doubt
-from autotune_cache.tree.crashsafe.atomic import crashpoint, fsync_dir, remove_our_temps
+from autotune_cache.tree.crashsafe.atomic import fsync_dir, remove_our_temps
 from autotune_cache.tree.crashsafe.dirs import list_dir, remove_empty_parents, remove_tree
 from autotune_cache.tree.scanner.entry_scan import scan_entry
+from autotune_cache.tree.crashsafe.faults import crashpoint
 from autotune_cache.tree.layout import OUR_PREFIX, CacheLayout, EntryId, trash_name
 from autotune_cache.tree.crashsafe.locks import entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding

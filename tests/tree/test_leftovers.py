@@ -1,6 +1,6 @@
 """What a killed command leaves is removed by the next one that touches that place - and only
 what is provably dead. Real processes killed with SIGKILL at an exact step
-(``FI_AUTOTUNE_CRASH_AT``), real files, a real tmpfs for the full disk; nothing mocked."""
+(tests/standins/fault_cli.py), real files, a real tmpfs for the full disk; nothing mocked."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import filelock
 from autotune_cache.registry import default_layout
 from autotune_cache.tree.layout import LOCKS_DIRNAME, TRASH_DIR_RE, trash_name
 from devtools.synthetic import default_fields, entry_path, write_fake_entry
+
+from ..standins.fault_cli import crash_at
 
 from ..conftest import run_cli, run_json
 
@@ -41,7 +43,7 @@ def test_a_killed_push_leaves_temp_files_the_next_push_removes(tmp_path):
     for nth, where in ((2, "bundles"), (3, "index")):
         store = tmp_path / f"store{nth}"
         url = f"file://{store}"
-        killed = run_cli("push", url, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": f"store.temp_written:{nth}"})
+        killed = run_cli("push", url, "--cache-dir", str(root), launcher=crash_at(f"store.temp_written:{nth}"))
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         temps = store_temps(store)
         assert temps and any(where in t.parts for t in temps), temps
@@ -109,7 +111,7 @@ def test_a_killed_convert_leaves_temps_that_a_rerun_and_prune_remove(tmp_path):
     root, v2root = tmp_path / "tree", tmp_path / "v2"
     eid = str(write_fake_entry(root))
     args = ("convert", eid, "--layout", "flashinfer-v2", "--to", str(v2root), "--cache-dir", str(root))
-    killed = run_cli(*args, env={"FI_AUTOTUNE_CRASH_AT": "atomic.temp_written:3"})
+    killed = run_cli(*args, launcher=crash_at("atomic.temp_written:3"))
     assert killed.returncode == -signal.SIGKILL
     assert [p.parent.name for p in v2_temps(v2root)] == ["entries"]
     assert run_cli(*args).returncode == 0
@@ -119,7 +121,7 @@ def test_a_killed_convert_leaves_temps_that_a_rerun_and_prune_remove(tmp_path):
     env_dir = next((v2root / "v2").iterdir())
     for f in (env_dir / "entries").iterdir():
         f.unlink()
-    killed = run_cli(*args, env={"FI_AUTOTUNE_CRASH_AT": "atomic.temp_written:2"})
+    killed = run_cli(*args, launcher=crash_at("atomic.temp_written:2"))
     assert killed.returncode == -signal.SIGKILL and v2_temps(v2root)
     pruned = run_json("prune", "--layout", "flashinfer-v2", "--cache-dir", str(v2root), "--model", "no-such-model",
                       "-y", env={"FLASHINFER_AUTOTUNE_CACHE_DIR": str(v2root)})
@@ -156,7 +158,7 @@ def test_a_rerun_of_a_killed_rm_finishes_the_job(tmp_path):
     root = tmp_path / "tree"
     a, b = two_entries(root)
     keep = str(write_fake_entry(root, fields=default_fields("org/keep", tp=2, dp=1), arch="sm90", seed=3))
-    killed = run_cli("rm", "-y", a, b, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "prune.renamed:1"})
+    killed = run_cli("rm", "-y", a, b, "--cache-dir", str(root), launcher=crash_at("prune.renamed:1"))
     assert killed.returncode == -signal.SIGKILL
     assert any(TRASH_DIR_RE.match(p.name) for p in SG.base(root).rglob("*"))
     other = run_cli("rm", "-y", "0.7.2.post1/sm90/ffffffffffffffff", "--cache-dir", str(root))
@@ -176,7 +178,7 @@ def test_a_killed_rm_after_its_last_removal_is_still_finished(tmp_path):
     leaves the record of every one deleted before it."""
     root = tmp_path / "tree"
     a, b = two_entries(root)
-    killed = run_cli("rm", "-y", a, b, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "prune.renamed:2"})
+    killed = run_cli("rm", "-y", a, b, "--cache-dir", str(root), launcher=crash_at("prune.renamed:2"))
     assert killed.returncode == -signal.SIGKILL
     again = run_cli("rm", "-y", a, b, "--cache-dir", str(root))
     assert again.returncode == 0, again.stderr
@@ -213,7 +215,7 @@ def test_a_rm_killed_while_removing_its_trash_is_finished_by_a_rerun(tmp_path):
     root = tmp_path / "tree"
     ids = two_entries(root) + three_more(root)
     keep = str(write_fake_entry(root, fields=default_fields("org/keep", tp=2, dp=1), arch="sm90", seed=3))
-    killed = run_cli("rm", "-y", *ids, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "prune.trash_removed:1"})
+    killed = run_cli("rm", "-y", *ids, "--cache-dir", str(root), launcher=crash_at("prune.trash_removed:1"))
     assert killed.returncode == -signal.SIGKILL
     trash = [p for p in SG.base(root).rglob("*") if TRASH_DIR_RE.match(p.name)]
     assert len(trash) == 4, trash  # the first one went
@@ -236,7 +238,7 @@ def test_a_rm_killed_after_its_journal_resumes_only_the_ids_it_took(tmp_path):
     root = tmp_path / "tree"
     a, b = two_entries(root)
     (c,) = three_more(root)[:1]
-    killed = run_cli("rm", "-y", a, b, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "prune.journaled"})
+    killed = run_cli("rm", "-y", a, b, "--cache-dir", str(root), launcher=crash_at("prune.journaled"))
     assert killed.returncode == -signal.SIGKILL
     typo = run_cli("rm", "-y", a, "0.7.2.post1/sm90/ffffffffffffffff", "--cache-dir", str(root))
     assert typo.returncode == 1 and "no cache entry" in typo.stderr
@@ -251,7 +253,7 @@ def test_the_next_writer_sweeps_a_dead_deleters_trash_and_journal(tmp_path):
     tree - its trash and its journal - while a live deleter's trash stays."""
     root, other = tmp_path / "tree", tmp_path / "other"
     ids = two_entries(root)
-    killed = run_cli("rm", "-y", *ids, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "prune.trash_removed:1"})
+    killed = run_cli("rm", "-y", *ids, "--cache-dir", str(root), launcher=crash_at("prune.trash_removed:1"))
     assert killed.returncode == -signal.SIGKILL
     live_token = "34" * 6
     live = SG.base(root) / "0.7.2.post1" / "sm90" / trash_name(live_token, "0123456789abcdef")
@@ -329,7 +331,7 @@ def test_a_killed_exports_temp_file_goes_with_the_next_export_a_running_ones_sta
     out.mkdir()
     ids = two_entries(root)
     killed = run_cli("export", "-o", str(out / "x.tgz"), "--cache-dir", str(root),
-                     env={"FI_AUTOTUNE_CRASH_AT": "export.written"})
+                     launcher=crash_at("export.written"))
     assert killed.returncode == -signal.SIGKILL
     (dead,) = out.glob(".x.tgz.*.tmp")
     live = out / ".x.tgz.0123abcd.tmp"
@@ -355,7 +357,7 @@ def test_a_convert_killed_before_a_new_environment_is_in_place_shows_nothing_hal
     root, v2root = tmp_path / "tree", tmp_path / "v2"
     eid = str(write_fake_entry(root))
     args = ("convert", eid, "--layout", "flashinfer-v2", "--to", str(v2root), "--cache-dir", str(root))
-    killed = run_cli(*args, env={"FI_AUTOTUNE_CRASH_AT": "v2.staged"})
+    killed = run_cli(*args, launcher=crash_at("v2.staged"))
     assert killed.returncode == -signal.SIGKILL
     ls = ["ls", "--layout", "flashinfer-v2", "--cache-dir", str(v2root)]
     listed = run_json(*ls)

@@ -1,7 +1,7 @@
 """Crash safety, concurrency and hostile input with real processes, real files and real kills.
 
 Faults are injected by killing a process - at random times, or at an exact step through
-``FI_AUTOTUNE_CRASH_AT`` (the process SIGKILLs itself there) - never by mocking ``os``.
+tests/standins/fault_cli.py (the process SIGKILLs itself there) - never by mocking ``os``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.registry import default_layout
+from autotune_cache.tree.crashsafe import faults
 from autotune_cache.tree.layout import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.autotuner.rankfile import parse_cache_bytes
@@ -27,6 +28,7 @@ from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 from devtools.synthetic import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
 
+from ..standins.fault_cli import crash_at
 from ..conftest import REPO, run_cli, run_cli_unprivileged, run_json
 
 SG = default_layout()
@@ -169,8 +171,8 @@ def test_ctrl_c_during_commit_is_deferred_until_the_entry_is_whole(tmp_path):
 
 # --- archives: all or nothing ------------------------------------------------------------------
 
-def _import(archive: Path, root: Path, *extra, env=None) -> subprocess.CompletedProcess:
-    return run_cli("import", str(archive), "--cache-dir", str(root), *extra, env=env)
+def _import(archive: Path, root: Path, *extra, **kw) -> subprocess.CompletedProcess:
+    return run_cli("import", str(archive), "--cache-dir", str(root), *extra, **kw)
 
 
 @pytest.mark.parametrize("point,exchange,expect", [
@@ -190,8 +192,7 @@ def test_a_killed_import_ends_all_or_nothing(tmp_path, point, exchange, expect):
     for i in (0, 1):
         write_fake_entry(root, fields=default_fields(f"org/m{i}", tp=2, dp=2), arch="sm90", seed=99, buckets=(1, 2))
     assert sorted(listed(root)) == sorted(eids[:2])
-    env = {"FI_AUTOTUNE_CRASH_AT": point, **({} if exchange else {"FI_AUTOTUNE_NO_EXCHANGE": "1"})}
-    killed = _import(archive, root, "--force", env=env)
+    killed = _import(archive, root, "--force", launcher=crash_at(point, no_exchange=not exchange))
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     finish_with_a_writer(root)
     after = listed(root)
@@ -271,25 +272,28 @@ def test_import_over_an_entry_holding_a_foreign_file_is_refused(tmp_path):
     assert {p.name: p.read_bytes() for p in entry_path(root, eid).iterdir()} == before
 
 
-def test_the_swap_leaves_no_file_of_the_old_entry(tmp_path, monkeypatch):
+def test_the_swap_leaves_no_file_of_the_old_entry(tmp_path):
     """A replaced entry is replaced whole: a rank file the new one lacks does not survive, on
     both commit paths (RENAME_EXCHANGE and the journaled pair of renames)."""
-    for no_exchange in ("0", "1"):
-        monkeypatch.setenv("FI_AUTOTUNE_NO_EXCHANGE", no_exchange)
-        root = tmp_path / f"t{no_exchange}"
-        eid = write_fake_entry(root, fields=default_fields("m", tp=2, dp=1), arch="sm90", seed=1)
-        stray = entry_path(root, eid) / "rank_tp2_pp0_dp0.json"
-        stray.write_bytes((entry_path(root, eid) / "rank_tp0_pp0_dp0.json").read_bytes())
-        write_fake_entry(root, fields=default_fields("m", tp=2, dp=1), arch="sm90", seed=2)
-        assert sorted(p.name for p in entry_path(root, eid).iterdir()) == [
-            MANIFEST_NAME, "rank_tp0_pp0_dp0.json", "rank_tp1_pp0_dp0.json"]
-        assert leftovers(root) == []
+    try:
+        for exchange in (True, False):
+            faults.install(exchange=exchange)  # what tests/standins/fault_cli.py --no-exchange does, in this process
+            root = tmp_path / f"t{int(exchange)}"
+            eid = write_fake_entry(root, fields=default_fields("m", tp=2, dp=1), arch="sm90", seed=1)
+            stray = entry_path(root, eid) / "rank_tp2_pp0_dp0.json"
+            stray.write_bytes((entry_path(root, eid) / "rank_tp0_pp0_dp0.json").read_bytes())
+            write_fake_entry(root, fields=default_fields("m", tp=2, dp=1), arch="sm90", seed=2)
+            assert sorted(p.name for p in entry_path(root, eid).iterdir()) == [
+                MANIFEST_NAME, "rank_tp0_pp0_dp0.json", "rank_tp1_pp0_dp0.json"]
+            assert leftovers(root) == []
+    finally:
+        faults.install()
 
 
 def test_staging_of_a_dead_import_is_removed_by_the_next_one(tmp_path):
     archive, eids = seeded_archive(tmp_path, 3)
     root = tmp_path / "dest"
-    killed = _import(archive, root, env={"FI_AUTOTUNE_CRASH_AT": "txn.staged_file:4"})
+    killed = _import(archive, root, launcher=crash_at("txn.staged_file:4"))
     assert killed.returncode == -signal.SIGKILL
     assert any(STAGE_DIR_RE.match(p.name) for p in leftovers(root))
     assert _import(archive, root).returncode == 0
@@ -303,7 +307,7 @@ def test_a_killed_prune_never_leaves_a_half_deleted_entry(tmp_path):
     for i in range(3):
         write_fake_entry(root, fields=default_fields(f"m{i}", tp=4, dp=4), flashinfer_version="0.7.1", seed=i)
     killed = run_cli("prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", str(root),
-                     env={"FI_AUTOTUNE_CRASH_AT": "prune.renamed:2"})
+                     launcher=crash_at("prune.renamed:2"))
     assert killed.returncode == -signal.SIGKILL
     after = listed(root)
     assert len(after) == 1 and set(after.values()) == {"complete"}  # two gone whole, one untouched
@@ -642,7 +646,7 @@ def test_recovery_keeps_an_entry_rewritten_after_the_kill(tmp_path):
     root = tmp_path / "dest"
     a = SG.parse_id(eids[0])
     write_fake_entry(root, fields=default_fields("org/m0", tp=2, dp=2), arch="sm90", seed=99, buckets=(1, 2))
-    killed = _import(archive, root, "--force", env={"FI_AUTOTUNE_CRASH_AT": "txn.journaled"})
+    killed = _import(archive, root, "--force", launcher=crash_at("txn.journaled"))
     assert killed.returncode == -signal.SIGKILL
     target = entry_path(root, a)
     os.rename(target, tmp_path / "moved-away")

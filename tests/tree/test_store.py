@@ -16,6 +16,7 @@ import pytest
 
 from devtools.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
 
+from ..standins.fault_cli import crash_at
 from ..support.servers import SECRET, free_port as _free_port, wait_for as _wait_for
 from ..conftest import REPO, run_cli
 
@@ -112,7 +113,7 @@ def test_concurrent_pushes_of_the_same_and_of_different_entries(s3, tmp_path):
 def test_a_push_killed_mid_upload_shows_nothing_and_a_retry_completes(s3, tmp_path):
     src = tmp_path / "src"
     seeded(src, 1)
-    killed = cli("push", s3["url"], "--cache-dir", str(src), env={"FI_AUTOTUNE_CRASH_AT": "store.bundle_uploaded"})
+    killed = cli("push", s3["url"], "--cache-dir", str(src), launcher=crash_at("store.bundle_uploaded"))
     assert killed.returncode == -signal.SIGKILL
     listed = ok_json("ls", s3["url"])
     assert listed["entries"] == []  # the bundle is there, unreferenced: invisible

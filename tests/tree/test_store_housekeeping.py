@@ -18,6 +18,7 @@ from autotune_cache.tree.store.store import Store
 from autotune_cache.tree.store.storehouse import plan_store_delete
 from devtools.synthetic import default_fields, write_fake_entry
 
+from ..standins.fault_cli import crash_at
 from ..conftest import run_cli
 from .test_pull_verify import StoreFiles, cli, store  # noqa: F401 - the store fixture (file:// and S3)
 from .test_store_limits import HangingServer
@@ -113,7 +114,7 @@ def test_a_killed_store_rm_never_leaves_a_record_without_its_bundle(store, tmp_p
     reader meets a dangling record; a pull of the rest works, the bundle is just unreferenced."""
     root = tmp_path / "tree"
     ids = published(store, root)
-    killed = run_cli("rm", "-y", store.url, ids[0], env={"FI_AUTOTUNE_CRASH_AT": "store.record_removed"})
+    killed = run_cli("rm", "-y", store.url, ids[0], launcher=crash_at("store.record_removed"))
     assert killed.returncode == -signal.SIGKILL
     assert listed(store) == ids[1:]
     assert any(k.startswith("bundles/") and ids[0] in k for k in keys(store))  # the bundle, unreferenced
@@ -249,7 +250,7 @@ def test_a_rerun_of_a_store_rm_killed_after_a_record_went_finishes_it(store, tmp
     (file://: no writer alive; S3: the grace period set to 0, as a maintenance window would)."""
     root = tmp_path / "tree"
     ids = published(store, root)
-    killed = run_cli("rm", "-y", store.url, *ids, env={"FI_AUTOTUNE_CRASH_AT": "store.record_removed"})
+    killed = run_cli("rm", "-y", store.url, *ids, launcher=crash_at("store.record_removed"))
     assert killed.returncode == -signal.SIGKILL
     assert listed(store) == ids[1:]
     assert any(k.startswith(f"deleting/sglang/{ids[0]}") for k in keys(store))  # the proof of the delete
@@ -271,7 +272,7 @@ def test_a_bundle_nobody_was_deleting_is_no_already_deleted_entry(store, tmp_pat
     ``rm`` of that id is still an unknown id (exit 1)."""
     root = tmp_path / "tree"
     entry = str(write_fake_entry(root))
-    killed = run_cli("push", store.url, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "store.bundle_uploaded"})
+    killed = run_cli("push", store.url, "--cache-dir", str(root), launcher=crash_at("store.bundle_uploaded"))
     assert killed.returncode == -signal.SIGKILL
     assert remains(store)["orphan_bundles"] == 1 and remains(store)["interrupted_deletes"] == 0
     proc = cli("rm", "-y", store.url, entry)
@@ -288,7 +289,7 @@ def test_orphans_go_with_the_next_writer_once_no_push_can_be_publishing_them(tmp
     root, path = tmp_path / "tree", tmp_path / "store"
     files = StoreFiles(f"file://{path}", path=path)
     entry = str(write_fake_entry(root))
-    killed = run_cli("push", files.url, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "store.bundle_uploaded"})
+    killed = run_cli("push", files.url, "--cache-dir", str(root), launcher=crash_at("store.bundle_uploaded"))
     assert killed.returncode == -signal.SIGKILL
     (orphan,) = [p for p in (path / "bundles").rglob("*.tar.gz")]
     other = str(write_fake_entry(root, fields=default_fields("org/m1", tp=2, dp=1), arch="sm90", seed=1))
@@ -306,7 +307,7 @@ def test_orphans_go_with_the_next_writer_once_no_push_can_be_publishing_them(tmp
         assert not orphan.exists()
     finally:
         lock.release()
-    killed = run_cli("push", files.url, entry, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "store.bundle_uploaded"})
+    killed = run_cli("push", files.url, entry, "--cache-dir", str(root), launcher=crash_at("store.bundle_uploaded"))
     assert killed.returncode == -signal.SIGKILL and orphan.exists()
     assert cli("rm", "-y", files.url, other).returncode == 0  # a writer, nobody else alive: swept at once
     assert not orphan.exists() and listed(files) == []
@@ -339,7 +340,7 @@ def test_an_orphan_published_or_uploaded_again_since_the_survey_stays(tmp_path):
     root, path = tmp_path / "tree", tmp_path / "store"
     files = StoreFiles(f"file://{path}", path=path)
     entry = str(write_fake_entry(root))
-    killed = run_cli("push", files.url, "--cache-dir", str(root), env={"FI_AUTOTUNE_CRASH_AT": "store.bundle_uploaded"})
+    killed = run_cli("push", files.url, "--cache-dir", str(root), launcher=crash_at("store.bundle_uploaded"))
     assert killed.returncode == -signal.SIGKILL
     (orphan,) = survey(Store(files.url)).orphans
     assert _still_orphan(Store(files.url), orphan)
@@ -361,7 +362,7 @@ def test_a_store_rm_killed_while_its_tombstones_go_is_still_finished(tmp_path, s
     root, path = tmp_path / "tree", tmp_path / "store"
     files = StoreFiles(f"file://{path}", path=path)
     ids = published(files, root)
-    killed = run_cli("rm", "-y", files.url, *ids, env={"FI_AUTOTUNE_CRASH_AT": step})
+    killed = run_cli("rm", "-y", files.url, *ids, launcher=crash_at(step))
     assert killed.returncode == -signal.SIGKILL
     left = sorted(str(p.relative_to(path)) for p in (path / "deleting").rglob("*.json"))
     assert len(left) == (4 if step == "store.summary_written" else 1), left

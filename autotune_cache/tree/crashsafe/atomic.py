@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from autotune_cache.errors import EntryLocked, FiAutotuneError, os_error_message
+from autotune_cache.tree.crashsafe.faults import crashpoint, exchange_allowed
 from autotune_cache.tree.layout import OUR_PREFIX
 
 if TYPE_CHECKING:  # filelock is imported where a lock is taken: ls never takes one (12 ms)
@@ -31,24 +32,6 @@ def fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def crashpoint(name: str) -> None:
-    """Fault injection for the reliability tests: ``FI_AUTOTUNE_CRASH_AT=name[:N]`` makes this
-    process SIGKILL itself the N-th time (default first) it reaches ``name``. A real kill at an
-    exact step, not a mocked failure; a no-op unless the variable is set."""
-    target = os.environ.get("FI_AUTOTUNE_CRASH_AT")
-    if not target:
-        return
-    point, _, nth = target.partition(":")
-    if point != name:
-        return
-    hits = _CRASH_HITS[name] = _CRASH_HITS.get(name, 0) + 1
-    if hits >= int(nth or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-_CRASH_HITS: dict[str, int] = {}
 
 
 def ensure_dirs(top: Path, parts: tuple[str, ...] | list[str]) -> Path:
@@ -150,7 +133,7 @@ def exchange_paths(a: Path, b: Path) -> bool:
     import ctypes
     import ctypes.util
 
-    if os.environ.get("FI_AUTOTUNE_NO_EXCHANGE") == "1":  # tests: take the two-rename path
+    if not exchange_allowed():  # a test launcher's: take the two-rename path
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

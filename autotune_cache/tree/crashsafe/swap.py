@@ -9,7 +9,8 @@ import os
 import stat as stat_mod
 from pathlib import Path
 
-from autotune_cache.tree.crashsafe.atomic import crashpoint, exchange_paths, fsync_dir
+from autotune_cache.tree.crashsafe.atomic import exchange_paths, fsync_dir
+from autotune_cache.tree.crashsafe.faults import crashpoint
 from autotune_cache.tree.crashsafe.dirs import remove_tree
 
 

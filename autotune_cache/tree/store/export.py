@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from autotune_cache.autotuner.rankfile import read_regular_file
-from autotune_cache.tree.crashsafe.atomic import crashpoint
+from autotune_cache.tree.crashsafe.faults import crashpoint
 from autotune_cache.tree.layout import CacheLayout, NameKind
 from autotune_cache.tree.records import CacheEntry
 

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import format_size
-from autotune_cache.tree.crashsafe.atomic import crashpoint
+from autotune_cache.tree.crashsafe.faults import crashpoint
 from autotune_cache.tree.delete import Candidate, DeleteResult
 from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.select import EntryFilter
