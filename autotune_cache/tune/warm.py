@@ -27,7 +27,7 @@ from typing import Callable
 from autotune_cache.autotuner.rankfile import cache_file_bytes
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.plan.tuning import TuningPlan
-from autotune_cache.tune.careful import RacePlan, plan_races, select_op
+from autotune_cache.tune.careful import RacePlan, plan_pair_races, plan_races, select_op
 from autotune_cache.tune.commit import commit_plan, existing_entry
 from autotune_cache.tune.dispatch import Tasks, pool_for, run_workers
 from autotune_cache.tune.gpus import GpuInfo
@@ -137,14 +137,19 @@ def _tune_and_commit(run: _Run, progress, pool: WorkerPool | None, machine: Mach
     already = sum(len(d & set(op["buckets"])) * len(op["custom_ops"]) for op, d in zip(tune_ops, done))
     queue = work_queue(tune_ops, done)
     races: list[RacePlan] = []
+    pairs: list[RacePlan] = []
 
     def race_phase() -> list[str]:
         races.extend(plan_races(wd, ops, quality))
         return [f"race {r.spec}" for r in races if not r.result.exists() and r.spec is not None]
 
+    def pair_phase() -> list[str]:  # needs every first race's result: a phase of its own
+        pairs.extend(plan_pair_races(wd, races, quality))
+        return [f"race {r.spec}" for r in pairs if not r.result.exists()]
+
     phases = [Phase("tuning", lambda: [f"{v} {b}" for v, b in queue], total, already)]
     if quality.careful:
-        phases.append(Phase("racing", race_phase))
+        phases += [Phase("racing", race_phase), Phase("racing", pair_phase)]
     tasks = Tasks(skeleton_of(plan), quality.careful, lambda w: [
         {"op": ops[i], "layer": i, "out": str(wd / f"{tune_prefix(i, r)}.w{w}.json"),
          "done": str(wd / f"{tune_prefix(i, r)}.w{w}.done")} for i, r in tunes], lambda w: wd / f"task.w{w}.json")
@@ -152,7 +157,7 @@ def _tune_and_commit(run: _Run, progress, pool: WorkerPool | None, machine: Mach
         active = len(p.procs) if quality.careful else min(len(p.procs), len(queue))
         events = run_workers(p, tasks, active, phases, progress)
     t_tuned = time.perf_counter()
-    rank_bytes, metadata, selection = _rank_files(run, ops, per_workload, races)
+    rank_bytes, metadata, selection = _rank_files(run, ops, per_workload, races, pairs)
     timings = worker_timings(events, run.t_start, t_tuned)
     stats = {"profiles": total, "profiles_tuned_this_run": total - already, "gpus": run.n,
              **{k: v for k, v in timings.items() if k != "timeline"}, "quality": quality.mode,
@@ -172,15 +177,16 @@ def _tune_and_commit(run: _Run, progress, pool: WorkerPool | None, machine: Mach
                       selection=selection_summary(selection) if quality.careful else {})
 
 
-def _rank_files(run: _Run, ops: list[dict], per_workload: list[list[int]],
-                races: list[RacePlan]) -> tuple[dict[str, bytes], dict, dict]:
+def _rank_files(run: _Run, ops: list[dict], per_workload: list[list[int]], races: list[RacePlan],
+                pairs: list[RacePlan]) -> tuple[dict[str, bytes], dict, dict]:
     """The entries of every op (careful: the raced winners), merged per workload into one rank
     file's bytes for each of its ranks; the ``_metadata`` and, careful, what was chosen per op."""
     selection: dict = {}
     op_results = []
     for i, op in enumerate(ops):
         if run.quality.careful:
-            meta, entries, chosen = select_op(run.wd, i, op, run.quality, [r for r in races if r.op == i])
+            meta, entries, chosen = select_op(run.wd, i, op, run.quality, [r for r in races if r.op == i],
+                                              [r for r in pairs if r.op == i])
             selection[op["id"]] = chosen
         else:
             meta, entries = merged_results(run.wd, tune_prefix(i, None))
