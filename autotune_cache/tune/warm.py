@@ -149,7 +149,7 @@ def _tune_and_commit(run: _Run, progress, pool: WorkerPool | None, machine: Mach
 
     phases = [Phase("tuning", lambda: [f"{v} {b}" for v, b in queue], total, already)]
     if quality.careful:
-        phases += [Phase("racing", race_phase), Phase("racing", pair_phase)]
+        phases += [Phase("racing", race_phase), Phase("pairing", pair_phase)]
     tasks = Tasks(skeleton_of(plan), quality.careful, lambda w: [
         {"op": ops[i], "layer": i, "out": str(wd / f"{tune_prefix(i, r)}.w{w}.json"),
          "done": str(wd / f"{tune_prefix(i, r)}.w{w}.done")} for i, r in tunes], lambda w: wd / f"task.w{w}.json")
