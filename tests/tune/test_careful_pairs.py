@@ -10,6 +10,7 @@ import math
 import pytest
 
 from autotune_cache.autotuner.rankfile import parse_file_key
+from autotune_cache.errors import FiAutotuneError
 from autotune_cache.tune.careful import MAX_PAIRS, RacePlan, pair_candidates, plan_pair_races, slot_finalists
 from autotune_cache.tune.quality import Candidate, QualitySettings, default_candidate
 from autotune_cache.tree.scan import scan_cache
@@ -150,3 +151,10 @@ def test_careful_pair_round_off_races_once(plan, monkeypatch, tmp_path):  # noqa
     r = careful(plan, monkeypatch, q={"pair_k": 0})
     assert len(log.read_text().splitlines()) == 21
     assert all(len(t) == 2 and t[0] == t[1] for t in _tactics_per_bucket(r).values())  # a tune's own pair
+
+
+def test_an_unreadable_pair_round_result_fails_the_run_and_writes_nothing(plan, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("FAKE_PAIR_UNREADABLE", "1")
+    with pytest.raises(FiAutotuneError, match="race result of .* unreadable"):
+        careful(plan, monkeypatch)
+    assert not scan_cache(plan.cache_root).entries
