@@ -10,7 +10,7 @@ import click
 class Progress:
     """One overall bar on a TTY; a line per 10% otherwise."""
 
-    UNITS = {"tuning": "profile", "racing": "race"}
+    UNITS = {"tuning": "profile", "racing": "race", "pairing": "race"}
 
     def __init__(self, enabled: bool):
         self.enabled = enabled

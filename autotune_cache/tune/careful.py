@@ -4,16 +4,26 @@ After the ``repeats`` tunes of every op are saved, each (op, bucket) whose tunes
 FlashInfer's default gets a race spec (``race.py`` runs it on a worker); the entries written are
 the first tune's, each bucket's slots replaced by its race winner (``quality.choose``: the
 default stays unless beaten by the threshold).
+
+Then a *pair round* (``plan_pair_races``): the first race only forms the assignments the tunes
+offered - a tune's winner, or the most chosen one with a single slot changed - but a MoE call's
+two GEMMs interact (on Mixtral-8x7B TP2 gemm1 = 43 is 2.6% slower than 8 beside one gemm2 and
+4.7% faster beside another: docs/quality.md, "Why careful misses on Mixtral"), so the fastest
+pair can be one nobody raced. Each slot's fastest few values in the first race (its
+*finalists*) are crossed into whole assignments and raced again with the default; that race's
+winner is written.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from autotune_cache.errors import FiAutotuneError
-from autotune_cache.tune.quality import QualitySettings, Selection, apply_selection, candidates, choose
+from autotune_cache.tune.quality import Candidate, QualitySettings, Selection, apply_selection, candidates, choose
 from autotune_cache.tune.workdir import merged_results, one_metadata, read_slot_records, tune_prefix
 
 
@@ -58,6 +68,79 @@ def plan_races(wd: Path, ops: list[dict], quality: QualitySettings) -> list[Race
     return out
 
 
+#: Whole assignments in one pair race at most (the default comes on top): with two slots and
+#: ``pair_k`` 3 that is all 9; an op with more slots uses fewer finalists per slot.
+MAX_PAIRS = 16
+
+
+def slot_finalists(cands: list[Candidate], medians: list[float], k: int) -> dict[str, list[tuple]]:
+    """Each slot's ``k`` fastest distinct (key, value) in a race, ranked by the best median of any
+    raced assignment holding it (a tie: the earlier candidate). A candidate that failed (no finite
+    median) and the default (it races on its own) offer nothing."""
+    ranked = sorted((i for i, m in enumerate(medians) if math.isfinite(m) and m > 0 and not cands[i].default),
+                    key=lambda i: (medians[i], i))
+    out: dict[str, list[tuple]] = {}
+    for i in ranked:
+        for slot, (key, value) in cands[i].values.items():
+            have = out.setdefault(slot, [])
+            if len(have) < k and all((key, repr(value)) != (hk, repr(hv)) for hk, hv in have):
+                have.append((key, value))
+    return out
+
+
+def pair_candidates(cands: list[Candidate], medians: list[float], k: int) -> list[Candidate]:
+    """The pair round's candidates for one (op, bucket): the cross product of every slot's
+    finalists (the first race's winner first, each raced assignment keeping the tunes that chose
+    it), then the first race's default; empty when the product forms no assignment the first race
+    did not already time - racing the same assignments again would only re-roll the noise."""
+    finalists = slot_finalists(cands, medians, k)
+    if len(finalists) < 2 or any(set(c.values) != set(finalists) for c in cands):
+        return []
+    per_slot = k
+    while per_slot > 1 and per_slot ** len(finalists) > MAX_PAIRS:
+        per_slot -= 1
+    slots = sorted(finalists)
+    raced = {c.signature(): c for c in cands}
+    out, new = [], False
+    for combo in itertools.product(*(finalists[s][:per_slot] for s in slots)):
+        c = Candidate(dict(zip(slots, combo)))
+        prev = raced.get(c.signature())
+        new = new or prev is None
+        out.append(Candidate(c.values, prev.sources) if prev is not None else c)
+    if not new:
+        return []
+    return out + [c for c in cands if c.default]
+
+
+def plan_pair_races(wd: Path, races: list[RacePlan], quality: QualitySettings) -> list[RacePlan]:
+    """The pair round: for every (op, bucket) whose first race ran, a spec racing its slots'
+    finalists crossed (``pair_candidates``); none where that forms nothing new, or ``pair_k`` is 0.
+    A first race whose result is unreadable is left to ``select_op`` to report."""
+    out = []
+    for rp in races:
+        if rp.spec is None or quality.pair_k < 1 or not rp.result.exists():
+            continue
+        try:
+            spec = json.loads(rp.spec.read_text())
+            medians = _medians(json.loads(rp.result.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        cands = pair_candidates(list(rp.candidates), medians, quality.pair_k)
+        if not cands:
+            continue
+        pspec = wd / f"race.op{rp.op}.b{rp.bucket}.pair.json"
+        presult = wd / f"race.op{rp.op}.b{rp.bucket}.pair.result.json"
+        if not presult.exists():
+            pspec.write_text(json.dumps({**spec, "assignments": [c.entries() for c in cands], "result": str(presult),
+                                         "seed": spec.get("seed", 0) + 500_000}))
+        out.append(RacePlan(rp.op, rp.bucket, rp.records, tuple(cands), pspec, presult))
+    return out
+
+
+def _medians(result: dict) -> list[float]:
+    return [float("inf") if m is None else float(m) for m in result["medians_ms"]]
+
+
 def _race_record(op: dict, rp: RacePlan, quality: QualitySettings) -> tuple[Selection, dict]:
     """The winner of one (op, bucket) and what the manifest records about its race."""
     cands = list(rp.candidates)
@@ -66,7 +149,7 @@ def _race_record(op: dict, rp: RacePlan, quality: QualitySettings) -> tuple[Sele
         return sel, sel.to_dict(cands, quality.tunes) | {"raced": False}
     try:
         result = json.loads(rp.result.read_text())
-        medians = [float("inf") if m is None else float(m) for m in result["medians_ms"]]
+        medians = _medians(result)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise FiAutotuneError(f"race result of {op['id']} at {rp.bucket} tokens unreadable ({e}); rerun warm") from None
     sel = choose(cands, medians, quality.threshold)
@@ -76,10 +159,12 @@ def _race_record(op: dict, rp: RacePlan, quality: QualitySettings) -> tuple[Sele
         **({"errors": result["errors"]} if any(result.get("errors") or []) else {})}
 
 
-def select_op(wd: Path, i: int, op: dict, quality: QualitySettings, races: list[RacePlan]) -> tuple[dict, dict, dict]:
+def select_op(wd: Path, i: int, op: dict, quality: QualitySettings, races: list[RacePlan],
+              pairs: list[RacePlan] = ()) -> tuple[dict, dict, dict]:
     """The entries written for one op in careful mode: the first tune's, with each bucket's
     slots replaced by its race winner (the default unless a tuned tactic beat it by the
-    threshold); and what was chosen and why, per bucket, for the manifest."""
+    threshold) - the pair round's winner where one ran; and what was chosen and why, per
+    bucket, for the manifest (the deciding race's record; the first race's under ``first_race``)."""
     per_tune = _per_tune(wd, i, quality)
     metas = [m for m, e in per_tune if e]
     meta = one_metadata(metas) if metas else {}
@@ -87,10 +172,17 @@ def select_op(wd: Path, i: int, op: dict, quality: QualitySettings, races: list[
     for _, e in reversed(per_tune):  # the first tune's entries win where no race decides
         entries.update(e)
     chosen: dict = {}
+    paired = {(p.op, p.bucket): p for p in pairs}
     for rp in races:
         if not rp.candidates:
             continue
         sel, record = _race_record(op, rp, quality)
-        entries = apply_selection(entries, list(rp.records), list(rp.candidates)[sel.winner])
+        winner = list(rp.candidates)[sel.winner]
+        pp = paired.get((rp.op, rp.bucket))
+        if pp is not None:
+            psel, precord = _race_record(op, pp, quality)
+            winner = list(pp.candidates)[psel.winner]
+            record = precord | {"pair_round": True, "first_race": record}
+        entries = apply_selection(entries, list(rp.records), winner)
         chosen[str(rp.bucket)] = record
     return meta, entries, chosen

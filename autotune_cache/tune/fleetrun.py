@@ -15,7 +15,7 @@ from typing import Callable
 
 from autotune_cache.autotuner.rankfile import cache_file_bytes
 from autotune_cache.errors import FiAutotuneError, Interrupted
-from autotune_cache.tune.careful import RacePlan, plan_races, select_op
+from autotune_cache.tune.careful import RacePlan, plan_pair_races, plan_races, select_op
 from autotune_cache.tune.commit import commit_plan
 from autotune_cache.tune.dispatch import Tasks, pool_for, run_workers
 from autotune_cache.tune.machine import Machine
@@ -60,6 +60,7 @@ class FleetRun:
         self.remaining = {id(item): {(t, b) for t, (g, _) in enumerate(self.tunes) for b in item.needs.get(g, ())
                                      if b not in self.done[t]} for item in items}
         self.races: list[RacePlan] = []
+        self.pairs: list[RacePlan] = []  # careful's pair round: each slot's fastest crossed and raced again
 
     def prefix(self, g: int, r: int | None) -> str:
         """Work-dir file prefix of tune ``r`` of call ``g`` (a shared dir holds one call, tuned once)."""
@@ -121,7 +122,11 @@ class FleetRun:
             def race_phase() -> list[str]:
                 self.races.extend(plan_races(self.dirs[0], self.ops, self.quality))
                 return [f"race {r.spec}" for r in self.races if not r.result.exists() and r.spec is not None]
-            phases.append(Phase("racing", race_phase))
+
+            def pair_phase() -> list[str]:  # needs every first race's result: a phase of its own
+                self.pairs.extend(plan_pair_races(self.dirs[0], self.races, self.quality))
+                return [f"race {r.spec}" for r in self.pairs if not r.result.exists()]
+            phases += [Phase("racing", race_phase), Phase("pairing", pair_phase)]
         return phases
 
     def _tasks(self) -> Tasks:
@@ -191,7 +196,7 @@ class FleetRun:
         whether it ran at all (a fleet counts a call that stored entries, one target any file)."""
         if self.quality.careful:
             meta, entries, chosen = select_op(self.dirs[g], g, self.ops[g], self.quality,
-                                              [r for r in self.races if r.op == g])
+                                              [r for r in self.races if r.op == g], [r for r in self.pairs if r.op == g])
             return meta, entries, chosen, bool(entries or meta)
         meta, tuned = merged_results(self.dirs[g], self.prefix(g, None))
         return meta, tuned, None, bool(tuned or (meta and not self.shared))

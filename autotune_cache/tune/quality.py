@@ -251,6 +251,11 @@ def selection_summary(selection: dict) -> dict:
 #: (docs/quality.md, "Exhaustive reference").
 DEFAULT_TOP_K = 8
 
+#: Each slot's fastest values in the race crossed into whole assignments and raced again: the best
+#: pair of a MoE call's GEMMs can be one no tune offered (docs/quality.md, "Why careful misses on
+#: Mixtral"). 3 x 3 = 9 assignments per (op, bucket) with two slots.
+DEFAULT_PAIR_K = 3
+
 
 def _env_int(name: str, default: int) -> int:
     import os
@@ -275,6 +280,8 @@ class QualitySettings:
     graph_max_tokens: int = 0  # buckets up to this run as CUDA-graph replays in the race (decode sizes)
     #: Each tune's runners-up per slot raced beside the winners (``candidates``); 0: winners only.
     top_k: int = field(default_factory=lambda: _env_int("FI_AUTOTUNE_RACE_TOP_K", DEFAULT_TOP_K))
+    #: Finalists per slot crossed in the pair round after the race (``careful.pair_candidates``); 0: none.
+    pair_k: int = field(default_factory=lambda: _env_int("FI_AUTOTUNE_PAIR_K", DEFAULT_PAIR_K))
     extra: dict = field(default_factory=dict)
 
     @property
@@ -293,5 +300,6 @@ class QualitySettings:
         d = {"mode": self.mode, "tunes": self.tunes}
         if self.careful:
             d.update(threshold=self.threshold, race_rounds=self.race_rounds, race_warmup=self.race_warmup,
-                     cold_l2=self.cold_l2, graph_max_tokens=self.graph_max_tokens, top_k=self.top_k)
+                     cold_l2=self.cold_l2, graph_max_tokens=self.graph_max_tokens, top_k=self.top_k,
+                     pair_k=self.pair_k)
         return d

@@ -13,7 +13,9 @@ when FAKE_TUNES=disagree (else ``bucket % 7`` for every tune); with FAKE_TUNES=t
 second tune stores its winner under another runner's key (same slot), as FlashInfer does when
 another runner wins. ``race <spec>`` times FlashInfer's default at 1.0 ms and the i-th candidate
 at 1 / (1 + FAKE_RACE_GAIN) * (1 + 0.01 i) ms; FAKE_RACE_LOG gets one line per race;
-FAKE_RACE_CRASH_AFTER=N kills the worker at its (N+1)-th race.
+FAKE_RACE_CRASH_AFTER=N kills the worker at its (N+1)-th race; FAKE_PAIR_FASTEST=i makes the
+i-th candidate of every pair-round race (``careful.plan_pair_races``) the fastest, at 0.5 ms;
+FAKE_PAIR_UNREADABLE=1 writes a pair-round result that is not JSON.
 """
 
 import json
@@ -58,6 +60,12 @@ def race(spec_path):
     for i, values in enumerate(spec["assignments"]):
         default = all(v[1] == -1 for v in values.values())
         medians.append(1.0 if default else 1.0 / (1 + gain) * (1 + 0.01 * i))
+    if ".pair." in spec_path and os.environ.get("FAKE_PAIR_FASTEST"):
+        medians[int(os.environ["FAKE_PAIR_FASTEST"])] = 0.5
+    if ".pair." in spec_path and os.environ.get("FAKE_PAIR_UNREADABLE"):
+        Path(spec["result"]).write_text("{")
+        emit("raced", spec=spec_path, seconds=0.0, errors=0)
+        return
     with open(spec["result"], "w") as f:
         json.dump({"bucket": spec["bucket"], "medians_ms": medians, "relative_iqr": [0.01] * len(medians),
                    "runs": [spec["settings"]["rounds"]] * len(medians), "errors": [None] * len(medians),

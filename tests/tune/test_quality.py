@@ -170,7 +170,7 @@ def test_careful_races_every_bucket_and_writes_the_winners(plan, monkeypatch, tm
     op = plan.workloads[0].ops[0]
     assert r.status == "written" and r.profiles_total == 3 * 42  # three tunes of 21 buckets x 2 GEMMs
     races = [json.loads(x) for x in log.read_text().splitlines()]
-    assert sorted(x["bucket"] for x in races) == sorted(op.buckets)  # one race per bucket
+    assert sorted(x["bucket"] for x in races) == sorted(op.buckets * 2)  # per bucket: a race, then its pair round
     graph_max = plan.resolution.decode_batch * plan.resolution.attn_dp_size
     assert all(x["graph"] == (x["bucket"] <= graph_max) for x in races)
     entries = entries_of(r)
@@ -185,7 +185,8 @@ def test_careful_races_every_bucket_and_writes_the_winners(plan, monkeypatch, tm
     assert m.stats["selection"]["tuned_written"] == 21 and m.stats["selection"]["tunes_unanimous"] == 0
     per_bucket = m.extra["selection"]["ops"][op.to_dict()["id"]]
     rec = per_bucket[str(op.buckets[0])]
-    assert rec["raced"] and len(rec["candidates"]) == 4 and rec["margin_default"] == pytest.approx(0.10, abs=1e-3)
+    assert rec["raced"] and len(rec["first_race"]["candidates"]) == 4 and len(rec["candidates"]) == 10
+    assert rec["margin_default"] == pytest.approx(0.10, abs=1e-3)
     assert m.extra["selection"]["settings"]["mode"] == "careful" and m.extra["selection"]["settings"]["tunes"] == 3
     assert r.selection["raced"] == 21 and "racing_s" in r.timings
 
@@ -223,7 +224,7 @@ def test_careful_resume_keeps_finished_races(plan, monkeypatch, tmp_path):
     monkeypatch.delenv("FAKE_RACE_CRASH_AFTER")
     r = careful(plan, monkeypatch, gpus=2)
     assert r.profiles_tuned == 0  # every tune was saved before racing began
-    assert len(log.read_text().splitlines()) == 21  # the 4 finished races were not run again
+    assert len(log.read_text().splitlines()) == 42  # 21 races + 21 pair rounds: the 4 finished not run again
     assert len(entries_of(r)) == 42
 
 
