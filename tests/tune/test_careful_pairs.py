@@ -13,7 +13,7 @@ from autotune_cache.autotuner.rankfile import parse_file_key
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.tune.careful import MAX_PAIRS, RacePlan, pair_candidates, plan_pair_races, slot_finalists
 from autotune_cache.tune.quality import Candidate, QualitySettings, default_candidate
-from autotune_cache.tree.scan import scan_cache
+from autotune_cache.tree.scanner.scan import scan_cache
 
 from .test_quality import K1, K2, POLICY, careful, entries_of, plan  # noqa: F401 - plan is a fixture
 
@@ -116,7 +116,7 @@ def test_plan_pair_races_skips(tmp_path, why):
     assert plan_pair_races(tmp_path, races, q) == []
 
 
-# -- warm --quality careful with the pair round (tests/_fake_worker.py) -------------------------
+# -- warm --quality careful with the pair round (tests/standins/fake_worker.py) -------------------------
 
 def _tactics_per_bucket(result) -> dict:
     out: dict = {}
