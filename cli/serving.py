@@ -14,7 +14,6 @@ import click
 
 from autotune_cache import registry
 from autotune_cache.engines.requests import build_request, build_requests
-from autotune_cache.engines.sglang.serving_command import parse_serving_command
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.keys import SCHEMAS
 from autotune_cache.plan.options import SERVING_OPTIONS, Option, ServingOptions
@@ -77,9 +76,8 @@ def fold_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
     argv = kw.pop("serving_command", ())
     if not argv:
         return kw
-    cmd = parse_serving_command(argv)
-    cmd.check_refused()
-    for name, value in cmd.serving_kwargs().items():
+    cmd = registry.default_engine().parse_serving_command(argv)
+    for name, value in cmd.options.items():
         given = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE if name in kw else False
         if given and kw[name] != value:
             raise UsageError(f"--{name.replace('_', '-')} is {kw[name]!r} here but {value!r} in the serving command")
