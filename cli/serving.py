@@ -16,7 +16,7 @@ from autotune_cache import registry
 from autotune_cache.engines.requests import build_request, build_requests
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.keys import SCHEMAS
-from autotune_cache.plan.options import SERVING_OPTIONS, Option, ServingOptions
+from autotune_cache.plan.options import GIVEN_OPTIONS, Option, ServingOptions
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.tune.gpus import detect_gpu_uuids
 from autotune_cache.tune.machine import THIS_MACHINE, Machine
@@ -41,7 +41,7 @@ def serving_options(fn=None, *, model_required: bool = True):  # noqa: ARG001 - 
     """The model and server flags (named as SGLang names them), and ``--cache-dir``."""
     if fn is None:
         return functools.partial(serving_options, model_required=model_required)
-    for option in reversed((*(_click_option(o) for o in SERVING_OPTIONS), cache_dir_option)):
+    for option in reversed((*(_click_option(o) for o in GIVEN_OPTIONS), cache_dir_option)):
         fn = option(fn)
     return fn
 
