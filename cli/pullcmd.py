@@ -14,7 +14,7 @@ import click
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.check import store_miss
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
-from autotune_cache.plan.options import SERVING_OPTIONS
+from autotune_cache.plan.options import GIVEN_OPTIONS
 from autotune_cache.registry import layouts
 from autotune_cache.tree.store.archive import ImportResult
 from autotune_cache.tree.store.pull import PullRefused, pull, select_records
@@ -46,7 +46,7 @@ def _plan_from_serving_flags(layout, refs, kw, fingerprint, root):
     other serving flags name nothing: a flag pull would ignore is refused (exit 2)."""
     if not (kw["model"] or kw["model_path"]):
         ctx = click.get_current_context()
-        given = [o.spelling for o in SERVING_OPTIONS if o.name not in FILTERING + NEUTRAL and o.name in kw
+        given = [o.spelling for o in GIVEN_OPTIONS if o.name not in FILTERING + NEUTRAL and o.name in kw
                  and ctx.get_parameter_source(o.name) == click.core.ParameterSource.COMMANDLINE]
         if given:
             raise UsageError(f"{', '.join(given)} {'names' if len(given) == 1 else 'name'} an entry only with --model or --model-path; without them pull "

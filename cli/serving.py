@@ -14,10 +14,9 @@ import click
 
 from autotune_cache import registry
 from autotune_cache.engines.requests import build_request, build_requests
-from autotune_cache.engines.sglang.serving_command import parse_serving_command
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.entry_key import key_schemas
-from autotune_cache.plan.options import SERVING_OPTIONS, Option, ServingOptions
+from autotune_cache.plan.options import GIVEN_OPTIONS, Option, ServingOptions
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.tune.gpus import detect_gpu_uuids
 from autotune_cache.tune.machine import THIS_MACHINE, Machine
@@ -42,7 +41,7 @@ def serving_options(fn=None, *, model_required: bool = True):  # noqa: ARG001 - 
     """The model and server flags (named as SGLang names them), and ``--cache-dir``."""
     if fn is None:
         return functools.partial(serving_options, model_required=model_required)
-    for option in reversed((*(_click_option(o) for o in SERVING_OPTIONS), cache_dir_option)):
+    for option in reversed((*(_click_option(o) for o in GIVEN_OPTIONS), cache_dir_option)):
         fn = option(fn)
     return fn
 
@@ -77,9 +76,8 @@ def fold_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
     argv = kw.pop("serving_command", ())
     if not argv:
         return kw
-    cmd = parse_serving_command(argv)
-    cmd.check_refused()
-    for name, value in cmd.serving_kwargs().items():
+    cmd = registry.default_engine().parse_serving_command(argv)
+    for name, value in cmd.options.items():
         given = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE if name in kw else False
         if given and kw[name] != value:
             raise UsageError(f"--{name.replace('_', '-')} is {kw[name]!r} here but {value!r} in the serving command")

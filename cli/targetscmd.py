@@ -16,7 +16,7 @@ from autotune_cache import registry
 from autotune_cache.engines.requests import build_request
 from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.engines.selection import WarmGroup, warm_groups
-from autotune_cache.plan.options import SERVING_OPTIONS, ServingOptions, take_options
+from autotune_cache.plan.options import GIVEN_OPTIONS, ServingOptions, take_options
 from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
 from autotune_cache.tree.scanner.scan import scan_entry
 from autotune_cache.tree.store.store import Store
@@ -65,7 +65,7 @@ def target_options(target: Target) -> tuple[ServingOptions, WarmGroup, dict]:
 
 def reject_serving_flags(ctx: click.Context, allowed: tuple[str, ...] = ("cache_dir", "arch")) -> None:
     """With --targets, a target's fields live in the file (its ``defaults`` for shared ones)."""
-    names = [o.name for o in SERVING_OPTIONS]
+    names = [o.name for o in GIVEN_OPTIONS]
     given = [n for n in names if n not in allowed and n in ctx.params
              and ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
     if given:

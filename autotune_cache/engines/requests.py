@@ -1,8 +1,9 @@
 """From the serving options a user gave to the typed request every command shares.
 
 The options are spelled as SGLang's flags whatever the engine (vLLM's topology and backend
-fields read the same), so their values are checked against SGLang's choices for every engine;
-the engine of the layout asked for adds its own part (``Engine.target``).
+fields read the same); the engine of the layout asked for checks their values
+(``Engine.check_option_values``: vLLM's as the default engine, SGLang, checks them) and adds its
+own part (``Engine.target``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from typing import Callable
 
 from autotune_cache import registry
-from autotune_cache.engines.sglang.serving_command import check_option_values
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.options import ServingOptions
 from autotune_cache.plan.request import TuneRequest
@@ -38,11 +38,11 @@ def build_request(options: ServingOptions, *, layout: str | None = None, engine_
                   detect_gpu_uuids: Callable[[], list[str]] | None = None) -> TuneRequest:
     """The request for ``options``, for the engine whose tree ``layout`` is (default: the default
     engine's); ``engine_options``: that engine's own options (name -> value or None)."""
-    check_option_values(options.__dict__)
+    engine = registry.engine_of_layout(layout) if layout else registry.default_engine()
+    engine.check_option_values(options.__dict__)
     model = options.model or options.model_path
     if model is None:
         raise UsageError("give --model (a hub id, preset or local model directory), or --model-path with --config")
-    engine = registry.engine_of_layout(layout) if layout else registry.default_engine()
     schema, schema_source = registry.default_engine().pick_schema(options.schema, options.engine)
     return TuneRequest(
         model=model, flags=options.flags(gpu_uuids_of(options.gpu_uuids, detect_gpu_uuids)),

@@ -13,6 +13,7 @@ One module (or small package) per engine under ``engines/``; one line in the reg
 from __future__ import annotations
 
 from abc import ABC
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -26,6 +27,18 @@ if TYPE_CHECKING:
     from autotune_cache.plan.request import TuneRequest
     from autotune_cache.plan.tuning import TuningPlan
     from autotune_cache.tree.layout import CacheLayout
+
+
+@dataclass(frozen=True)
+class ServingCommandReading:
+    """A pasted serving command as an engine reads it (``Engine.parse_serving_command``): the
+    serving options it sets (``plan.options`` names, plus ``cache_dir``), and what the command
+    line says of its other flags."""
+
+    options: dict
+    notes: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()  # proven not to reach the autotune path
+    not_understood: tuple[str, ...] = ()
 
 
 class Engine(ABC):
@@ -74,6 +87,26 @@ class Engine(ABC):
             owner = next((e for e in registry.engines() if any(o.name == name for o in e.cli_options)), None)
             where = " (or ".join(x.name for x in owner.layouts) + ")" * (len(owner.layouts) - 1) if owner else "?"
             raise UsageError(f"--{name.replace('_', '-')} goes with --layout {where}")
+
+    def parse_serving_command(self, tokens: "list[str] | tuple[str, ...]") -> ServingCommandReading:
+        """A pasted serving command (``-- python -m sglang.launch_server ...``), read as this
+        engine's parser reads it; a flag it cannot model is a usage error. The serving options
+        are spelled as the default engine's flags whatever the engine (``plan.options``), so an
+        engine without a reader of its own reads the command as the default engine does."""
+        return self._spelling_owner().parse_serving_command(tokens)
+
+    def check_option_values(self, values: dict) -> None:
+        """Serving option values (``plan.options`` names -> values) the engine's own parser would
+        reject are a usage error (a typo such as ``--attention-backend flashinfr``), not a plan
+        for a server that cannot start. By default checked as the default engine checks them:
+        the options are spelled as its flags."""
+        self._spelling_owner().check_option_values(values)
+
+    def _spelling_owner(self) -> "Engine":
+        owner = registry.default_engine()
+        if owner is self:  # the default engine must answer itself
+            raise NotImplementedError(f"{self.title} spells the serving options but reads no serving command")
+        return owner  # type: ignore[return-value]
 
     def target_from_dict(self, d: dict) -> EngineTarget:
         """Raises ValueError for a record this version cannot read."""

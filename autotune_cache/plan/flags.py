@@ -3,6 +3,12 @@
 One typed record for every engine (vLLM reads the topology and backend fields of it too); each
 engine's resolution (``engines/<engine>/resolve``) turns it into a ``plan.resolution.Resolution``.
 Recorded in each manifest's request, so ``from_dict`` refuses what it cannot read exactly.
+
+Filled from the serving options (``plan.options.SERVING_OPTIONS``: each row's ``records`` names
+the field it fills, ``RECORDED_AS`` how, where it is not as given). Its fields are written out
+here rather than generated from that table: they are the manifest's keys, in the order entries on
+disk hold them, and a new one is a deliberate change of that record (tests/plan/test_options.py
+fails when this class and the table disagree).
 """
 
 from __future__ import annotations

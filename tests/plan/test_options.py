@@ -6,19 +6,78 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import click
 import pytest
 
 from autotune_cache.engines.requests import build_request
 from autotune_cache.errors import UsageError
-from autotune_cache.plan.options import BY_NAME, SERVING_OPTIONS, ServingOptions
+from autotune_cache.engines.sglang.serving_command import MODELLED, flag_table
+from autotune_cache.plan.flags import ServerFlags
+from autotune_cache.plan.options import BY_NAME, GIVEN_OPTIONS, RECORDED_AS, SERVING_OPTIONS, ServingOptions
+from fi_autotune_cli.main import cli
+
+#: The manifest's recorded server flags, in the order entries on disk hold them (``to_dict``).
+RECORDED_KEYS = (
+    "tp", "pp", "dp", "dp_attention", "ep", "dtype", "quantization", "moe_runner_backend", "moe_a2a_backend",
+    "skip_ops", "max_running_requests", "cuda_graph_max_bs", "chunked_prefill_size", "autotune_extend",
+    "trust_remote_code", "kv_cache_dtype", "page_size", "context_length", "attention_backend",
+    "decode_attention_backend", "prefill_attention_backend", "dsa_decode_backend", "speculative_algorithm",
+    "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+    "speculative_moe_runner_backend", "speculative_draft_model_path", "speculative_attention_mode",
+    "fp4_gemm_backend", "disaggregation_mode", "decode_cuda_graph", "moe_fused_finalize", "autotune_disabled_by",
+    "gpu_uuids",
+)
 
 
-def test_every_option_is_a_field_and_every_user_field_an_option():
-    fields = {f.name for f in dataclasses.fields(ServingOptions)} - {"autotune_disabled_by", "not_understood"}
-    assert fields == {o.name for o in SERVING_OPTIONS}
-    assert len(BY_NAME) == len(SERVING_OPTIONS)
-    for o in SERVING_OPTIONS:  # defaults come from the dataclass
-        assert o.default == ServingOptions.__dataclass_fields__[o.name].default
+def test_the_record_is_the_tables_rows():
+    """``ServingOptions`` is generated from the table: a field per row, the row's default."""
+    fields = {f.name: f for f in dataclasses.fields(ServingOptions)}
+    assert list(fields) == [o.name for o in SERVING_OPTIONS] + ["not_understood"]
+    assert all(fields[o.name].default == o.default for o in SERVING_OPTIONS)
+    assert BY_NAME == {o.name: o for o in SERVING_OPTIONS if o.given}
+    assert [o.name for o in SERVING_OPTIONS if not o.given] == ["autotune_disabled_by"]
+
+
+def test_the_recorded_flags_are_what_the_table_fills():
+    """``ServerFlags`` is written out by hand (the manifest's keys, in the order entries on disk
+    hold them): it and the table's ``records`` column fail here when one is edited alone."""
+    assert [f.name for f in dataclasses.fields(ServerFlags)] == list(RECORDED_KEYS)
+    filled = [o.records for o in SERVING_OPTIONS if o.records is not None]
+    assert sorted(filled) == sorted(RECORDED_KEYS) and len(set(filled)) == len(filled)
+    # a flag recorded under another name is transformed, explicitly and in one place
+    assert {o.name for o in SERVING_OPTIONS if o.records not in (None, o.name)} <= set(RECORDED_AS)
+    assert set(RECORDED_AS) <= {o.name for o in SERVING_OPTIONS if o.records is not None}
+    assert list(ServingOptions(skip_ops=("b", "a")).flags(("GPU-1",)).to_dict()) == list(RECORDED_KEYS)
+
+
+def test_the_recorded_form_of_each_transformed_option():
+    flags = ServingOptions(no_dp_attention=True, disable_cuda_graph=True, quantization="None", skip_ops="b, a,b",
+                           moe_a2a_backend="", kv_cache_dtype="", fp4_gemm_backend="", disaggregation_mode="",
+                           gpu_uuids="auto", autotune_disabled_by="--disable-flashinfer-autotune").flags(("GPU-1",))
+    assert (flags.dp_attention, flags.decode_cuda_graph, flags.quantization, flags.skip_ops) == \
+        (False, False, None, ("a", "b"))
+    assert (flags.moe_a2a_backend, flags.kv_cache_dtype, flags.fp4_gemm_backend, flags.disaggregation_mode) == \
+        ("none", "auto", "auto", "null")
+    assert flags.gpu_uuids == ("GPU-1",) and flags.autotune_disabled_by == "--disable-flashinfer-autotune"
+    assert ServingOptions().flags() == ServerFlags()
+
+
+def test_the_sglang_flags_read_are_the_tables_reads_column():
+    table = {f.dest: f for f in flag_table().values()}
+    assert MODELLED == {dest: o.name for o in SERVING_OPTIONS for dest in o.reads}
+    assert set(MODELLED) <= set(table) and len(MODELLED) == sum(len(o.reads) for o in SERVING_OPTIONS)
+    assert all(table[dest].effect == "modelled" for dest in MODELLED)
+
+
+@pytest.mark.parametrize("command", ["plan", "warm", "check", "verify", "pull"])
+def test_the_command_line_and_the_targets_file_take_the_given_options(command):
+    ctx = click.Context(cli)
+    params = {p.name: p for p in cli.get_command(ctx, command).params}
+    for o in GIVEN_OPTIONS:
+        assert params[o.name].opts == [o.spelling] and params[o.name].get_default(ctx) == o.default, o.name
+    assert "autotune_disabled_by" not in params
+    fields = {o.spelling.lstrip("-").replace("-", "_"): o.default for o in GIVEN_OPTIONS}
+    assert ServingOptions.from_fields(fields, "t[0]") == ServingOptions()
 
 
 def test_targets_fields_are_typed_as_the_flags_are():

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from autotune_cache.plan.engine import Engine
+from autotune_cache.plan.engine import Engine, ServingCommandReading
 from autotune_cache.engines.sglang.layout import SGLangLayout
 from autotune_cache.engines.sglang.planner import make_plan
-from autotune_cache.engines.sglang.serving_command import flag_table
+from autotune_cache.engines.sglang.serving_command import check_option_values, flag_table, parse_serving_command
 from autotune_cache.engines.sglang.key_schemas import SCHEMAS, pick_schema
 from autotune_cache.plan.entry_key import get_schema
 from autotune_cache.plan.request import TuneRequest
@@ -40,6 +40,18 @@ class SGLang(Engine):
             schema=request.schema, flashinfer_version=request.flashinfer_version, cache_root=cache_root,
             max_tokens=request.max_tokens, model_path=request.model_path, request=request, worker=request.worker,
         )
+
+    def parse_serving_command(self, tokens: list[str] | tuple[str, ...]) -> ServingCommandReading:
+        """As SGLang 0.5.23's argument parser reads it (``serving_command``); a flag that changes
+        what SGLang tunes and that fi-autotune does not model is refused."""
+        cmd = parse_serving_command(tokens)
+        cmd.check_refused()
+        return ServingCommandReading(cmd.serving_kwargs(), tuple(cmd.notes), tuple(cmd.ignored),
+                                     tuple(cmd.not_understood))
+
+    def check_option_values(self, values: dict) -> None:
+        """Against the choices of SGLang 0.5.23's own parser."""
+        check_option_values(values)
 
     def dp_meaning(self, topology) -> str | None:
         """fi-autotune's ``--dp N`` is DP attention (SGLang ``--dp-size N --enable-dp-attention``:

@@ -27,49 +27,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from autotune_cache.errors import UsageError
+from autotune_cache.plan.options import SERVING_OPTIONS
 
 FLAG_TABLE = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-flags.json"
 
-#: SGLang flags fi-autotune reads (by argparse dest) -> the ``plan``/``warm`` option they set.
-MODELLED: dict[str, str] = {
-    "model_path": "model_path",
-    "revision": "revision",
-    "tp_size": "tp",
-    "pp_size": "pp",
-    "dp_size": "dp",
-    "attn_dp_size": "dp",
-    "enable_dp_attention": "no_dp_attention",
-    "ep_size": "ep",
-    "dtype": "dtype",
-    "quantization": "quantization",
-    "trust_remote_code": "trust_remote_code",
-    "moe_runner_backend": "moe_runner_backend",
-    "moe_a2a_backend": "moe_a2a_backend",
-    "flashinfer_autotune_skip_ops": "skip_ops",
-    "disable_flashinfer_autotune": "autotune_disabled_by",
-    "enable_deterministic_inference": "autotune_disabled_by",
-    "max_running_requests": "max_running_requests",
-    "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
-    "chunked_prefill_size": "chunked_prefill_size",
-    "kv_cache_dtype": "kv_cache_dtype",
-    "page_size": "page_size",
-    "context_length": "context_length",
-    "attention_backend": "attention_backend",
-    "decode_attention_backend": "decode_attention_backend",
-    "speculative_algorithm": "speculative_algorithm",
-    "speculative_num_steps": "speculative_num_steps",
-    "speculative_eagle_topk": "speculative_eagle_topk",
-    "speculative_num_draft_tokens": "speculative_num_draft_tokens",
-    "speculative_moe_runner_backend": "speculative_moe_runner_backend",
-    "speculative_draft_model_path": "speculative_draft_model_path",
-    "fp4_gemm_runner_backend": "fp4_gemm_backend",
-    "disaggregation_mode": "disaggregation_mode",
-    "prefill_attention_backend": "prefill_attention_backend",
-    "dsa_decode_backend": "dsa_decode_backend",
-    "speculative_attention_mode": "speculative_attention_mode",
-    "disable_cuda_graph": "disable_cuda_graph",
-    "disable_decode_cuda_graph": "disable_cuda_graph",  # the decode half of it: what the passes read
-}
+#: SGLang flags fi-autotune reads (by argparse dest) -> the ``plan``/``warm`` option they set: the
+#: ``reads`` column of the serving options' table.
+MODELLED: dict[str, str] = {dest: o.name for o in SERVING_OPTIONS for dest in o.reads}
 
 #: Abbreviations older SGLang releases (and many published recipes) accept that 0.5.23 finds
 #: ambiguous, and the spelling they meant.
