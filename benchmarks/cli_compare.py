@@ -268,3 +268,324 @@ def compare_runs(o1: dict, o2: dict, new: dict) -> dict:
         elif o1["files"][rel] != new["files"][rel]:
             parts[rel] = ("differs" if o1["files"][rel] == o2["files"][rel] else "unstable", [])
     return {name: v for name, v in parts.items() if v != ("same", [])}
+
+
+# --- one case: old, old again, new ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """``fi-autotune ARGV`` (``{C}`` is the case dir) on the fixtures of ``fixture``."""
+    family: str
+    argv: tuple[str, ...]
+    fixture: str = "tree"
+
+
+def text_of(data) -> list[str]:
+    if isinstance(data, bytes):
+        return data.decode("utf-8", "replace").splitlines(keepends=True)
+    return [f"{data}\n"]
+
+
+def diff_text(case: Case, argv: list[str], o1: dict, new: dict, parts: dict) -> str:
+    """A unified diff per differing part (old run 1 against new)."""
+    out = [f"# fi-autotune {' '.join(argv)}\n# fixture: {case.fixture}\n"]
+    for name, (verdict, ignored) in parts.items():
+        if verdict == "same":
+            continue
+        out.append(f"\n## {name}: {verdict}" + (f" (ignored as volatile: {', '.join(ignored)})" if ignored else "") + "\n")
+        if name in ("rc", "stdout", "stderr"):
+            a, b = o1[name], new[name]
+        else:
+            a = o1["contents"].get(name, f"{o1['files'].get(name, ['absent'])}".encode())
+            b = new["contents"].get(name, f"{new['files'].get(name, ['absent'])}".encode())
+        out.extend(difflib.unified_diff(text_of(a), text_of(b), f"old/{name}", f"new/{name}"))
+    return "".join(line if line.endswith("\n") else line + "\n" for line in out)
+
+
+def run_case(n: int, case: Case, old: Side, new: Side) -> dict:
+    """Old twice, then new, each in a fresh ``BASE/case-N`` from the same fixture."""
+    case_dir = BASE / f"case-{n}"
+    argv = [a.replace("{C}", str(case_dir)) for a in case.argv]
+    fixture = BASE / "fixtures" / case.fixture
+    o1 = run_once(old, argv, case_dir, fixture)
+    o2 = run_once(old, argv, case_dir, fixture)
+    nb = run_once(new, argv, case_dir, fixture)
+    shutil.rmtree(case_dir, ignore_errors=True)
+    parts = compare_runs(o1, o2, nb)
+    verdicts = {v for v, _ in parts.values()}
+    verdict = "differs" if "differs" in verdicts else "unstable" if "unstable" in verdicts else "same"
+    return {"n": n, "family": case.family, "argv": argv, "fixture": case.fixture, "verdict": verdict,
+            "rc": [o1["rc"], nb["rc"]], "parts": {k: v for k, v in parts.items()},
+            "seconds": [round(o1["seconds"], 2), round(nb["seconds"], 2)],
+            "diff": diff_text(case, argv, o1, nb, parts) if verdict != "same" else ""}
+
+
+# --- discovery: what the sides say they have ----------------------------------------------------
+
+def cli_output(side: Side, *argv: str) -> str:
+    where = BASE / "discover"
+    restore(BASE / "fixtures" / "empty", where)
+    proc = subprocess.run([str(side.bin / "fi-autotune"), *argv], cwd=where, env=case_env(where, side),
+                          capture_output=True, text=True, timeout=CMD_TIMEOUT)
+    return proc.stdout
+
+
+def commands_in(help_text: str) -> list[str]:
+    """The names click lists under ``Commands:``."""
+    names, inside = [], False
+    for line in help_text.splitlines():
+        if line.strip() == "Commands:":
+            inside = True
+        elif inside and re.match(r"^  \S", line):
+            names.append(line.split()[0])
+        elif inside and line and not line.startswith(" "):
+            inside = False
+    return names
+
+
+def discover(sides: list[Side]) -> tuple[list[tuple[str, ...]], list[str]]:
+    """Every command path (``()`` the group, ``("plan",)``, subcommands) and every built-in
+    preset, as the union over both sides: a command only one side has is compared too."""
+    paths: list[tuple[str, ...]] = [()]
+    presets: list[str] = []
+    for side in sides:
+        for top in commands_in(cli_output(side, "--help")):
+            for path in [(top,)] + [(top, sub) for sub in commands_in(cli_output(side, top, "--help"))]:
+                if path not in paths:
+                    paths.append(path)
+        for preset in presets_in(cli_output(side, "plan", "--list-presets")):
+            if preset not in presets:
+                presets.append(preset)
+    return paths, presets
+
+
+def presets_in(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+# --- the commands ---------------------------------------------------------------------------------
+
+GLM = "zai-org/GLM-5.1-FP8"
+GLM_ID = "0.7.2.post1/sm100/d99390dfa961185d"   # tests/synthetic.py's default entry
+KEY_ARGS = ("--model", GLM, "--tp", "8", "--pp", "1", "--dp", "8", "--ep", "1", "--dtype", "bfloat16",
+            "--quantization", "fp8", "--moe-runner-backend", "flashinfer_trtllm", "--config-class", "GlmMoeDsaConfig",
+            "--arch", "sm100", "--flashinfer-version", "0.7.2.post1")
+MOE_PRESETS = ("Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3", "zai-org/GLM-5.1-FP8", "openai/gpt-oss-120b",
+               "mistralai/Mixtral-8x7B-v0.1")
+MOE_BACKENDS = ("flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_mxfp4", "flashinfer_cutedsl", "triton", "auto")
+SGLANG = ("--", "python", "-m", "sglang.launch_server")
+TREE, VLLM, STORE = ("--cache-dir", "{C}/tree"), ("--cache-dir", "{C}/vllm", "--layout", "vllm"), "file://{C}/store"
+
+
+def help_cases(paths: list[tuple[str, ...]]) -> list[Case]:
+    cases = [Case("help", (*p, "--help"), "empty") for p in paths]
+    cases += [Case("help", (*p, "-h"), "empty") for p in paths if len(p) == 1]
+    return cases + [Case("help", a, "empty") for a in ((), ("--version",), ("no-such-command",), ("--bogus",))]
+
+
+def plan_cases(presets: list[str]) -> list[Case]:
+    """Every preset at a few topologies, text and --json, both arches and every layout."""
+    out = []
+    for model in presets:
+        m = ("plan", "--model", model, "--cache-dir", "{C}/cache")
+        out += [Case("plan", (*m, "--tp", "1", "--arch", "sm90"), "empty"),
+                Case("plan", (*m, "--tp", "8", "--arch", "sm100"), "empty"),
+                Case("plan", (*m, "--tp", "2", "--arch", "sm90", "--json"), "empty"),
+                Case("plan", (*m, "--tp", "8", "--dp", "8", "--arch", "sm100", "--json"), "empty"),
+                Case("plan", (*m, "--tp", "2", "--arch", "sm90", "--layout", "vllm", "--json"), "empty"),
+                Case("plan", (*m, "--tp", "1", "--arch", "sm100", "--layout", "flashinfer-v2"), "empty")]
+    for model in MOE_PRESETS:
+        m = ("plan", "--model", model, "--cache-dir", "{C}/cache", "--arch", "sm100")
+        out += [Case("plan", (*m, "--tp", "8", "--ep", "8", "--json"), "empty"),
+                Case("plan", (*m, "--tp", "8", "--dp", "8", "--ep", "8"), "empty")]
+        out += [Case("plan", (*m, "--tp", "4", "--moe-runner-backend", b, *j), "empty")
+                for b in MOE_BACKENDS for j in ((), ("--json",))]
+    return out
+
+
+def serving_cases() -> list[Case]:
+    """``plan``/``check`` -- the serving command, good and bad (usage errors exit 2)."""
+    q = (*SGLANG, "--model-path", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass")
+    g = (*SGLANG, "--model-path", GLM, "--tp", "8", "--dp", "8", "--enable-dp-attention", "--ep", "8")
+    env = ("--", "SGLANG_CACHE_DIR={C}/sgl", "python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-30B-A3B")
+    serves = [q, g, env, (*q, "--cuda-graph-max-bs", "256"), (*q, "--chunked-prefill-size", "4096"),
+              (*q, "--speculative-algo", "EAGLE"), (*q, "--context-length", "32Ki"),
+              ("--", "sglang", "serve", "--model", "Qwen/Qwen3-30B-A3B", "--tensor-parallel-size=4"),
+              (*q, "--no-such-flag"), (*q, "--kv-cache-dtype", "fp9"), (*q, "--tp"), ("--", "python", "-m", "sglang.launch_server"),
+              ("--", "python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"), ("--",)]
+    out = []
+    for s in serves:
+        out += [Case("plan --", ("plan", "--arch", "sm90", "--cache-dir", "{C}/cache", *s), "empty"),
+                Case("plan --", ("plan", "--arch", "sm90", "--json", "--cache-dir", "{C}/cache", *s), "empty")]
+    out += [Case("check --", ("check", "--arch", "sm90", "--cache-dir", "{C}/warm", *s), "warm") for s in serves[:5]]
+    out += [Case("check --", ("check", "--strict", "--arch", "sm90", "--json", "--cache-dir", "{C}/warm", *s), "warm")
+            for s in serves[:3]]
+    return out
+
+
+def bad_input_cases() -> list[Case]:
+    p = ("plan", "--cache-dir", "{C}/cache", "--arch", "sm90")
+    bad = [(*p, "--model", "no-such/model"), (*p, "--model", "Qwen/Qwen3-30B-A3B", "--tp", "0"),
+           (*p, "--model", "Qwen/Qwen3-30B-A3B", "--tp", "-1"), (*p, "--model", "Qwen/Qwen3-30B-A3B", "--tp", "x"),
+           (*p, "--model", "Qwen/Qwen3-30B-A3B", "--tp", "3"), (*p, "--model", "Qwen/Qwen3-30B-A3B", "--dp", "3"),
+           (*p, "--model", "{C}/missing-dir"), (*p, "--model", "{C}/not-json.json"), (*p,),
+           ("plan", "--model", "Qwen/Qwen3-30B-A3B", "--arch", "hopper"),
+           ("plan", "--model", "Qwen/Qwen3-30B-A3B", "--layout", "nope"),
+           ("plan", "--model", "Qwen/Qwen3-30B-A3B", "--moe-runner-backend", "nope"),
+           ("key", *KEY_ARGS, "--schema", "nope"), ("key", *KEY_ARGS, "--dp", "3"), ("key", *KEY_ARGS, "--dtype", "int7"),
+           ("key", *KEY_ARGS, "--tp", "-1"), ("key", *KEY_ARGS, "--arch", "hopper"), ("key",), ("key", "id"),
+           ("show", "0.7.2.post1/sm100/0000000000000000", *TREE), ("show", "not-an-id", *TREE), ("show",),
+           ("rm", "0.7.2.post1/sm100/0000000000000000", "-y", *TREE), ("rm",),
+           ("import", "{C}/missing.tar.gz", *TREE), ("import", "{C}/not-json.json", *TREE),
+           ("export", "-o", "/proc/self/x.tar.gz", *TREE), ("doctor", "{C}/missing.log"), ("doctor",),
+           ("diff",), ("diff", GLM_ID, "0.7.2.post1/sm100/0000000000000000", *TREE),
+           ("push", "file:///nonexistent-store", *TREE), ("push",), ("pull",), ("pull", "file://{C}/no-store", *TREE),
+           ("ls", "--bogus"), ("ls", "--status", "weird", *TREE), ("ls", "--flashinfer-version", "../x", *TREE),
+           ("ls", "--env-from", "{C}/bad-env.json", *TREE), ("ls", "--env-from", "{C}/missing.json", *TREE),
+           ("prune", "--keep-latest", "-1", "-y", *TREE), ("prune", "--older-than", "soon", "-y", *TREE),
+           ("prune", "--arch", "hopper", "-y", *TREE), ("prune", "--status", "stale", "-y", *TREE),
+           ("convert",), ("check", "--model", "no-such/model", *TREE), ("warm",), ("verify",)]
+    return [Case("bad input", a) for a in bad]
+
+
+def tree_cases() -> list[Case]:
+    """The tree commands over the synthetic tree, the vLLM tree and the warmed tree; reading
+    commands in text, --json and -q; writing ones for real and with --dry-run."""
+    reads = [("ls",), ("ls", "--sort", "size"), ("ls", "--sort", "age", "--reverse"), ("ls", "--limit", "2"),
+             ("ls", "--dir"), ("ls", "--status", "complete"), ("ls", "--status", "corrupt"), ("ls", "--model", GLM),
+             ("ls", "--arch", "sm90"), ("ls", "--flashinfer-version", "0.7.1"), ("ls", "--env-from", "{C}/h100.json"),
+             ("ls", "--env-from", "{C}/h200.json"), ("ls", "--check-env"), ("ls", "--older-than", "30d"),
+             ("ls", "--larger-than", "1K"), ("show", GLM_ID), ("show", GLM_ID, "--buckets"),
+             ("show", GLM_ID, "--env-from", "{C}/h100.json"), ("show", "0.7.1/sm100"),
+             ("diff", GLM_ID, GLM_ID), ("diff", GLM_ID, "0.7.2.post1/sm90", "--all"), ("diff", GLM_ID, "0.7.2.post1/sm90", "--exit-code"),
+             ("prune", "--dry-run"), ("prune", "--status", "corrupt", "--dry-run"),
+             ("prune", "--status", "stale", "--env-from", "{C}/h200.json", "--dry-run"), ("rm", GLM_ID, "--dry-run"),
+             ("export", "-o", "{C}/out.tar.gz", "--dry-run"), ("push", STORE, "--dry-run"),
+             ("pull", STORE, "--cache-dir", "{C}/fresh", "--any-env", "--dry-run")]
+    writes = [("prune", "-y"), ("prune", "--status", "corrupt", "-y"), ("prune", "--keep-latest", "1", "-y"),
+              ("prune", "--other-versions", "-y"), ("prune", "--status", "stale", "--env-from", "{C}/h200.json", "-y"),
+              ("prune", "--max-size", "10K", "-y"), ("rm", GLM_ID, "-y"), ("rm", "0.7.1/sm100", "-y"),
+              ("export", "-o", "{C}/out.tar.gz"), ("export", GLM_ID, "-o", "{C}/one.tar.gz"),
+              ("export", "--include-incomplete", "-o", "{C}/all.tar.gz"), ("import", "{C}/tree.tar.gz"),
+              ("import", "{C}/tree.tar.gz", "--cache-dir", "{C}/fresh"), ("import", "{C}/tree.tar.gz", "--force"),
+              ("push", STORE), ("push", "file://{C}/new-store"), ("push", "file://{C}/new-store", GLM_ID),
+              ("push", "file://{C}/new-store", "--include-incomplete"),
+              ("pull", STORE, "--cache-dir", "{C}/fresh", "--any-env"), ("pull", STORE, "--cache-dir", "{C}/fresh"),
+              ("pull", STORE, GLM_ID, "--cache-dir", "{C}/fresh", "--any-env"), ("pull", STORE, "--any-env", "--force"),
+              ("convert", GLM_ID, "--layout", "vllm", "--to", "{C}/conv"), ("convert", "--layout", "flashinfer-v2", "--to", "{C}/conv"),
+              ("convert", GLM_ID, "--layout", "sglang", "--to", "{C}/conv")]
+    out = []
+    for a in reads + writes:
+        cache = () if any(x == "--cache-dir" for x in a) else TREE
+        out.append(Case(a[0], (*a, *cache)))
+        if a[0] in ("ls", "show", "diff", "prune", "rm", "export", "import", "push", "pull") and "-o" not in a[:2]:
+            out.append(Case(a[0], (*a, *cache, "--json")))
+        if a[0] in ("ls", "prune") and a == reads[0] or a[:2] == ("prune", "--dry-run"):
+            out.append(Case(a[0], (*a, *cache, "-q")))
+    out += [Case("ls", ("ls", STORE)), Case("ls", ("ls", STORE, "--json")), Case("ls", ("ls", *VLLM)),
+            Case("ls", ("ls", *VLLM, "--json")), Case("show", ("show", "0123456789abcdef", *VLLM)),
+            Case("ls", ("ls",)), Case("ls", ("ls", "--json")), Case("prune", ("prune", STORE, "--dry-run")),
+            Case("prune", ("prune", STORE, "-y")), Case("rm", ("rm", "0123456789abcdef", "-y", *VLLM)),
+            Case("export", ("export", "-o", "-", *TREE)), Case("ls", ("ls", "--layout", "flashinfer-v2", "--cache-dir", "{C}/conv"))]
+    return out
+
+
+def warm_tree_cases() -> list[Case]:
+    """A tree the real orchestrator wrote (fake GPUs): key, check, ls, show, export."""
+    q = ("--model", "Qwen/Qwen3-30B-A3B", "--moe-runner-backend", "flashinfer_cutlass", "--arch", "sm90",
+         "--flashinfer-version", "0.7.2.post1")
+    w = ("--cache-dir", "{C}/warm")
+    out = [Case("key", ("key", *KEY_ARGS, *j), "empty") for j in ((), ("--json",), ("-q",))]
+    out += [Case("key", ("key", "--model", "m", "--tp", "2", "--dp", "2", "--no-dp-attention", "--quantization", "None",
+                         "--config-class", "LlamaConfig", "--arch", "SM90", "--flashinfer-version", "0.7.2.post1", *j), "empty")
+            for j in ((), ("--json",))]
+    for args in ((*q, "--tp", "2"), (*q, "--tp", "4"), (*q, "--tp", "2", "--layout", "vllm"), (*q, "--tp", "2", "--strict"),
+                 ("--model", GLM, "--tp", "8", "--arch", "sm100"), (*q, "--tp", "2", "--store", "file://{C}/nostore")):
+        out += [Case("check", ("check", *args, *w, *j), "warm") for j in ((), ("--json",))]
+    out += [Case("check", ("check", *q, "--tp", "2", "--env-from", "{C}/h200.json", *TREE), "tree")]
+    for a in (("ls",), ("ls", "--json"), ("ls", "-q"), ("prune", "--dry-run"), ("export", "-o", "{C}/w.tar.gz")):
+        out.append(Case(a[0], (*a, *w), "warm"))
+    return out
+
+
+def doctor_cases(logs: list[str]) -> list[Case]:
+    out = []
+    for log in logs:
+        out += [Case("doctor", ("doctor", f"{{C}}/logs/{log}", *j, "--cache-dir", "{C}/tree")) for j in ((), ("--json",))]
+    out += [Case("doctor", ("doctor", *(f"{{C}}/logs/{x}" for x in logs[:4]))),
+            Case("env", ("env", "--allow-unknown"), "empty"), Case("env", ("env", "--allow-unknown", "--json"), "empty"),
+            Case("env", ("env",), "empty")]
+    return out
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+FIXTURES = ("empty", "tree", "warm")
+
+
+def all_cases(old: Side, new: Side) -> list[Case]:
+    paths, presets = discover([old, new])
+    logs = sorted(p.name for p in (old.root / ENGINE_LOGS).glob("*.log"))
+    return [*help_cases(paths), *plan_cases(presets), *serving_cases(), *warm_tree_cases(), *tree_cases(),
+            *doctor_cases(logs), *bad_input_cases()]
+
+
+def table(results: list[dict]) -> tuple[str, dict]:
+    """Counts per command family: run, identical, differing, unstable (the old side disagreed
+    with itself beyond what could be ignored)."""
+    fams: dict[str, dict[str, int]] = {}
+    for r in results:
+        row = fams.setdefault(r["family"], {"run": 0, "same": 0, "differs": 0, "unstable": 0})
+        row["run"] += 1
+        row[r["verdict"]] += 1
+    total = {k: sum(row[k] for row in fams.values()) for k in ("run", "same", "differs", "unstable")}
+    lines = [f"{'family':<12} {'run':>5} {'identical':>10} {'differing':>10} {'unstable':>9}"]
+    for name, row in sorted(fams.items()) + [("TOTAL", total)]:
+        lines.append(f"{name:<12} {row['run']:>5} {row['same']:>10} {row['differs']:>10} {row['unstable']:>9}")
+    return "\n".join(lines), {"families": fams, "total": total}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--old", required=True, help="a checkout dir with .venv, or a git ref of this repository")
+    ap.add_argument("--new", required=True, help="a checkout dir with .venv (or a git ref)")
+    ap.add_argument("--out", required=True, type=Path, help="RESULT_DIR: cli_compare.json and diffs/")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="cases run in parallel")
+    ap.add_argument("--family", action="append", help="only these command families (repeatable)")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    old, new = prepare_side(args.old, "old"), prepare_side(args.new, "new")
+    for kind in FIXTURES:
+        build_fixtures(old, kind, BASE / "fixtures" / kind)
+    cases = [c for c in all_cases(old, new) if not args.family or c.family in args.family]
+    print(f"old {old.root}\nnew {new.root}\n{len(cases)} commands, {args.jobs} at a time", file=sys.stderr)
+    with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(run_case, range(len(cases)), cases, [old] * len(cases), [new] * len(cases)))
+    text, counts = table(results)
+    print(text)
+    shutil.rmtree(args.out / "diffs", ignore_errors=True)
+    (args.out / "diffs").mkdir(parents=True)
+    for r in results:
+        if r["verdict"] != "same":
+            (args.out / "diffs" / f"case-{r['n']:03d}-{r['verdict']}.diff").write_text(r["diff"])
+    doc = {"old": str(old.root), "new": str(new.root), "old_commit": head_of(old), "new_commit": head_of(new),
+           "seconds": round(time.monotonic() - t0, 1), **counts,
+           "cases": [{k: v for k, v in r.items() if k != "diff"} for r in results]}
+    (args.out / "cli_compare.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(f"{doc['seconds']} s; {args.out}/cli_compare.json, {sum(r['verdict'] != 'same' for r in results)} diffs in "
+          f"{args.out}/diffs/")
+    return 1 if counts["total"]["differs"] or counts["total"]["unstable"] else 0
+
+
+def head_of(side: Side) -> str:
+    """The side's commit, ``+dirty`` when its work tree has changes."""
+    try:
+        sha = sh(["git", "-C", side.root, "rev-parse", "HEAD"]).stdout.strip()
+        dirty = sh(["git", "-C", side.root, "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
+    except subprocess.CalledProcessError:
+        return "?"
+    return sha + ("+dirty" if dirty else "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
