@@ -262,15 +262,43 @@ def compare_runs(o1: dict, o2: dict, new: dict) -> dict:
     parts = {"rc": ("same" if o1["rc"] == new["rc"] else "unstable" if o1["rc"] != o2["rc"] else "differs", [])}
     for stream in ("stdout", "stderr"):
         parts[stream] = compare_bytes(o1[stream], o2[stream], new[stream])
-    for rel in sorted(o1["files"].keys() | o2["files"].keys() | new["files"].keys()):
-        k1, k2, kb = (r["files"].get(rel, ["absent"])[0] for r in (o1, o2, new))
-        if k1 != kb or k1 != k2:
-            parts[rel] = ("differs" if k1 == k2 else "unstable", [])
-        elif k1 == "file":
+    stable = o1["files"].keys() & o2["files"].keys()
+    for rel in sorted(stable):
+        kb = new["files"].get(rel, ["absent"])[0]
+        if o1["files"][rel][0] != kb:
+            parts[rel] = ("differs" if o1["files"][rel][0] == o2["files"][rel][0] else "unstable", [])
+        elif kb == "file":
             parts[rel] = compare_bytes(o1["contents"][rel], o2["contents"][rel], new["contents"][rel])
         elif o1["files"][rel] != new["files"][rel]:
             parts[rel] = ("differs" if o1["files"][rel] == o2["files"][rel] else "unstable", [])
+    parts.update(compare_unpaired(stable, o1, o2, new))
     return {name: v for name, v in parts.items() if v != ("same", [])}
+
+
+def compare_unpaired(stable: set[str], o1: dict, o2: dict, new: dict) -> dict:
+    """Paths only one old run left have names that change run to run (``tempfile.mkdtemp`` under
+    TMPDIR, left by torch's and FlashInfer's imports). They cannot be paired by name, so they are
+    counted: by the stable directory they sit in, their depth below it and their kind; the new
+    side must leave as many as an old run did. New paths no old run left count the same way."""
+    def shape(run: dict) -> dict:
+        count: dict[str, int] = {}
+        for rel, (kind, _) in run["files"].items():
+            if rel in stable:
+                continue
+            parts = Path(rel).parts
+            top = next(i for i in range(len(parts)) if str(Path(*parts[:i + 1])) not in stable)
+            where = f"{Path(*parts[:top]) if top else '.'}/* (depth {len(parts) - top - 1}, {kind})"
+            count[where] = count.get(where, 0) + 1
+        return count
+    s1, s2, sb = shape(o1), shape(o2), shape(new)
+    out = {}
+    for where in sorted(s1.keys() | s2.keys() | sb.keys()):
+        a1, a2, b = s1.get(where, 0), s2.get(where, 0), sb.get(where, 0)
+        if b not in (a1, a2):
+            out[f"{where}: old {a1}/{a2}, new {b}"] = ("differs" if a1 == a2 else "unstable", [])
+        elif a1 or a2:
+            out[where] = ("same", ["(names)"])
+    return out
 
 
 # --- one case: old, old again, new ----------------------------------------------------------------
@@ -296,6 +324,8 @@ def diff_text(case: Case, argv: list[str], o1: dict, new: dict, parts: dict) -> 
         if verdict == "same":
             continue
         out.append(f"\n## {name}: {verdict}" + (f" (ignored as volatile: {', '.join(ignored)})" if ignored else "") + "\n")
+        if ": old " in name:
+            continue  # a count of unpaired paths: the heading says it all
         if name in ("rc", "stdout", "stderr"):
             a, b = o1[name], new[name]
         else:
