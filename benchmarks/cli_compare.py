@@ -43,8 +43,8 @@ from pathlib import Path
 
 # --- the project's own helpers the fixtures are built with (paths inside a checkout). Issue 33
 # may move them: these four lines are the only references.
-SYNTHETIC_MODULE = "tests.synthetic"          # write_fake_entry, write_vllm_entry, DEFAULT_METADATA
-FAKE_GPU_CLI = "tests/_fake_gpu_cli.py"       # `python FAKE_GPU_CLI warm ...` on stand-in GPUs
+SYNTHETIC_MODULE = "devtools.synthetic"          # write_fake_entry, write_vllm_entry, DEFAULT_METADATA
+FAKE_GPU_CLI = "tests/standins/fake_gpu_cli.py"       # `python FAKE_GPU_CLI warm ...` on stand-in GPUs
 ENGINE_LOGS = "tests/data/engine_logs"        # doctor's fixtures (*.log)
 TORCH_PIN = "torch==2.13.0"                   # what a fresh side's venv installs first (preamble)
 
@@ -405,7 +405,7 @@ def presets_in(text: str) -> list[str]:
 # --- the commands ---------------------------------------------------------------------------------
 
 GLM = "zai-org/GLM-5.1-FP8"
-GLM_ID = "0.7.2.post1/sm100/d99390dfa961185d"   # tests/synthetic.py's default entry
+GLM_ID = "0.7.2.post1/sm100/d99390dfa961185d"   # devtools/synthetic.py's default entry
 KEY_ARGS = ("--model", GLM, "--tp", "8", "--pp", "1", "--dp", "8", "--ep", "1", "--dtype", "bfloat16",
             "--quantization", "fp8", "--moe-runner-backend", "flashinfer_trtllm", "--config-class", "GlmMoeDsaConfig",
             "--arch", "sm100", "--flashinfer-version", "0.7.2.post1")
