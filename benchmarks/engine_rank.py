@@ -36,10 +36,10 @@ def main() -> None:
     import torch
     from flashinfer.autotuner import AutoTuner, autotune, set_autotune_process_group
 
-    from autotune_cache.tune.lm_head import lm_head_stub
-    from autotune_cache.tune.skeleton import SkeletonModel
+    from autotune_cache.tune.workers.lm_head import lm_head_stub
+    from autotune_cache.tune.workers.skeleton import SkeletonModel
     from autotune_cache.plan.tuning import dummy_tokens
-    from autotune_cache.tune.worker import measure_floor
+    from autotune_cache.tune.workers.worker import measure_floor
 
     t_import = time.perf_counter() - T0
     plan = json.loads(Path(args.plan).read_text())

@@ -1,7 +1,7 @@
 """One GPU's share of tactic_quality.py's re-measurement (not part of fi-autotune).
 
 For each (op, bucket) it is given, every distinct tactic assignment that any of the caches chose
-races head to head (autotune_cache.tune.race: interleaved in random order, CUDA-graph replays at
+races head to head (autotune_cache.tune.careful.race: interleaved in random order, CUDA-graph replays at
 decode sizes, cold L2, median of ``--rounds`` timed runs), and each cache gets the time of its own
 assignment. With ``--layer-bs`` it also times each whole cache on one op's layer at those batch
 sizes (the MoE layer's decode latency). Prints nothing; writes ``--out`` (JSON).
@@ -34,11 +34,11 @@ def main() -> None:
     from flashinfer.autotuner import autotune
 
     from autotune_cache.tree.diff import op_slots, pick_slots
-    from autotune_cache.tune.race import race
+    from autotune_cache.tune.careful.race import race
     from autotune_cache.autotuner.rankfile import RESERVED_KEYS
     from autotune_cache.plan.request import TuneRequest
-    from autotune_cache.tune.skeleton import OpLayer
-    from autotune_cache.tune.work import distinct_ops
+    from autotune_cache.tune.workers.skeleton import OpLayer
+    from autotune_cache.tune.session.work import distinct_ops
 
     plan_json = json.loads(Path(args.plan).read_text())
     plan = TuneRequest.from_dict(plan_json["request"]).plan(Path(tempfile.mkdtemp()))

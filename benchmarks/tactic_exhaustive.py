@@ -21,7 +21,7 @@ For one workload, on one GPU, in one run:
    call against every slot at its best.
 
 Writes ``--out/tactic_exhaustive_<workload>.json`` (after every bucket: an interrupted run keeps what it
-measured) and prints the table (``autotune_cache.tune.exhaustive``). ``--report FILE`` re-prints it.
+measured) and prints the table (``autotune_cache.tune.careful.exhaustive``). ``--report FILE`` re-prints it.
 
     python benchmarks/tactic_exhaustive.py --workload moe-bf16 --out $OUT
     python benchmarks/tactic_exhaustive.py --report docs/results/tactic_exhaustive_moe-bf16.json
@@ -44,7 +44,7 @@ T0 = time.perf_counter()
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from autotune_cache.tune.exhaustive import (  # noqa: E402
+from autotune_cache.tune.careful.exhaustive import (  # noqa: E402
     KINDS, bootstrap, median, relative_iqr, shortlist, stable, summarize, table)
 
 WORKLOADS = {
@@ -307,9 +307,9 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
     from autotune_cache.autotuner.rankfile import RESERVED_KEYS
     from autotune_cache.plan.request import TuneRequest
     from autotune_cache.tree.diff import slot_of
-    from autotune_cache.tune.race import race
-    from autotune_cache.tune.skeleton import OpLayer
-    from autotune_cache.tune.work import distinct_ops
+    from autotune_cache.tune.careful.race import race
+    from autotune_cache.tune.workers.skeleton import OpLayer
+    from autotune_cache.tune.session.work import distinct_ops
 
     plan_json = json.loads(plan_path.read_text())
     plan = TuneRequest.from_dict(plan_json["request"]).plan(Path(tempfile.mkdtemp()))

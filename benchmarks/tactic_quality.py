@@ -240,7 +240,7 @@ def floor_sweep(r: dict, work: Path, thresholds=SWEEP_THRESHOLDS) -> dict:
     cache holds was not re-measured: it is counted as unknown, never guessed."""
     sys.path.insert(0, str(REPO))
     from autotune_cache.tree.diff import op_slots, slot_of
-    from autotune_cache.tune.quality import DEFAULT_TACTIC, Candidate, choose
+    from autotune_cache.tune.careful.quality import DEFAULT_TACTIC, Candidate, choose
     from autotune_cache.autotuner.rankfile import RESERVED_KEYS
 
     ops = json.loads((work / "plan.json").read_text())["workloads"][0]["ops"]

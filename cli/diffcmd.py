@@ -19,7 +19,7 @@ from autotune_cache.tree.manifest import Manifest
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.store.store import Store
 from autotune_cache.tree.store.storerecord import is_store_url
-from autotune_cache.tune.recorded import request_of
+from autotune_cache.tune.session.recorded import request_of
 
 from .output import Output
 from .params import json_option, timeout_option

@@ -18,8 +18,8 @@ from autotune_cache.errors import UsageError
 from autotune_cache.plan.entry_key import key_schemas
 from autotune_cache.plan.options import GIVEN_OPTIONS, Option, ServingOptions
 from autotune_cache.plan.request import TuneRequest
-from autotune_cache.tune.gpus import detect_gpu_uuids
-from autotune_cache.tune.machine import THIS_MACHINE, Machine
+from autotune_cache.tune.workers.gpus import detect_gpu_uuids
+from autotune_cache.tune.workers.machine import THIS_MACHINE, Machine
 
 from .output import Output
 from .params import POSITIVE, cache_dir_option, resolve_root

@@ -20,10 +20,10 @@ from autotune_cache.plan.options import GIVEN_OPTIONS, ServingOptions, take_opti
 from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
 from autotune_cache.tree.scanner.scan import scan_entry
 from autotune_cache.tree.store.store import Store
-from autotune_cache.tune.fleet import FleetItem, merge_work
-from autotune_cache.tune.gpus import detect_gpu_uuids
-from autotune_cache.tune.publish import writable_store
-from autotune_cache.tune.session import FleetRunResult, WarmOptions, run_fleet
+from autotune_cache.tune.session.fleet import FleetItem, merge_work
+from autotune_cache.tune.workers.gpus import detect_gpu_uuids
+from autotune_cache.tune.session.publish import writable_store
+from autotune_cache.tune.session.session import FleetRunResult, WarmOptions, run_fleet
 
 from .output import Output
 from .progress import Progress

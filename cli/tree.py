@@ -9,7 +9,7 @@ from autotune_cache.errors import AmbiguousEntry, FiAutotuneError
 from autotune_cache.autotuner.rankfile import summarize_ops
 from autotune_cache.registry import get_layout, layouts as known_layouts
 from autotune_cache.tree.crashsafe.recovery import recover_journals
-from autotune_cache.tune.quality import selection_summary
+from autotune_cache.tune.careful.quality import selection_summary
 from autotune_cache.tree.scanner.scan import CacheEntry, scan_cache
 from autotune_cache.tree.refs import exact_ref
 

@@ -17,7 +17,7 @@ from autotune_cache.autotuner.fingerprint import this_host
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
 from autotune_cache.tree.scanner.scan import scan_cache
-from autotune_cache.tune.recorded import request_of
+from autotune_cache.tune.session.recorded import request_of
 
 from .output import Output
 from .params import LayoutName, json_option, resolve_root

@@ -1,6 +1,6 @@
 """``warm`` and ``verify``: the GPU commands.
 
-Each parses its options into typed requests, calls one library function (``tune.session``:
+Each parses its options into typed requests, calls one library function (``tune.session.session``:
 ``run_warm``, ``run_fleet``; ``tune.verify``) and prints the result. The machine - its GPUs and
 the worker command - comes from click's context object when one is given (tests/standins/fake_gpu_cli.py
 runs the real command on fake GPUs that way), else it is this machine.
@@ -16,11 +16,11 @@ import click
 from autotune_cache import registry
 from autotune_cache.engines.selection import warm_groups
 from autotune_cache.errors import UsageError
-from autotune_cache.tune.fleet import FleetItem
-from autotune_cache.tune.fleetrun import DEALS
-from autotune_cache.tune.publish import writable_store
-from autotune_cache.tune.quality import DEFAULT_THRESHOLD, QualitySettings
-from autotune_cache.tune.session import WarmOptions, WarmRun, run_warm
+from autotune_cache.tune.session.fleet import FleetItem
+from autotune_cache.tune.session.fleetrun import DEALS
+from autotune_cache.tune.session.publish import writable_store
+from autotune_cache.tune.careful.quality import DEFAULT_THRESHOLD, QualitySettings
+from autotune_cache.tune.session.session import WarmOptions, WarmRun, run_warm
 
 from .output import Output
 from .params import json_option, shard_option, targets_option, timeout_option

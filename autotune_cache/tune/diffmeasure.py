@@ -15,9 +15,9 @@ from pathlib import Path
 
 from autotune_cache.errors import UsageError
 from autotune_cache.tree.diff import Comparison, op_slots, pick_slots
-from autotune_cache.tune.race import race
-from autotune_cache.tune.skeleton import OpLayer
-from autotune_cache.tune.work import distinct_ops
+from autotune_cache.tune.careful.race import race
+from autotune_cache.tune.workers.skeleton import OpLayer
+from autotune_cache.tune.session.work import distinct_ops
 
 
 def measure(plan, comparisons: list[tuple[str, Comparison]], *, rounds: int = 50, warmup: int = 5,

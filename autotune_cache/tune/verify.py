@@ -21,8 +21,8 @@ from autotune_cache.autotuner.fingerprint import this_host
 from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.plan.tuning import TuningPlan, dummy_tokens
-from autotune_cache.tune.lm_head import lm_head_stub
-from autotune_cache.tune.skeleton import SkeletonModel
+from autotune_cache.tune.workers.lm_head import lm_head_stub
+from autotune_cache.tune.workers.skeleton import SkeletonModel
 
 
 @dataclass

@@ -15,7 +15,7 @@ from autotune_cache.errors import FiAutotuneError
 from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.engines.vllm.target import VllmTarget
-from autotune_cache.tune.envprobe import probe_environment
+from autotune_cache.tune.workers.envprobe import probe_environment
 
 from ..conftest import run_cli
 from ..support.fake_gpus import gpu_env, run_gpu_cli

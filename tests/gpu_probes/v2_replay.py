@@ -25,8 +25,8 @@ def main() -> None:
     from flashinfer.autotuner import AutoTuner, autotune
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from autotune_cache.tune.lm_head import lm_head_stub
-    from autotune_cache.tune.skeleton import SkeletonModel
+    from autotune_cache.tune.workers.lm_head import lm_head_stub
+    from autotune_cache.tune.workers.skeleton import SkeletonModel
 
     plan = json.loads(Path(plan_path).read_text())
     spec, res = plan["spec"], plan["resolution"]

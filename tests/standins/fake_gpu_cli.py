@@ -3,7 +3,7 @@
     python tests/standins/fake_gpu_cli.py warm ARGS...
 
 runs the click CLI in this process exactly as ``fi-autotune`` does (same errors, same exit
-codes), with one thing swapped: the machine warm runs on (``autotune_cache.tune.machine.Machine``,
+codes), with one thing swapped: the machine warm runs on (``autotune_cache.tune.workers.machine.Machine``,
 handed to the commands as click's context object). It sees ``FAKE_GPUS`` (default
 ``2xNVIDIA H200@sm90``: count x name @ arch) and starts ``FAKE_WORKER`` (default
 tests/standins/fake_worker.py, which speaks the worker protocol and writes the keys the plan's recipes
@@ -17,8 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from autotune_cache.tune.gpus import GpuInfo
-from autotune_cache.tune.machine import Machine
+from autotune_cache.tune.workers.gpus import GpuInfo
+from autotune_cache.tune.workers.machine import Machine
 from fi_autotune_cli import main as cli_main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: devtools.synthetic

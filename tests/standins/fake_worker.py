@@ -1,4 +1,4 @@
-"""Stands in for autotune_cache.tune.worker where no GPU exists: same protocol (task path, then
+"""Stands in for autotune_cache.tune.workers.worker where no GPU exists: same protocol (task path, then
 "<op> <bucket>" items on stdin until it closes; JSON events on stdout; per-op FlashInfer-format
 files and done files), behaviour chosen by FAKE_WORKER_MODE:
 

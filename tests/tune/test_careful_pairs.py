@@ -11,8 +11,8 @@ import pytest
 
 from autotune_cache.autotuner.rankfile import parse_file_key
 from autotune_cache.errors import FiAutotuneError
-from autotune_cache.tune.careful import MAX_PAIRS, RacePlan, pair_candidates, plan_pair_races, slot_finalists
-from autotune_cache.tune.quality import Candidate, QualitySettings, default_candidate
+from autotune_cache.tune.careful.careful import MAX_PAIRS, RacePlan, pair_candidates, plan_pair_races, slot_finalists
+from autotune_cache.tune.careful.quality import Candidate, QualitySettings, default_candidate
 from autotune_cache.tree.scanner.scan import scan_cache
 
 from .test_quality import K1, K2, POLICY, careful, entries_of, plan  # noqa: F401 - plan is a fixture

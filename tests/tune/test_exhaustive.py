@@ -1,4 +1,4 @@
-"""The exhaustive tactic reference's CPU logic (autotune_cache.tune.exhaustive) and the benchmark's
+"""The exhaustive tactic reference's CPU logic (autotune_cache.tune.careful.exhaustive) and the benchmark's
 enumeration hooks (benchmarks/tactic_exhaustive.py) on a stand-in autotuner; the GPU run is marked."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.tune.exhaustive import bootstrap, relative_iqr, shortlist, stable, summarize, table
+from autotune_cache.tune.careful.exhaustive import bootstrap, relative_iqr, shortlist, stable, summarize, table
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -236,7 +236,7 @@ def test_the_fleet_deals_its_costliest_work_first_and_writes_the_same_files(flee
 
 def test_longest_first_orders_by_cost_across_targets():
     from types import SimpleNamespace
-    from autotune_cache.tune.fleetrun import FleetRun
+    from autotune_cache.tune.session.fleetrun import FleetRun
     ops = [{"custom_ops": ["gemm"], "buckets": [1, 8192]}, {"custom_ops": ["gemm1", "gemm2"], "buckets": [1, 4096]}]
     items = [SimpleNamespace(needs={0: {1, 8192}}), SimpleNamespace(needs={1: {1, 4096}})]
     run = FleetRun(items, ops, [Path("a"), Path("b")], [set(), set()], False, 1, None, "longest")
@@ -252,8 +252,8 @@ def test_careful_tuning_is_one_target_in_its_own_work_dir():
     """A careful run races and selects per call in one target's work dir (``warm`` of one
     target); a shared per-call dir holds other targets' buckets, so the run refuses it."""
     from types import SimpleNamespace
-    from autotune_cache.tune.fleetrun import FleetRun
-    from autotune_cache.tune.quality import QualitySettings
+    from autotune_cache.tune.session.fleetrun import FleetRun
+    from autotune_cache.tune.careful.quality import QualitySettings
     ops = [{"custom_ops": ["gemm"], "buckets": [1, 8192]}]
     one = [SimpleNamespace(needs={0: {1, 8192}})]
     careful = QualitySettings("careful")

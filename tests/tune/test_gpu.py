@@ -239,7 +239,7 @@ def test_lm_head_stub_peak_memory_glm51_dims():
     import torch
 
     from autotune_cache import lm_head_stub
-    from autotune_cache.tune.skeleton import SkeletonModel
+    from autotune_cache.tune.workers.skeleton import SkeletonModel
 
     dev = torch.device("cuda", 0)
     model = SkeletonModel([], hidden=6144, vocab=154880, tp=8, dp=8, dtype="bfloat16", device=dev)

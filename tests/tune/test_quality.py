@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.errors import FiAutotuneError
-from autotune_cache.tune.quality import (DEFAULT_THRESHOLD, Candidate, QualitySettings, SlotRecord, apply_selection,
+from autotune_cache.tune.careful.quality import (DEFAULT_THRESHOLD, Candidate, QualitySettings, SlotRecord, apply_selection,
                                     candidates, choose)
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_file_key
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.plan.flags import ServerFlags
-from autotune_cache.tune.gpus import GpuInfo
-from autotune_cache.tune.pool import WorkerPool
-from autotune_cache.tune.warm import warm
+from autotune_cache.tune.workers.gpus import GpuInfo
+from autotune_cache.tune.workers.pool import WorkerPool
+from autotune_cache.tune.session.warm import warm
 
 from ..conftest import REPO
 
@@ -229,7 +229,7 @@ def test_careful_resume_keeps_finished_races(plan, monkeypatch, tmp_path):
 
 
 def test_quick_and_careful_work_never_mix(plan, monkeypatch):
-    from autotune_cache.tune.workdir import work_dir
+    from autotune_cache.tune.careful.workdir import work_dir
 
     assert work_dir(plan) != work_dir(plan, QualitySettings("careful"))
     assert work_dir(plan) == work_dir(plan, QualitySettings())

@@ -14,9 +14,9 @@ torch = pytest.importorskip("torch")
 from autotune_cache import lm_head_stub, lm_head_stubbed  # noqa: E402
 from autotune_cache.engines.sglang.planner import make_plan  # noqa: E402
 from autotune_cache.plan.flags import ServerFlags  # noqa: E402
-from autotune_cache.tune.skeleton import LMHead, OpLayer, SkeletonModel, resolve_api  # noqa: E402
-from autotune_cache.tune.work import work_queue  # noqa: E402
-from autotune_cache.tune.workdir import merge_cache_files  # noqa: E402
+from autotune_cache.tune.workers.skeleton import LMHead, OpLayer, SkeletonModel, resolve_api  # noqa: E402
+from autotune_cache.tune.session.work import work_queue  # noqa: E402
+from autotune_cache.tune.careful.workdir import merge_cache_files  # noqa: E402
 from autotune_cache.errors import FiAutotuneError  # noqa: E402
 from autotune_cache.autotuner.rankfile import cache_file_bytes  # noqa: E402
 
@@ -58,7 +58,7 @@ def test_glm51_fp8_block_moe_arguments_sm100():
 
 
 def test_synthetic_fp8_and_bf16_values_are_finite():
-    from autotune_cache.tune.skeleton import _fill
+    from autotune_cache.tune.workers.skeleton import _fill
 
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.float8_e4m3fn, torch.bfloat16):

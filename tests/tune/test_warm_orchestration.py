@@ -1,6 +1,6 @@
 """warm's orchestration on CPU with real worker processes speaking the worker protocol.
 
-No GPU exists here, so tests/standins/fake_worker.py stands in for the GPU part of autotune_cache.tune.worker;
+No GPU exists here, so tests/standins/fake_worker.py stands in for the GPU part of autotune_cache.tune.workers.worker;
 it receives exactly the task files warm writes. The real worker runs in tests/tune/test_gpu.py.
 """
 
@@ -20,9 +20,9 @@ from autotune_cache.plan.request import TuneRequest
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.plan.flags import ServerFlags
 from devtools.synthetic import write_fake_entry
-from autotune_cache.tune.gpus import GpuInfo
-from autotune_cache.tune.pool import WorkerPool
-from autotune_cache.tune.warm import warm
+from autotune_cache.tune.workers.gpus import GpuInfo
+from autotune_cache.tune.workers.pool import WorkerPool
+from autotune_cache.tune.session.warm import warm
 
 from ..conftest import REPO
 
@@ -138,7 +138,7 @@ def test_a_second_warm_of_the_same_target_is_refused_while_one_runs(plan, monkey
     import subprocess
 
     from autotune_cache.errors import EntryLocked
-    from autotune_cache.tune.workdir import work_dir
+    from autotune_cache.tune.careful.workdir import work_dir
 
     wd = work_dir(plan)
     wd.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from autotune_cache.autotuner.rankfile import METADATA_KEY, RESERVED_KEYS
 from autotune_cache.errors import EntryLocked, FiAutotuneError
 from autotune_cache.plan.tuning import TuningPlan
-from autotune_cache.tune.quality import QualitySettings, SlotRecord
+from autotune_cache.tune.careful.quality import QualitySettings, SlotRecord
 
 
 def _work_root() -> Path:

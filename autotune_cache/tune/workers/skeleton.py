@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from autotune_cache.tune.lm_head import empty_logits_like, lm_head_stubbed
+from autotune_cache.tune.workers.lm_head import empty_logits_like, lm_head_stubbed
 
 Api = Callable[..., Any]
 

@@ -15,15 +15,15 @@ from typing import Callable
 
 from autotune_cache.autotuner.rankfile import cache_file_bytes
 from autotune_cache.errors import FiAutotuneError, Interrupted
-from autotune_cache.tune.careful import RacePlan, plan_pair_races, plan_races, select_op
-from autotune_cache.tune.commit import commit_plan
-from autotune_cache.tune.dispatch import Tasks, pool_for, run_workers
-from autotune_cache.tune.machine import Machine
-from autotune_cache.tune.pool import WorkerPool
-from autotune_cache.tune.quality import QualitySettings, selection_summary
-from autotune_cache.tune.supervise import Phase
-from autotune_cache.tune.work import profile_cost, profiles_of, skeleton_of, work_queue
-from autotune_cache.tune.workdir import merged_results, one_metadata, read_done, read_slot_records, tune_prefix
+from autotune_cache.tune.careful.careful import RacePlan, plan_pair_races, plan_races, select_op
+from autotune_cache.tune.session.commit import commit_plan
+from autotune_cache.tune.workers.dispatch import Tasks, pool_for, run_workers
+from autotune_cache.tune.workers.machine import Machine
+from autotune_cache.tune.workers.pool import WorkerPool
+from autotune_cache.tune.careful.quality import QualitySettings, selection_summary
+from autotune_cache.tune.workers.supervise import Phase
+from autotune_cache.tune.session.work import profile_cost, profiles_of, skeleton_of, work_queue
+from autotune_cache.tune.careful.workdir import merged_results, one_metadata, read_done, read_slot_records, tune_prefix
 
 
 #: How a fleet deals its work. ``targets`` (the default): target by target in the file's order, so

@@ -3,7 +3,7 @@
 A plan into FlashInfer's managed store is keyed by the environment that tunes it (the hash of
 those fields names its directory), so ``warm`` needs them before it decides whether the store
 already serves the plan. The parent stays free of torch and of a CUDA context (the workers own
-the devices): ``python -m autotune_cache.tune.envprobe`` prints the fields as one JSON line.
+the devices): ``python -m autotune_cache.tune.workers.envprobe`` prints the fields as one JSON line.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from autotune_cache.autotuner.fingerprint import FIELDS, this_host
 from autotune_cache.errors import FiAutotuneError
 
-PROBE_ARGV = (sys.executable, "-m", "autotune_cache.tune.envprobe")
+PROBE_ARGV = (sys.executable, "-m", "autotune_cache.tune.workers.envprobe")
 TIMEOUT_S = 300
 
 

@@ -13,7 +13,7 @@ import sys
 import tempfile
 
 #: The real worker (``worker.py``); a GPU-less CI passes a stand-in's command instead (``machine.Machine``).
-WORKER_ARGV = (sys.executable, "-m", "autotune_cache.tune.worker")
+WORKER_ARGV = (sys.executable, "-m", "autotune_cache.tune.workers.worker")
 
 
 class WorkerPool:

@@ -33,15 +33,15 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from autotune_cache.plan.tuning import TuningPlan
-from autotune_cache.tune.commit import Existing, existing_entry
-from autotune_cache.tune.fleetrun import FleetRun
-from autotune_cache.tune.gpus import GpuInfo
-from autotune_cache.tune.machine import THIS_MACHINE, Machine, preflight
-from autotune_cache.tune.pool import WorkerPool
-from autotune_cache.tune.quality import QualitySettings
-from autotune_cache.tune.timings import worker_timings
-from autotune_cache.tune.work import distinct_ops, profiles_of
-from autotune_cache.tune.workdir import lock_work_dir, op_work_dir, open_work_dir, work_dir
+from autotune_cache.tune.session.commit import Existing, existing_entry
+from autotune_cache.tune.session.fleetrun import FleetRun
+from autotune_cache.tune.workers.gpus import GpuInfo
+from autotune_cache.tune.workers.machine import THIS_MACHINE, Machine, preflight
+from autotune_cache.tune.workers.pool import WorkerPool
+from autotune_cache.tune.careful.quality import QualitySettings
+from autotune_cache.tune.session.timings import worker_timings
+from autotune_cache.tune.session.work import distinct_ops, profiles_of
+from autotune_cache.tune.careful.workdir import lock_work_dir, op_work_dir, open_work_dir, work_dir
 
 
 def call_signature(op: dict) -> str:

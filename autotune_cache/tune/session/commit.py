@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.layout import Existing
-from autotune_cache.tune.gpus import GpuInfo
+from autotune_cache.tune.workers.gpus import GpuInfo
 
 
 def existing_entry(plan: TuningPlan, info: GpuInfo) -> Existing | None:

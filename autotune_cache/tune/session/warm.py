@@ -22,11 +22,11 @@ from typing import Callable
 
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.plan.tuning import TuningPlan
-from autotune_cache.tune.fleet import FleetItem, warm_fleet
-from autotune_cache.tune.gpus import GpuInfo
-from autotune_cache.tune.machine import THIS_MACHINE, Machine, preflight
-from autotune_cache.tune.pool import WorkerPool
-from autotune_cache.tune.quality import QualitySettings
+from autotune_cache.tune.session.fleet import FleetItem, warm_fleet
+from autotune_cache.tune.workers.gpus import GpuInfo
+from autotune_cache.tune.workers.machine import THIS_MACHINE, Machine, preflight
+from autotune_cache.tune.workers.pool import WorkerPool
+from autotune_cache.tune.careful.quality import QualitySettings
 
 
 @dataclass

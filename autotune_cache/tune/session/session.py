@@ -15,13 +15,13 @@ from typing import Callable
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.store.store import Store
-from autotune_cache.tune.fleet import FleetItem, FleetResult, warm_fleet
-from autotune_cache.tune.gpus import GpuInfo
-from autotune_cache.tune.machine import THIS_MACHINE, Machine
-from autotune_cache.tune.pool import WorkerPool
-from autotune_cache.tune.publish import Published, derived, publish, push_entry, write_derived, written_entry
-from autotune_cache.tune.quality import QualitySettings
-from autotune_cache.tune.warm import WarmResult, warm
+from autotune_cache.tune.session.fleet import FleetItem, FleetResult, warm_fleet
+from autotune_cache.tune.workers.gpus import GpuInfo
+from autotune_cache.tune.workers.machine import THIS_MACHINE, Machine
+from autotune_cache.tune.workers.pool import WorkerPool
+from autotune_cache.tune.session.publish import Published, derived, publish, push_entry, write_derived, written_entry
+from autotune_cache.tune.careful.quality import QualitySettings
+from autotune_cache.tune.session.warm import WarmResult, warm
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from autotune_cache.tune.machine import Machine
-from autotune_cache.tune.pool import WorkerPool
-from autotune_cache.tune.supervise import OnDone, Phase, supervise
+from autotune_cache.tune.workers.machine import Machine
+from autotune_cache.tune.workers.pool import WorkerPool
+from autotune_cache.tune.workers.supervise import OnDone, Phase, supervise
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One warm worker: a process bound to one GPU that tunes the (op, bucket) profiles it is dealt.
 
-``python -m autotune_cache.tune.worker``. Protocol (stdin from the parent, JSON lines on stdout):
+``python -m autotune_cache.tune.workers.worker``. Protocol (stdin from the parent, JSON lines on stdout):
 
 1. The worker imports torch and flashinfer and creates its CUDA context while the parent is
    still planning (``imported``, ``cuda`` events), then reads one line: its task file's path
@@ -39,9 +39,9 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 from flashinfer.autotuner import AutoTuner, autotune  # noqa: E402
 
-from autotune_cache.tune.lm_head import lm_head_stub  # noqa: E402
-from autotune_cache.tune.race import race  # noqa: E402
-from autotune_cache.tune.skeleton import OpLayer, SkeletonModel  # noqa: E402
+from autotune_cache.tune.workers.lm_head import lm_head_stub  # noqa: E402
+from autotune_cache.tune.careful.race import race  # noqa: E402
+from autotune_cache.tune.workers.skeleton import OpLayer, SkeletonModel  # noqa: E402
 
 
 def measure_floor(tuner_cls) -> list[float]:

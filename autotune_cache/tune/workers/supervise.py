@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from autotune_cache.errors import FiAutotuneError, Interrupted
-from autotune_cache.tune.pool import WorkerPool, kill
+from autotune_cache.tune.workers.pool import WorkerPool, kill
 
 #: ``on_done(event)`` may return callbacks to run once every worker has saved what it holds.
 OnDone = Callable[[dict], "list[Callable[[], None]]"]

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune_cache.errors import FiAutotuneError
-from autotune_cache.tune.quality import Candidate, QualitySettings, Selection, apply_selection, candidates, choose
-from autotune_cache.tune.workdir import merged_results, one_metadata, read_slot_records, tune_prefix
+from autotune_cache.tune.careful.quality import Candidate, QualitySettings, Selection, apply_selection, candidates, choose
+from autotune_cache.tune.careful.workdir import merged_results, one_metadata, read_slot_records, tune_prefix
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The machine a warm runs on, as one object the orchestrators take: how its GPUs are found and
 what command starts a worker on one.
 
-The defaults are this machine's (NVML, ``python -m autotune_cache.tune.worker``). A GPU-less CI
+The defaults are this machine's (NVML, ``python -m autotune_cache.tune.workers.worker``). A GPU-less CI
 passes fixed GPUs and a stand-in worker script instead (tests/standins/fake_gpu_cli.py) - through this
 parameter, not through hooks in the code: everything else runs as in production.
 """
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.tuning import TuningPlan
-from autotune_cache.tune.envprobe import probe_environment
-from autotune_cache.tune.gpus import GpuInfo, detect_gpus
-from autotune_cache.tune.pool import WORKER_ARGV, WorkerPool
+from autotune_cache.tune.workers.envprobe import probe_environment
+from autotune_cache.tune.workers.gpus import GpuInfo, detect_gpus
+from autotune_cache.tune.workers.pool import WORKER_ARGV, WorkerPool
 
 
 @dataclass(frozen=True)
