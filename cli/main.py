@@ -21,15 +21,15 @@ from .output import PROG
 EPILOG = "Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted (Ctrl-C). --debug shows tracebacks."
 
 
-#: Each command by name -> "module:function", imported only when that command runs (or help lists
-#: them): ``ls`` must not pay for the planner's or the tuner's imports.
+#: Each command by name -> "module:function" (one module per command, in ``commands/``), imported
+#: only when that command runs (or help lists them): ``ls`` must not pay for the planner's or the tuner's imports.
 COMMANDS = {
-    "plan": "plancmd:plan_cmd", "warm": "warmcmd:warm_cmd", "verify": "verifycmd:verify_cmd",
-    "check": "checkcmd:check_cmd", "ls": "lscmd:ls_cmd", "show": "tree:show_cmd", "prune": "cleanup:prune_cmd",
-    "rm": "cleanup:rm_cmd", "export": "transfer:export_cmd", "import": "transfer:import_cmd",
-    "push": "storecmd:push_cmd", "pull": "pullcmd:pull_cmd", "convert": "convertcmd:convert_cmd",
-    "diff": "diffcmd:diff_cmd", "env": "envcmd:env_cmd", "key": "keycmd:key_cmd",
-    "doctor": "doctorcmd:doctor_cmd",
+    name: f"commands.{module}:{name.replace('-', '_')}_cmd" for name, module in (
+        ("plan", "plan"), ("warm", "warm"), ("verify", "verify"), ("check", "check"), ("ls", "ls"), ("show", "show"),
+        ("prune", "prune"), ("rm", "rm"), ("export", "export"), ("import", "import_"), ("push", "push"),
+        ("pull", "pull"), ("convert", "convert"), ("diff", "diff"), ("env", "env"), ("key", "key"),
+        ("doctor", "doctor"),
+    )
 }
 
 

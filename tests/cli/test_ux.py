@@ -189,7 +189,7 @@ def _as_a_terminal_would():
 @pytest.mark.parametrize("module,message", [
     ("click", "interrupted"),                       # the entry point's first import
     ("autotune_cache", "interrupted"),              # the package, still before main()
-    ("fi_autotune_cli.lscmd", "interrupted"),       # the command's module, inside click
+    ("fi_autotune_cli.commands.ls", "interrupted"),       # the command's module, inside click
 ])
 def test_ctrl_c_during_imports_exits_130_with_one_line(root, tmp_path, module, message):
     (tmp_path / "hook").mkdir()

@@ -18,8 +18,8 @@ import json
 import sys
 
 from devtools.synthetic import DEFAULT_METADATA, write_plan_entry
-from fi_autotune_cli.plancmd import build_plan, request_from
-from fi_autotune_cli.warmcmd import warm_cmd
+from fi_autotune_cli.serving import build_plan, request_from
+from fi_autotune_cli.commands.warm import warm_cmd
 
 from .fake_gpu_cli import fake_machine, run
 

@@ -1,4 +1,4 @@
-"""``push``: entries to a remote store (s3://, gs://, file://, https://); ``pull`` is in pullcmd."""
+"""``push``: entries to a remote store (s3://, gs://, file://, https://); ``pull`` is in pull.py."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.store.store import Store, bundle_of
 from autotune_cache.tree.store.storehouse import unseal
-from autotune_cache.tree.store.storesweep import sweep_store
 from autotune_cache.tree.store.storerecord import is_store_url
+from autotune_cache.tree.store.storesweep import sweep_store
 
-from .output import Output
-from .params import (
+from ..output import Output
+from ..params import (
     archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root, timeout_option,
 )
-from .transfer import dry_run_listing, exportable
+from ..transferring import dry_run_listing, exportable
 
 
 def _store_and_refs(args: tuple[str, ...], verb: str) -> tuple[str, tuple[str, ...]]:

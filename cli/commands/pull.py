@@ -21,13 +21,13 @@ from autotune_cache.tree.store.pull import PullRefused, pull, select_records
 from autotune_cache.tree.store.store import Store
 from autotune_cache.tree.store.storehouse import record_views
 
-from .output import Output
-from .params import (
+from ..output import Output
+from ..params import (
     ARCHS, DURATION, FILTER_HELP, STATUSES, VERSIONS, archive_layout_option, entry_filter, env_from_option,
     json_option, resolve_root, size_filters, timeout_option,
 )
-from .serving import build_plan, machine_of, request_from, serving_options
-from .transfer import dry_run_lines
+from ..serving import build_plan, machine_of, request_from, serving_options
+from ..transferring import dry_run_lines
 
 #: Serving options that are filters too when no model is given (as ``ls URL`` takes them).
 FILTERING = ("arch", "flashinfer_version")

@@ -18,16 +18,16 @@ from autotune_cache.engines.selection import warm_groups
 from autotune_cache.errors import UsageError
 from autotune_cache.tune.session.fleet import FleetItem
 from autotune_cache.tune.session.fleetrun import DEALS
-from autotune_cache.tune.session.publish import writable_store
 from autotune_cache.tune.careful.quality import DEFAULT_THRESHOLD, QualitySettings
 from autotune_cache.tune.session.session import WarmOptions, WarmRun, run_warm
+from autotune_cache.tune.session.publish import writable_store
 
-from .output import Output
-from .params import json_option, shard_option, targets_option, timeout_option
-from .progress import Progress
-from .serving import (build_plan, engine_option_values, engine_options, fold_serving_command, machine_of,
+from ..output import Output
+from ..params import json_option, shard_option, targets_option, timeout_option
+from ..progress import Progress
+from ..serving import (build_plan, engine_option_values, engine_options, fold_serving_command, machine_of,
                       requests_from, serving_command_argument, serving_options)
-from .targetscmd import fleet_command, reject_serving_flags, warm_targets
+from ..targets import fleet_command, reject_serving_flags, warm_targets
 
 def _gpus(value: str | None) -> int | None:
     if value in (None, "all"):

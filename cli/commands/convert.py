@@ -12,8 +12,8 @@ from autotune_cache.tree.convert import conversion_target, convert_choices, conv
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 
-from .output import Output
-from .params import cache_dir_option, json_option, resolve_root
+from ..output import Output
+from ..params import cache_dir_option, json_option, resolve_root
 
 
 class ConvertTarget(click.ParamType):

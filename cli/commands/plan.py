@@ -10,11 +10,11 @@ from autotune_cache.plan.config_source import preset_ids
 from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
 from autotune_cache.errors import FiAutotuneError, UsageError
 
-from .output import Output
-from .params import LayoutName, json_option, shard_option, targets_option
-from .serving import (build_plan, engine_options, fold_serving_command, planned_layouts, request_from,
+from ..output import Output
+from ..params import LayoutName, json_option, shard_option, targets_option
+from ..serving import (build_plan, engine_options, fold_serving_command, planned_layouts, request_from,
                       serving_command_argument, serving_options)
-from .targetscmd import COMMAND_LINE, FleetMember, load_fleet, plan_data, plan_targets, reject_serving_flags
+from ..targets import COMMAND_LINE, FleetMember, load_fleet, plan_data, plan_targets, reject_serving_flags
 
 
 def _fmt_kwarg(value) -> str:

@@ -21,10 +21,10 @@ from autotune_cache.tree.store.store import Store
 from autotune_cache.tree.store.storerecord import is_store_url
 from autotune_cache.tune.session.recorded import request_of
 
-from .output import Output
-from .params import json_option, timeout_option
-from .serving import build_plan
-from .tree import scan_trees
+from ..output import Output
+from ..params import json_option, timeout_option
+from ..serving import build_plan
+from ..scanning import scan_trees
 
 
 def _unit_of_entry(e) -> CacheUnit:

@@ -7,8 +7,8 @@ import click
 from autotune_cache.autotuner.fingerprint import this_host
 from autotune_cache.errors import FiAutotuneError
 
-from .output import Output
-from .params import json_option
+from ..output import Output
+from ..params import json_option
 
 
 @click.command("env")

@@ -12,8 +12,8 @@ from autotune_cache.autotuner.installed import VERSION_RE
 from autotune_cache.autotuner.arch import ARCH_RE
 from autotune_cache.plan.topology import Topology, TopologyError
 
-from .output import Output
-from .params import POSITIVE, cache_dir_option, json_option, quiet_option, resolve_root
+from ..output import Output
+from ..params import POSITIVE, cache_dir_option, json_option, quiet_option, resolve_root
 
 
 @click.command("key")

@@ -10,8 +10,8 @@ import click
 from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.logs.diagnose import DoctorReport, diagnose
 
-from .output import Output
-from .params import json_option
+from ..output import Output
+from ..params import json_option
 
 #: A log larger than this is refused rather than read into memory (a day of a busy server's
 #: request log is far smaller; startup lines come first anyway).

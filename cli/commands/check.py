@@ -15,11 +15,11 @@ from autotune_cache.check import CheckReport, run_check
 from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
 
-from .output import Output
-from .params import LayoutName, env_from_option, json_option, resolve_root, targets_option, timeout_option
-from .serving import (build_plan, engine_options, fold_serving_command, request_from, serving_command_argument,
+from ..output import Output
+from ..params import LayoutName, env_from_option, json_option, resolve_root, targets_option, timeout_option
+from ..serving import (build_plan, engine_options, fold_serving_command, request_from, serving_command_argument,
                       serving_options)
-from .targetscmd import (COMMAND_LINE, FleetError, FleetMember, load_fleet, member_fields, reject_serving_flags,
+from ..targets import (COMMAND_LINE, FleetError, FleetMember, load_fleet, member_fields, reject_serving_flags,
                          report_errors)
 
 

@@ -19,9 +19,9 @@ from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tune.session.recorded import request_of
 
-from .output import Output
-from .params import LayoutName, json_option, resolve_root
-from .serving import build_plan, engine_options, planned_layouts, request_from, serving_options
+from ..output import Output
+from ..params import LayoutName, json_option, resolve_root
+from ..serving import build_plan, engine_options, planned_layouts, request_from, serving_options
 
 
 def _plan_from_flags(kw: dict, layout: str):

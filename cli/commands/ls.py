@@ -21,8 +21,8 @@ from autotune_cache.tree.store.store import Store
 from autotune_cache.tree.store.storehouse import record_views, require_store_filters
 from autotune_cache.tree.store.storesweep import survey
 
-from .output import Mode, Output
-from .params import (
+from ..output import Mode, Output
+from ..params import (
     flatten, resolve_root, size_filters, cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
     quiet_option, staleness_fingerprint, timeout_option, trees,
 )

@@ -1,0 +1,72 @@
+"""``export``: entries written as one reproducible .tar.gz archive (or stdout)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from autotune_cache.tree.store.export import export_entries, export_to_file
+from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.tree.scanner.scan import scan_cache
+
+from ..transferring import FdWriter, dry_run_listing, exportable
+from ..output import Output
+from ..params import archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root
+
+
+@click.command("export")
+@click.argument("refs", nargs=-1, metavar="[ID]...")
+@click.option("-o", "--output", "output", required=True, help="Archive to write (.tar.gz), or - for stdout.")
+@cache_dir_option
+@archive_layout_option
+@filter_options
+@click.option("--include-incomplete", is_flag=True,
+              help="Also export incomplete entries (an engine re-tunes every rank of one: it is warned about), and "
+                   "unverified ones (no manifest counts their rank files).")
+@click.option("--dry-run", is_flag=True, help="Print which entries would be exported; write nothing.")
+@json_option
+def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, older_than, unused_for, include_incomplete,
+               dry_run, as_json):
+    """Pack complete entries (all, or the named ones, or those the filters select) into a
+    reproducible .tar.gz: the same entries always give the same bytes (Docker layer caching)."""
+    to_stdout = output == "-"
+    out = Output(as_json, results_to_stderr=to_stdout)  # stdout carries the archive itself
+    root = resolve_root(cache_dir, must_exist=True, layout=layout)
+    if to_stdout and sys.stdout.isatty() and not dry_run:
+        raise UsageError("refusing to write a binary archive to a terminal: redirect stdout or give -o FILE")
+    out_path = None if to_stdout else Path(output)
+    if out_path is not None and not out_path.parent.is_dir():
+        raise UsageError(f"output directory {str(out_path.parent)!r} does not exist")
+    info = scan_cache(root.path, layout)
+    entries = info.resolve(refs) if refs else list(info.entries)
+    flt = entry_filter(model, versions, arch, status, older_than, unused_for)
+    now = time.time()
+    entries = [e for e in entries if flt.reasons(e, now) is not None]
+    chosen = exportable(out, entries, include_incomplete, verb="exporting")
+    if not chosen:
+        raise FiAutotuneError("nothing to export")
+    if dry_run:
+        return dry_run_listing(out, "export", [(str(e.id), e.size_on_disk) for e in chosen],
+                               "stdout" if to_stdout else str(out_path))
+    if to_stdout:
+        try:
+            sys.stdout.flush()
+            result = export_entries(layout, chosen, FdWriter(sys.stdout.fileno()))
+        except BrokenPipeError:  # click would turn it into a silent exit 1
+            raise FiAutotuneError("the reader of stdout stopped before the end: the archive it got is cut short") from None
+    else:
+        try:
+            result = export_to_file(layout, chosen, out_path)
+        except OSError as e:
+            raise FiAutotuneError(f"cannot write {out_path}: {e.strerror or e}") from None
+    for entry_id in result.vanished:
+        out.note(f"skipped {entry_id}: deleted or replaced while exporting")
+    for entry_id in result.empty:
+        out.note(f"skipped {entry_id}: it holds no rank file (nothing to export)")
+    where = "stdout" if to_stdout else str(out_path)
+    summary = f"Exported {len(result.entries)} {'entry' if len(result.entries) == 1 else 'entries'} " \
+              f"({len(result.members)} files, {result.size} bytes) to {where}"
+    out.emit(human=lambda: out.line(summary), data={"archive": where, **result.to_dict()})

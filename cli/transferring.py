@@ -1,0 +1,81 @@
+"""What moving entries shares (export, import, push, pull): which entries may leave, a staged import, an fd writer, dry-run lines."""
+
+from __future__ import annotations
+
+import os
+
+
+from autotune_cache.tree.store.archive import import_archives
+from autotune_cache.humanize import format_size, plural
+from autotune_cache.tree.status import EntryStatus
+
+from .output import Output
+
+
+def exportable(out: Output, entries, include_incomplete: bool, verb: str = "pushing") -> list:
+    """Complete entries; incomplete and unverified ones (no manifest to count their rank files)
+    only when asked (warned); never corrupt or diverged (``push`` and ``export``)."""
+    chosen = []
+    for e in entries:
+        if e.status == EntryStatus.COMPLETE:
+            chosen.append(e)
+        elif e.status == EntryStatus.UNVERIFIED and include_incomplete:
+            out.warn(f"{verb} {e.id} unverified ({e.ranks_str} rank files, no manifest says how many it needs)")
+            chosen.append(e)
+        elif e.status == EntryStatus.UNVERIFIED:
+            out.note(f"skipping {e.id}: unverified ({e.ranks_str} rank files, no manifest says how many it needs; "
+                     "--include-incomplete takes it too)")
+        elif e.status == EntryStatus.INCOMPLETE and include_incomplete:
+            out.warn(f"{verb} {e.id} incomplete ({e.ranks_str} rank files): engines re-tune every rank of it")
+            chosen.append(e)
+        elif e.status == EntryStatus.INCOMPLETE:
+            out.note(f"skipping {e.id}: incomplete ({e.ranks_str} rank files; --include-incomplete takes it too)")
+        else:
+            out.note(f"skipping {e.id}: {e.status} ({'; '.join(e.problems)})")
+    return chosen
+
+
+def planned_import(layout, root, stream, label: str, force: bool = False) -> tuple[list[tuple[str, int]], object]:
+    """(id, bytes) of each entry an archive would install, and the import's result: read,
+    validated, staged and decided (refusals included) exactly as ``import`` does, then
+    discarded before the commit (the transaction removes its staging, and any directory it made)."""
+    sizes: dict[str, int] = {}
+
+    def measure(plans, txn) -> None:
+        for plan in plans:
+            for eid in plan.entries:
+                if eid in txn.staged:
+                    sizes[str(eid)] = sum(r.size for r in txn.staged[eid].records.values())
+
+    result = import_archives(layout, root, [(stream, label)], force=force, check=measure, dry_run=True)
+    return [(i, sizes.get(i, 0)) for i in result.imported], result
+
+
+class FdWriter:
+    """Bytes to a file descriptor, every one or an error: a pipe whose reader stops mid-archive
+    takes part of a large write and Python's buffered stdout let the rest go with exit 0
+    (seen: 65,536 of 766,517 bytes, "Exported 400 entries"); here the next write raises EPIPE."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        return len(data)
+
+
+def dry_run_lines(out: Output, verb: str, rows: list[tuple[str, int]], where: str) -> None:
+    """The human view of a dry run: each entry that would move, and the total."""
+    past = {"push": "pushed to", "pull": "pulled from", "export": "exported to", "import": "imported into"}[verb]
+    for entry_id, size in rows:
+        out.line(f"would {verb:<7}{entry_id}  {format_size(size)}")
+    out.line(f"{plural(len(rows), 'entry', 'entries')} ({format_size(sum(n for _, n in rows))}) would be "
+             f"{past} {where}; nothing was changed (--dry-run)")
+
+
+def dry_run_listing(out: Output, verb: str, rows: list[tuple[str, int]], where: str) -> None:
+    """``--dry-run`` of push, pull, export and import: what would move, nothing changed."""
+    out.emit(human=lambda: dry_run_lines(out, verb, rows, where), data={"dry_run": True, "where": where, "entries": [{"id": i, "size": n} for i, n in rows]},
+             ids=[i for i, _ in rows])
