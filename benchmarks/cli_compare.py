@@ -45,6 +45,8 @@ from pathlib import Path
 # may move them: these four lines are the only references.
 SYNTHETIC_MODULE = "devtools.synthetic"          # write_fake_entry, write_vllm_entry, DEFAULT_METADATA
 FAKE_GPU_CLI = "tests/standins/fake_gpu_cli.py"       # `python FAKE_GPU_CLI warm ...` on stand-in GPUs
+#: Where an old checkout from before issue 33's moves keeps the same two helpers.
+BEFORE_33 = {SYNTHETIC_MODULE: "tests.synthetic", FAKE_GPU_CLI: "tests/_fake_gpu_cli.py"}
 ENGINE_LOGS = "tests/data/engine_logs"        # doctor's fixtures (*.log)
 TORCH_PIN = "torch==2.13.0"                   # what a fresh side's venv installs first (preamble)
 
@@ -145,12 +147,14 @@ def build_fixtures(old: Side, kind: str, dest: Path) -> None:
     shutil.copytree(old.root / ENGINE_LOGS, dest / "logs", ignore=shutil.ignore_patterns("*.py", "*.md"))
     env = case_env(dest, old)
     py = [old.bin / "python"]
+    moved = not (old.root / FAKE_GPU_CLI).exists()  # an old side from before the helpers moved
     if kind == "tree":
-        sh([*py, "-c", SETUP_TREE, dest], cwd=old.root, env=env)
+        setup = SETUP_TREE.replace(SYNTHETIC_MODULE, BEFORE_33[SYNTHETIC_MODULE]) if moved else SETUP_TREE
+        sh([*py, "-c", setup, dest], cwd=old.root, env=env)
         sh([old.bin / "fi-autotune", "export", "-o", dest / "tree.tar.gz", "--cache-dir", dest / "tree"], cwd=dest, env=env)
         sh([old.bin / "fi-autotune", "push", f"file://{dest}/store", "--cache-dir", dest / "tree"], cwd=dest, env=env)
     elif kind == "warm":
-        sh([*py, old.root / FAKE_GPU_CLI, "warm", *WARM_ARGS, "--cache-dir", dest / "warm"], cwd=old.root, env=env)
+        sh([*py, old.root / (BEFORE_33[FAKE_GPU_CLI] if moved else FAKE_GPU_CLI), "warm", *WARM_ARGS, "--cache-dir", dest / "warm"], cwd=old.root, env=env)
 
 
 def restore(fixture: Path, case_dir: Path) -> None:
