@@ -13,6 +13,16 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("33: a leak through the engine seam is caught (an import of engines/sglang put back in the CLI)", "cli/serving.py",
+     "from autotune_cache.plan.entry_key import key_schemas\n",
+     "from autotune_cache.plan.entry_key import key_schemas\n"
+     "from autotune_cache.engines.sglang.serving_command import parse_serving_command  # noqa: F401\n",
+     "tests/test_architecture.py::test_engines_are_reached_only_through_the_registry"),
+    ("33: a sibling engine's import is caught (vLLM's planner importing SGLang's recipes again)",
+     "autotune_cache/engines/vllm/planner.py",
+     "from autotune_cache.calls.fused_moe import cutlass_moe, moe_layers_in\n",
+     "from autotune_cache.calls.fused_moe import cutlass_moe\nfrom autotune_cache.engines.sglang.recipes import moe_layers_in\n",
+     "tests/test_architecture.py::test_engines_are_reached_only_through_the_registry"),
     ("31: an id with a stray space or control character is refused, never stripped", "autotune_cache/tree/refs.py",
      "    if ref != ref.strip() or any(_stray(ch) for ch in ref):", "    if False:",
      "tests/cli/test_slips.py::test_an_id_with_a_stray_character_deletes_nothing[id-sglang]"),
