@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from autotune_cache import registry
+from autotune_cache.registry import KnownLayout  # a tree.layout.CacheLayout: the tree sits above this floor
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.engine_target import EngineTarget
 from autotune_cache.plan.entry_key import DEFAULT_SCHEMA, get_schema
@@ -26,7 +27,6 @@ from autotune_cache.plan.options import Option
 if TYPE_CHECKING:
     from autotune_cache.plan.request import TuneRequest
     from autotune_cache.plan.tuning import TuningPlan
-    from autotune_cache.tree.layout import CacheLayout
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ class Engine(ABC):
         return self.label
 
     #: The trees this engine reads, the default first.
-    layouts: ClassVar["tuple[CacheLayout, ...]"]
+    layouts: ClassVar["tuple[KnownLayout, ...]"]
 
-    def layout(self, name: str | None = None) -> "CacheLayout":
+    def layout(self, name: str | None = None) -> KnownLayout:
         if name is None:
             return self.layouts[0]
         for layout in self.layouts:
@@ -116,7 +116,7 @@ class Engine(ABC):
         """The request once per engine process that tunes into an entry of its own."""
         return [request]
 
-    def plan_layout(self, request: "TuneRequest") -> "CacheLayout":
+    def plan_layout(self, request: "TuneRequest") -> KnownLayout:
         """The tree the plan of ``request`` writes, whose root it goes under when no --cache-dir
         is given: the request's layout (a single-rank vLLM: FlashInfer's managed store)."""
         return self.layout(request.engine.layout)
