@@ -13,6 +13,21 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("33: ls reads a killed import's tree as it is (readers never write)", "cli/commands/ls.py",
+     "    scans = [iter_entries(root.path, pick, layout=layout, fingerprint=fingerprint) for layout, root in targets]\n",
+     "    [__import__('autotune_cache.tree.crashsafe.recovery', fromlist=['_']).recover_journals(lay, r.path)\n"
+     "     for lay, r in targets]\n"
+     "    scans = [iter_entries(root.path, pick, layout=layout, fingerprint=fingerprint) for layout, root in targets]\n",
+     "tests/tree/test_reliability.py::test_recovery_keeps_an_entry_rewritten_after_the_kill"),
+    ("33: prune --dry-run finishes nothing", "cli/commands/prune.py",
+     "    if not dry_run:  # a writer finishes", "    if True:  # a writer finishes",
+     "tests/tree/test_reliability.py::test_a_dry_run_leaves_a_killed_import_as_it_is_and_the_real_run_finishes_it[prune]"),
+    ("33: prune finishes a killed import before it reads", "cli/commands/prune.py",
+     "    if not dry_run:  # a writer finishes", "    if False:  # a writer finishes",
+     "tests/tree/test_reliability.py::test_a_dry_run_leaves_a_killed_import_as_it_is_and_the_real_run_finishes_it[prune]"),
+    ("33: rm --dry-run finishes nothing, rm does", "cli/commands/rm.py",
+     "finish_writes=not dry_run)", "finish_writes=dry_run)",
+     "tests/tree/test_reliability.py::test_a_dry_run_leaves_a_killed_import_as_it_is_and_the_real_run_finishes_it[rm]"),
     ("33: a leak through the engine seam is caught (an import of engines/sglang put back in the CLI)", "cli/serving.py",
      "from autotune_cache.plan.entry_key import key_schemas\n",
      "from autotune_cache.plan.entry_key import key_schemas\n"

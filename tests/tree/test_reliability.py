@@ -670,3 +670,31 @@ def test_unused_for_selects_nothing_where_atime_is_not_kept(tmpfs):
     out = run_json("prune", "--unused-for", "30d", "--dry-run", "--cache-dir", str(mnt))
     assert out["plan"]["entries"] == []
     assert run_json("prune", "--older-than", "30d", "--dry-run", "--cache-dir", str(mnt))["plan"]["entries"]
+
+
+@pytest.mark.parametrize("writer", ["prune", "rm"])
+def test_a_dry_run_leaves_a_killed_import_as_it_is_and_the_real_run_finishes_it(tmp_path, writer):
+    """Readers never write (issue 33), and a dry run is a reader: ``show``, ``prune --dry-run`` and
+    ``rm --dry-run`` over a killed import change nothing (known gap: a dry run's liveness check
+    still removes the dead importer's owner-lock file, ``locks.dead_owner``; compared apart); the
+    same command without --dry-run finishes the import before it reads (once per command)."""
+    archive, eids = seeded_archive(tmp_path, 3)
+    root = tmp_path / "dest"
+    write_fake_entry(root, fields=default_fields("org/m0", tp=2, dp=2), arch="sm90", seed=99, buckets=(1, 2))
+    killed = run_cli("import", str(archive), "--force", "--cache-dir", str(root), launcher=crash_at("txn.journaled"))
+    assert killed.returncode == -signal.SIGKILL
+    def state() -> dict:
+        return {k: v for k, v in tree_state(root).items() if ".fi-autotune-locks" not in k}
+
+    before = state()
+    assert any(p.parent.name == ".fi-autotune-journal" for p in leftovers(root))
+    args = (["prune", "--older-than", "36500d"] if writer == "prune" else ["rm", eids[0]])
+    for reader in (["show", eids[0]], [*args, "--dry-run"]):
+        run_cli(*reader, "--cache-dir", str(root))
+        assert state() == before, reader
+    done = run_cli(*args, "-y", "--cache-dir", str(root))
+    assert done.returncode == 0, done.stderr
+    assert not any(p.parent.name == ".fi-autotune-journal" for p in leftovers(root))
+    left = listed(root)
+    assert sorted(left) == sorted(eids if writer == "prune" else eids[1:])
+    assert set(left.values()) == {"complete"}
