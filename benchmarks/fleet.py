@@ -62,10 +62,12 @@ def once(mode: str, gpus: int, targets_file: Path, targets, tmp: Path) -> dict:
     cli = [sys.executable, "-m", "fi_autotune_cli", "warm", "--gpus", str(gpus), "--cache-dir", str(tmp / "root"), "--json"]
     if mode.startswith("fleet"):  # fleet: the default deal (targets); fleet-longest: --deal longest
         deal = ["--deal", "longest"] if mode == "fleet-longest" else []
+        launch = time.time()
         data, wall = run([*cli, "--targets", str(targets_file), *deal], env)
         t = data["timings"]
         return {"wall_s": wall, "tuning_gpu_s": t.get("tuning_gpu_s", 0.0), "floor_gpu_s": t.get("floor_gpu_s", 0.0),
-                "profiles": data["profiles_tuned"], "profiles_one_by_one": data["profiles_total"]}
+                "profiles": data["profiles_tuned"], "profiles_one_by_one": data["profiles_total"],
+                **timeline(t, launch, wall)}
     tot = {"wall_s": 0.0, "tuning_gpu_s": 0.0, "floor_gpu_s": 0.0, "profiles": 0}
     for t in targets:
         data, wall = run([*cli, *flags(t.fields)], env)
@@ -76,11 +78,34 @@ def once(mode: str, gpus: int, targets_file: Path, targets, tmp: Path) -> dict:
     return tot
 
 
+def timeline(t: dict, launch: float, wall: float) -> dict:
+    """The fleet's time line from the benchmark's launch of the command (seconds): the command's
+    own start, planned, each worker's stamps (``timings.workers``), each target written; the fixed
+    start is launch to the first profile of the first worker (process start, imports, CUDA
+    context, module loads), the tail is the last worker's last profile minus the first's."""
+    tl = t.get("timeline", {})
+    shift = tl.get("started", launch) - launch  # the command's t0 after the launch
+    workers = [{k: (round(v + shift, 3) if k in ("imported", "cuda", "ready", "first_profile", "last_profile", "finished")
+                    else v) for k, v in w.items()} for w in t.get("workers", [])]
+    out = {"timeline": {k: round(v - launch, 3) for k, v in tl.items()}, "workers": workers,
+           "targets_written": {k: round(v + shift, 3) for k, v in t.get("targets_written", {}).items()}}
+    firsts = [w["first_profile"] for w in workers if "first_profile" in w]
+    lasts = [w["last_profile"] for w in workers if "last_profile" in w]
+    if firsts:
+        out["fixed_start_s"] = min(firsts)
+        out["fixed_start_last_worker_s"] = max(firsts)
+    if lasts:
+        out["tail_s"] = round(max(lasts) - min(lasts), 3)
+        out["after_last_profile_s"] = round(wall - max(lasts), 3)
+    return out
+
+
 def table(rows: list[dict]) -> str:
     """Median of the repeats per (mode, GPUs); overhead = wall x GPUs over the floor, minus one;
     scaling efficiency = floor / (wall x GPUs), the issue's definition."""
-    lines = ["| mode | GPUs | wall s (median) [min-max] | tuning GPU-s | floor GPU-s | overhead | scaling eff. | profiles tuned |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | GPUs | wall s (median) [min-max] | tuning GPU-s | floor GPU-s | overhead | scaling eff. | profiles tuned "
+             "| fixed start s (first / last worker) | tail s | after last profile s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for gpus in sorted({r["gpus"] for r in rows}):
         for mode in ("separate", "fleet", "fleet-longest"):
             sel = [r for r in rows if r["gpus"] == gpus and r["mode"] == mode]
@@ -91,13 +116,17 @@ def table(rows: list[dict]) -> str:
             floor = statistics.median(r["floor_gpu_s"] for r in sel)
             over = f"{wall * gpus / floor - 1:+.0%}" if floor else "-"
             eff = f"{floor / (wall * gpus):.2f}" if floor else "-"
+            def med(k: str) -> str:
+                vals = [r[k] for r in sel if k in r]
+                return f"{statistics.median(vals):.2f}" if vals else "-"
             lines.append(f"| {mode} | {gpus} | {wall:.1f} [{min(walls):.1f}-{max(walls):.1f}] | "
                          f"{statistics.median(r['tuning_gpu_s'] for r in sel):.1f} | {floor:.1f} | {over} | {eff} | "
-                         f"{sel[0]['profiles']} |")
+                         f"{sel[0]['profiles']} | {med('fixed_start_s')} / {med('fixed_start_last_worker_s')} | "
+                         f"{med('tail_s')} | {med('after_last_profile_s')} |")
         sep = [r["wall_s"] for r in rows if r["gpus"] == gpus and r["mode"] == "separate"]
         fl = [r["wall_s"] for r in rows if r["gpus"] == gpus and r["mode"] == "fleet"]
         if sep and fl:
-            lines.append(f"| fleet vs separate | {gpus} | {statistics.median(sep) / statistics.median(fl):.2f}x faster | | | | | |")
+            lines.append(f"| fleet vs separate | {gpus} | {statistics.median(sep) / statistics.median(fl):.2f}x faster | | | | | | | | |")
     return "\n".join(lines)
 
 

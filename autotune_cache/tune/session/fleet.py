@@ -69,6 +69,7 @@ class FleetItem:
     #: What its commit wrote (``FleetRun.commit_alone``): ``commit.commit_plan``'s answer, the
     #: rank files' names and, careful, the selection summary.
     written: str = ""
+    written_at: float | None = None  # epoch seconds its commit finished (a fleet's time line)
     rank_files: list = field(default_factory=list)
     selection: dict = field(default_factory=dict)
 
@@ -193,11 +194,14 @@ def warm_fleet(
     quality: QualitySettings | None = None,
     alone: bool = False,
     started: tuple[float, float] | None = None,
+    planned: float | None = None,
 ) -> FleetResult:
     """Tune every item's plan on one pool, identical calls once; each item committed (and handed
     to ``on_committed``) as soon as its own buckets are saved. ``alone``: one target (``warm``),
     tuned in its own work dir (``quality`` may be careful) and committed once the workers have
-    finished, its manifest recording their timings (from ``started``: perf and epoch seconds)."""
+    finished, its manifest recording their timings (from ``started``: perf and epoch seconds; a
+    fleet's time line adds ``planned``, the epoch its targets were planned, and when each target
+    was written)."""
     t_start, epoch_start = started or (time.perf_counter(), time.time())
     todo, n = admit(items, info, gpus, pool, force)
     if not todo:
@@ -212,12 +216,20 @@ def warm_fleet(
         tuned = run.profiles() - run.already()
         events = run.tune(pool, machine, progress)
         t_end = time.perf_counter()
-        timings = worker_timings(events, t_start, t_end) if events or alone else {}
+        timings = worker_timings(events, t_start, t_end, epoch_start) if events or alone else {}
         if alone:
             run.commit_alone(todo[0], {"profiles": run.profiles(), "profiles_tuned_this_run": tuned, "gpus": n,
-                                       **{k: v for k, v in timings.items() if k != "timeline"}})
+                                       **{k: v for k, v in timings.items() if k not in ("timeline", "workers")}})
             timings["write_s"] = round(time.perf_counter() - t_end, 3)
             timings["timeline"].update(planned=epoch_start, written=time.time())
+        elif timings:
+            timings["timeline"].update({"planned": planned} if planned is not None else {})
+            stamps = {i.name: round(i.written_at - epoch_start, 3) for i in todo if i.written_at is not None}
+            if stamps:
+                timings["timeline"]["written"] = epoch_start + max(stamps.values())
+                timings["targets_written"] = stamps
+        if timings:
+            timings["timeline"]["started"] = epoch_start
         timings["wall_s"] = round(time.perf_counter() - t_start, 3) if alone else round(t_end - t_start, 3)
         if all(i.status == "written" for i in todo):
             for d in dict.fromkeys(dirs):

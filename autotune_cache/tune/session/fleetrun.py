@@ -10,6 +10,7 @@ have finished, so its manifest records their timings."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -93,7 +94,7 @@ class FleetRun:
     def commit(self, item) -> None:
         try:
             self._commit_item(item)
-            item.status = "written"
+            item.status, item.written_at = "written", time.time()
         except FiAutotuneError as e:
             item.status, item.message = "failed", str(e)
         if self.on_committed:

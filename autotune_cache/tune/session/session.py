@@ -9,6 +9,7 @@ calls of ``--layout sglang,vllm``, a speculative target and its draft).
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -153,6 +154,7 @@ def run_fleet(load: Callable[[GpuInfo], list[FleetItem]], opts: WarmOptions, *, 
     """Many targets on one pool: ``load(gpus)`` gives the items; each is handed to
     ``on_committed`` (the command prints there) as soon as it is written or has failed, then
     converted to the layouts it lists and pushed; complete ones already there are too."""
+    started = time.perf_counter(), time.time()
     early = _EarlyPool(opts)
     publisher = _Publisher(opts.store)
 
@@ -171,7 +173,8 @@ def run_fleet(load: Callable[[GpuInfo], list[FleetItem]], opts: WarmOptions, *, 
         for item, plan in zip(items, bind_environment([i.plan for i in items], opts.machine)):
             item.plan = plan
         result = warm_fleet(items, gpus=opts.gpus, info=info, pool=pool, force=opts.force, progress=progress,
-                            on_committed=committed, machine=opts.machine, deal=opts.deal)
+                            on_committed=committed, machine=opts.machine, deal=opts.deal, started=started,
+                            planned=time.time())
     finally:
         early.close()
     for item in result.items:  # complete ones already there: convert and push them too

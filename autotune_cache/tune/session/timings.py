@@ -16,9 +16,40 @@ def _timeline(imported: dict, cuda: dict, ready: dict, fin: list, starts: list) 
     }.items() if v is not None}
 
 
-def worker_timings(events: list[dict], t_start: float, t_tuned: float) -> dict:
+#: A worker's stamps, in the order they happen: the event that sets each (first or last of its kind).
+_WORKER_STAMPS = (("imported", "imported", min), ("cuda", "cuda", min), ("ready", "ready", min),
+                  ("first_profile", "start", min), ("last_profile", "done", max), ("finished", "finished", max))
+
+
+def per_worker(events: list[dict], epoch_start: float | None) -> list[dict]:
+    """Each worker's own time line, in seconds since ``epoch_start`` (the command's start; None:
+    the first event's): when it had imported torch and FlashInfer, had its CUDA context, its
+    task, started its first profile and finished its last, and exited; its JIT (layer builds
+    and first calls), tuning and racing seconds and how many items it ran. A fleet's fixed
+    start is the gap before ``first_profile``; its tail, the gap between workers' ``last_profile``."""
+    stamped = [e for e in events if "t" in e and "worker" in e]
+    if not stamped:
+        return []
+    t0 = epoch_start if epoch_start is not None else min(e["t"] for e in stamped)
+    out = []
+    for w in sorted({e["worker"] for e in stamped}):
+        mine = [e for e in stamped if e["worker"] == w]
+        row: dict = {"worker": w}
+        for name, kind, pick in _WORKER_STAMPS:
+            ts = [e["t"] for e in mine if e["event"] == kind]
+            if ts:
+                row[name] = round(pick(ts) - t0, 3)
+        fin = next((e for e in mine if e["event"] == "finished"), {})
+        row.update({k: round(fin[f], 3) for k, f in (("jit_s", "jit_s"), ("tune_s", "tune_s"), ("race_s", "race_s"),
+                                                    ("floor_s", "floor_s")) if fin.get(f) is not None})
+        row["items"] = sum(e["event"] in ("done", "raced") for e in mine)
+        out.append(row)
+    return out
+
+
+def worker_timings(events: list[dict], t_start: float, t_tuned: float, epoch_start: float | None = None) -> dict:
     """Start-up, JIT, tuning and racing seconds (slowest worker, and summed over GPUs), peak GPU
-    memory, and the time line (``timeline``)."""
+    memory, the time line (``timeline``) and each worker's own (``workers``, ``per_worker``)."""
     ready = {e["worker"]: e for e in events if e["event"] == "ready"}
     cuda = {e["worker"]: e for e in events if e["event"] == "cuda"}
     imported = {e["worker"]: e for e in events if e["event"] == "imported"}
@@ -38,4 +69,5 @@ def worker_timings(events: list[dict], t_start: float, t_tuned: float) -> dict:
         "peak_gpu_mem_bytes": max((e["peak_mem"] for e in fin), default=0),
         **({"floor_gpu_s": round(sum(e["floor_s"] for e in fin), 3)} if fin and all(e.get("floor_s") is not None for e in fin) else {}),
         "timeline": _timeline(imported, cuda, ready, fin, starts),
+        "workers": per_worker(events, epoch_start),
     }
