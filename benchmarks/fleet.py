@@ -9,6 +9,7 @@ saving shows too.
 
     python benchmarks/fleet.py --gpus 1,4 --repeat 3 --out benchmarks/results/fleet.json
     python benchmarks/fleet.py --gpus 1,2 --modes fleet,fleet-longest --repeat 2   # the two deals
+    python benchmarks/fleet.py --gpus 2 --modes fleet,fleet-served --repeat 3      # fresh vs served workers
 
 Not part of fi-autotune; needs GPUs (sm90) and FlashInfer.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,17 +59,37 @@ def run(cmd: list[str], env: dict) -> tuple[dict, float]:
     return json.loads(p.stdout), wall
 
 
+def served_env(base: Path) -> dict:
+    """fleet-served: one cache home for every run (the served workers' state lives there, and a
+    served worker serves only the environment it was started in); its work dirs are emptied
+    before each run, so nothing resumes."""
+    return {**os.environ, "FI_AUTOTUNE_FLOOR": "1", "XDG_CACHE_HOME": str(base / "xdg-served")}
+
+
+def workers(action: str, gpus: int, base: Path) -> dict:
+    cmd = [sys.executable, "-m", "fi_autotune_cli", "workers", action, "--json"] + (["--gpus", str(gpus)] if action == "start" else [])
+    p = subprocess.run(cmd, cwd=REPO, env=served_env(base), capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"workers {action} failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout)
+
+
 def once(mode: str, gpus: int, targets_file: Path, targets, tmp: Path) -> dict:
     env = {**os.environ, "FI_AUTOTUNE_FLOOR": "1", "XDG_CACHE_HOME": str(tmp / "xdg")}
+    if mode == "fleet-served":
+        env = served_env(targets_file.parent)
+        shutil.rmtree(Path(env["XDG_CACHE_HOME"]) / "fi-autotune" / "work", ignore_errors=True)
     cli = [sys.executable, "-m", "fi_autotune_cli", "warm", "--gpus", str(gpus), "--cache-dir", str(tmp / "root"), "--json"]
-    if mode.startswith("fleet"):  # fleet: the default deal (targets); fleet-longest: --deal longest
+    if mode.startswith("fleet"):  # fleet: the default deal (targets); fleet-longest: --deal longest; fleet-served: workers start first
         deal = ["--deal", "longest"] if mode == "fleet-longest" else []
         launch = time.time()
         data, wall = run([*cli, "--targets", str(targets_file), *deal], env)
         t = data["timings"]
+        if mode == "fleet-served" and t.get("pool", {}).get("source") != "served":
+            raise SystemExit(f"fleet-served ran on its own workers: {t.get('pool')}")
         return {"wall_s": wall, "tuning_gpu_s": t.get("tuning_gpu_s", 0.0), "floor_gpu_s": t.get("floor_gpu_s", 0.0),
                 "profiles": data["profiles_tuned"], "profiles_one_by_one": data["profiles_total"],
-                **timeline(t, launch, wall)}
+                "pool": t.get("pool", {}).get("source"), **timeline(t, launch, wall)}
     tot = {"wall_s": 0.0, "tuning_gpu_s": 0.0, "floor_gpu_s": 0.0, "profiles": 0}
     for t in targets:
         data, wall = run([*cli, *flags(t.fields)], env)
@@ -80,13 +102,13 @@ def once(mode: str, gpus: int, targets_file: Path, targets, tmp: Path) -> dict:
 
 def timeline(t: dict, launch: float, wall: float) -> dict:
     """The fleet's time line from the benchmark's launch of the command (seconds): the command's
-    own start, planned, each worker's stamps (``timings.workers``), each target written; the fixed
+    own start, planned, each worker's stamps (``timings.gpu_workers``), each target written; the fixed
     start is launch to the first profile of the first worker (process start, imports, CUDA
     context, module loads), the tail is the last worker's last profile minus the first's."""
     tl = t.get("timeline", {})
     shift = tl.get("started", launch) - launch  # the command's t0 after the launch
     workers = [{k: (round(v + shift, 3) if k in ("imported", "cuda", "ready", "first_profile", "last_profile", "finished")
-                    else v) for k, v in w.items()} for w in t.get("workers", [])]
+                    else v) for k, v in w.items()} for w in t.get("gpu_workers", [])]
     out = {"timeline": {k: round(v - launch, 3) for k, v in tl.items()}, "workers": workers,
            "targets_written": {k: round(v + shift, 3) for k, v in t.get("targets_written", {}).items()}}
     firsts = [w["first_profile"] for w in workers if "first_profile" in w]
@@ -107,7 +129,7 @@ def table(rows: list[dict]) -> str:
              "| fixed start s (first / last worker) | tail s | after last profile s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for gpus in sorted({r["gpus"] for r in rows}):
-        for mode in ("separate", "fleet", "fleet-longest"):
+        for mode in ("separate", "fleet", "fleet-longest", "fleet-served"):
             sel = [r for r in rows if r["gpus"] == gpus and r["mode"] == mode]
             if not sel:
                 continue
@@ -136,7 +158,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--modes", default="separate,fleet",
                     help="comma-separated: separate (one warm per target), fleet (warm --targets: target by "
-                         "target), fleet-longest (warm --targets --deal longest: costliest work first)")
+                         "target), fleet-longest (warm --targets --deal longest: costliest work first), "
+                         "fleet-served (warm --targets on workers `fi-autotune workers start` started before, untimed)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fleet.json")
     ap.add_argument("--report", type=Path, nargs="*", help="result files to re-print together (no GPU)")
     ap.add_argument("--no-prerun", action="store_true", help="skip the untimed run that builds or loads the kernel modules")
@@ -161,14 +184,20 @@ def main() -> None:
             result["prerun"] = res
             print(json.dumps({"prerun": res}), flush=True)
         for gpus in counts:
+            modes = args.modes.split(",")
+            if "fleet-served" in modes:
+                started = workers("start", gpus, Path(d))
+                result.setdefault("served_start", []).append({"gpus": gpus, "seconds": started["seconds"]})
+                print(json.dumps({"workers_start": started["seconds"], "gpus": gpus}), flush=True)
             for r in range(args.repeat):
-                modes = args.modes.split(",")
                 for mode in (modes if r % 2 == 0 else modes[::-1]):  # interleaved, alternating order
                     with tempfile.TemporaryDirectory(dir=d) as tmp:
                         res = once(mode, gpus, targets_file, targets, Path(tmp))
                     rows.append({"mode": mode, "gpus": gpus, "repeat": r, **res})
                     print(json.dumps(rows[-1]), flush=True)
                     args.out.write_text(json.dumps(result, indent=1))  # a run cut short keeps what it measured
+            if "fleet-served" in modes:
+                workers("stop", gpus, Path(d))
     print()
     print(table(rows))
 

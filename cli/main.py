@@ -28,7 +28,7 @@ COMMANDS = {
         ("plan", "plan"), ("warm", "warm"), ("verify", "verify"), ("check", "check"), ("ls", "ls"), ("show", "show"),
         ("prune", "prune"), ("rm", "rm"), ("export", "export"), ("import", "import_"), ("push", "push"),
         ("pull", "pull"), ("convert", "convert"), ("diff", "diff"), ("env", "env"), ("key", "key"),
-        ("doctor", "doctor"),
+        ("doctor", "doctor"), ("workers", "workers"),
     )
 }
 

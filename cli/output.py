@@ -34,6 +34,7 @@ class Mode(enum.Enum):
 JSON_FORMATS = {
     "plan": 1, "warm": 1, "verify": 1, "check": 1, "ls": 1, "show": 1, "prune": 1, "rm": 1, "export": 1,
     "import": 1, "push": 1, "pull": 1, "convert": 1, "diff": 1, "env": 1, "key": 1, "doctor": 1,
+    "workers": 1,
 }
 
 

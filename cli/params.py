@@ -301,3 +301,16 @@ shard_option = click.option(
     "--shard", default=None, metavar="i/N",
     help="With --targets: this process's part of the list (0-based i of N), split the same way everywhere "
          "(warm's default: the index a Kubernetes Indexed Job, a Slurm array or torchrun gives).")
+
+
+def parse_gpus(value: str | None) -> int | None:
+    """``--gpus``: a count, or None for every GPU (``all``)."""
+    if value in (None, "all"):
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise UsageError(f"--gpus takes a number or 'all', got {value!r}") from None
+    if n < 1:
+        raise UsageError(f"--gpus must be >= 1, got {n}")
+    return n

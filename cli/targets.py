@@ -287,6 +287,8 @@ def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0
     finally:
         progress.close()  # before main() prints an interruption (exit 130)
     run.result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
+    if run.result.timings.get("pool", {}).get("note"):
+        out.note(run.result.timings["pool"]["note"])
     _emit_fleet(out, run, opts, shard[0])
     failed = failed_targets()
     if failed:  # the file names targets that could not be planned (said before tuning; again here, last)

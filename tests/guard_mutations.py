@@ -13,6 +13,26 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("34: a warm uses served workers only from the environment they were started in",
+     "autotune_cache/tune/workers/served.py", "    if pool.fingerprint != mine:\n", "    if False:\n",
+     "tests/tune/test_served.py::test_another_environment_is_not_served_and_says_why"),
+    ("34: a served worker serves only a hello from its own environment", "autotune_cache/tune/workers/serve.py",
+     "    if theirs != fingerprint:\n", "    if False:\n",
+     "tests/tune/test_served.py::test_a_worker_refuses_a_hello_that_is_not_its_environment"),
+    ("34: two warms never share the served workers", "autotune_cache/tune/workers/served.py",
+     "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n", "        pass\n",
+     "tests/tune/test_served.py::test_busy_served_workers_leave_a_second_warm_its_own"),
+    ("34: exited served workers are not used", "autotune_cache/tune/workers/served.py",
+     "    if dead:\n", "    if False:\n", "tests/tune/test_served.py::test_a_dead_served_worker_is_not_used"),
+    ("34: a failed session ends the served worker", "autotune_cache/tune/workers/serve.py",
+     "                    if code:  # a failed session", "                    if False:  # a failed session",
+     "tests/tune/test_served.py::test_a_failed_session_ends_the_worker_and_the_warm_says_so"),
+    ("34: a served worker's socket is its user's only", "autotune_cache/tune/workers/serve.py",
+     "    old = os.umask(0o177)\n", "    old = os.umask(0o022)\n",
+     "tests/tune/test_served.py::test_a_worker_refuses_a_hello_that_is_not_its_environment"),
+    ("34: stop kills only a process that is still the served worker", "autotune_cache/tune/workers/served.py",
+     "                return self.socket.encode() in cmdline\n", "                return True\n",
+     "tests/tune/test_served.py::test_stop_never_kills_a_process_that_reused_a_workers_pid"),
     ("33: ls reads a killed import's tree as it is (readers never write)", "cli/commands/ls.py",
      "    scans = [iter_entries(root.path, pick, layout=layout, fingerprint=fingerprint) for layout, root in targets]\n",
      "    [__import__('autotune_cache.tree.crashsafe.recovery', fromlist=['_']).recover_journals(lay, r.path)\n"

@@ -23,23 +23,11 @@ from autotune_cache.tune.session.session import WarmOptions, WarmRun, run_warm
 from autotune_cache.tune.session.publish import writable_store
 
 from ..output import Output
-from ..params import json_option, shard_option, targets_option, timeout_option
+from ..params import json_option, parse_gpus, shard_option, targets_option, timeout_option
 from ..progress import Progress
 from ..serving import (build_plan, engine_option_values, engine_options, fold_serving_command, machine_of,
                       requests_from, serving_command_argument, serving_options)
 from ..targets import fleet_command, reject_serving_flags, warm_targets
-
-def _gpus(value: str | None) -> int | None:
-    if value in (None, "all"):
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise UsageError(f"--gpus takes a number or 'all', got {value!r}") from None
-    if n < 1:
-        raise UsageError(f"--gpus must be >= 1, got {n}")
-    return n
-
 
 def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | None, race_runs: int) -> QualitySettings:
     for name in ("repeats", "threshold", "race_runs"):
@@ -94,7 +82,7 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     target written (and pushed) as soon as its last bucket is done (docs/fleet.md).
     """
     t0 = time.perf_counter()
-    n = _gpus(gpus)
+    n = parse_gpus(gpus)
     out = Output(as_json)
     settings = _quality(ctx, quality, repeats, threshold, race_runs)
     groups = warm_groups(layouts)
@@ -146,7 +134,8 @@ def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
             return
         t = result.timings
         racing = f", racing {t['racing_s']:.1f} s" if "racing_s" in t else ""
-        out.line(f"Tuned {result.profiles_tuned} of {result.profiles_total} profiles on {result.gpus} GPU(s) in "
+        served = " on served workers" if t.get("pool", {}).get("source") == "served" else ""
+        out.line(f"Tuned {result.profiles_tuned} of {result.profiles_total} profiles on {result.gpus} GPU(s){served} in "
                  f"{t['command_wall_s']:.1f} s (startup/import {t['startup_import_s']:.1f} s, JIT {t['jit_s']:.1f} s, "
                  f"tuning {t['tuning_s']:.1f} s{racing}, writing {t['write_s']:.2f} s)")
         if result.selection:
@@ -156,6 +145,7 @@ def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
         else:  # FlashInfer's managed store: one entry per key
             out.line(f"Published into FlashInfer's managed store: {result.message.removeprefix('published ')}")
 
+    note_pool(out, result.timings)
     # ``workers``: the one entry as a several-entry run lists each (warm --targets, speculative
     # decoding), so `jq '.workers[].status'` reads every warm alike.
     worker = {"name": "target", "target": None, "worker": "target", "id": run.plan.id_str,
@@ -164,6 +154,13 @@ def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
     out.emit(human=human, data=lambda: {**result.to_dict(), "workers": [worker],
                                         "layouts": {k: v.to_dict() for k, v in extra.items()},
                                         **({"push": pushed.to_dict()} if pushed is not None else {})})
+
+
+def note_pool(out: Output, timings: dict) -> None:
+    """Why served workers (``fi-autotune workers``) were there but not used, on stderr."""
+    note = timings.get("pool", {}).get("note")
+    if note:
+        out.note(note)
 
 
 def warm_units(units: list, kw: dict, opts: WarmOptions, push_url, out: Output, t0: float) -> None:

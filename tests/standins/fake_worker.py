@@ -79,7 +79,7 @@ def race(spec_path):
 def main():
     mode = os.environ.get("FAKE_WORKER_MODE", "ok")
     device = os.environ.get("CUDA_VISIBLE_DEVICES", "?")
-    emit("imported", import_s=0.01)
+    emit("imported", import_s=0.01, pid=os.getpid())
     emit("cuda", cuda_s=0.01, gpu=META["gpu"])
     path = sys.stdin.readline().strip()
     if not path:
@@ -137,4 +137,7 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from autotune_cache.tune.workers.serve import serve_args, serve_sessions
+
+    serving = serve_args(sys.argv[1:])  # `fi-autotune workers start`: served, as the real worker is
+    sys.exit(serve_sessions(*serving, main) if serving else main())

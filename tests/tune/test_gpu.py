@@ -422,3 +422,32 @@ def test_speculative_target_and_draft_entries(tmp_path):
     assert c.returncode == 0, c.stdout + c.stderr[-2000:]
     record("speculative_glm51_eagle_1gpu", wall_s=round(wall, 2), profiles_total=r["profiles_total"],
            profiles_tuned=r["profiles_tuned"], timings=r["timings"], verify=verified)
+
+
+def test_served_workers_tune_warm_after_warm_without_the_start(tmp_path):
+    """``fi-autotune workers start`` on the real worker: two warms in a row on the same process (no
+    restart), each from a clean session - the engine's startup pass finds every lookup (verify) -
+    and their fixed start (launch to the first profile) well under a fresh worker's imports."""
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    up = run_cli("workers", "start", "--gpus", "1", "--idle-timeout", "300", "--json", env=env, timeout=600)
+    assert up.returncode == 0, up.stderr[-3000:]
+    pids = [w["pid"] for w in json.loads(up.stdout)["workers"]]
+    try:
+        starts = []
+        for i in range(2):
+            root = tmp_path / f"cache{i}"
+            launch = time.time()
+            r = warm(QWEN, root, "--gpus", "1", "--force", env=env)
+            assert r["timings"]["pool"] == {"source": "served"}
+            (w,) = r["timings"]["gpu_workers"]
+            starts.append(round(r["timings"]["timeline"]["started"] - launch + w["first_profile"], 3))
+            v = run_cli("verify", "--model", "Qwen/Qwen3-30B-A3B", "--cache-dir", str(root), "--json", env=env)
+            assert v.returncode == 0, v.stdout + v.stderr[-2000:]
+            rep = json.loads(v.stdout)
+            assert rep["ok"] and rep["hits"] == rep["lookups"] == 42
+        status = json.loads(run_cli("workers", "status", "--json", env=env).stdout)
+        assert [w["pid"] for w in status["workers"]] == pids and status["workers"][0]["alive"]
+        record("served_workers_qwen3_tp2", fixed_start_s=starts, start_s=json.loads(up.stdout)["seconds"])
+        assert max(starts) < 3.0, starts
+    finally:
+        run_cli("workers", "stop", env=env)

@@ -219,7 +219,7 @@ def warm_fleet(
         timings = worker_timings(events, t_start, t_end, epoch_start) if events or alone else {}
         if alone:
             run.commit_alone(todo[0], {"profiles": run.profiles(), "profiles_tuned_this_run": tuned, "gpus": n,
-                                       **{k: v for k, v in timings.items() if k not in ("timeline", "workers")}})
+                                       **{k: v for k, v in timings.items() if k not in ("timeline", "gpu_workers", "pool")}})
             timings["write_s"] = round(time.perf_counter() - t_end, 3)
             timings["timeline"].update(planned=epoch_start, written=time.time())
         elif timings:
@@ -230,6 +230,7 @@ def warm_fleet(
                 timings["targets_written"] = stamps
         if timings:
             timings["timeline"]["started"] = epoch_start
+            timings["pool"] = run.pool_source
         timings["wall_s"] = round(time.perf_counter() - t_start, 3) if alone else round(t_end - t_start, 3)
         if all(i.status == "written" for i in todo):
             for d in dict.fromkeys(dirs):

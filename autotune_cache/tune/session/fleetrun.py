@@ -62,6 +62,8 @@ class FleetRun:
                                      if b not in self.done[t]} for item in items}
         self.races: list[RacePlan] = []
         self.pairs: list[RacePlan] = []  # careful's pair round: each slot's fastest crossed and raced again
+        #: Whose workers tuned: served (``fi-autotune workers``) or started by this run, and why not served.
+        self.pool_source: dict = {}
 
     def prefix(self, g: int, r: int | None) -> str:
         """Work-dir file prefix of tune ``r`` of call ``g`` (a shared dir holds one call, tuned once)."""
@@ -147,6 +149,7 @@ class FleetRun:
         queue = self.queue()
         phases, tasks = self._phases(queue), self._tasks()
         with pool_for(machine, self.gpus, pool) as p:
+            self.pool_source = {"source": p.source, **({"note": p.note} if p.note else {})}
             active = len(p.procs) if self.quality.careful else min(len(p.procs), len(queue))
             if not self.shared:  # nothing left to tune still shows its progress line, as it always has
                 return run_workers(p, tasks, active, phases, progress)

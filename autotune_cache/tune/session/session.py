@@ -75,13 +75,14 @@ def run_warm(load: Callable[[GpuInfo], TuningPlan], opts: WarmOptions, *, layout
              quality: QualitySettings | None = None, progress=None) -> WarmRun:
     """One target: ``load(gpus)`` gives its plan; written (or found complete), it is also written
     into the other layouts ``layouts`` lists, and pushed to ``opts.store``."""
+    started = time.perf_counter(), time.time()
     early = _EarlyPool(opts)
     try:
         info = opts.machine.usable_gpus(opts.gpus, opts.plan_hint)
         pool = early.start(info.count)
         plan = bind_environment([load(info)], opts.machine)[0]
         result = warm(plan, gpus=opts.gpus, force=opts.force, progress=progress, gpu_info=info, pool=pool,
-                      quality=quality, machine=opts.machine)
+                      quality=quality, machine=opts.machine, started=started)
     finally:
         early.close()
     done = result.status in ("written", "complete")

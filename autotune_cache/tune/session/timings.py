@@ -49,7 +49,7 @@ def per_worker(events: list[dict], epoch_start: float | None) -> list[dict]:
 
 def worker_timings(events: list[dict], t_start: float, t_tuned: float, epoch_start: float | None = None) -> dict:
     """Start-up, JIT, tuning and racing seconds (slowest worker, and summed over GPUs), peak GPU
-    memory, the time line (``timeline``) and each worker's own (``workers``, ``per_worker``)."""
+    memory, the time line (``timeline``) and each GPU worker's own (``gpu_workers``, ``per_worker``)."""
     ready = {e["worker"]: e for e in events if e["event"] == "ready"}
     cuda = {e["worker"]: e for e in events if e["event"] == "cuda"}
     imported = {e["worker"]: e for e in events if e["event"] == "imported"}
@@ -69,5 +69,5 @@ def worker_timings(events: list[dict], t_start: float, t_tuned: float, epoch_sta
         "peak_gpu_mem_bytes": max((e["peak_mem"] for e in fin), default=0),
         **({"floor_gpu_s": round(sum(e["floor_s"] for e in fin), 3)} if fin and all(e.get("floor_s") is not None for e in fin) else {}),
         "timeline": _timeline(imported, cuda, ready, fin, starts),
-        "workers": per_worker(events, epoch_start),
+        "gpu_workers": per_worker(events, epoch_start),
     }

@@ -70,9 +70,11 @@ def warm(
     pool: WorkerPool | None = None,
     quality: QualitySettings | None = None,
     machine: Machine = THIS_MACHINE,
+    started: tuple[float, float] | None = None,
 ) -> WarmResult:
-    """Tune ``plan`` on this machine's GPUs (``gpu_info``: as already detected) and commit its entry."""
-    started = time.perf_counter(), time.time()
+    """Tune ``plan`` on this machine's GPUs (``gpu_info``: as already detected) and commit its
+    entry; its time line counts from ``started`` (perf and epoch seconds; default: now)."""
+    started = started or (time.perf_counter(), time.time())
     if not plan.autotunes:
         return WarmResult("nothing-to-tune", str(plan.key_dir),
                           message=f"{plan.engine} would not autotune this configuration: nothing to write")

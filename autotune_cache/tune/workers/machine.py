@@ -15,6 +15,7 @@ from autotune_cache.errors import UsageError
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tune.workers.envprobe import probe_environment
 from autotune_cache.tune.workers.gpus import GpuInfo, detect_gpus
+from autotune_cache.tune.workers import served
 from autotune_cache.tune.workers.pool import WORKER_ARGV, WorkerPool
 
 
@@ -33,7 +34,9 @@ class Machine:
         return dict(self.metadata) if self.metadata is not None else probe_environment()
 
     def start_pool(self, n: int) -> WorkerPool:
-        return WorkerPool(n, self.worker_argv)
+        """``n`` workers: the served ones (``fi-autotune workers start``) when this warm may use
+        them (``served.claim``), else new processes."""
+        return WorkerPool(n, self.worker_argv, served=served.claim(n, self.worker_argv))
 
     def usable_gpus(self, n: int | None, plan_hint: str) -> GpuInfo:
         """This machine's GPUs, or a usage error: none at all, or fewer than ``--gpus`` asks for."""

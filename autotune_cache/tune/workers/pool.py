@@ -6,11 +6,15 @@ overlap the parent's planning; each then gets its task file and its work items o
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+
+from autotune_cache.tune.workers.served import Use
+from autotune_cache.tune.workers.served import devices as served_devices
 
 #: The real worker (``worker.py``); a GPU-less CI passes a stand-in's command instead (``machine.Machine``).
 WORKER_ARGV = (sys.executable, "-m", "autotune_cache.tune.workers.worker")
@@ -18,21 +22,34 @@ WORKER_ARGV = (sys.executable, "-m", "autotune_cache.tune.workers.worker")
 
 class WorkerPool:
     """One worker process per GPU, fed line by line on stdin; its stderr goes to a temporary log
-    file (FlashInfer logs and progress bars must never fill a pipe)."""
+    file (FlashInfer logs and progress bars must never fill a pipe).
 
-    def __init__(self, n: int, argv: "list[str] | tuple[str, ...] | None" = None):
+    ``served``: the served workers this pool uses (``served.claim``), one ``attach`` process
+    standing in for each; ``note`` says why a warm that found served workers did not use them."""
+
+    def __init__(self, n: int, argv: "list[str] | tuple[str, ...] | None" = None, *, served: "Use | None" = None):
         argv = list(argv or WORKER_ARGV)
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(n)]
+        self.served, self.note = (served, None) if served is not None and served.sockets else (None, served and served.note)
+        devices = served_devices(n)
         self.procs: list[subprocess.Popen] = []
         self.logs = []
         for w in range(n):
             log = tempfile.TemporaryFile(mode="w+")
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[w], "PYTHONUNBUFFERED": "1"}
+            if self.served:  # the stand-in says hello with this command's own environment (its fingerprint)
+                env = dict(os.environ)
+                cmd = [sys.executable, "-m", "autotune_cache.tune.workers.attach", self.served.sockets[w], json.dumps(argv)]
+            else:
+                env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[w], "PYTHONUNBUFFERED": "1"}
+                cmd = argv
             self.procs.append(subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=log, env=env, text=True, start_new_session=True))
             self.logs.append(log)
+
+    @property
+    def source(self) -> str:
+        """``served`` (by ``fi-autotune workers``) or ``started`` (by this command)."""
+        return "served" if self.served else "started"
 
     def send(self, w: int, line: str | None) -> None:
         """One line to worker ``w`` (its task path, then work items); None closes its stdin."""
@@ -61,6 +78,8 @@ class WorkerPool:
             kill(p)
         for log in self.logs:
             log.close()
+        if self.served:
+            self.served.release()
 
 
 def kill(proc: subprocess.Popen) -> None:

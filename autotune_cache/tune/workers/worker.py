@@ -338,9 +338,11 @@ def _setup(task_path: str | None, t_import: float):
     return Worker(task, device, model), 0
 
 
-def main(task_path: str | None = None) -> int:
-    t_import = time.perf_counter() - _T0
-    emit("imported", import_s=t_import)
+def main(task_path: str | None = None, *, served: bool = False) -> int:
+    """One warm's work: the events a spawned worker sends on stdout, or one served session
+    (``serve.py``: stdin and stdout are the connection then, the imports were paid before)."""
+    t_import = 0.0 if served else time.perf_counter() - _T0
+    emit("imported", import_s=t_import, **({"served": True} if served else {}))
     worker, code = _setup(task_path, t_import)
     if worker is None:
         return code
@@ -351,8 +353,40 @@ def main(task_path: str | None = None) -> int:
     return 0
 
 
+#: FlashInfer's methods the floor and the slot recorder wrap for one warm (``Worker``).
+_WRAPPED = ("choose_one", "_profile_single_kernel")
+
+
+def serve_session() -> int:
+    """One served warm, started as a fresh worker would: a new AutoTuner (FlashInfer's singleton,
+    with its caches, blocklist, statistics and repeat counts), the peak-memory count reset; after
+    it, FlashInfer's methods unwrapped and every layer and tensor of the session freed. Only the
+    imported modules, the loaded kernels and the CUDA context are kept."""
+    originals = {name: AutoTuner.__dict__[name] for name in _WRAPPED}
+    AutoTuner._instance = None
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        return main(served=True)
+    finally:
+        for name, fn in originals.items():
+            setattr(AutoTuner, name, fn)
+        AutoTuner._instance = None
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
-    rc = main(sys.argv[1] if len(sys.argv) > 1 else None)
+    from autotune_cache.tune.workers.serve import serve_args, serve_sessions
+
+    serving = serve_args(sys.argv[1:])
+    if serving is not None:
+        rc = serve_sessions(*serving, serve_session)
+    else:
+        rc = main(sys.argv[1] if len(sys.argv) > 1 else None)
     sys.stdout.flush()
     sys.stderr.flush()
     # Every result is on disk (fsynced) by now; skip tearing down torch and the CUDA context

@@ -1,0 +1,129 @@
+"""A worker that stays up: one process per GPU that imports torch and FlashInfer, creates its CUDA
+context once, then serves one warm after another over a UNIX socket (``fi-autotune workers
+start``). Each connection is one *session*: exactly the protocol a spawned worker speaks on its
+stdin and stdout (``worker.py``), so the parent's pool, dealer and supervisor do not know the
+difference; ``attach.py`` is the small process that stands in the pool for a served worker.
+
+Why: a fresh worker spends 5-7 s on an H100 host importing torch and FlashInfer before its first
+profile (docs/fleet.md), the fixed start of every ``warm``. Served, that is paid once per machine
+(a CI job, a Slurm allocation, a pod), and every warm after the first starts tuning at once.
+
+A session begins with ``hello <fingerprint JSON>``: the worker serves only a client whose
+environment would have started an identical worker (same Python, fi-autotune sources, worker
+command, and the variables FlashInfer, torch and CUDA read: ``served.fingerprint``); otherwise it
+answers ``{"event": "refused", ...}`` and the client starts its own workers. ``ping`` instead of a
+fingerprint is answered and closed (``workers status``). A session ends when the client closes its
+side (what a spawned worker sees as stdin closing); the worker's last line is
+``{"event": "exit", "code": N}``, the exit status a spawned worker would have had. Between
+sessions the worker forgets everything a warm gave it (``worker.serve_session``): nothing but
+the imported modules and the CUDA context carries over. A session that fails (an error event, a
+non-zero status) ends the worker too: a sticky CUDA error would poison the next. With no session
+for ``idle_s`` seconds it exits and removes its socket.
+
+No torch here: the stand-in worker the tests run (tests/standins/fake_worker.py) serves through
+the same loop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from typing import Callable
+
+#: The first line of every connection, and the answer's events.
+HELLO, PING = "hello", "ping"
+
+
+def _answer(wfile, event: str, **fields) -> None:
+    wfile.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
+    wfile.flush()
+
+
+def _handshake(line: str, fingerprint: dict, wfile) -> bool:
+    """Whether to serve this connection as a session (a ping, a refusal or nonsense is answered
+    and closed)."""
+    word, _, rest = line.strip().partition(" ")
+    if word == PING:
+        _answer(wfile, "pong", pid=os.getpid())
+        return False
+    if word != HELLO:
+        _answer(wfile, "refused", reason=f"expected {HELLO!r}, got {word[:40]!r}")
+        return False
+    try:
+        theirs = json.loads(rest)
+    except ValueError:
+        _answer(wfile, "refused", reason="the hello line is not JSON")
+        return False
+    if theirs != fingerprint:
+        differ = sorted(k for k in set(theirs) | set(fingerprint) if theirs.get(k) != fingerprint.get(k))
+        _answer(wfile, "refused", reason="started in another environment: " + ", ".join(differ[:8]) + " differ")
+        return False
+    _answer(wfile, "welcome", pid=os.getpid())
+    return True
+
+
+def listen(path: str) -> socket.socket:
+    """The worker's socket, readable by its user only (a session writes where its task says)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(8)
+    return sock
+
+
+def serve_args(argv: list[str]) -> tuple[str, float, dict] | None:
+    """``--serve SOCKET --idle SECONDS --fingerprint FILE`` (what ``served.start`` passes), or None:
+    a spawned worker's command line."""
+    if "--serve" not in argv:
+        return None
+    opts = dict(zip(argv[::2], argv[1::2]))
+    with open(opts["--fingerprint"]) as f:
+        return opts["--serve"], float(opts["--idle"]), json.load(f)
+
+
+def serve_sessions(path: str, idle_s: float, fingerprint: dict, session: Callable[[], int]) -> int:
+    """Accept sessions on ``path`` one at a time until ``idle_s`` seconds pass without one; each
+    runs ``session()`` with ``sys.stdin``/``sys.stdout`` bound to the connection. 0 at idle exit."""
+    sock = listen(path)
+    print(json.dumps({"event": "serving", "socket": path, "pid": os.getpid(), "t": time.time()}), flush=True)
+    stdin, stdout = sys.stdin, sys.stdout
+    try:
+        while True:
+            sock.settimeout(idle_s)
+            try:
+                conn, _ = sock.accept()
+            except socket.timeout:
+                return 0
+            conn.settimeout(None)
+            with conn:
+                rfile = conn.makefile("r", encoding="utf-8", newline="\n")
+                wfile = conn.makefile("w", encoding="utf-8", newline="\n")
+                try:
+                    if not _handshake(rfile.readline(), fingerprint, wfile):
+                        continue
+                    sys.stdin, sys.stdout = rfile, wfile
+                    code = int(session() or 0)
+                    _answer(wfile, "exit", code=code)
+                    if code:  # a failed session may leave the GPU unusable (a sticky CUDA error): stop serving
+                        return code
+                except (BrokenPipeError, ConnectionResetError, OSError, ValueError):
+                    pass  # the client went away: its session is over, the next one starts clean
+                finally:
+                    sys.stdin, sys.stdout = stdin, stdout
+                    for f in (rfile, wfile):
+                        try:
+                            f.close()
+                        except (OSError, ValueError):
+                            pass
+    finally:
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
