@@ -211,6 +211,8 @@ def start(n: int, worker_argv: list[str] | tuple[str, ...], idle_s: float = IDLE
     existing = ServedPool.load(base)
     if existing is not None and existing.alive():
         return existing, False
+    if existing is not None:  # every worker of the last start has exited: its sockets' dir goes
+        shutil.rmtree(existing.runtime_dir, ignore_errors=True)
     runtime = tempfile.mkdtemp(prefix="fia-")
     mine = fingerprint(worker_argv)
     # The workers compare each hello with this (their own environment differs from ours in
