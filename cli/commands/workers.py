@@ -4,12 +4,14 @@ fresh worker spends importing torch and FlashInfer (docs/fleet.md)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import click
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tune.workers import served
+from autotune_cache.tune.workers.servedstate import ServedPool, StateError, state_dir
 
 from ..output import Output
 from ..params import json_option, parse_gpus
@@ -28,24 +30,23 @@ def workers_cmd():
 
 @workers_cmd.command("start")
 @click.option("--gpus", default="all", show_default=True, help="How many local GPUs to serve (the first N visible).")
-@click.option("--idle-timeout", type=click.FloatRange(min=1), default=served.IDLE_S, show_default=True,
-              help="Seconds without a warm after which each worker exits.")
+@click.option("--idle-timeout", type=float, default=served.IDLE_S, show_default=True,
+              help="Seconds without a warm after which each worker exits (1 to 10000000).")
 @json_option
 @click.pass_context
 def start_cmd(ctx, gpus, idle_timeout, as_json):
     """Start one worker per GPU and wait until each is ready."""
     out = Output(as_json, command="workers")
+    if not (math.isfinite(idle_timeout) and 1 <= idle_timeout <= served.MAX_IDLE_S):
+        raise UsageError(f"--idle-timeout takes seconds from 1 to {served.MAX_IDLE_S:.0f}, got {idle_timeout}")
     machine = machine_of(ctx)
     n = parse_gpus(gpus)
     info = machine.usable_gpus(n, "`fi-autotune plan`")
     n = n or info.count
     t0 = time.perf_counter()
-    existing = served.ServedPool.load()
-    if existing is not None and existing.alive() and len(existing.workers) != n:
-        raise UsageError(f"{len(existing.workers)} served workers already run: `fi-autotune workers stop` first")
     try:
         pool, started = served.start(n, machine.worker_argv, idle_timeout)
-    except RuntimeError as e:
+    except (RuntimeError, StateError) as e:
         raise FiAutotuneError(str(e)) from None
     wait = time.perf_counter() - t0
     out.emit(human=lambda: out.line(f"{'started' if started else 'already running:'} {len(pool.workers)} worker(s)"
@@ -58,7 +59,7 @@ def start_cmd(ctx, gpus, idle_timeout, as_json):
 def status_cmd(as_json):
     """The served workers: pid, GPU, alive. Exit 1 when none is running."""
     out = Output(as_json, command="workers")
-    pool = served.ServedPool.load()
+    pool = _load()
     data = {"action": "status", **(_status(pool) if pool is not None else {"workers": []})}
 
     def human() -> None:
@@ -78,11 +79,22 @@ def status_cmd(as_json):
 def stop_cmd(as_json):
     """Stop the served workers (a warm using them fails, as when its own worker is killed)."""
     out = Output(as_json, command="workers")
-    stopped = served.stop()
+    try:
+        stopped = served.stop()
+    except StateError as e:
+        raise FiAutotuneError(f"{e}: nothing was stopped", hint="stop the processes its workers' logs name, "
+                              "then remove the file") from None
     out.emit(human=lambda: out.line(f"stopped {len(stopped)} worker(s)" if stopped else "no served workers were running"),
              data=lambda: {"action": "stop", "stopped": stopped})
 
 
-def _status(pool: served.ServedPool) -> dict:
+def _load() -> ServedPool | None:
+    try:
+        return ServedPool.load(state_dir())
+    except StateError as e:
+        raise FiAutotuneError(str(e)) from None
+
+
+def _status(pool: ServedPool) -> dict:
     return {"workers": [w.to_dict() for w in pool.workers], "started_at": pool.started, "idle_s": pool.idle_s,
-            "state": str(served.state_dir())}
+            "state": str(state_dir())}

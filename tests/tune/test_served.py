@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -151,13 +152,18 @@ def test_a_failed_session_ends_the_worker_and_the_warm_says_so(served, tmp_path)
     workers = start(FAKE_WORKER_MODE="oom")["workers"]
     p, data = warm(env, tmp_path / "root", FAKE_WORKER_MODE="oom")
     assert p.returncode == 1
+    failed = int(re.search(r"worker on GPU (\d) failed", p.stderr)[1])  # the first to fail; the warm then stops the other
     assert "out of GPU memory" in p.stderr and "Traceback" not in p.stderr
     assert not list((tmp_path / "root").rglob("rank_*.json"))
+    pid = workers[failed]["pid"]
     deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{w['pid']}/cmdline").exists() and Path(f"/proc/{w['pid']}/cmdline").read_bytes()
-              for w in workers[:1]):
+    while Path(f"/proc/{pid}/cmdline").exists() and b"--serve" in Path(f"/proc/{pid}/cmdline").read_bytes():
         assert time.monotonic() < deadline, "a worker whose session failed must stop serving"
         time.sleep(0.05)
+    status = json.loads(run_gpu_cli("workers", "status", "--json", env=env).stdout)
+    assert status["workers"][failed]["alive"] is False
+    q, again = warm(env, tmp_path / "root2")  # the next warm does not use a pool with an exited worker
+    assert q.returncode == 0 and again["timings"]["pool"]["source"] == "started" and "have exited" in q.stderr
 
 
 def test_served_workers_exit_when_idle_and_remove_their_sockets(served, tmp_path):
@@ -177,7 +183,8 @@ def test_a_worker_refuses_a_hello_that_is_not_its_environment(served):
     env, start = served
     sock = start()["workers"][0]["socket"]
     assert oct(os.stat(sock).st_mode & 0o777) == "0o600"  # nobody else may hand it a task
-    for line, event in ((b"hello {\"python\": \"/other\"}\n", "refused"), (b"GET / HTTP/1.0\n", "refused"),
+    other = json.dumps({"fingerprint": {"python": "/other"}, "cwd": "/"}).encode()
+    for line, event in ((b"hello " + other + b"\n", "refused"), (b"GET / HTTP/1.0\n", "refused"),
                         (b"ping\n", "pong")):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(10)

@@ -75,7 +75,8 @@ def main(argv: list[str]) -> int:
     try:
         conn.settimeout(HELLO_TIMEOUT_S)
         conn.connect(argv[0])
-        conn.sendall(f"hello {json.dumps(fingerprint(json.loads(argv[1])), sort_keys=True)}\n".encode())
+        hello = {"fingerprint": fingerprint(json.loads(argv[1])), "cwd": os.getcwd()}
+        conn.sendall(f"hello {json.dumps(hello, sort_keys=True)}\n".encode())
         buf = b""
         while b"\n" not in buf:
             chunk = conn.recv(1 << 16)

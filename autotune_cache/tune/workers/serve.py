@@ -8,10 +8,11 @@ Why: a fresh worker spends 5-7 s on an H100 host importing torch and FlashInfer 
 profile (docs/fleet.md), the fixed start of every ``warm``. Served, that is paid once per machine
 (a CI job, a Slurm allocation, a pod), and every warm after the first starts tuning at once.
 
-A session begins with ``hello <fingerprint JSON>``: the worker serves only a client whose
-environment would have started an identical worker (same Python, fi-autotune sources, worker
-command, and the variables FlashInfer, torch and CUDA read: ``served.fingerprint``); otherwise it
-answers ``{"event": "refused", ...}`` and the client starts its own workers. ``ping`` instead of a
+A session begins with ``hello {"fingerprint": ..., "cwd": ...}``: the worker serves only a client
+whose environment would have started an identical worker (same Python, user, umask, fi-autotune
+sources, worker command, and the variables FlashInfer, torch, CUDA and the JIT build read:
+``served.fingerprint``), and runs the session in the client's working directory, as a worker the
+client started would; otherwise it answers ``{"event": "refused", ...}``. ``ping`` instead of a
 fingerprint is answered and closed (``workers status``). A session ends when the client closes its
 side (what a spawned worker sees as stdin closing); the worker's last line is
 ``{"event": "exit", "code": N}``, the exit status a spawned worker would have had. Between
@@ -31,6 +32,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 from typing import Callable
 
 #: The first line of every connection, and the answer's events.
@@ -42,27 +44,31 @@ def _answer(wfile, event: str, **fields) -> None:
     wfile.flush()
 
 
-def _handshake(line: str, fingerprint: dict, wfile) -> bool:
-    """Whether to serve this connection as a session (a ping, a refusal or nonsense is answered
-    and closed)."""
+def _handshake(line: str, fingerprint: dict, wfile) -> str | None:
+    """The client's working directory when this connection is to be served as a session; None
+    for a ping, a refusal or nonsense (answered and closed)."""
     word, _, rest = line.strip().partition(" ")
     if word == PING:
         _answer(wfile, "pong", pid=os.getpid())
-        return False
+        return None
     if word != HELLO:
         _answer(wfile, "refused", reason=f"expected {HELLO!r}, got {word[:40]!r}")
-        return False
+        return None
     try:
-        theirs = json.loads(rest)
-    except ValueError:
-        _answer(wfile, "refused", reason="the hello line is not JSON")
-        return False
+        hello = json.loads(rest)
+        theirs, cwd = hello["fingerprint"], hello["cwd"]
+    except (ValueError, KeyError, TypeError):
+        _answer(wfile, "refused", reason="the hello line is not a fingerprint and a directory")
+        return None
     if theirs != fingerprint:
         differ = sorted(k for k in set(theirs) | set(fingerprint) if theirs.get(k) != fingerprint.get(k))
         _answer(wfile, "refused", reason="started in another environment: " + ", ".join(differ[:8]) + " differ")
-        return False
+        return None
+    if not isinstance(cwd, str) or not os.path.isdir(cwd):
+        _answer(wfile, "refused", reason=f"the client's working directory {str(cwd)[:200]!r} is not one here")
+        return None
     _answer(wfile, "welcome", pid=os.getpid())
-    return True
+    return cwd
 
 
 def listen(path: str) -> socket.socket:
@@ -89,12 +95,48 @@ def serve_args(argv: list[str]) -> tuple[str, float, dict] | None:
         return opts["--serve"], float(opts["--idle"]), json.load(f)
 
 
+def _one_session(conn: socket.socket, fingerprint: dict, session: Callable[[], int]) -> int:
+    """One connection: the handshake, then ``session()`` with ``sys.stdin``/``sys.stdout`` bound
+    to it. Its exit status (0 for a ping, a refusal or a client that went away mid-session); a
+    session that raises (a full disk, a bad task, a bug) has failed - status 1, its traceback in
+    the worker's log - as a spawned worker would have exited with one."""
+    rfile = conn.makefile("r", encoding="utf-8", newline="\n")
+    wfile = conn.makefile("w", encoding="utf-8", newline="\n")
+    stdin, stdout = sys.stdin, sys.stdout
+    try:
+        try:
+            cwd = _handshake(rfile.readline(), fingerprint, wfile)
+        except (OSError, ValueError):  # it hung up (or spoke garbage) before a session began
+            return 0
+        if cwd is None:
+            return 0
+        home = os.getcwd()
+        sys.stdin, sys.stdout = rfile, wfile
+        try:
+            os.chdir(cwd)  # where a worker that warm started would run: relative paths resolve alike
+            code = int(session() or 0)
+        except (BrokenPipeError, ConnectionResetError):
+            return 0  # the client went away: its session is over, the next one starts clean
+        except BaseException:  # noqa: BLE001 - the session failed; the worker stops serving
+            traceback.print_exc(file=sys.__stderr__)
+            code = 1
+        finally:
+            sys.stdin, sys.stdout = stdin, stdout
+            os.chdir(home)
+        with contextlib.suppress(OSError, ValueError):
+            _answer(wfile, "exit", code=code)
+        return code
+    finally:
+        for f in (rfile, wfile):
+            with contextlib.suppress(OSError, ValueError):
+                f.close()
+
+
 def serve_sessions(path: str, idle_s: float, fingerprint: dict, session: Callable[[], int]) -> int:
     """Accept sessions on ``path`` one at a time until ``idle_s`` seconds pass without one; each
     runs ``session()`` with ``sys.stdin``/``sys.stdout`` bound to the connection. 0 at idle exit."""
     sock = listen(path)
     print(json.dumps({"event": "serving", "socket": path, "pid": os.getpid(), "t": time.time()}), flush=True)
-    stdin, stdout = sys.stdin, sys.stdout
     try:
         while True:
             sock.settimeout(idle_s)
@@ -104,25 +146,9 @@ def serve_sessions(path: str, idle_s: float, fingerprint: dict, session: Callabl
                 return 0
             conn.settimeout(None)
             with conn:
-                rfile = conn.makefile("r", encoding="utf-8", newline="\n")
-                wfile = conn.makefile("w", encoding="utf-8", newline="\n")
-                try:
-                    if not _handshake(rfile.readline(), fingerprint, wfile):
-                        continue
-                    sys.stdin, sys.stdout = rfile, wfile
-                    code = int(session() or 0)
-                    _answer(wfile, "exit", code=code)
-                    if code:  # a failed session may leave the GPU unusable (a sticky CUDA error): stop serving
-                        return code
-                except (BrokenPipeError, ConnectionResetError, OSError, ValueError):
-                    pass  # the client went away: its session is over, the next one starts clean
-                finally:
-                    sys.stdin, sys.stdout = stdin, stdout
-                    for f in (rfile, wfile):
-                        try:
-                            f.close()
-                        except (OSError, ValueError):
-                            pass
+                code = _one_session(conn, fingerprint, session)
+            if code:  # a failed session may leave the GPU unusable (a sticky CUDA error): stop serving
+                return code
     finally:
         sock.close()
         with contextlib.suppress(FileNotFoundError):

@@ -1,11 +1,12 @@
 """Workers that stay up between warms (``fi-autotune workers start``): where they are, whether
 this command may use them, and starting and stopping them. No torch here.
 
-State: ``<user cache>/fi-autotune/workers/state.json`` (pids, sockets, the command each worker
-runs, the environment fingerprint they were started in), each worker's log beside it, and
-``session.lock``, which a warm holds for as long as it uses them: two warms never share a
-worker (the second starts its own). The sockets live in a private directory (mode 0700) under
-the system's temp dir, whose path stays short enough for a UNIX socket.
+State (``servedstate.py``): ``<user cache>/fi-autotune/workers/state.json`` (pids, sockets, the
+environment fingerprint they were started in, whether all answered), each worker's log beside
+it, ``session.lock``, which a warm holds for as long as it uses them (two warms never share a
+worker: the second starts its own), and ``start.lock`` (one ``start`` or ``stop`` at a time).
+The sockets live in a private directory (mode 0700) under the system's temp dir, whose path
+stays short enough for a UNIX socket.
 
 A warm uses them only when every check passes, and otherwise says why and starts its own: the
 same Python, fi-autotune sources, torch and FlashInfer versions, worker command and the
@@ -21,26 +22,31 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Iterator
+
+from autotune_cache.tune.workers.servedstate import (ServedPool, ServedWorker, StateError, make_runtime_dir,
+                                                     remove_runtime_dir, state_dir)
 
 #: Variables a worker's results can depend on: FlashInfer's, torch's and CUDA's own, this tool's,
 #: and where libraries and the JIT cache are found. Anything else may differ between the shell
 #: that started the workers and the one that uses them.
 ENV_PREFIXES = ("FLASHINFER_", "FI_AUTOTUNE_", "CUDA_", "CUBLAS", "CUDNN_", "NVIDIA_", "TORCH", "PYTORCH_", "NCCL_",
-                "TVM_", "CUTE_", "CUTLASS_", "TRITON_")
-ENV_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "XDG_CACHE_HOME")
+                "TVM_", "CUTE_", "CUTLASS_", "TRITON_", "NVCC_", "OMP_", "MKL_", "OPENBLAS_", "PYTHON")
+#: ... and FlashInfer's JIT build (compilers, flags, parallelism, scratch space), by name.
+ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "XDG_CACHE_HOME", "TMPDIR", "CC", "CXX", "CFLAGS",
+             "CXXFLAGS", "LDFLAGS", "MAX_JOBS", "CPATH", "LIBRARY_PATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")
 
-#: Default idle time after which a served worker exits.
-IDLE_S = 1800.0
+#: Default idle time after which a served worker exits, and the longest one may ask for.
+IDLE_S, MAX_IDLE_S = 1800.0, 1e7
+#: How long a warm waits for each served worker to answer before it starts its own.
+PING_S = 2.0
 
 
 def _sources_stamp() -> str:
@@ -65,8 +71,12 @@ def _version(dist: str) -> str | None:
 
 def fingerprint(worker_argv: list[str] | tuple[str, ...]) -> dict:
     """What must be equal for a served worker to tune exactly as one this process starts would."""
+    umask = os.umask(0)
+    os.umask(umask)
     return {
         "python": sys.executable,
+        "uid": os.getuid(),
+        "umask": umask,
         "worker": list(worker_argv),
         "sources": _sources_stamp(),
         "versions": {d: _version(d) for d in ("torch", "flashinfer-python", "fi-autotune")},
@@ -74,85 +84,11 @@ def fingerprint(worker_argv: list[str] | tuple[str, ...]) -> dict:
     }
 
 
-def state_dir() -> Path:
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("fi-autotune")) / "workers"
-
-
 def devices(n: int) -> list[str]:
     """Worker ``w``'s CUDA_VISIBLE_DEVICES: the w-th visible device (``pool.WorkerPool`` too)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     found = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(n)]
     return found[:n]
-
-
-@dataclass(frozen=True)
-class ServedWorker:
-    index: int
-    pid: int
-    socket: str
-    device: str
-    log: str
-
-    def alive(self) -> bool:
-        """The process is there and is still this worker (a pid can be reused). Its command line
-        reads empty for a moment after it is spawned (before its exec completes): alive then,
-        unless it is a zombie."""
-        try:
-            with open(f"/proc/{self.pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-            if cmdline:
-                return self.socket.encode() in cmdline
-            with open(f"/proc/{self.pid}/stat", "rb") as f:
-                return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
-        except (OSError, IndexError):
-            return False
-
-    def ping(self, timeout: float = 5.0) -> bool:
-        """Whether it answers on its socket now (a busy one answers once its session ends)."""
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(timeout)
-                s.connect(self.socket)
-                s.sendall(b"ping\n")
-                return b"pong" in s.recv(4096)
-        except OSError:
-            return False
-
-    def to_dict(self) -> dict:
-        return {"index": self.index, "pid": self.pid, "socket": self.socket, "device": self.device, "log": self.log,
-                "alive": self.alive()}
-
-
-@dataclass(frozen=True)
-class ServedPool:
-    """What ``state.json`` records."""
-
-    workers: tuple[ServedWorker, ...]
-    fingerprint: dict
-    started: float
-    idle_s: float
-    runtime_dir: str
-
-    @classmethod
-    def load(cls, base: Path | None = None) -> "ServedPool | None":
-        try:
-            d = json.loads(((base or state_dir()) / "state.json").read_text())
-            return cls(tuple(ServedWorker(**w) for w in d["workers"]), d["fingerprint"], d["started"], d["idle_s"],
-                       d["runtime_dir"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def save(self, base: Path) -> None:
-        tmp = base / f"state.json.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"workers": [w.__dict__ for w in self.workers], "fingerprint": self.fingerprint,
-                                   "started": self.started, "idle_s": self.idle_s, "runtime_dir": self.runtime_dir},
-                                  indent=1))
-        os.replace(tmp, base / "state.json")
-
-    def alive(self) -> list[ServedWorker]:
-        return [w for w in self.workers if w.alive()]
 
 
 @dataclass
@@ -170,22 +106,30 @@ class Use:
             self.lock_fd = None
 
 
+def differences(mine: dict, theirs: dict) -> list[str]:
+    """The fingerprint's parts that differ, variables by name."""
+    differ = sorted(k for k in set(mine) | set(theirs) if k != "env" and mine.get(k) != theirs.get(k))
+    env_a, env_b = mine.get("env", {}), theirs.get("env", {})
+    return differ + sorted(k for k in set(env_a) | set(env_b) if env_a.get(k) != env_b.get(k))
+
+
 def claim(n: int, worker_argv: list[str] | tuple[str, ...], base: Path | None = None) -> Use:
     """The first ``n`` served workers, locked for this warm, if every check passes."""
     base = base or state_dir()
-    pool = ServedPool.load(base)
+    own = "; this warm starts its own workers"
+    try:
+        pool = ServedPool.load(base)
+    except StateError as e:
+        return Use([], note=f"{e}{own}")
     if pool is None:
         return Use([])
-    own = "; this warm starts its own workers"
-    mine = fingerprint(worker_argv)
-    if pool.fingerprint != mine:
-        differ = sorted(k for k in set(mine) | set(pool.fingerprint) if mine.get(k) != pool.fingerprint.get(k))
-        if "env" in differ:
-            keys = set(mine["env"]) | set(pool.fingerprint.get("env", {}))
-            differ += sorted(k for k in keys if mine["env"].get(k) != pool.fingerprint.get("env", {}).get(k))
-            differ.remove("env")
+    differ = differences(fingerprint(worker_argv), pool.fingerprint)
+    if differ:
         return Use([], note=f"the served workers were started in another environment ({', '.join(differ[:6])} "
                             f"differ){own}")
+    if not pool.ready:
+        return Use([], note=f"the served workers are still starting (or their `workers start` was interrupted: "
+                            f"`fi-autotune workers stop`){own}")
     if len(pool.workers) < n:
         return Use([], note=f"{len(pool.workers)} served worker(s), this warm wants {n}{own}")
     dead = [w.index for w in pool.workers[:n] if not w.alive()]
@@ -198,22 +142,51 @@ def claim(n: int, worker_argv: list[str] | tuple[str, ...], base: Path | None = 
     except OSError:
         os.close(fd)
         return Use([], note=f"the served workers are busy with another warm{own}")
+    # Each answers now (not exiting on its idle timeout, not still finishing a killed warm's item).
+    silent = [w.index for w in pool.workers[:n] if not w.ping(timeout=PING_S)]
+    if silent:
+        os.close(fd)
+        return Use([], note=f"served worker(s) {', '.join(map(str, silent))} did not answer within {PING_S:.0f} s{own}")
     return Use([w.socket for w in pool.workers[:n]], fd)
+
+
+@contextlib.contextmanager
+def _starting(base: Path) -> Iterator[None]:
+    """One ``start`` or ``stop`` at a time (two CI steps, a retry): the second waits for the first."""
+    base.mkdir(parents=True, exist_ok=True)
+    fd = os.open(base / "start.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def start(n: int, worker_argv: list[str] | tuple[str, ...], idle_s: float = IDLE_S, wait_s: float = 600.0,
           base: Path | None = None) -> tuple[ServedPool, bool]:
     """Start ``n`` served workers (detached: they outlive this command), and wait until each
-    answers; ``(pool, False)`` if compatible ones already run. Raises RuntimeError with the
-    worker's last log line if one dies while starting, and stops the others."""
+    answers; ``(pool, False)`` if the same ones already run in this environment. RuntimeError:
+    others run (another environment or count, some exited: stop them first), or a worker died
+    while starting (its last log line; the others are stopped)."""
     base = base or state_dir()
-    base.mkdir(parents=True, exist_ok=True)
-    existing = ServedPool.load(base)
-    if existing is not None and existing.alive():
-        return existing, False
-    if existing is not None:  # every worker of the last start has exited: its sockets' dir goes
-        shutil.rmtree(existing.runtime_dir, ignore_errors=True)
-    runtime = tempfile.mkdtemp(prefix="fia-")
+    with _starting(base):
+        existing = ServedPool.load(base)  # StateError: unreadable, said as such; nothing is started
+        if existing is not None and existing.alive():
+            differ = differences(fingerprint(worker_argv), existing.fingerprint)
+            dead = [w.index for w in existing.workers if not w.alive()]
+            why = (f"they were started in another environment ({', '.join(differ[:6])} differ)" if differ else
+                   f"worker(s) {', '.join(map(str, dead))} have exited" if dead else
+                   f"{len(existing.workers)} run, not {n}" if len(existing.workers) != n else "")
+            if why:
+                raise RuntimeError(f"served workers already run, but {why}: `fi-autotune workers stop` first")
+            return existing, False
+        if existing is not None:  # every worker of the last start has exited: its sockets' dir goes
+            remove_runtime_dir(existing.runtime_dir, existing.workers)
+        return _spawn(n, worker_argv, idle_s, wait_s, base), True
+
+
+def _spawn(n: int, worker_argv, idle_s: float, wait_s: float, base: Path) -> ServedPool:
+    runtime = make_runtime_dir()
     mine = fingerprint(worker_argv)
     # The workers compare each hello with this (their own environment differs from ours in
     # CUDA_VISIBLE_DEVICES: the fingerprint is the starting shell's, as every client computes it).
@@ -222,29 +195,30 @@ def start(n: int, worker_argv: list[str] | tuple[str, ...], idle_s: float = IDLE
     workers = []
     for w, dev in enumerate(devices(n)):
         sock, log = os.path.join(runtime, f"w{w}.sock"), str(base / f"worker{w}.log")
-        with open(log, "ab") as f:
+        with open(log, "wb") as f:  # this start's log only
             proc = subprocess.Popen([*worker_argv, "--serve", sock, "--idle", str(idle_s), "--fingerprint", str(prints)],
-                                    stdin=subprocess.DEVNULL,
-                                    stdout=f, stderr=f, start_new_session=True,
+                                    stdin=subprocess.DEVNULL, stdout=f, stderr=f, start_new_session=True,
                                     env={**os.environ, "CUDA_VISIBLE_DEVICES": dev, "PYTHONUNBUFFERED": "1"})
         workers.append(ServedWorker(w, proc.pid, sock, dev, log))
-    pool = ServedPool(tuple(workers), mine, time.time(), idle_s, runtime)
-    pool.save(base)
+    pool = ServedPool(tuple(workers), mine, time.time(), idle_s, runtime, ready=False)
+    pool.save(base)  # before they answer: `stop` finds them even if this command is killed now
     deadline = time.monotonic() + wait_s
     waiting = list(workers)
     while waiting:
         for w in list(waiting):
             if os.path.exists(w.socket) and w.ping(timeout=1.0):
                 waiting.remove(w)
-            elif not w.alive():
-                stop(base)
+            elif not (w.alive() or w.exec_pending()):
+                _stop(base, pool)
                 raise RuntimeError(f"served worker {w.index} exited while starting: {_last_line(w.log)}")
         if waiting and time.monotonic() > deadline:
-            stop(base)
+            _stop(base, pool)
             raise RuntimeError(f"served workers did not answer within {wait_s:.0f} s (logs in {base})")
         if waiting:
             time.sleep(0.1)
-    return pool, True
+    ready = ServedPool(pool.workers, mine, pool.started, idle_s, runtime)
+    ready.save(base)
+    return ready
 
 
 def _last_line(log: str) -> str:
@@ -256,11 +230,15 @@ def _last_line(log: str) -> str:
 
 
 def stop(base: Path | None = None, timeout: float = 10.0) -> list[int]:
-    """Stop every served worker (TERM, then KILL) and forget them; the pids stopped."""
+    """Stop every served worker (TERM, then KILL) and forget them; the pids stopped. StateError
+    where the state is unreadable: nothing is signalled or removed on a guess."""
     base = base or state_dir()
-    pool = ServedPool.load(base)
-    if pool is None:
-        return []
+    with _starting(base):
+        pool = ServedPool.load(base)
+        return [] if pool is None else _stop(base, pool, timeout)
+
+
+def _stop(base: Path, pool: ServedPool, timeout: float = 10.0) -> list[int]:
     stopped = []
     for w in pool.workers:
         if w.alive():
@@ -274,7 +252,7 @@ def stop(base: Path | None = None, timeout: float = 10.0) -> list[int]:
         if w.alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(w.pid, signal.SIGKILL)
-    shutil.rmtree(pool.runtime_dir, ignore_errors=True)
+    remove_runtime_dir(pool.runtime_dir, pool.workers)
     with contextlib.suppress(FileNotFoundError):
         (base / "state.json").unlink()
     return stopped
