@@ -370,3 +370,49 @@ def test_a_store_rm_killed_while_its_tombstones_go_is_still_finished(tmp_path, s
     assert again.returncode == 0, again.stderr
     assert sorted(json.loads(again.stdout)["plan"]["already_deleted"]) == ids
     assert not list((path / "deleting").rglob("*.json")) and listed(files) == []
+
+
+# --- a dry run is a reader: it leaves a store exactly as it found it -------------------------------
+
+def store_state(store: StoreFiles) -> dict:
+    """Every file of the store with its size and mtime, our lock files included (file://), or
+    every object with its size, ETag and time (S3): what a reader must leave as it found it."""
+    if store.path is not None:
+        return {str(p.relative_to(store.path)): (p.lstat().st_size, p.lstat().st_mtime_ns)
+                for p in sorted(store.path.rglob("*"))}
+    got = store.s3["client"].list_objects_v2(Bucket=store.s3["bucket"], Prefix="caches/").get("Contents", [])
+    return {o["Key"].removeprefix("caches/"): (o["Size"], o["ETag"], o["LastModified"]) for o in got}
+
+
+@pytest.mark.parametrize("writer", ["prune", "rm"])
+def test_a_dry_run_leaves_what_killed_store_writers_left_as_it_is(store, tmp_path, writer):
+    """A push killed with its temp file written (file://), one killed between its bundle and its
+    record, and an ``rm`` killed after its record went leave temp files, an orphan, a tombstone
+    and - in a file:// store - the dead writers' owner-lock files. ``ls URL``, ``prune URL
+    --dry-run`` and ``rm URL --dry-run`` change nothing of it, lock files included (a reader's
+    liveness check never creates or removes one); the real run then sweeps what is dead."""
+    root = tmp_path / "tree"
+    ids = published(store, root)
+    extra = str(write_fake_entry(root, fields=default_fields("org/m3", tp=2, dp=1), arch="sm90", seed=3))
+    killed = run_cli("rm", "-y", store.url, ids[0], launcher=crash_at("store.record_removed"))
+    assert killed.returncode == -signal.SIGKILL
+    # file://: killed with the record's temp file written (the 2nd temp: its bundle's went first)
+    step = "store.temp_written:2" if store.path is not None else "store.bundle_uploaded"
+    killed = run_cli("push", store.url, extra, "--cache-dir", str(root), launcher=crash_at(step))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    before = store_state(store)
+    assert any(k.startswith("deleting/") for k in before) and any(extra in k for k in before), before
+    if store.path is not None:
+        dead_locks = [k for k in before if k.startswith(".fi-autotune-locks/owners/") and k.endswith(".lock")]
+        assert dead_locks and any("/.tmp-" in k for k in before), before
+    args = ["prune", store.url, "--arch", "sm90"] if writer == "prune" else ["rm", store.url, ids[1]]
+    for reader in (["ls", store.url], [*args, "--dry-run"], [*args, "--dry-run", "--json"]):
+        proc = cli(*reader)
+        assert proc.returncode == 0, (reader, proc.stderr)
+        assert store_state(store) == before, reader
+    done = run_cli(*args, "-y", env={"FI_AUTOTUNE_STORE_GRACE": "0"})
+    assert done.returncode == 0, done.stderr
+    after = store_state(store)
+    assert not any(k.startswith(("deleting/", ".tmp-")) or "/.tmp-" in k for k in after), after
+    if store.path is not None:
+        assert not any(k in after for k in dead_locks), "the real run tidies dead owners' lock files"
