@@ -187,10 +187,12 @@ def _find(store: Store, top: str) -> dict[str, dict]:
     return found if isinstance(found, dict) else {p: {} for p in found}
 
 
-def survey(store: Store, records: list | None = None) -> Remains:
+def survey(store: Store, records: list | None = None, *, tidy: bool = False) -> Remains:
     """The orphan bundles and tombstones of ``store`` (lists ``bundles/``, ``deleting/`` and,
     unless given its ``records``, ``index/``); removes nothing. Bundles are listed first, so
-    that a push starting after the listing is not in it; writers are asked for last."""
+    that a push starting after the listing is not in it; writers are asked for last - with
+    ``tidy`` (``sweep_store``'s) dead writers' lock files go on the way; without it (``ls URL``,
+    a plan, a dry run) not a file of the store changes."""
     root = store.root + "/"
     bundles = _find(store, "bundles")
     stones = _find(store, TOMBSTONES)
@@ -224,8 +226,9 @@ def survey(store: Store, records: list | None = None) -> Remains:
         bundle = _tombstone_bundle(store, path, layout, id_rel)
         tombs.append(Tombstone(rel, EntryId(layout, tuple(id_rel.split("/"))), bundle, record_rel in published,
                                _mtime(info), bundle is not None and root + bundle in bundles))
-    return Remains(tuple(orphans), tuple(tombs), store.local and other_owner_alive(Path(store.root)), store.local,
-                   orphan_grace(), tuple(summaries), frozenset(str(r.id) for r in records))
+    alive = store.local and other_owner_alive(Path(store.root), tidy=tidy)
+    return Remains(tuple(orphans), tuple(tombs), alive, store.local, orphan_grace(), tuple(summaries),
+                   frozenset(str(r.id) for r in records))
 
 
 def _summary_ids(store: Store, path: str) -> tuple[EntryId, ...]:
@@ -269,7 +272,7 @@ def sweep_store(store: Store, own: str | None = None) -> Swept:
     marker = store.marker()  # one read: on a remote store each is a request
     if not marker or "unreadable" in marker:
         return Swept(removed, freed, temps)
-    remains = survey(store)
+    remains = survey(store, tidy=True)
     now = time.time()
     kept = finished = 0
     root = store.root + "/"
@@ -333,7 +336,9 @@ def sweep_temps(store: Store) -> tuple[int, int]:
 
 def dead_temps(store: Store, remove: bool = False) -> list[tuple[Path, int]]:
     """(path, size) of each temp file of a killed writer in a file:// store (``sweep_temps``),
-    removed with ``remove`` (each while its owner's lock is held, so no new owner can take it)."""
+    removed with ``remove`` (each while its owner's lock is held, so no new owner can take it;
+    the dead owner's lock file goes too). Without ``remove`` (a plan, a dry run) it only looks:
+    no lock file is made or removed."""
     if not store.local:
         return []
     base = Path(store.root)
@@ -351,7 +356,7 @@ def dead_temps(store: Store, remove: bool = False) -> list[tuple[Path, int]]:
             if not m or not stat_mod.S_ISREG(st.st_mode):
                 continue
             if m["owner"]:
-                with dead_owner(base, m["owner"]) as dead:
+                with dead_owner(base, m["owner"], tidy=remove) as dead:
                     gone = dead and (not remove or _unlink(path))
             else:
                 gone = now - st.st_mtime >= STALE_TEMP_AGE_S and (not remove or _unlink(path))
