@@ -417,3 +417,22 @@ def test_a_dry_run_leaves_what_killed_store_writers_left_as_it_is(store, tmp_pat
     if store.path is not None:
         assert not any(k in after for k in dead_locks), "the real run tidies dead owners' lock files"
 
+
+def test_a_store_plans_leftovers_are_found_once_when_it_is_made(tmp_path):
+    """``StoreDeletePlan.leftovers`` is a field found when the plan is made, as every other: read
+    for ``empty`` and again for printing, it walks the store once and says the same both times,
+    whatever changed in the store since (here: the orphan a killed push left is taken away)."""
+    import dataclasses
+
+    root, path = tmp_path / "tree", tmp_path / "store"
+    files = StoreFiles(f"file://{path}", path=path)
+    ids = published(files, root)
+    extra = str(write_fake_entry(root, fields=default_fields("org/m3", tp=2, dp=1), arch="sm90", seed=3))
+    killed = run_cli("push", files.url, extra, "--cache-dir", str(root), launcher=crash_at("store.bundle_uploaded"))
+    assert killed.returncode == -signal.SIGKILL
+    plan = plan_store_delete(Store(files.url), refs=(ids[0],))
+    assert "leftovers" in {f.name for f in dataclasses.fields(plan)}
+    (orphan,) = plan.leftovers
+    (path / orphan.rel).unlink()
+    assert plan.leftovers == (orphan,) and not plan.empty
+    assert plan_store_delete(Store(files.url), refs=(ids[0],)).leftovers == ()
