@@ -430,6 +430,15 @@ MUTATIONS = [
     ("dry-run-locks: a reader that cannot tell takes the owner for alive", "autotune_cache/tree/crashsafe/locks.py",
      "            yield free is True  # None", "            yield free is not False  # None",
      "tests/tree/test_leftovers.py::test_an_owner_lock_that_is_no_file_proves_no_owner_dead_to_a_dry_run"),
+    ("env-seconds: a store timeout of 0 is refused (the grace period may be 0)", "autotune_cache/tree/store/storeio.py",
+     "    return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT, zero_ok=False)", "    return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT, zero_ok=True)",
+     "tests/tree/test_store_limits.py::test_a_bad_seconds_setting_names_itself_in_one_line[FI_AUTOTUNE_STORE_TIMEOUT-0-above 0]"),
+    ("env-seconds: an endless number of seconds is refused", "autotune_cache/tree/store/storeio.py",
+     "    if not (low_ok and value < math.inf):", "    if not low_ok:",
+     "tests/tree/test_store_limits.py::test_a_bad_seconds_setting_names_itself_in_one_line[FI_AUTOTUNE_STORE_TIMEOUT-inf-above 0]"),
+    ("env-seconds: a negative grace period is refused", "autotune_cache/tree/store/storeio.py",
+     "    low_ok = 0 <= value if zero_ok else 0 < value  # nan fails both", "    low_ok = value == value",
+     "tests/tree/test_store_limits.py::test_a_bad_seconds_setting_names_itself_in_one_line[FI_AUTOTUNE_STORE_GRACE--1-(0 or more)]"),
 ]
 
 

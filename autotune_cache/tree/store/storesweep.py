@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from autotune_cache.errors import UsageError
 from autotune_cache.tree.delete import STALE_TEMP_AGE_S
 from autotune_cache.tree.layout import LOCKS_DIRNAME, EntryId
 from autotune_cache.tree.crashsafe.locks import dead_owner, other_owner_alive
 from autotune_cache.tree.store.store import TEMP_PREFIX, TOMBSTONES, Store, is_missing
+from autotune_cache.tree.store.storeio import env_seconds
 from autotune_cache.tree.store.storerecord import MAX_RECORD_BYTES
 
 #: A bundle no record names goes once this old, whoever may be writing: a push publishes its
@@ -48,17 +48,11 @@ GRACE_ENV = "FI_AUTOTUNE_STORE_GRACE"
 
 
 def orphan_grace() -> float:
-    """The grace period: ``FI_AUTOTUNE_STORE_GRACE`` seconds, else ``ORPHAN_GRACE_S``."""
-    raw = os.environ.get(GRACE_ENV, "").strip()
-    if not raw:
-        return ORPHAN_GRACE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise UsageError(f"{GRACE_ENV}={raw!r}: give a number of seconds (0 or more)")
-    return value
+    """The grace period: ``FI_AUTOTUNE_STORE_GRACE`` seconds (0 allowed: a maintenance window
+    where no push runs), else ``ORPHAN_GRACE_S``."""
+    return env_seconds(GRACE_ENV, ORPHAN_GRACE_S, zero_ok=True)
+
+
 STORE_TEMP_RE = re.compile(rf"^{re.escape(TEMP_PREFIX)}(?:(?P<owner>[0-9a-f]{{12}})-)?[0-9a-f]{{12}}\Z")
 _BUNDLE_RE = re.compile(r"^bundles/(?P<layout>[^/]+)/(?P<parts>.+)/(?P<sha>[0-9a-f]{64})\.tar\.gz\Z")
 
