@@ -363,7 +363,7 @@ MUTATIONS = [
      "tests/tree/test_leftovers.py::test_a_rm_killed_while_removing_its_trash_is_finished_by_a_rerun"),
 
     ("32: a bundle whose record cannot be read is never swept", "autotune_cache/tree/store/storesweep.py",
-     "        if store._join(record_rel) in unreadable:\n            continue  # its record cannot be read: it may name this bundle",
+     "        if store.join(record_rel) in unreadable:\n            continue  # its record cannot be read: it may name this bundle",
      "        if False:\n            continue",
      "tests/tree/test_store_housekeeping.py::test_a_sweep_never_takes_a_bundle_an_unreadable_record_or_an_edited_tombstone_may_name"),
     ("32: a young orphan stays while another writer is alive", "autotune_cache/tree/store/storesweep.py",

@@ -170,7 +170,7 @@ def delete_record(store: Store, rec: StoreRecord) -> str | None:
         return "pushed again since the plan was made"
     tombstone = store.tombstone_path(rec.layout, rec.id)
     try:
-        store._put(tombstone, json.dumps({"format": 1, "bundle": rec.bundle, "sha256": rec.sha256,
+        store.put(tombstone, json.dumps({"format": 1, "bundle": rec.bundle, "sha256": rec.sha256,
                                           "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode())
         crashpoint("store.tombstone_written")
         store.fs.rm_file(store.record_path(rec.layout, rec.id))

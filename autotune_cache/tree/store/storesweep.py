@@ -3,7 +3,7 @@
 Three kinds of remains, none of which a reader ever sees (readers go by index records only):
 
 - **temp files** of a local store's killed writer (``.tmp-<owner>-<random>``): gone as soon
-  as their owner's lock can be taken (``Store._put`` holds it while it writes);
+  as their owner's lock can be taken (``Store.put`` holds it while it writes);
 - **orphan bundles**: ``bundles/...<sha256>.tar.gz`` that no index record names, left by a
   push killed between its bundle and its record, or a delete killed between its record and its
   bundle. A bundle only becomes visible through a record, so an orphan may be a push in flight:
@@ -175,7 +175,7 @@ def _mtime(info: dict) -> float | None:
 
 def _find(store: Store, top: str) -> dict[str, dict]:
     try:
-        found = store.fs.find(store._join(top), detail=True)
+        found = store.fs.find(store.join(top), detail=True)
     except FileNotFoundError:
         return {}
     return found if isinstance(found, dict) else {p: {} for p in found}
@@ -202,7 +202,7 @@ def survey(store: Store, records: list | None = None, *, tidy: bool = False) -> 
             continue  # not one of ours, or published
         *head, last = m["parts"].split("/")
         record_rel = "/".join(("index", m["layout"], *head, f"{last}.json"))
-        if store._join(record_rel) in unreadable:
+        if store.join(record_rel) in unreadable:
             continue  # its record cannot be read: it may name this bundle
         orphans.append(Orphan(rel, int(info.get("size") or 0), _mtime(info), record_rel))
     tombs, summaries = [], []
@@ -215,7 +215,7 @@ def survey(store: Store, records: list | None = None, *, tidy: bool = False) -> 
             continue
         layout, id_rel = rel[len(TOMBSTONES) + 1:-len(".json")].split("/", 1)
         record_rel = "/".join(("index", layout, f"{id_rel}.json"))
-        if store._join(record_rel) in unreadable:
+        if store.join(record_rel) in unreadable:
             continue
         bundle = _tombstone_bundle(store, path, layout, id_rel)
         tombs.append(Tombstone(rel, EntryId(layout, tuple(id_rel.split("/"))), bundle, record_rel in published,
@@ -227,7 +227,7 @@ def survey(store: Store, records: list | None = None, *, tidy: bool = False) -> 
 
 def _summary_ids(store: Store, path: str) -> tuple[EntryId, ...]:
     try:
-        data = json.loads(store._read_small(path, MAX_RECORD_BYTES, "delete summary"))
+        data = json.loads(store.read_small(path, MAX_RECORD_BYTES, "delete summary"))
         return tuple(EntryId(d["layout"], tuple(d["id"])) for d in data["deleted"]
                      if isinstance(d["layout"], str) and all(isinstance(x, str) for x in d["id"]))
     except Exception:  # noqa: BLE001 - unreadable: it proves nothing
@@ -236,8 +236,8 @@ def _summary_ids(store: Store, path: str) -> tuple[EntryId, ...]:
 
 def write_summary(store: Store, deleted: list) -> str:
     """Record, in one object, the entries a delete took (``Summary``); its path."""
-    path = store._join(TOMBSTONES, f"{secrets.token_hex(8)}.json")
-    store._put(path, json.dumps({"format": 1, "deleted": [{"layout": e.layout, "id": list(e.parts)}
+    path = store.join(TOMBSTONES, f"{secrets.token_hex(8)}.json")
+    store.put(path, json.dumps({"format": 1, "deleted": [{"layout": e.layout, "id": list(e.parts)}
                                                           for e in deleted]}).encode())
     return path
 
@@ -246,7 +246,7 @@ def _tombstone_bundle(store: Store, path: str, layout: str, id_rel: str) -> str 
     """The bundle a tombstone names, if it is one of that entry's bundle names (a tombstone is
     a file anyone could have edited: it never points a delete anywhere else)."""
     try:
-        data = json.loads(store._read_small(path, MAX_RECORD_BYTES, "tombstone"))
+        data = json.loads(store.read_small(path, MAX_RECORD_BYTES, "tombstone"))
     except Exception:  # noqa: BLE001 - unreadable: it proves nothing and names nothing
         return None
     bundle = data.get("bundle") if isinstance(data, dict) else None
@@ -293,14 +293,14 @@ def _still_orphan(store: Store, o: Orphan) -> bool:
     """Checked again just before removing: no record names it now, and nobody wrote it since
     the listing (a push of the same entry re-uploads the same name)."""
     try:
-        data = store._read_small(store._join(o.record_rel), MAX_RECORD_BYTES, "index record")
+        data = store.read_small(store.join(o.record_rel), MAX_RECORD_BYTES, "index record")
         if json.loads(data).get("bundle") == o.rel:
             return False
     except Exception as e:  # noqa: BLE001
         if not is_missing(e):
             return False  # cannot tell: keep it
     try:
-        info = store.fs.info(store._join(o.rel))
+        info = store.fs.info(store.join(o.rel))
     except Exception:  # noqa: BLE001 - gone already, or cannot tell
         return False
     return int(info.get("size") or 0) == o.size and _mtime(info) == o.mtime
@@ -318,7 +318,7 @@ def sweep_temps(store: Store) -> tuple[int, int]:
     """Remove the temp files of killed writers from a file:// store: (files, bytes).
 
     A temp name carries its writer's owner token, whose lock that writer holds while it runs
-    (``Store._put``): a temp whose token's lock we can take is dead, and goes at once, however
+    (``Store.put``): a temp whose token's lock we can take is dead, and goes at once, however
     young. An older name has no token: it goes only once older than ``STALE_TEMP_AGE_S``, as the
     tree's temp files do - a push of that age has long finished or died. Object stores have no
     temp files (one PUT)."""
