@@ -436,3 +436,21 @@ def test_a_store_plans_leftovers_are_found_once_when_it_is_made(tmp_path):
     (path / orphan.rel).unlink()
     assert plan.leftovers == (orphan,) and not plan.empty
     assert plan_store_delete(Store(files.url), refs=(ids[0],)).leftovers == ()
+
+
+@pytest.mark.parametrize("step", ["store.summary_written", "store.swept"])
+def test_ls_counts_each_entry_a_killed_store_delete_took_once(store, tmp_path, step):
+    """``ls URL``'s ``interrupted_deletes``: killed with its tombstones and summary written,
+    each entry is counted once (not once per proof); killed at its very end, with the
+    tombstones gone and only the summary left, each is still counted. An entry pushed again
+    since is not."""
+    root = tmp_path / "tree"
+    ids = published(store, root)
+    record = store.record(ids[0])
+    killed = run_cli("rm", "-y", store.url, *ids, launcher=crash_at(step))
+    assert killed.returncode == -signal.SIGKILL
+    left = [k for k in keys(store) if k.startswith("deleting/") and k.endswith(".json")]
+    assert len(left) == (4 if step == "store.summary_written" else 1), left
+    assert remains(store)["interrupted_deletes"] == 3
+    store.put_record(ids[0], record)  # published again (by hand: a push would sweep what the delete left)
+    assert remains(store)["interrupted_deletes"] == 2

@@ -129,9 +129,18 @@ class Remains:
                     return Tombstone(summary.rel, eid, None, False, summary.mtime)
         return None
 
+    def interrupted_deletes(self) -> set[str]:
+        """The ids a killed delete took: each tombstone whose record is gone, and each id of a
+        delete summary not published again - the summary alone says it once the tombstones have
+        gone (a delete killed at its very end), and both say it before that: counted once."""
+        ids = {str(t.id) for t in self.tombstones if not t.record_present}
+        for summary in self.summaries:
+            ids.update(str(eid) for eid in summary.ids if str(eid) not in self.published)
+        return ids
+
     def to_dict(self, now: float | None = None) -> dict:
         return {"orphan_bundles": len(self.orphans), "orphan_bytes": sum(o.size for o in self.orphans),
-                "sweepable": self.sweepable(now), "interrupted_deletes": sum(not t.record_present for t in self.tombstones)}
+                "sweepable": self.sweepable(now), "interrupted_deletes": len(self.interrupted_deletes())}
 
 
 @dataclass(frozen=True)
