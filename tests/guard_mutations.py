@@ -446,6 +446,12 @@ MUTATIONS = [
      "            ids.update(str(eid) for eid in summary.ids if str(eid) not in self.published)",
      "            ids.update(str(eid) for eid in summary.ids)",
      "tests/tree/test_store_housekeeping.py::test_ls_counts_each_entry_a_killed_store_delete_took_once[file-store.summary_written]"),
+    ("dry-run-import: import --dry-run finishes no killed import", "autotune_cache/tree/store/archive.py",
+     "    txn = Transaction(layout, root, finish_others=not dry_run)", "    txn = Transaction(layout, root)",
+     "tests/tree/test_reliability.py::test_an_import_dry_run_leaves_a_killed_import_unfinished"),
+    ("dry-run-import: a transaction that only previews finishes nothing", "autotune_cache/tree/crashsafe/txn.py",
+     "        if finish_others:\n            recover_journals(layout, root)", "        if True:\n            recover_journals(layout, root)",
+     "tests/tree/test_reliability.py::test_an_import_dry_run_leaves_a_killed_import_unfinished"),
 ]
 
 

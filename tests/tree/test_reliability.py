@@ -700,3 +700,28 @@ def test_a_dry_run_leaves_a_killed_import_as_it_is_and_the_real_run_finishes_it(
     assert sorted(left) == sorted(eids if writer == "prune" else eids[1:])
     assert set(left.values()) == {"complete"}
     assert not any(k in tree_state(root) for k in dead_locks), "the real run tidies the dead owner's lock file"
+
+
+def test_an_import_dry_run_leaves_a_killed_import_unfinished(tmp_path):
+    """``import --dry-run`` stages and decides as the import would, then discards: it does not
+    roll a killed import's journal forward nor sweep what it left (the real import does). Every
+    file stays as it was - the journal, the dead importer's lock file, the data (its staging
+    comes and goes beside them, so only the directories' times change)."""
+    archive, eids = seeded_archive(tmp_path, 3)
+    root = tmp_path / "dest"
+    write_fake_entry(root, fields=default_fields("org/m0", tp=2, dp=2), arch="sm90", seed=99, buckets=(1, 2))
+    killed = run_cli("import", str(archive), "--force", "--cache-dir", str(root), launcher=crash_at("txn.journaled"))
+    assert killed.returncode == -signal.SIGKILL
+
+    def files() -> dict:
+        return {k: v for k, v in tree_state(root).items() if not (root / k).is_dir()}
+
+    before = files()
+    assert any(".fi-autotune-journal/" in k for k in before) and any("/owners/" in k for k in before)
+    dry = run_cli("import", str(archive), "--force", "--dry-run", "--cache-dir", str(root))
+    assert dry.returncode == 0, dry.stderr
+    assert files() == before
+    done = run_cli("import", str(archive), "--force", "--cache-dir", str(root))
+    assert done.returncode == 0, done.stderr
+    assert not any(p.parent.name == ".fi-autotune-journal" for p in leftovers(root))
+    assert sorted(listed(root)) == sorted(eids)
