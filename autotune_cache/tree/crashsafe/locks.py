@@ -67,11 +67,12 @@ def release_owner_lock(base: Path) -> None:
 
 @contextlib.contextmanager
 def dead_owner(base: Path, token: str, *, tidy: bool = False) -> Iterator[bool]:
-    """Yields True (holding its lock) when the owner of ``token`` is gone, else False.
+    """Yields True (holding its lock, where there is a lock file) when the owner of ``token``
+    is gone, else False.
 
     By default it asks as a reader does (``ls``, ``show``, every ``--dry-run``, a plan): it
     creates and removes nothing - the lock file is opened read-only (``atomic.peek_lock``), and
-    a missing one means its owner is gone. ``tidy`` is for a writer that finishes or removes
+    a missing one means its owner is gone; such a caller only reports, it never acts on it. ``tidy`` is for a writer that finishes or removes
     what a dead owner left: its lock file is taken (made if missing) and removed afterwards, as
     nobody will use that token again."""
     mine = _held().get(base)
