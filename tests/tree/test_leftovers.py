@@ -365,3 +365,53 @@ def test_a_convert_killed_before_a_new_environment_is_in_place_shows_nothing_hal
     assert run_cli(*args).returncode == 0
     listed = run_json(*ls)
     assert [e["status"] for e in listed["entries"]] == ["complete"] and listed["findings"] == [], listed
+
+
+def whole_tree(root: Path) -> dict:
+    """Every path under ``root`` with its size and mtime, lock files included."""
+    return {str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def test_a_dry_run_over_a_killed_rm_knows_its_ids_and_leaves_every_file_even_without_its_lock_file(tmp_path):
+    """A dry run asks whether a killed ``rm``'s owner is dead as a reader: it opens the owner's
+    lock file read-only and never removes it; where that file is missing (a tree copied without
+    its locks dir) the owner is dead, and no lock file or dir is made to find that out. Either
+    way the ids it took are already deleted, and the tree - lock files included - is unchanged."""
+    root = tmp_path / "tree"
+    ids = two_entries(root) + three_more(root)[:1]
+    killed = run_cli("rm", "-y", *ids, "--cache-dir", str(root), launcher=crash_at("prune.trash_removed:1"))
+    assert killed.returncode == -signal.SIGKILL
+    locks = SG.base(root) / LOCKS_DIRNAME
+    for without_locks in (False, True):
+        if without_locks:
+            for p in sorted(locks.rglob("*"), reverse=True):
+                p.rmdir() if p.is_dir() else p.unlink()
+            locks.rmdir()
+        before = whole_tree(root)
+        dry = run_json("rm", *ids, "--dry-run", "--cache-dir", str(root))
+        assert sorted(dry["plan"]["already_deleted"]) == sorted(ids), (without_locks, dry)
+        run_json("prune", "--older-than", "36500d", "--dry-run", "--cache-dir", str(root))
+        assert whole_tree(root) == before, without_locks
+    again = run_json("rm", *ids, "-y", "--cache-dir", str(root))
+    assert sorted(again["plan"]["already_deleted"]) == sorted(ids) and again["result"]["deleted"] == []
+    assert not [p for p in SG.base(root).rglob("*") if TRASH_DIR_RE.match(p.name)]
+
+
+def test_an_owner_lock_that_is_no_file_proves_no_owner_dead_to_a_dry_run(tmp_path):
+    """Where a killed ``rm``'s owner lock is a directory or a link (a garbage tree), a reader
+    cannot tell whether that owner runs: its trash proves nothing (the id is unknown, exit 1),
+    as it does to the real ``rm``, and the dry run leaves the tree as it found it."""
+    root = tmp_path / "tree"
+    a, _ = two_entries(root)
+    killed = run_cli("rm", "-y", a, "--cache-dir", str(root), launcher=crash_at("prune.renamed:1"))
+    assert killed.returncode == -signal.SIGKILL
+    (lock,) = (SG.base(root) / LOCKS_DIRNAME / "owners").glob("*.lock")
+    for odd in ("dir", "link"):
+        lock.unlink() if lock.is_symlink() else lock.rmdir() if lock.is_dir() else lock.unlink()
+        lock.mkdir() if odd == "dir" else lock.symlink_to(tmp_path / "elsewhere.lock")
+        before = whole_tree(root)
+        for args in (["--dry-run"], ["-y"]):
+            proc = run_cli("rm", a, *args, "--cache-dir", str(root))
+            assert proc.returncode == 1 and "no cache entry" in proc.stderr, (odd, args, proc.stderr)
+            assert whole_tree(root) == before, (odd, args)
+        assert not (tmp_path / "elsewhere.lock").exists()

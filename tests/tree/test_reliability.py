@@ -675,18 +675,19 @@ def test_unused_for_selects_nothing_where_atime_is_not_kept(tmpfs):
 @pytest.mark.parametrize("writer", ["prune", "rm"])
 def test_a_dry_run_leaves_a_killed_import_as_it_is_and_the_real_run_finishes_it(tmp_path, writer):
     """Readers never write (issue 33), and a dry run is a reader: ``show``, ``prune --dry-run`` and
-    ``rm --dry-run`` over a killed import change nothing (known gap: a dry run's liveness check
-    still removes the dead importer's owner-lock file, ``locks.dead_owner``; compared apart); the
-    same command without --dry-run finishes the import before it reads (once per command)."""
+    ``rm --dry-run`` over a killed import change nothing - the whole tree, the dead importer's
+    owner-lock file in ``.fi-autotune-locks`` included (a reader's liveness check opens it
+    read-only and never removes it, ``locks.dead_owner``); the same command without --dry-run
+    finishes the import before it reads (once per command), and tidies that lock file."""
     archive, eids = seeded_archive(tmp_path, 3)
     root = tmp_path / "dest"
     write_fake_entry(root, fields=default_fields("org/m0", tp=2, dp=2), arch="sm90", seed=99, buckets=(1, 2))
     killed = run_cli("import", str(archive), "--force", "--cache-dir", str(root), launcher=crash_at("txn.journaled"))
     assert killed.returncode == -signal.SIGKILL
-    def state() -> dict:
-        return {k: v for k, v in tree_state(root).items() if ".fi-autotune-locks" not in k}
-
+    state = lambda: tree_state(root)  # noqa: E731 - the whole tree, lock files included
     before = state()
+    dead_locks = [k for k in before if "/.fi-autotune-locks/owners/" in k and k.endswith(".lock")]
+    assert dead_locks, "the killed import left its owner lock file"
     assert any(p.parent.name == ".fi-autotune-journal" for p in leftovers(root))
     args = (["prune", "--older-than", "36500d"] if writer == "prune" else ["rm", eids[0]])
     for reader in (["show", eids[0]], [*args, "--dry-run"]):
@@ -698,3 +699,29 @@ def test_a_dry_run_leaves_a_killed_import_as_it_is_and_the_real_run_finishes_it(
     left = listed(root)
     assert sorted(left) == sorted(eids if writer == "prune" else eids[1:])
     assert set(left.values()) == {"complete"}
+    assert not any(k in tree_state(root) for k in dead_locks), "the real run tidies the dead owner's lock file"
+
+
+def test_an_import_dry_run_leaves_a_killed_import_unfinished(tmp_path):
+    """``import --dry-run`` stages and decides as the import would, then discards: it does not
+    roll a killed import's journal forward nor sweep what it left (the real import does). Every
+    file stays as it was - the journal, the dead importer's lock file, the data (its staging
+    comes and goes beside them, so only the directories' times change)."""
+    archive, eids = seeded_archive(tmp_path, 3)
+    root = tmp_path / "dest"
+    write_fake_entry(root, fields=default_fields("org/m0", tp=2, dp=2), arch="sm90", seed=99, buckets=(1, 2))
+    killed = run_cli("import", str(archive), "--force", "--cache-dir", str(root), launcher=crash_at("txn.journaled"))
+    assert killed.returncode == -signal.SIGKILL
+
+    def files() -> dict:
+        return {k: v for k, v in tree_state(root).items() if not (root / k).is_dir()}
+
+    before = files()
+    assert any(".fi-autotune-journal/" in k for k in before) and any("/owners/" in k for k in before)
+    dry = run_cli("import", str(archive), "--force", "--dry-run", "--cache-dir", str(root))
+    assert dry.returncode == 0, dry.stderr
+    assert files() == before
+    done = run_cli("import", str(archive), "--force", "--cache-dir", str(root))
+    assert done.returncode == 0, done.stderr
+    assert not any(p.parent.name == ".fi-autotune-journal" for p in leftovers(root))
+    assert sorted(listed(root)) == sorted(eids)

@@ -370,3 +370,87 @@ def test_a_store_rm_killed_while_its_tombstones_go_is_still_finished(tmp_path, s
     assert again.returncode == 0, again.stderr
     assert sorted(json.loads(again.stdout)["plan"]["already_deleted"]) == ids
     assert not list((path / "deleting").rglob("*.json")) and listed(files) == []
+
+
+# --- a dry run is a reader: it leaves a store exactly as it found it -------------------------------
+
+def store_state(store: StoreFiles) -> dict:
+    """Every file of the store with its size and mtime, our lock files included (file://), or
+    every object with its size, ETag and time (S3): what a reader must leave as it found it."""
+    if store.path is not None:
+        return {str(p.relative_to(store.path)): (p.lstat().st_size, p.lstat().st_mtime_ns)
+                for p in sorted(store.path.rglob("*"))}
+    got = store.s3["client"].list_objects_v2(Bucket=store.s3["bucket"], Prefix="caches/").get("Contents", [])
+    return {o["Key"].removeprefix("caches/"): (o["Size"], o["ETag"], o["LastModified"]) for o in got}
+
+
+@pytest.mark.parametrize("writer", ["prune", "rm"])
+def test_a_dry_run_leaves_what_killed_store_writers_left_as_it_is(store, tmp_path, writer):
+    """A push killed with its temp file written (file://), one killed between its bundle and its
+    record, and an ``rm`` killed after its record went leave temp files, an orphan, a tombstone
+    and - in a file:// store - the dead writers' owner-lock files. ``ls URL``, ``prune URL
+    --dry-run`` and ``rm URL --dry-run`` change nothing of it, lock files included (a reader's
+    liveness check never creates or removes one); the real run then sweeps what is dead."""
+    root = tmp_path / "tree"
+    ids = published(store, root)
+    extra = str(write_fake_entry(root, fields=default_fields("org/m3", tp=2, dp=1), arch="sm90", seed=3))
+    killed = run_cli("rm", "-y", store.url, ids[0], launcher=crash_at("store.record_removed"))
+    assert killed.returncode == -signal.SIGKILL
+    # file://: killed with the record's temp file written (the 2nd temp: its bundle's went first)
+    step = "store.temp_written:2" if store.path is not None else "store.bundle_uploaded"
+    killed = run_cli("push", store.url, extra, "--cache-dir", str(root), launcher=crash_at(step))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    before = store_state(store)
+    assert any(k.startswith("deleting/") for k in before) and any(extra in k for k in before), before
+    if store.path is not None:
+        dead_locks = [k for k in before if k.startswith(".fi-autotune-locks/owners/") and k.endswith(".lock")]
+        assert dead_locks and any("/.tmp-" in k for k in before), before
+    args = ["prune", store.url, "--arch", "sm90"] if writer == "prune" else ["rm", store.url, ids[1]]
+    for reader in (["ls", store.url], [*args, "--dry-run"], [*args, "--dry-run", "--json"]):
+        proc = cli(*reader)
+        assert proc.returncode == 0, (reader, proc.stderr)
+        assert store_state(store) == before, reader
+    done = run_cli(*args, "-y", env={"FI_AUTOTUNE_STORE_GRACE": "0"})
+    assert done.returncode == 0, done.stderr
+    after = store_state(store)
+    assert [k for k in after if k.startswith("deleting/") and k.endswith(".json") or ".tmp-" in k] == []
+    if store.path is not None:
+        assert not any(k in after for k in dead_locks), "the real run tidies dead owners' lock files"
+
+
+def test_a_store_plans_leftovers_are_found_once_when_it_is_made(tmp_path):
+    """``StoreDeletePlan.leftovers`` is a field found when the plan is made, as every other: read
+    for ``empty`` and again for printing, it walks the store once and says the same both times,
+    whatever changed in the store since (here: the orphan a killed push left is taken away)."""
+    import dataclasses
+
+    root, path = tmp_path / "tree", tmp_path / "store"
+    files = StoreFiles(f"file://{path}", path=path)
+    ids = published(files, root)
+    extra = str(write_fake_entry(root, fields=default_fields("org/m3", tp=2, dp=1), arch="sm90", seed=3))
+    killed = run_cli("push", files.url, extra, "--cache-dir", str(root), launcher=crash_at("store.bundle_uploaded"))
+    assert killed.returncode == -signal.SIGKILL
+    plan = plan_store_delete(Store(files.url), refs=(ids[0],))
+    assert "leftovers" in {f.name for f in dataclasses.fields(plan)}
+    (orphan,) = plan.leftovers
+    (path / orphan.rel).unlink()
+    assert plan.leftovers == (orphan,) and not plan.empty
+    assert plan_store_delete(Store(files.url), refs=(ids[0],)).leftovers == ()
+
+
+@pytest.mark.parametrize("step", ["store.summary_written", "store.swept"])
+def test_ls_counts_each_entry_a_killed_store_delete_took_once(store, tmp_path, step):
+    """``ls URL``'s ``interrupted_deletes``: killed with its tombstones and summary written,
+    each entry is counted once (not once per proof); killed at its very end, with the
+    tombstones gone and only the summary left, each is still counted. An entry pushed again
+    since is not."""
+    root = tmp_path / "tree"
+    ids = published(store, root)
+    record = store.record(ids[0])
+    killed = run_cli("rm", "-y", store.url, *ids, launcher=crash_at(step))
+    assert killed.returncode == -signal.SIGKILL
+    left = [k for k in keys(store) if k.startswith("deleting/") and k.endswith(".json")]
+    assert len(left) == (4 if step == "store.summary_written" else 1), left
+    assert remains(store)["interrupted_deletes"] == 3
+    store.put_record(ids[0], record)  # published again (by hand: a push would sweep what the delete left)
+    assert remains(store)["interrupted_deletes"] == 2

@@ -127,6 +127,23 @@ def test_a_bad_timeout_setting_is_a_usage_error(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("name, raw, said", [
+    ("FI_AUTOTUNE_STORE_TIMEOUT", "soon", "above 0"), ("FI_AUTOTUNE_STORE_TIMEOUT", "0", "above 0"),
+    ("FI_AUTOTUNE_STORE_TIMEOUT", "inf", "above 0"), ("FI_AUTOTUNE_STORE_GRACE", "-1", "(0 or more)"),
+    ("FI_AUTOTUNE_STORE_GRACE", "nan", "(0 or more)"), ("FI_AUTOTUNE_STORE_GRACE", "1h", "(0 or more)"),
+])
+def test_a_bad_seconds_setting_names_itself_in_one_line(tmp_path, name, raw, said):
+    """Both settings of seconds go through one parser (``storeio.env_seconds``) and say the same:
+    the variable, its value, what to give; exit 2. The grace period may be 0, a timeout not."""
+    root = tmp_path / "tree"
+    write_fake_entry(root)
+    url = f"file://{tmp_path / 'store'}"
+    assert run_cli("push", url, "--cache-dir", str(root)).returncode == 0
+    proc = run_cli("ls", url, env={name: raw})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"fi-autotune: error: {name}={raw!r}: give a number of seconds {said}"], proc.stderr
+
+
 def test_a_silent_s3_endpoint_fails_within_its_timeout(tmp_path):
     pytest.importorskip("s3fs")
     server = HangingServer()

@@ -233,3 +233,35 @@ def try_lock(path: Path) -> filelock.BaseFileLock | None:
     except (filelock.Timeout, OSError):
         return None
     return lock
+
+
+@contextlib.contextmanager
+def peek_lock(path: Path) -> Iterator[bool | None]:
+    """A reader's ``try_lock``: True (holding the lock while the block runs) if nobody holds
+    the lock file at ``path``, False if somebody does, None if it cannot tell. It creates and
+    removes nothing: the file is opened read-only, never with ``O_CREAT`` (an ``flock`` needs
+    no write access), so ``ls`` or a dry run leaves the tree as it found it. A missing file is
+    free (its owner made it before anything that names it, and only it removes it, once it is
+    done); a file that cannot be opened, or is not a regular file, cannot tell."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield True
+        return
+    except OSError:
+        yield None
+        return
+    try:
+        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            free = None
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                free = True
+            except OSError:
+                free = False  # held: its owner runs
+        yield free
+    finally:
+        os.close(fd)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from autotune_cache.errors import FiAutotuneError, os_error_message
-from autotune_cache.tree.crashsafe.atomic import ensure_tree_dirs, file_lock, retry_vanished_dir, try_lock
+from autotune_cache.tree.crashsafe.atomic import ensure_tree_dirs, file_lock, peek_lock, retry_vanished_dir, try_lock
 from autotune_cache.tree.layout import LOCKS_DIRNAME, CacheLayout, EntryId
 
 _OWNER: dict = {"pid": None, "held": {}}
@@ -66,13 +66,24 @@ def release_owner_lock(base: Path) -> None:
 
 
 @contextlib.contextmanager
-def dead_owner(base: Path, token: str) -> Iterator[bool]:
-    """Yields True (holding its lock) when the owner of ``token`` is gone, else False."""
+def dead_owner(base: Path, token: str, *, tidy: bool = False) -> Iterator[bool]:
+    """Yields True (holding its lock, where there is a lock file) when the owner of ``token``
+    is gone, else False.
+
+    By default it asks as a reader does (``ls``, ``show``, every ``--dry-run``, a plan): it
+    creates and removes nothing - the lock file is opened read-only (``atomic.peek_lock``), and
+    a missing one means its owner is gone; such a caller only reports, it never acts on it. ``tidy`` is for a writer that finishes or removes
+    what a dead owner left: its lock file is taken (made if missing) and removed afterwards, as
+    nobody will use that token again."""
     mine = _held().get(base)
     if mine is not None and mine[0] == token:
         yield False
         return
     path = _owner_lock_path(base, token)
+    if not tidy:
+        with peek_lock(path) as free:
+            yield free is True  # None (cannot tell): as if alive - never finish a live writer's work
+        return
     lock = try_lock(path)
     if lock is None:
         yield False
@@ -85,16 +96,17 @@ def dead_owner(base: Path, token: str) -> Iterator[bool]:
         lock.release()
 
 
-def other_owner_alive(base: Path) -> bool:
+def other_owner_alive(base: Path, *, tidy: bool = False) -> bool:
     """Whether a process other than this one holds an owner lock in ``base`` (a writer is
-    running there). Dead owners' lock files are removed on the way."""
+    running there). With ``tidy`` (a writer's sweep) dead owners' lock files are removed on the
+    way; without it (``ls URL``, a dry run's plan) nothing is touched."""
     try:
         names = os.listdir(base / LOCKS_DIRNAME / "owners")
     except OSError:
         return False
     for name in names:
         if name.endswith(".lock"):
-            with dead_owner(base, name[:-len(".lock")]) as dead:
+            with dead_owner(base, name[:-len(".lock")], tidy=tidy) as dead:
                 mine = _held().get(base, (None,))[0] == name[:-len(".lock")]
                 if not dead and not mine:
                     return True

@@ -48,14 +48,14 @@ def recover_journals(layout: CacheLayout, root: Path) -> list[str]:
     names = sorted(n for n in listing if n.endswith(".json"))
     for tmp in (n for n in listing if n.endswith(".tmp") and n.startswith(OUR_PREFIX)):
         # a journal killed while being written: its transaction never started swapping
-        with dead_owner(base, tmp[len(OUR_PREFIX):].split("-", 1)[0]) as dead:
+        with dead_owner(base, tmp[len(OUR_PREFIX):].split("-", 1)[0], tidy=True) as dead:
             if dead:
                 with contextlib.suppress(OSError):
                     os.unlink(jdir / tmp)
     done = []
     for name in names:
         token = name.split("-", 1)[0]
-        with dead_owner(base, token) as dead:
+        with dead_owner(base, token, tidy=True) as dead:
             if not dead:
                 continue
             path = jdir / name
@@ -90,7 +90,8 @@ def write_delete_journal(layout: CacheLayout, root: Path, owner: str, trashed: l
 
 def deleted_by_dead(layout: CacheLayout, root: Path, journal: Path) -> tuple[EntryId, ...]:
     """The entries a delete journal says a dead owner deleted; () for a live owner's (its
-    delete is still running: proof of nothing yet), a transaction's journal, or one unreadable."""
+    delete is still running: proof of nothing yet), a transaction's journal, or one unreadable.
+    A question a plan asks (a dry run's too): it asks as a reader, tidying no lock file."""
     base = layout.base(root)
     with dead_owner(base, journal.name.split("-", 1)[0]) as dead:
         if not dead:
@@ -115,7 +116,7 @@ def _finish_deletes(layout: CacheLayout, root: Path) -> int:
     finished = 0
     for name in names:
         path = jdir / name
-        with dead_owner(base, name.split("-", 1)[0]) as dead:
+        with dead_owner(base, name.split("-", 1)[0], tidy=True) as dead:
             if not dead:
                 continue
             try:
@@ -173,7 +174,7 @@ def remove_dead_siblings(base: Path, target: Path) -> None:
     for name in names:
         m = STAGE_DIR_RE.match(name) or TRASH_DIR_RE.match(name)
         if m and m["name"] == target.name:
-            with dead_owner(base, m["owner"]) as dead:
+            with dead_owner(base, m["owner"], tidy=True) as dead:
                 if dead:
                     remove_tree(parent / name)
 
@@ -183,7 +184,7 @@ def remove_leftover(base: Path, path: Path) -> tuple[bool, str | None]:
     m = STAGE_DIR_RE.match(path.name) or TRASH_DIR_RE.match(path.name)
     if not m:
         return False, None
-    with dead_owner(base, m["owner"]) as dead:
+    with dead_owner(base, m["owner"], tidy=True) as dead:
         if not dead:
             return False, None
         err = remove_tree(path)
@@ -223,7 +224,7 @@ def in_flight(info: CacheInfo, ref: str) -> tuple[EntryId, Finding] | None:
     """The entry ``ref`` names if a killed ``rm`` or ``prune`` was deleting it: a trash dir of
     that entry, or a delete journal naming it, whose owner is gone (only then - a live
     deleter's trash, or an id that is simply not there, is no proof of anything). A trash dir's
-    id is its place plus the name in it."""
+    id is its place plus the name in it. Asked by ``rm --dry-run`` too: it tidies no lock file."""
     text = exact_ref(ref).rstrip("/")
     base = info.layout.base(info.root)
     present = {e.id for e in info.entries}

@@ -85,7 +85,11 @@ Check = Callable[[StagedEntry, Path], "str | None"]
 class Transaction:
     """Stage any number of entries, then commit all or none of them (see the module doc)."""
 
-    def __init__(self, layout: CacheLayout, root: Path):
+    def __init__(self, layout: CacheLayout, root: Path, *, finish_others: bool = True):
+        """``finish_others``: first finish what killed writers and deleters left in the tree (a
+        writer does, once per command). False for a transaction that will only ``preview`` (an
+        ``import``/``pull`` ``--dry-run``): a dry run decides on the tree as it is and never
+        rolls another writer's journal forward nor sweeps its leftovers."""
         self.layout = layout
         self.root = Path(root)
         self.base = layout.base(root)
@@ -104,8 +108,9 @@ class Transaction:
         except OSError as e:
             raise FiAutotuneError(f"cannot write to the cache tree: {os_error_message(e)}") from None
         self.owner = hold_owner_lock(self.base, make_base)
-        recover_journals(layout, root)
-        sweep_leftovers(layout, root)  # what killed writers and deleters left anywhere in the tree
+        if finish_others:
+            recover_journals(layout, root)
+            sweep_leftovers(layout, root)  # what killed writers and deleters left anywhere in the tree
         self.staged: dict[EntryId, StagedEntry] = {}
         #: Manifests read with an archive, checked and written by ``archive.finish_staged``.
         self.manifest_bytes: dict[EntryId, bytes] = {}

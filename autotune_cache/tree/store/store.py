@@ -112,14 +112,16 @@ class Store:
         return redact(self.url)
 
     # paths ------------------------------------------------------------------------------------
-    def _join(self, *parts: str) -> str:
+    def join(self, *parts: str) -> str:
+        """The full path of ``parts`` under the store's root (public: the sweep and the delete
+        in ``storesweep`` and ``storehouse`` name the store's objects through it too)."""
         return "/".join((self.root, *parts))
 
     def record_path(self, layout: str, eid: EntryId) -> str:
-        return self._join("index", layout, *eid.parts[:-1], f"{eid.parts[-1]}.json")
+        return self.join("index", layout, *eid.parts[:-1], f"{eid.parts[-1]}.json")
 
     def tombstone_path(self, layout: str, eid: EntryId) -> str:
-        return self._join(TOMBSTONES, layout, *eid.parts[:-1], f"{eid.parts[-1]}.json")
+        return self.join(TOMBSTONES, layout, *eid.parts[:-1], f"{eid.parts[-1]}.json")
 
     def bundle_rel(self, layout: str, eid: EntryId, sha: str) -> str:
         return "/".join(("bundles", layout, *eid.parts, f"{sha}.tar.gz"))
@@ -143,7 +145,7 @@ class Store:
         or sits in another entry's place is left out and named in ``self.unreadable``: one bad
         record (edited, truncated, from a newer fi-autotune) must not hide the others."""
         self.require()
-        base = self._join("index", layout) if layout else self._join("index")
+        base = self.join("index", layout) if layout else self.join("index")
         try:
             paths = sorted(p for p in self.fs.find(base) if p.endswith(".json"))
         except FileNotFoundError:
@@ -176,7 +178,7 @@ class Store:
             got = []
             for p in paths:
                 try:
-                    got.append(self._read_small(p, MAX_RECORD_BYTES, "index record"))
+                    got.append(self.read_small(p, MAX_RECORD_BYTES, "index record"))
                 except Exception as e:  # noqa: BLE001
                     if is_timeout(e):
                         raise _fail(self.url, "cannot read", e, self.timeout) from None
@@ -191,8 +193,9 @@ class Store:
                 if isinstance(blobs.get(p), bytes) and len(blobs[p]) > MAX_RECORD_BYTES
                 else blobs.get(p, FileNotFoundError(p)) for p in paths]
 
-    def _read_small(self, path: str, limit: int, what: str) -> bytes:
-        """One small object read with its cap (``storeio.read_capped``); over it: StoreError."""
+    def read_small(self, path: str, limit: int, what: str) -> bytes:
+        """One small object read with its cap (``storeio.read_capped``); over it: StoreError.
+        The only way anything reads a record, marker, tombstone or summary: never uncapped."""
         try:
             return read_capped(self.fs, path, limit, local=self.local, protocol=self.protocol, timeout=self.timeout)
         except TooLarge:
@@ -202,7 +205,7 @@ class Store:
         self.require()
         path = self.record_path(layout, eid)
         try:
-            data = self._read_small(path, MAX_RECORD_BYTES, "index record")
+            data = self.read_small(path, MAX_RECORD_BYTES, "index record")
         except StoreError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -226,7 +229,7 @@ class Store:
 
     def fetch(self, rec: StoreRecord) -> bytes:
         """The bundle's bytes, checked against the sha256 of its name and its record."""
-        path = self._join(rec.bundle)
+        path = self.join(rec.bundle)
         # The record says how large its bundle is: read no more than that (plus one byte, to
         # know it is larger), whatever the server announces - or does not (a body with no
         # Content-Length would otherwise be read until memory runs out).
@@ -253,7 +256,7 @@ class Store:
         but cannot be read as one (truncated, not JSON, over its cap): a store that may be
         sealed - never taken for an unsealed one."""
         try:
-            data = self._read_small(self._join(MARKER), MAX_MARKER_BYTES, "marker")
+            data = self.read_small(self.join(MARKER), MAX_MARKER_BYTES, "marker")
         except StoreError as e:
             return {"unreadable": str(e)}
         except Exception as e:  # noqa: BLE001
@@ -271,11 +274,12 @@ class Store:
         return d
 
     # writing ------------------------------------------------------------------------------------
-    def _put(self, path: str, data: bytes) -> None:
+    def put(self, path: str, data: bytes) -> None:
         """Appear whole or not at all: one PUT on an object store; temp name + rename locally.
         A local temp name carries this process's owner token (``tree.locks``: its lock is held
         while we run), so the next writer can prove it dead and remove it (``storehouse``); one
-        that fails (a full disk) is removed at once."""
+        that fails (a full disk) is removed at once. The only way anything writes an object of
+        the store (bundles, records, tombstones, summaries, the marker): never half of one."""
         if self.local:
             directory = posixpath.dirname(path)
             self.fs.makedirs(directory, exist_ok=True)
@@ -288,7 +292,7 @@ class Store:
     def put_marker(self, *, read_only: bool) -> None:
         """Write the store's marker (creating the store, sealing or unsealing it)."""
         try:
-            self._put(self._join(MARKER), json.dumps({"format": STORE_FORMAT, "read_only": read_only}).encode())
+            self.put(self.join(MARKER), json.dumps({"format": STORE_FORMAT, "read_only": read_only}).encode())
         except Exception as e:  # noqa: BLE001 - backends raise their own types
             raise _fail(self.url, "cannot write to", e, self.timeout) from None
 
@@ -325,12 +329,12 @@ class Store:
                 sha = hashlib.sha256(data).hexdigest()
                 rel = self.bundle_rel(layout.name, entry.id, sha)
                 current = self.record(layout.name, entry.id)
-                if current is not None and current.sha256 == sha and self.fs.exists(self._join(rel)):
+                if current is not None and current.sha256 == sha and self.fs.exists(self.join(rel)):
                     unchanged.append(str(entry.id))
                     continue
                 # Uploaded even where the name exists without a record naming it: that is an orphan,
                 # which a sweep may be removing; a fresh upload is a new file it will not take.
-                self._put(self._join(rel), data)
+                self.put(self.join(rel), data)
                 uploaded += len(data)
                 crashpoint("store.bundle_uploaded")
                 rec = StoreRecord(
@@ -339,7 +343,7 @@ class Store:
                     datetime.now(timezone.utc).isoformat(timespec="seconds"), __version__,
                     entry.manifest.key_fields.to_dict() if entry.manifest else None, entry.status.value,
                 )
-                self._put(self.record_path(layout.name, entry.id), json.dumps(rec.to_dict(), indent=1).encode())
+                self.put(self.record_path(layout.name, entry.id), json.dumps(rec.to_dict(), indent=1).encode())
                 pushed.append(str(entry.id))
             if seal:
                 self.put_marker(read_only=True)

@@ -97,14 +97,10 @@ class StoreDeletePlan:
     remains: Remains = Remains()
     #: Named entries a killed delete had already taken (their tombstone, no record).
     already_deleted: tuple[str, ...] = ()
-
-    @property
-    def leftovers(self) -> tuple:
-        """Bundles no record names, and tombstones and summaries of finished deletes, that the
-        run would remove (as the tree's leftovers)."""
-        now = time.time()
-        return (tuple(o for o in self.remains.orphans if self.remains.may_go(o.mtime, now))
-                + tuple(self.remains.done_with(now)) + tuple(dead_temps(self.store)))
+    #: What the run would sweep (``store_leftovers``), found once when the plan is made: read
+    #: for ``empty`` and again for printing, it must neither walk the store twice nor change
+    #: between the two.
+    leftovers: tuple = ()
 
     @property
     def empty(self) -> bool:
@@ -174,7 +170,7 @@ def delete_record(store: Store, rec: StoreRecord) -> str | None:
         return "pushed again since the plan was made"
     tombstone = store.tombstone_path(rec.layout, rec.id)
     try:
-        store._put(tombstone, json.dumps({"format": 1, "bundle": rec.bundle, "sha256": rec.sha256,
+        store.put(tombstone, json.dumps({"format": 1, "bundle": rec.bundle, "sha256": rec.sha256,
                                           "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode())
         crashpoint("store.tombstone_written")
         store.fs.rm_file(store.record_path(rec.layout, rec.id))
@@ -213,7 +209,8 @@ def plan_store_delete(store: Store, flt: EntryFilter | None = None, refs: tuple[
                 continue
             if matches[0] not in [c.entry for c in picked]:
                 picked.append(Candidate(matches[0], ("named",)))
-        return StoreDeletePlan(store, tuple(picked), _unreadable(store), remains, tuple(resumed))
+        return StoreDeletePlan(store, tuple(picked), _unreadable(store), remains, tuple(resumed),
+                               store_leftovers(store, remains))
     if flt is None or flt.empty:
         raise UsageError("nothing selected: give at least one of --older-than, --flashinfer-version, --status, "
                          "--model, --arch (or name entries with rm)")
@@ -221,7 +218,17 @@ def plan_store_delete(store: Store, flt: EntryFilter | None = None, refs: tuple[
     now = time.time() if now is None else now
     cands = [Candidate(v, why) for v in record_views(records, fingerprint)
              if (why := flt.reasons(v, now)) is not None]
-    return StoreDeletePlan(store, tuple(cands), _unreadable(store), survey(store, records))
+    remains = survey(store, records)
+    return StoreDeletePlan(store, tuple(cands), _unreadable(store), remains, leftovers=store_leftovers(store, remains, now))
+
+
+def store_leftovers(store: Store, remains: Remains, now: float | None = None) -> tuple:
+    """Bundles no record names, tombstones and summaries of finished deletes, and dead
+    writers' temp files, that a run would remove now (as the tree's leftovers). Looks only:
+    a plan is made by a dry run too (no lock file is tidied, ``dead_temps``)."""
+    now = time.time() if now is None else now
+    return (tuple(o for o in remains.orphans if remains.may_go(o.mtime, now))
+            + tuple(remains.done_with(now)) + tuple(dead_temps(store)))
 
 
 def _unreadable(store: Store) -> tuple[tuple[str, str], ...]:

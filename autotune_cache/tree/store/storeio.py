@@ -73,15 +73,25 @@ def store_timeout(given: float | None = None) -> float:
         if not 0 < given < math.inf:
             raise UsageError(f"--timeout {given:g}: give a number of seconds above 0")
         return float(given)
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT, zero_ok=False)
+
+
+def env_seconds(name: str, default: float, *, zero_ok: bool) -> float:
+    """Seconds from the environment variable ``name`` (``FI_AUTOTUNE_STORE_TIMEOUT``,
+    ``FI_AUTOTUNE_STORE_GRACE``), ``default`` where it is unset or blank. A finite number above
+    0, or with ``zero_ok`` 0 or more; anything else (a word, a negative, nan, inf) is a usage
+    error naming the variable and its value - one line, exit 2 - never a guess at what was
+    meant. The one parser of them, so both say the same."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_TIMEOUT
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not 0 < value < math.inf:
-        raise UsageError(f"{TIMEOUT_ENV}={raw!r}: give a number of seconds above 0")
+    low_ok = 0 <= value if zero_ok else 0 < value  # nan fails both
+    if not (low_ok and value < math.inf):
+        raise UsageError(f"{name}={raw!r}: give a number of seconds " + ("(0 or more)" if zero_ok else "above 0"))
     return value
 
 

@@ -100,7 +100,7 @@ class StoreRecord:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> "StoreRecord":
-        """Parse a record read with its cap (``Store._read_small``); the length is checked again."""
+        """Parse a record read with its cap (``Store.read_small``); the length is checked again."""
         if len(data) > MAX_RECORD_BYTES:
             raise StoreError(f"{where}: index record larger than {MAX_RECORD_BYTES} bytes")
         try:

@@ -3,7 +3,7 @@
 Three kinds of remains, none of which a reader ever sees (readers go by index records only):
 
 - **temp files** of a local store's killed writer (``.tmp-<owner>-<random>``): gone as soon
-  as their owner's lock can be taken (``Store._put`` holds it while it writes);
+  as their owner's lock can be taken (``Store.put`` holds it while it writes);
 - **orphan bundles**: ``bundles/...<sha256>.tar.gz`` that no index record names, left by a
   push killed between its bundle and its record, or a delete killed between its record and its
   bundle. A bundle only becomes visible through a record, so an orphan may be a push in flight:
@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from autotune_cache.errors import UsageError
 from autotune_cache.tree.delete import STALE_TEMP_AGE_S
 from autotune_cache.tree.layout import LOCKS_DIRNAME, EntryId
 from autotune_cache.tree.crashsafe.locks import dead_owner, other_owner_alive
 from autotune_cache.tree.store.store import TEMP_PREFIX, TOMBSTONES, Store, is_missing
+from autotune_cache.tree.store.storeio import env_seconds
 from autotune_cache.tree.store.storerecord import MAX_RECORD_BYTES
 
 #: A bundle no record names goes once this old, whoever may be writing: a push publishes its
@@ -48,17 +48,11 @@ GRACE_ENV = "FI_AUTOTUNE_STORE_GRACE"
 
 
 def orphan_grace() -> float:
-    """The grace period: ``FI_AUTOTUNE_STORE_GRACE`` seconds, else ``ORPHAN_GRACE_S``."""
-    raw = os.environ.get(GRACE_ENV, "").strip()
-    if not raw:
-        return ORPHAN_GRACE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise UsageError(f"{GRACE_ENV}={raw!r}: give a number of seconds (0 or more)")
-    return value
+    """The grace period: ``FI_AUTOTUNE_STORE_GRACE`` seconds (0 allowed: a maintenance window
+    where no push runs), else ``ORPHAN_GRACE_S``."""
+    return env_seconds(GRACE_ENV, ORPHAN_GRACE_S, zero_ok=True)
+
+
 STORE_TEMP_RE = re.compile(rf"^{re.escape(TEMP_PREFIX)}(?:(?P<owner>[0-9a-f]{{12}})-)?[0-9a-f]{{12}}\Z")
 _BUNDLE_RE = re.compile(r"^bundles/(?P<layout>[^/]+)/(?P<parts>.+)/(?P<sha>[0-9a-f]{64})\.tar\.gz\Z")
 
@@ -135,9 +129,18 @@ class Remains:
                     return Tombstone(summary.rel, eid, None, False, summary.mtime)
         return None
 
+    def interrupted_deletes(self) -> set[str]:
+        """The ids a killed delete took: each tombstone whose record is gone, and each id of a
+        delete summary not published again - the summary alone says it once the tombstones have
+        gone (a delete killed at its very end), and both say it before that: counted once."""
+        ids = {str(t.id) for t in self.tombstones if not t.record_present}
+        for summary in self.summaries:
+            ids.update(str(eid) for eid in summary.ids if str(eid) not in self.published)
+        return ids
+
     def to_dict(self, now: float | None = None) -> dict:
         return {"orphan_bundles": len(self.orphans), "orphan_bytes": sum(o.size for o in self.orphans),
-                "sweepable": self.sweepable(now), "interrupted_deletes": sum(not t.record_present for t in self.tombstones)}
+                "sweepable": self.sweepable(now), "interrupted_deletes": len(self.interrupted_deletes())}
 
 
 @dataclass(frozen=True)
@@ -181,16 +184,18 @@ def _mtime(info: dict) -> float | None:
 
 def _find(store: Store, top: str) -> dict[str, dict]:
     try:
-        found = store.fs.find(store._join(top), detail=True)
+        found = store.fs.find(store.join(top), detail=True)
     except FileNotFoundError:
         return {}
     return found if isinstance(found, dict) else {p: {} for p in found}
 
 
-def survey(store: Store, records: list | None = None) -> Remains:
+def survey(store: Store, records: list | None = None, *, tidy: bool = False) -> Remains:
     """The orphan bundles and tombstones of ``store`` (lists ``bundles/``, ``deleting/`` and,
     unless given its ``records``, ``index/``); removes nothing. Bundles are listed first, so
-    that a push starting after the listing is not in it; writers are asked for last."""
+    that a push starting after the listing is not in it; writers are asked for last - with
+    ``tidy`` (``sweep_store``'s) dead writers' lock files go on the way; without it (``ls URL``,
+    a plan, a dry run) not a file of the store changes."""
     root = store.root + "/"
     bundles = _find(store, "bundles")
     stones = _find(store, TOMBSTONES)
@@ -206,7 +211,7 @@ def survey(store: Store, records: list | None = None) -> Remains:
             continue  # not one of ours, or published
         *head, last = m["parts"].split("/")
         record_rel = "/".join(("index", m["layout"], *head, f"{last}.json"))
-        if store._join(record_rel) in unreadable:
+        if store.join(record_rel) in unreadable:
             continue  # its record cannot be read: it may name this bundle
         orphans.append(Orphan(rel, int(info.get("size") or 0), _mtime(info), record_rel))
     tombs, summaries = [], []
@@ -219,18 +224,19 @@ def survey(store: Store, records: list | None = None) -> Remains:
             continue
         layout, id_rel = rel[len(TOMBSTONES) + 1:-len(".json")].split("/", 1)
         record_rel = "/".join(("index", layout, f"{id_rel}.json"))
-        if store._join(record_rel) in unreadable:
+        if store.join(record_rel) in unreadable:
             continue
         bundle = _tombstone_bundle(store, path, layout, id_rel)
         tombs.append(Tombstone(rel, EntryId(layout, tuple(id_rel.split("/"))), bundle, record_rel in published,
                                _mtime(info), bundle is not None and root + bundle in bundles))
-    return Remains(tuple(orphans), tuple(tombs), store.local and other_owner_alive(Path(store.root)), store.local,
-                   orphan_grace(), tuple(summaries), frozenset(str(r.id) for r in records))
+    alive = store.local and other_owner_alive(Path(store.root), tidy=tidy)
+    return Remains(tuple(orphans), tuple(tombs), alive, store.local, orphan_grace(), tuple(summaries),
+                   frozenset(str(r.id) for r in records))
 
 
 def _summary_ids(store: Store, path: str) -> tuple[EntryId, ...]:
     try:
-        data = json.loads(store._read_small(path, MAX_RECORD_BYTES, "delete summary"))
+        data = json.loads(store.read_small(path, MAX_RECORD_BYTES, "delete summary"))
         return tuple(EntryId(d["layout"], tuple(d["id"])) for d in data["deleted"]
                      if isinstance(d["layout"], str) and all(isinstance(x, str) for x in d["id"]))
     except Exception:  # noqa: BLE001 - unreadable: it proves nothing
@@ -239,8 +245,8 @@ def _summary_ids(store: Store, path: str) -> tuple[EntryId, ...]:
 
 def write_summary(store: Store, deleted: list) -> str:
     """Record, in one object, the entries a delete took (``Summary``); its path."""
-    path = store._join(TOMBSTONES, f"{secrets.token_hex(8)}.json")
-    store._put(path, json.dumps({"format": 1, "deleted": [{"layout": e.layout, "id": list(e.parts)}
+    path = store.join(TOMBSTONES, f"{secrets.token_hex(8)}.json")
+    store.put(path, json.dumps({"format": 1, "deleted": [{"layout": e.layout, "id": list(e.parts)}
                                                           for e in deleted]}).encode())
     return path
 
@@ -249,7 +255,7 @@ def _tombstone_bundle(store: Store, path: str, layout: str, id_rel: str) -> str 
     """The bundle a tombstone names, if it is one of that entry's bundle names (a tombstone is
     a file anyone could have edited: it never points a delete anywhere else)."""
     try:
-        data = json.loads(store._read_small(path, MAX_RECORD_BYTES, "tombstone"))
+        data = json.loads(store.read_small(path, MAX_RECORD_BYTES, "tombstone"))
     except Exception:  # noqa: BLE001 - unreadable: it proves nothing and names nothing
         return None
     bundle = data.get("bundle") if isinstance(data, dict) else None
@@ -269,7 +275,7 @@ def sweep_store(store: Store, own: str | None = None) -> Swept:
     marker = store.marker()  # one read: on a remote store each is a request
     if not marker or "unreadable" in marker:
         return Swept(removed, freed, temps)
-    remains = survey(store)
+    remains = survey(store, tidy=True)
     now = time.time()
     kept = finished = 0
     root = store.root + "/"
@@ -296,14 +302,14 @@ def _still_orphan(store: Store, o: Orphan) -> bool:
     """Checked again just before removing: no record names it now, and nobody wrote it since
     the listing (a push of the same entry re-uploads the same name)."""
     try:
-        data = store._read_small(store._join(o.record_rel), MAX_RECORD_BYTES, "index record")
+        data = store.read_small(store.join(o.record_rel), MAX_RECORD_BYTES, "index record")
         if json.loads(data).get("bundle") == o.rel:
             return False
     except Exception as e:  # noqa: BLE001
         if not is_missing(e):
             return False  # cannot tell: keep it
     try:
-        info = store.fs.info(store._join(o.rel))
+        info = store.fs.info(store.join(o.rel))
     except Exception:  # noqa: BLE001 - gone already, or cannot tell
         return False
     return int(info.get("size") or 0) == o.size and _mtime(info) == o.mtime
@@ -321,7 +327,7 @@ def sweep_temps(store: Store) -> tuple[int, int]:
     """Remove the temp files of killed writers from a file:// store: (files, bytes).
 
     A temp name carries its writer's owner token, whose lock that writer holds while it runs
-    (``Store._put``): a temp whose token's lock we can take is dead, and goes at once, however
+    (``Store.put``): a temp whose token's lock we can take is dead, and goes at once, however
     young. An older name has no token: it goes only once older than ``STALE_TEMP_AGE_S``, as the
     tree's temp files do - a push of that age has long finished or died. Object stores have no
     temp files (one PUT)."""
@@ -333,7 +339,9 @@ def sweep_temps(store: Store) -> tuple[int, int]:
 
 def dead_temps(store: Store, remove: bool = False) -> list[tuple[Path, int]]:
     """(path, size) of each temp file of a killed writer in a file:// store (``sweep_temps``),
-    removed with ``remove`` (each while its owner's lock is held, so no new owner can take it)."""
+    removed with ``remove`` (each while its owner's lock is held, so no new owner can take it;
+    the dead owner's lock file goes too). Without ``remove`` (a plan, a dry run) it only looks:
+    no lock file is made or removed."""
     if not store.local:
         return []
     base = Path(store.root)
@@ -351,7 +359,7 @@ def dead_temps(store: Store, remove: bool = False) -> list[tuple[Path, int]]:
             if not m or not stat_mod.S_ISREG(st.st_mode):
                 continue
             if m["owner"]:
-                with dead_owner(base, m["owner"]) as dead:
+                with dead_owner(base, m["owner"], tidy=remove) as dead:
                     gone = dead and (not remove or _unlink(path))
             else:
                 gone = now - st.st_mtime >= STALE_TEMP_AGE_S and (not remove or _unlink(path))
