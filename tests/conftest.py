@@ -55,6 +55,16 @@ def run_json(*args: str, **kw):
     return json.loads(proc.stdout)
 
 
+@pytest.fixture(scope="session")
+def host_env() -> subprocess.CompletedProcess:
+    """``fi-autotune env --json --allow-unknown`` run once per test process, as a user runs it (a
+    real process; it imports torch and flashinfer: about 5 CPU-seconds). This host's fingerprint
+    does not change while the tests run; the tests that read it share the one run (and the
+    ``host-env`` xdist group, so that one test process runs it). Tests of ``env``'s other forms
+    (without ``--allow-unknown``, the table) run those themselves."""
+    return run_cli("env", "--json", "--allow-unknown")
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     r = tmp_path / "sglang-cache"
