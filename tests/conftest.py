@@ -55,6 +55,18 @@ def run_json(*args: str, **kw):
     return json.loads(proc.stdout)
 
 
+@pytest.fixture(scope="session")
+def host_env() -> subprocess.CompletedProcess:
+    """``fi-autotune env --json --allow-unknown`` run once per test process, as a user runs it (a
+    real process; it imports torch and flashinfer: about 5 CPU-seconds). This host's fingerprint
+    does not change while the tests run; the tests that read it share the one run. They are in
+    the ``host-env`` xdist group so that one test process runs it - but pytest-xdist 3.8's
+    ``--dist loadgroup`` does nothing under pytest >= 9.2 (it suffixes ``item._nodeid``, which
+    pytest no longer reads), so today each worker may run it once. Tests of ``env``'s other forms
+    (without ``--allow-unknown``, the table) run those themselves."""
+    return run_cli("env", "--json", "--allow-unknown")
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     r = tmp_path / "sglang-cache"

@@ -171,8 +171,9 @@ def this_host(gpu_index: int = 0) -> Fingerprint:
     verdict we could report.
     """
     try:
-        import torch
+        # flashinfer first: where it is missing, this fails before torch's seconds of import
         from flashinfer.autotuner.autotuner import _collect_metadata
+        import torch
     except Exception as e:  # noqa: BLE001 - ImportError, or a CUDA library failing to load
         raise UsageError(
             f"flashinfer is not importable here ({type(e).__name__}: {str(e)[:120]}): run `fi-autotune env` "

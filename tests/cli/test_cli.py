@@ -553,8 +553,10 @@ def test_tree_commands_do_not_import_torch_or_flashinfer(root, tmp_path):
 
 # --- environments -----------------------------------------------------------------------------
 
-def test_env_prints_flashinfers_own_fields(tmp_path):
-    data = run_json("env", "--allow-unknown")
+@pytest.mark.xdist_group("host-env")
+def test_env_prints_flashinfers_own_fields(host_env):
+    assert host_env.returncode == 0, host_env.stderr
+    data = json.loads(host_env.stdout)
     assert set(data["fingerprint"]) == {"flashinfer_version", "cuda_version", "cublas_version", "cudnn_version",
                                         "cudnn_frontend_version", "cutlass_dsl_version", "gpu"}
     from importlib.metadata import version
@@ -565,11 +567,13 @@ def test_env_prints_flashinfers_own_fields(tmp_path):
     assert human.returncode == (1 if data["unknown"] else 0)
 
 
-def test_env_where_the_gpu_or_cuda_cannot_be_read_is_no_fingerprint(tmp_path):
+@pytest.mark.xdist_group("host-env")
+def test_env_where_the_gpu_or_cuda_cannot_be_read_is_no_fingerprint(tmp_path, host_env):
     """A gate must never pass on an unknown: `env --json > env.json` on a host without a GPU exits
     1 and prints no JSON (the redirect leaves a file --env-from refuses); --allow-unknown writes
     it, its unknown fields listed."""
-    marked = run_json("env", "--allow-unknown")
+    assert host_env.returncode == 0, host_env.stderr
+    marked = json.loads(host_env.stdout)
     if not marked["unknown"]:
         pytest.skip("this host reads every field")
     assert marked["format"] == "fi-autotune.env/1" and "gpu" in marked["unknown"]
@@ -582,9 +586,11 @@ def test_env_where_the_gpu_or_cuda_cannot_be_read_is_no_fingerprint(tmp_path):
     assert refused.returncode == 2 and "not JSON" in refused.stderr
 
 
-def test_no_gpu_host_never_calls_a_cache_stale(root, tmp_path):
+@pytest.mark.xdist_group("host-env")
+def test_no_gpu_host_never_calls_a_cache_stale(root, tmp_path, host_env):
     """The CI host has no GPU: its fingerprint reads gpu 'unknown'. It is no serving environment."""
-    if run_json("env", "--allow-unknown")["fingerprint"]["gpu"] not in ("unknown", None):
+    assert host_env.returncode == 0, host_env.stderr
+    if json.loads(host_env.stdout)["fingerprint"]["gpu"] not in ("unknown", None):
         pytest.skip("this host has a GPU")
     write_fake_entry(root)
     proc = run_cli("ls", "--check-env", "--cache-dir", str(root))

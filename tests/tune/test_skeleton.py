@@ -93,10 +93,23 @@ def test_bmm_fp8_weight_is_column_major_and_scales_are_scalars():
     assert kw["A_scale"].shape == (1,) and kw["dtype"] == torch.bfloat16 and kw["backend"] == "cublas"
 
 
-def test_cutlass_moe_routing_ids_are_valid_expert_indices():
+@pytest.fixture(scope="module")
+def qwen_cutlass():
+    """Qwen3-30B-A3B's skeleton on CPU with a recorder in place of its MoE call, built once for
+    this module (its expert weights are ~300M random values: seconds of CPU per build). Its first
+    layer is ``OpLayer(ops[0], "cpu", seed=0, api=recorder)``; each test clears the recorder."""
     _, ops = ops_of("Qwen/Qwen3-30B-A3B", "sm90", tp=2, moe_runner_backend="flashinfer_cutlass")
     rec = Recorder()
-    OpLayer(ops[0], "cpu", api=rec)(33)
+    model = SkeletonModel(ops, hidden=2048, vocab=1000, tp=2, dp=1, dtype="bfloat16", device="cpu", apis={ops[0]["api"]: rec})
+    return ops, model, rec
+
+
+def test_cutlass_moe_routing_ids_are_valid_expert_indices(qwen_cutlass):
+    ops, model, rec = qwen_cutlass
+    layer = model.layers[0]
+    assert isinstance(layer, OpLayer) and layer.op is ops[0] and layer.api is rec
+    rec.calls.clear()
+    layer(33)
     (kw,) = rec.calls
     ids = kw["token_selected_experts"]
     assert ids.dtype == torch.int32 and ids.shape == (33, 8)
@@ -137,10 +150,9 @@ def test_lm_head_stub_patches_and_restores_foreign_modules():
     assert lin(x).shape == (5, 100) and "forward" not in vars(lin)
 
 
-def test_skeleton_runs_layers_at_their_token_counts():
-    _, ops = ops_of("Qwen/Qwen3-30B-A3B", "sm90", tp=2, moe_runner_backend="flashinfer_cutlass")
-    rec = Recorder()
-    model = SkeletonModel(ops, hidden=2048, vocab=1000, tp=2, dp=1, dtype="bfloat16", device="cpu", apis={ops[0]["api"]: rec})
+def test_skeleton_runs_layers_at_their_token_counts(qwen_cutlass):
+    _, model, rec = qwen_cutlass
+    rec.calls.clear()
     with lm_head_stub():
         out = model(lambda op: 12, lm_tokens=12)
     assert out.shape == (12, 0) and rec.calls[0]["input"].shape == (12, 2048)
