@@ -17,6 +17,7 @@ from autotune_cache.humanize import format_age, format_size
 from autotune_cache.plan.topology import Topology
 from autotune_cache.registry import get_layout
 from autotune_cache.tree.layout import CacheLayout, EntryId
+from autotune_cache.tree.layout_memo import memo_of
 from autotune_cache.tree.lookup import wrong_tree_hint
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.tree.refs import exact_ref
@@ -91,7 +92,7 @@ class CacheEntry:
     @property
     def expected_files(self) -> tuple[str, ...]:
         topology = self.manifest.topology if self.manifest else self.topology
-        return tuple(get_layout(self.id.layout).expected_files(topology)) if topology else ()
+        return memo_of(get_layout(self.id.layout)).expected(topology) if topology else ()
 
     @property
     def topology_inferred(self) -> bool:
@@ -108,20 +109,21 @@ class CacheEntry:
 
     @property
     def present_expected(self) -> int:
-        names = {rf.name for rf in self.rank_files if rf.ok}
-        return sum(1 for name in self.expected_files if name in names)
+        names = {rf.name for rf in self.rank_files if rf.error is None}
+        return sum(map(names.__contains__, self.expected_files))
 
     @property
     def ranks_str(self) -> str:
         if self.topology_inferred:
             return f"{self.present_expected}/?"
-        return f"{self.present_expected}/{len(self.expected_files)}" if self.expected_files else "-"
+        expected = self.expected_files
+        return f"{self.present_expected}/{len(expected)}" if expected else "-"
 
     @property
     def num_configs(self) -> int:
         """Tuned keys: a rank file's (each holds them all), or, where each file is one key
         (FlashInfer's managed store), the count of readable entries."""
-        counts = [rf.num_configs for rf in self.rank_files if rf.ok]
+        counts = [rf.num_configs for rf in self.rank_files if rf.error is None]
         return sum(counts) if not get_layout(self.id.layout).holds_rank_files else max(counts, default=0)
 
     @property
@@ -130,12 +132,12 @@ class CacheEntry:
 
     @property
     def parallel_str(self) -> str:
-        return get_layout(self.id.layout).parallel_str(self.topology, self.ep, inferred=self.topology_inferred)
+        return memo_of(get_layout(self.id.layout)).parallel(self.topology, self.ep, self.topology_inferred)
 
     @property
     def metadata(self) -> dict:
         for rf in self.rank_files:
-            if rf.ok and rf.metadata:
+            if rf.error is None and rf.metadata:
                 return rf.metadata
         return self.manifest.flashinfer_metadata if self.manifest else {}
 

@@ -72,13 +72,14 @@ memory stays flat however large the tree. Notes that many entries share are prin
 def _summary(e: CacheEntry, full: bool) -> dict:
     """What ls needs of an entry, computed where it was scanned (maybe a child process), so only
     this small dict crosses the pipe."""
+    ident, status, model = str(e.id), e.status.value, e.model
     d = e.to_dict() if full else {
-        "id": str(e.id), "key": e.key, "model": e.model, "status": e.status.value,
+        "id": ident, "key": e.key, "model": model, "status": status,
         "size_on_disk": e.size_on_disk, "last_modified": e.last_modified, "last_used": e.last_used,
         "rank_files": len(e.rank_files),
     }
-    d["row"] = [str(e.id), e.layout, e.model or "-", e.gpu_short, e.parallel_str, e.ranks_str, str(e.num_configs),
-                e.size_on_disk_str, e.last_modified_str, e.last_used_str, e.status.value]
+    d["row"] = [ident, e.layout, model or "-", e.gpu_short, e.parallel_str, e.ranks_str, str(e.num_configs),
+                e.size_on_disk_str, e.last_modified_str, e.last_used_str, status]
     d["notes"] = (list(e.problems) + list(e.notes) + [f"{f.kind}: {f.path.name}: {f.message}" for f in e.foreign])
     return d
 

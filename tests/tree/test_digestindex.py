@@ -9,6 +9,7 @@ never trusted and never a crash; two ``ls`` saving at once leave a whole file;
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune_cache.autotuner.rankfile import RankFile
 from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.plan.topology import Topology
 from autotune_cache.registry import default_layout
@@ -221,3 +223,29 @@ def test_two_ls_saving_at_once_leave_a_whole_index(root):
         assert leftovers == []
     truth = subprocess.run(argv, cwd=REPO, env={**env, "FI_AUTOTUNE_NO_INDEX": "1"}, capture_output=True)
     assert json.loads(outs[0][0]) == json.loads(truth.stdout)
+
+
+def test_rank_files_from_the_index_are_the_ones_read_from_disk(root, monkeypatch):
+    """An indexed entry's ``RankFile``s are built field by field (``tuple.__new__``, no
+    ``__new__`` frame per file): each must equal, field for field, the one read from the bytes."""
+    engine_tree(root, 3)
+    monkeypatch.setenv("FI_AUTOTUNE_NO_INDEX", "1")
+    read = scan_cache(root)
+    monkeypatch.delenv("FI_AUTOTUNE_NO_INDEX")
+    scan_cache(root)  # fills the index
+    reads = count_reads(monkeypatch)
+    indexed = scan_cache(root)
+    assert reads == []
+    assert [e.rank_files for e in indexed.entries] == [e.rank_files for e in read.entries]
+    assert all(type(rf) is RankFile and len(rf) == len(RankFile._fields) for e in indexed.entries for rf in e.rank_files)
+
+
+def test_entry_key_is_count_names_and_each_stat_key(root):
+    """``entry_key`` packs every file's stat at once; the bytes hashed must stay what the index
+    on disk was written with: the count, the names, and each file's ``stat_key`` in order."""
+    kdir = engine_tree(root, 1, tp=4)[0]
+    files = sorted((f.name, f.stat(follow_symlinks=False)) for f in os.scandir(kdir))
+    spelled = hashlib.blake2b(len(files).to_bytes(4, "little") + "\0".join(n for n, _ in files).encode() + b"\0"
+                              + b"".join(di.stat_key(st) for _, st in files), digest_size=di.KEY_BYTES).digest()
+    assert len(files) == 4 and di.entry_key(files) == spelled
+    assert di.entry_key(files[:3]) != spelled
