@@ -25,6 +25,7 @@ from autotune_cache.registry import default_layout
 from autotune_cache.tree.scanner import entry_scan as entry_scan_mod
 from autotune_cache.tree.scanner import digestindex as di
 from autotune_cache.tree.scanner.digestindex import DigestIndex
+from autotune_cache.tree.records import CacheEntry
 from autotune_cache.tree.scanner.scan import iter_entries, scan_cache
 from autotune_cache.tree.status import EntryStatus
 from devtools.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs, make_manifest
@@ -249,3 +250,17 @@ def test_entry_key_is_count_names_and_each_stat_key(root):
                               + b"".join(di.stat_key(st) for _, st in files), digest_size=di.KEY_BYTES).digest()
     assert len(files) == 4 and di.entry_key(files) == spelled
     assert di.entry_key(files[:3]) != spelled
+
+
+def test_a_scanned_entry_is_the_dataclass_built_the_usual_way(root):
+    """``CacheEntry.scanned`` skips the frozen ``__init__``: the entry must equal and read as the
+    one ``CacheEntry(...)`` builds, and a field left out must fail, not read as absent."""
+    engine_tree(root, 2)
+    for e in scan_cache(root).entries:
+        values = {f: getattr(e, f) for f in e.__dataclass_fields__}
+        usual = CacheEntry(**values)
+        assert e == usual and repr(e) == repr(usual) and e.to_dict() == usual.to_dict() and e.state == usual.state
+        assert CacheEntry.scanned(**values) == usual
+        del values["state"]
+        with pytest.raises(TypeError, match="state"):
+            CacheEntry.scanned(**values)

@@ -59,3 +59,4 @@ def test_one_memo_per_layout_object():
     other = type(layout)()  # a layout registered anew is another object: its own memo
     assert memo_of(other) is not memo_of(layout) and memo_of(other).layout is other
     layout_memo._MEMOS.pop(id(other), None)
+

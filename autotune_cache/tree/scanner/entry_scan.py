@@ -233,7 +233,7 @@ def scan_entry(
     version = ids.get("flashinfer_version") or _version_from_files(rank_files)
     status = entry_status(layout, rank_files, topology, manifest, manifest_error, problems, found.notes, fingerprint,
                           inferred=manifest is None)
-    return CacheEntry(
+    return CacheEntry.scanned(
         id=eid, path=path, flashinfer_version=version, arch=ids.get("arch"),
         manifest=manifest if manifest_error is None else None, rank_files=tuple(rank_files), topology=topology,
         status=status, problems=tuple(problems), notes=tuple(found.notes), engine_files=tuple(found.engine_files),
