@@ -146,6 +146,24 @@ class CacheEntry:
     def parallel_str(self) -> str:
         return memo_of(get_layout(self.id.layout)).parallel(self.topology, self.ep, self.topology_inferred)
 
+    def listing_cells(self) -> tuple[str, str, str, str]:
+        """(GPU, PARALLEL, RANKS, CONFIGS): ``gpu_short``, ``parallel_str``, ``ranks_str`` and
+        ``str(num_configs)`` from one layout lookup and one pass over the rank files. ``ls``
+        asks it of every entry; asked one by one, each property looks the layout up again."""
+        memo = memo_of(get_layout(self.id.layout))
+        m = self.manifest
+        inferred = self.status == EntryStatus.UNVERIFIED
+        topology = m.topology if m else self.topology
+        expected = memo.expected(topology) if topology else ()
+        ok = [rf for rf in self.rank_files if rf.error is None]
+        names = {rf.name for rf in ok}
+        present = sum(map(names.__contains__, expected))
+        ranks = f"{present}/?" if inferred else (f"{present}/{len(expected)}" if expected else "-")
+        counts = [rf.num_configs for rf in ok]
+        configs = max(counts, default=0) if memo.layout.holds_rank_files else sum(counts)
+        parallel = memo.parallel(self.topology, m.key_fields.ep if m else None, inferred)
+        return self.gpu_short, parallel, ranks, str(configs)
+
     @property
     def metadata(self) -> dict:
         for rf in self.rank_files:
