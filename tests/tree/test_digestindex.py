@@ -9,6 +9,7 @@ never trusted and never a crash; two ``ls`` saving at once leave a whole file;
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -264,3 +265,32 @@ def test_a_scanned_entry_is_the_dataclass_built_the_usual_way(root):
         del values["state"]
         with pytest.raises(TypeError, match="state"):
             CacheEntry.scanned(**values)
+
+
+def test_no_collection_runs_while_a_stream_is_scanned_and_the_collector_comes_back(root):
+    """``ls`` keeps every row of a 100,000-entry table until it is printed: a cyclic collection
+    during the stream (the walk between batches once set off 600 of them) goes over all of it.
+    The collector is off from the first batch to the last, and on again after, also when the
+    caller stops early."""
+    engine_tree(root, 24)
+    phases: list[str] = []
+    threshold = gc.get_threshold()
+    gc.callbacks.append(record := lambda phase, info: phases.append(phase))
+    gc.set_threshold(1)  # on, the collector would run at the walk's first allocation
+    try:
+        assert gc.isenabled()
+        batches, _ = iter_entries(root, lambda e: e.to_dict(), jobs=1, batch=4)
+        kept = next(batches)
+        phases.clear()  # from here each next() walks a batch: no collection may run
+        for b in batches:
+            assert phases == [] and not gc.isenabled()
+            kept += b
+        assert len(kept) == 24 and gc.isenabled()
+        batches, _ = iter_entries(root, lambda e: e.to_dict(), jobs=1, batch=4)
+        next(batches)
+        assert not gc.isenabled()
+        batches.close()
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(record)
+        gc.set_threshold(*threshold)
