@@ -31,6 +31,9 @@ class LayoutMemo:
         self._topologies: dict[tuple[str, ...], tuple[Topology | None, str | None]] = {}
         self._expected: dict[Topology, tuple[str, ...]] = {}
         self._parallel: dict[tuple, str] = {}
+        # the last answers, by the topology object itself (a hash of a Topology is a Python call)
+        self._last_expected: tuple = (object(), ())
+        self._last_parallel: tuple = (object(), None, None, "")
 
     def kinds(self, is_dir: bool) -> dict[str, NameKind]:
         """The memo of ``classify(name, is_dir)`` (look up with ``.get(name)``; fill with ``kind``)."""
@@ -59,22 +62,29 @@ class LayoutMemo:
 
     def expected(self, topology: Topology) -> tuple[str, ...]:
         """``expected_files(topology)``, as a tuple (shared: never mutated)."""
+        last = self._last_expected
+        if last[0] is topology:  # the entries of a tree mostly share one topology object
+            return last[1]
         found = self._expected.get(topology)
         if found is None:
             found = tuple(self.layout.expected_files(topology))
             if len(self._expected) < MAX_MEMO:
                 self._expected[topology] = found
+        self._last_expected = (topology, found)
         return found
-
 
     def parallel(self, topology: Topology | None, ep: int | None, inferred: bool) -> str:
         """``parallel_str(topology, ep, inferred=inferred)``."""
+        last = self._last_parallel
+        if last[0] is topology and last[1] == ep and last[2] is inferred:
+            return last[3]
         key = (topology, ep, inferred)
         found = self._parallel.get(key)
         if found is None:
             found = self.layout.parallel_str(topology, ep, inferred=inferred)
             if len(self._parallel) < MAX_MEMO:
                 self._parallel[key] = found
+        self._last_parallel = (*key, found)
         return found
 
 

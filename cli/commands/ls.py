@@ -71,7 +71,7 @@ memory stays flat however large the tree. Notes that many entries share are prin
 
 def _summary(e: CacheEntry, full: bool) -> dict:
     """What ls needs of an entry, computed where it was scanned (maybe a child process), so only
-    this small dict crosses the pipe. The row's cells are interned (``_cell``): the ones many
+    this small dict crosses the pipe. The row's cells are interned (``_CELLS``): the ones many
     rows share (sizes, ages, statuses) cross the pipe once per batch and are kept once."""
     ident, status, model = str(e.id), e.status.value, e.model
     d = e.to_dict() if full else {
@@ -80,26 +80,18 @@ def _summary(e: CacheEntry, full: bool) -> dict:
         "rank_files": len(e.rank_files),
     }
     gpu, parallel, ranks, configs = e.listing_cells()
-    d["row"] = (ident, *map(_cell, (e.layout, model or "-", gpu, parallel, ranks, configs, e.size_on_disk_str,
-                                    e.last_modified_str, e.last_used_str, status)))
+    cells = (e.layout, model or "-", gpu, parallel, ranks, configs, e.size_on_disk_str, e.last_modified_str,
+             e.last_used_str, status)
+    d["row"] = (ident, *(map(_CELLS.setdefault, cells, cells) if len(_CELLS) < MAX_CELLS else cells))
     d["notes"] = (list(e.problems) + list(e.notes) + [f"{f.kind}: {f.path.name}: {f.message}" for f in e.foreign])
     return d
 
 
-#: Distinct cell strings kept for sharing (per process); past it a cell is its own string.
+#: Distinct cell strings kept for sharing (per process; one string object per distinct cell: a
+#: table of 100,000 rows holds a few hundred strings besides the ids, and pickle sends each shared
+#: one once per batch). Past the bound (at most 9 over it) a row's cells are its own strings.
 MAX_CELLS = 65536
 _CELLS: dict[str, str] = {}
-
-
-def _cell(text: str) -> str:
-    """One string object per distinct cell: a table of 100,000 rows holds a few hundred strings
-    besides the ids, and pickle sends each shared one once per batch."""
-    found = _CELLS.get(text)
-    if found is None:
-        if len(_CELLS) >= MAX_CELLS:
-            return text
-        found = _CELLS[text] = text
-    return found
 
 
 @dataclass
