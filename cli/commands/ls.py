@@ -71,16 +71,27 @@ memory stays flat however large the tree. Notes that many entries share are prin
 
 def _summary(e: CacheEntry, full: bool) -> dict:
     """What ls needs of an entry, computed where it was scanned (maybe a child process), so only
-    this small dict crosses the pipe."""
+    this small dict crosses the pipe. The row's cells are interned (``_CELLS``): the ones many
+    rows share (sizes, ages, statuses) cross the pipe once per batch and are kept once."""
+    ident, status, model = str(e.id), e.status.value, e.model
     d = e.to_dict() if full else {
-        "id": str(e.id), "key": e.key, "model": e.model, "status": e.status.value,
+        "id": ident, "key": e.key, "model": model, "status": status,
         "size_on_disk": e.size_on_disk, "last_modified": e.last_modified, "last_used": e.last_used,
         "rank_files": len(e.rank_files),
     }
-    d["row"] = [str(e.id), e.layout, e.model or "-", e.gpu_short, e.parallel_str, e.ranks_str, str(e.num_configs),
-                e.size_on_disk_str, e.last_modified_str, e.last_used_str, e.status.value]
+    gpu, parallel, ranks, configs = e.listing_cells()
+    cells = (e.layout, model or "-", gpu, parallel, ranks, configs, e.size_on_disk_str, e.last_modified_str,
+             e.last_used_str, status)
+    d["row"] = (ident, *(map(_CELLS.setdefault, cells, cells) if len(_CELLS) < MAX_CELLS else cells))
     d["notes"] = (list(e.problems) + list(e.notes) + [f"{f.kind}: {f.path.name}: {f.message}" for f in e.foreign])
     return d
+
+
+#: Distinct cell strings kept for sharing (per process; one string object per distinct cell: a
+#: table of 100,000 rows holds a few hundred strings besides the ids, and pickle sends each shared
+#: one once per batch). Past the bound (at most 9 over it) a row's cells are its own strings.
+MAX_CELLS = 65536
+_CELLS: dict[str, str] = {}
 
 
 @dataclass
@@ -164,12 +175,6 @@ def _first(entries, n: int):
             yield e
 
 
-def compact_row(row: list[str], cells: dict) -> tuple:
-    """A table row as a tuple, the cells many rows share (sizes, ages, statuses) kept once:
-    100,000 rows are held until the table's widths are known."""
-    return (row[0], *[cells.setdefault(c, c) for c in row[1:]])
-
-
 def print_notes(out: Output, notes: dict[str, list[str]]) -> None:
     """Each note once: ``<id>: <note>`` for a few entries, one counted line for many (10,000
     engine-written entries share one note; 10,000 lines of it would bury everything else)."""
@@ -239,9 +244,9 @@ def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than,
     where = ", ".join(str(root.path) for _, root in targets)
 
     def human(entries) -> None:
-        rows, notes, cells = [], {}, {}
-        for e in entries:
-            rows.append(compact_row(e["row"], cells))
+        rows, notes = [], {}
+        for e in entries:  # 100,000 rows are held until the table's widths are known: cells shared
+            rows.append(e["row"])
             for text in e["notes"]:
                 notes.setdefault(text, []).append(e["id"])
         if rows:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from autotune_cache.tree.scanner.scan import scan_cache
+from cli.commands import ls as ls_mod
 from cli.output import Output
 from devtools.synthetic import default_fields, write_fake_entry
 
@@ -114,3 +116,22 @@ def test_the_table_drops_columns_to_fit_the_terminal_never_the_id_or_status(tmp_
     tiny = run_cli("ls", "--cache-dir", str(root), env={"COLUMNS": "10"}).stdout.splitlines()
     assert tiny[0].split() == ["ID", "STATUS"]  # ids are never cut, whatever the width
     assert {line.split()[0] for line in tiny[2:2 + len(made)]} == {str(i) for i in made}
+
+
+def test_row_cells_are_shared_up_to_a_bound_and_read_the_same_past_it(tmp_path, monkeypatch):
+    """``ls`` keeps one string per distinct table cell so 100,000 rows stay small; a tree of
+    ever-new cells (sizes, ages) must not grow that store without bound, and a row past the
+    bound must read exactly as one under it."""
+    root = tmp_path / "tree"
+    for i in range(4):
+        write_fake_entry(root, fields=default_fields(model=f"org/m{i}"))
+    entries = scan_cache(root).entries
+    monkeypatch.setattr(ls_mod, "_CELLS", {})
+    free = [ls_mod._summary(e, False)["row"] for e in entries]
+    assert free[0][1] is free[1][1]  # "sglang": one object
+    monkeypatch.setattr(ls_mod, "_CELLS", {})
+    first = [ls_mod._summary(e, False)["row"] for e in entries[:2]]
+    monkeypatch.setattr(ls_mod, "MAX_CELLS", len(ls_mod._CELLS))
+    grown = len(ls_mod._CELLS)
+    past = [ls_mod._summary(e, False)["row"] for e in entries[2:]]  # new MODEL cells: org/m2, org/m3
+    assert first + past == free and len(ls_mod._CELLS) == grown

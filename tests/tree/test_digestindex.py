@@ -9,6 +9,8 @@ never trusted and never a crash; two ``ls`` saving at once leave a whole file;
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import json
 import os
 import subprocess
@@ -17,12 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from autotune_cache.autotuner.rankfile import RankFile
 from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.plan.topology import Topology
 from autotune_cache.registry import default_layout
 from autotune_cache.tree.scanner import entry_scan as entry_scan_mod
 from autotune_cache.tree.scanner import digestindex as di
 from autotune_cache.tree.scanner.digestindex import DigestIndex
+from autotune_cache.tree.records import CacheEntry
 from autotune_cache.tree.scanner.scan import iter_entries, scan_cache
 from autotune_cache.tree.status import EntryStatus
 from devtools.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs, make_manifest
@@ -221,3 +225,72 @@ def test_two_ls_saving_at_once_leave_a_whole_index(root):
         assert leftovers == []
     truth = subprocess.run(argv, cwd=REPO, env={**env, "FI_AUTOTUNE_NO_INDEX": "1"}, capture_output=True)
     assert json.loads(outs[0][0]) == json.loads(truth.stdout)
+
+
+def test_rank_files_from_the_index_are_the_ones_read_from_disk(root, monkeypatch):
+    """An indexed entry's ``RankFile``s are built field by field (``tuple.__new__``, no
+    ``__new__`` frame per file): each must equal, field for field, the one read from the bytes."""
+    engine_tree(root, 3)
+    monkeypatch.setenv("FI_AUTOTUNE_NO_INDEX", "1")
+    read = scan_cache(root)
+    monkeypatch.delenv("FI_AUTOTUNE_NO_INDEX")
+    scan_cache(root)  # fills the index
+    reads = count_reads(monkeypatch)
+    indexed = scan_cache(root)
+    assert reads == []
+    assert [e.rank_files for e in indexed.entries] == [e.rank_files for e in read.entries]
+    assert all(type(rf) is RankFile and len(rf) == len(RankFile._fields) for e in indexed.entries for rf in e.rank_files)
+
+
+def test_entry_key_is_count_names_and_each_stat_key(root):
+    """``entry_key`` packs every file's stat at once; the bytes hashed must stay what the index
+    on disk was written with: the count, the names, and each file's ``stat_key`` in order."""
+    kdir = engine_tree(root, 1, tp=4)[0]
+    files = sorted((f.name, f.stat(follow_symlinks=False)) for f in os.scandir(kdir))
+    spelled = hashlib.blake2b(len(files).to_bytes(4, "little") + "\0".join(n for n, _ in files).encode() + b"\0"
+                              + b"".join(di.stat_key(st) for _, st in files), digest_size=di.KEY_BYTES).digest()
+    assert len(files) == 4 and di.entry_key(files) == spelled
+    assert di.entry_key(files[:3]) != spelled
+
+
+def test_a_scanned_entry_is_the_dataclass_built_the_usual_way(root):
+    """``CacheEntry.scanned`` skips the frozen ``__init__``: the entry must equal and read as the
+    one ``CacheEntry(...)`` builds, and a field left out must fail, not read as absent."""
+    engine_tree(root, 2)
+    for e in scan_cache(root).entries:
+        values = {f: getattr(e, f) for f in e.__dataclass_fields__}
+        usual = CacheEntry(**values)
+        assert e == usual and repr(e) == repr(usual) and e.to_dict() == usual.to_dict() and e.state == usual.state
+        assert CacheEntry.scanned(**values) == usual
+        del values["state"]
+        with pytest.raises(TypeError, match="state"):
+            CacheEntry.scanned(**values)
+
+
+def test_no_collection_runs_while_a_stream_is_scanned_and_the_collector_comes_back(root):
+    """``ls`` keeps every row of a 100,000-entry table until it is printed: a cyclic collection
+    during the stream (the walk between batches once set off 600 of them) goes over all of it.
+    The collector is off from the first batch to the last, and on again after, also when the
+    caller stops early."""
+    engine_tree(root, 24)
+    phases: list[str] = []
+    threshold = gc.get_threshold()
+    gc.callbacks.append(record := lambda phase, info: phases.append(phase))
+    gc.set_threshold(1)  # on, the collector would run at the walk's first allocation
+    try:
+        assert gc.isenabled()
+        batches, _ = iter_entries(root, lambda e: e.to_dict(), jobs=1, batch=4)
+        kept = next(batches)
+        phases.clear()  # from here each next() walks a batch: no collection may run
+        for b in batches:
+            assert phases == [] and not gc.isenabled()
+            kept += b
+        assert len(kept) == 24 and gc.isenabled()
+        batches, _ = iter_entries(root, lambda e: e.to_dict(), jobs=1, batch=4)
+        next(batches)
+        assert not gc.isenabled()
+        batches.close()
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(record)
+        gc.set_threshold(*threshold)

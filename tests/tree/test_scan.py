@@ -15,7 +15,9 @@ from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.registry import default_layout
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
-from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
+from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry, write_vllm_entry
+from autotune_cache.registry import get_layout
+from autotune_cache.tree.layout import MANIFEST_NAME as MANIFEST
 from autotune_cache.plan.topology import Topology
 
 from ..conftest import REPO, unprivileged
@@ -279,3 +281,23 @@ def test_noatime_mount_makes_last_use_unknown(tmpfs):
     write_fake_entry(mnt)
     e = only(mnt)
     assert e.last_used is None and e.last_used_str == "unknown"
+
+
+def test_ls_listing_cells_are_the_properties(root, tmp_path):
+    """``ls`` takes GPU, PARALLEL, RANKS and CONFIGS from ``listing_cells`` (one layout lookup);
+    for every status and layout they must read as the properties ``show`` and ``--json`` use."""
+    ids = [write_fake_entry(root, fields=default_fields(model=f"org/m{i}")) for i in range(5)]
+    paths = [entry_path(root, e) for e in ids]
+    (paths[1] / "rank_tp5_pp0_dp5.json").unlink()
+    (paths[2] / "rank_tp3_pp0_dp3.json").write_text("{not json")
+    (paths[3] / MANIFEST).unlink()
+    (paths[3] / "rank_tp7_pp0_dp7.json").unlink()
+    (paths[4] / MANIFEST).write_text("[]")
+    write_fake_entry(root, topology=Topology(4, 2, 2, dp_attention=False), fields=default_fields(model="org/pp", tp=4, dp=2))
+    vroot = tmp_path / "vllm"
+    write_vllm_entry(vroot, "ab" * 32, world=2, dp=2)
+    entries = list(scan_cache(root).entries) + list(scan_cache(vroot, layout=get_layout("vllm")).entries)
+    statuses = {e.status for e in entries}
+    assert {EntryStatus.COMPLETE, EntryStatus.INCOMPLETE, EntryStatus.CORRUPT, EntryStatus.UNVERIFIED} <= statuses
+    for e in entries:
+        assert e.listing_cells() == (e.gpu_short, e.parallel_str, e.ranks_str, str(e.num_configs)), e.id

@@ -6,10 +6,8 @@ entry, what reading its files gave (per file: sha256, config count, ``_metadata`
 everything ``stat`` says about each of them: name, device, inode, size, mtime and ctime. Any
 write to a file - even one that puts its mtime back - changes its ctime, so a record can only
 ever describe the bytes it was made from; an entry one of whose files' stat differs is read again
-(whole: its key is a hash of all of them, ``entry_key``).
-
-The key is a 128-bit BLAKE2b of those stats: a stale record matching a changed file would take
-a hash collision, not a coincidence of numbers.
+(whole: its key is a hash of all of them, ``entry_key``). The key is a 128-bit BLAKE2b of those
+stats: a stale record matching a changed file would take a hash collision, not a coincidence.
 
 It lives outside the tree, in ``platformdirs.user_cache_dir("fi-autotune")/digests/`` (so a
 read-only tree is indexed too), one file per (layout, tree root). The file is a sorted array of
@@ -23,8 +21,7 @@ when it is opened, so a truncated, torn or corrupt file (a crash before the data
 a stray write) is ignored and rebuilt, never trusted. A reader keeps the file it opened.
 
 Rewritten only when something new was read or much of it is stale, by streaming the old records
-this scan used together with the new ones. ``FI_AUTOTUNE_NO_INDEX=1`` turns it off (benchmarks
-of the cold path).
+this scan used together with the new ones. ``FI_AUTOTUNE_NO_INDEX=1`` turns it off (cold path).
 """
 
 from __future__ import annotations
@@ -67,14 +64,22 @@ def stat_key(st: os.stat_result) -> bytes:
     return _KEY.pack(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+#: ``stat_key`` of n files at once, by n (one ``pack`` per entry, not one per file: ``ls`` keys every entry).
+_KEYS: dict[int, struct.Struct] = {}
+
+
 def entry_key(files) -> bytes:
     """The key of an entry's data files: ``files``, (name, stat) in the entry's order. Their
     count, names and ``stat_key``s, hashed (fixed-size fields after a count: unambiguous)."""
-    pack = _KEY.pack
-    return hashlib.blake2b(
-        b"".join([len(files).to_bytes(4, "little"), "\0".join([name for name, _ in files]).encode("utf-8", "surrogateescape"),
-                  b"\0", *[pack(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for _, st in files]]),
-        digest_size=KEY_BYTES).digest()
+    n = len(files)
+    keys = _KEYS.get(n) or struct.Struct("<" + "QQqqq" * n)
+    if n <= 64:  # at most 64 formats kept (an entry holds at most MAX_RANK_FILES data files)
+        _KEYS[n] = keys
+    fields: list[int] = []
+    for _, st in files:
+        fields += (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    names = "\0".join([name for name, _ in files]).encode("utf-8", "surrogateescape")
+    return hashlib.blake2b(b"".join([n.to_bytes(4, "little"), names, b"\0", keys.pack(*fields)]), digest_size=KEY_BYTES).digest()
 
 
 class DigestIndex:

@@ -16,7 +16,8 @@ from stat import S_ISDIR, S_ISREG
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.rankfile import RankFile, read_regular_file
-from autotune_cache.plan.topology import MAX_RANK_FILES, Topology, TopologyError
+from autotune_cache.plan.topology import MAX_RANK_FILES, Topology
+from autotune_cache.tree.layout_memo import memo_of
 from autotune_cache.tree.scanner.digestindex import DigestIndex, entry_key
 from autotune_cache.tree.crashsafe.dirs import dir_size, list_dir
 from autotune_cache.tree.layout import MANIFEST_NAME, CacheLayout, EntryId, NameKind
@@ -28,6 +29,8 @@ from autotune_cache.tree.status import EntryStatus
 #: Why an entry without a manifest is "unverified", not "complete".
 INFERRED_NOTE = ("no manifest: the rank count is inferred from the files present, so a missing last rank "
                  "cannot be seen (rewrite it with `fi-autotune warm` to verify it)")
+
+_new_tuple = tuple.__new__
 
 #: An entry dir holding more names than this is not a cache entry (its files are not read).
 MAX_ENTRY_CHILDREN = MAX_RANK_FILES + 64
@@ -76,7 +79,8 @@ def _read_entry_files(path: Path, files: list[tuple[str, os.stat_result]], diges
         key = entry_key(files)
         known = digests.get_entry(key, len(files))
         if known is not None:
-            return [RankFile(path, name, st.st_size, st.st_mtime, st.st_mtime_ns, sha, configs, meta)
+            # tuple.__new__ with every field: RankFile's generated __new__ is a Python frame per file
+            return [_new_tuple(RankFile, (path, name, st.st_size, st.st_mtime, st.st_mtime_ns, sha, configs, meta, None))
                     for (name, st), (sha, configs, meta) in zip(files, known)]
     parsed: dict[str, RankFile] = {}
     read = [_read_unvouched(path, name, st, parsed) for name, st in files]
@@ -108,7 +112,9 @@ def _list_entry(layout: CacheLayout, path: Path, children: list[os.DirEntry]) ->
     problems, notes, data_stats, temp, foreign, state = (out.problems, out.notes, out.data_stats, out.temp,
                                                          out.foreign, out.state)
     size, newest, newest_atime = 0, 0.0, 0.0
-    classify, data_kind = layout.classify, NameKind.DATA
+    data_kind = NameKind.DATA
+    memo = memo_of(layout)
+    file_kinds = memo.kinds(False)  # the common case (a regular file seen before) without a call
     for child in children:
         name = child.name
         try:
@@ -122,8 +128,10 @@ def _list_entry(layout: CacheLayout, path: Path, children: list[os.DirEntry]) ->
             size += st.st_size
             if st.st_mtime > newest:
                 newest = st.st_mtime
+            kind = file_kinds.get(name) or memo.kind(name, False)
+        else:
+            kind = memo.kind(name, S_ISDIR(mode))
         state.append((name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
-        kind = classify(name, S_ISDIR(mode))
         if kind is data_kind and is_reg:
             data_stats.append((name, st))
             if st.st_atime > newest_atime:
@@ -219,14 +227,13 @@ def scan_entry(
                 f"manifest names {manifest.flashinfer_version}/{manifest.arch}/{manifest.key}, not this directory"
             )
     else:
-        try:
-            topology = layout.infer_topology([rf.name for rf in rank_files])
-        except TopologyError as e:
-            problems.append(f"rank file names beyond the bounds: {e}")
+        topology, beyond = memo_of(layout).topology(tuple([rf.name for rf in rank_files]))
+        if beyond is not None:
+            problems.append(f"rank file names beyond the bounds: {beyond}")
     version = ids.get("flashinfer_version") or _version_from_files(rank_files)
     status = entry_status(layout, rank_files, topology, manifest, manifest_error, problems, found.notes, fingerprint,
                           inferred=manifest is None)
-    return CacheEntry(
+    return CacheEntry.scanned(
         id=eid, path=path, flashinfer_version=version, arch=ids.get("arch"),
         manifest=manifest if manifest_error is None else None, rank_files=tuple(rank_files), topology=topology,
         status=status, problems=tuple(problems), notes=tuple(found.notes), engine_files=tuple(found.engine_files),
@@ -251,7 +258,7 @@ def entry_status(
 
     ``inferred``: the topology was guessed from the file names (no manifest). The files present
     may then all agree and still be short of what the engine reads, so the entry is unverified."""
-    bad = [rf for rf in rank_files if not rf.ok]
+    bad = [rf for rf in rank_files if rf.error is not None]  # not ``rf.ok``: a property call per file
     for rf in bad:
         problems.append(f"{rf.name}: {rf.error}")
     if manifest_error:
@@ -286,7 +293,7 @@ def entry_status(
         problems.append(disagreement)
         return EntryStatus.DIVERGED
     present = {rf.name for rf in rank_files}
-    expected = layout.expected_files(topology) if topology else []
+    expected = memo_of(layout).expected(topology) if topology else ()
     missing = [n for n in expected if n not in present]
     if missing or not rank_files:
         problems.append(f"missing {len(missing)} of {len(expected)} rank files" if expected else "no rank files")

@@ -133,24 +133,26 @@ def iter_entries(
         # The children of the next batch are forked before this one is handed over: they scan
         # while the caller consumes (formats, prints) this one, and the parent takes the smaller
         # share of every batch (it also reads the children's results and serves the caller).
+        # The collector stays off for the whole stream, the walk between batches included: with it
+        # on there, every batch's walk set off collections that went over all the caller had kept
+        # so far (100,000 entries: 600 collections, 1.6 s of ``ls``).
         started = None
         try:
-            for entry_dirs in walked:
-                if not entry_dirs:
-                    break
-                if digests is None:
-                    digests = DigestIndex.for_root(root, layout.name)
-                with _no_cyclic_gc(freeze=batch is None):
+            with _no_cyclic_gc(freeze=batch is None):
+                for entry_dirs in walked:
+                    if not entry_dirs:
+                        break
+                    if digests is None:
+                        digests = DigestIndex.for_root(root, layout.name)
                     done = None
                     if started is not None:
                         done, started = _finish_chunk(run, started, digests), None
                     started = _start_chunk(run, entry_dirs, jobs, digests)
                     if done is not None:
                         yield done
-                if batch is None:
-                    break
-            if started is not None:
-                with _no_cyclic_gc(freeze=batch is None):
+                    if batch is None:
+                        break
+                if started is not None:
                     done, started = _finish_chunk(run, started, digests), None
                     yield done
             if digests is not None:
