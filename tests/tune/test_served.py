@@ -45,6 +45,19 @@ def warm(env: dict, root: Path, *extra: str, **more_env) -> tuple[subprocess.Com
     return p, (json.loads(p.stdout) if p.stdout.strip() else {})
 
 
+def warm_until_a_bucket_is_saved(env: dict, root: Path, **popen) -> subprocess.Popen:
+    """A warm on stand-ins that take 0.3 s an item, returned once its first bucket is saved."""
+    proc = subprocess.Popen([*FAKE_GPU_CLI, "warm", *QWEN, "--cache-dir", str(root)], cwd=REPO,
+                            env={**os.environ, **env, "FAKE_ITEM_SLEEP": "0.3"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **popen)
+    work = Path(env["XDG_CACHE_HOME"]) / "fi-autotune" / "work"
+    deadline = time.monotonic() + 60
+    while not any(p.stat().st_size for p in work.rglob("*.done")):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    return proc
+
+
 def rank_bytes(root: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(root.rglob("rank_*.json"))}
 
@@ -130,14 +143,7 @@ def test_a_dead_served_worker_is_not_used(served, tmp_path):
 def test_a_killed_warm_leaves_the_served_worker_serving(served, tmp_path):
     env, start = served
     start(FAKE_ITEM_SLEEP="0.3")
-    proc = subprocess.Popen([*FAKE_GPU_CLI, "warm", *QWEN, "--cache-dir", str(tmp_path / "root")], cwd=REPO,
-                            env={**os.environ, **env, "FAKE_ITEM_SLEEP": "0.3"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    log = Path(env["XDG_CACHE_HOME"]) / "fi-autotune" / "work"
-    deadline = time.monotonic() + 60
-    while not any(p.name.endswith(".done") and p.stat().st_size for p in log.rglob("*.done")):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
+    proc = warm_until_a_bucket_is_saved(env, tmp_path / "root", start_new_session=True)
     os.killpg(proc.pid, signal.SIGKILL)  # the warm and its stand-ins for the served workers
     proc.wait()
     # The same served workers finish the work: the next warm resumes what the killed one saved.

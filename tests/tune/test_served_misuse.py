@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from tests.support.fake_gpus import FAKE_GPU_CLI, REPO, gpu_env, run_gpu_cli
-from tests.tune.test_served import QWEN, SCHEMA, served, warm  # noqa: F401 - the fixture
+from tests.tune.test_served import QWEN, SCHEMA, served, warm, warm_until_a_bucket_is_saved  # noqa: F401 - the fixture
 
 FAKE_WORKER = REPO / "tests" / "standins" / "fake_worker.py"
 
@@ -344,14 +344,7 @@ def test_a_session_that_raises_ends_the_worker(tmp_path, exc):
 def test_stop_during_a_warm_keeps_what_was_finished_and_says_why(served, tmp_path):
     env, start = served
     start(FAKE_ITEM_SLEEP="0.3")
-    proc = subprocess.Popen([*FAKE_GPU_CLI, "warm", *QWEN, "--cache-dir", str(tmp_path / "root")], cwd=REPO,
-                            env={**os.environ, **env, "FAKE_ITEM_SLEEP": "0.3"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    work = Path(env["XDG_CACHE_HOME"]) / "fi-autotune" / "work"
-    deadline = time.monotonic() + 60
-    while not any(p.stat().st_size for p in work.rglob("*.done")):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
+    proc = warm_until_a_bucket_is_saved(env, tmp_path / "root", text=True)
     t0 = time.monotonic()
     stop = run_gpu_cli("workers", "stop", env=env)
     assert stop.returncode == 0 and time.monotonic() - t0 < 15
