@@ -35,6 +35,18 @@ KNOWN_ENGINES: dict[str, str] = {
     "flashinfer-v2": "autotune_cache.managed_store.source:ENGINE",
     "vllm": "autotune_cache.engines.vllm.engine:ENGINE",
 }
+_BUILTIN_ENGINES = dict(KNOWN_ENGINES)
+
+#: layout name -> (its engine, "module:attribute" of the layout object that engine hands out: the
+#: same object, tests/test_registry.py holds the two tables together). The tree commands (``ls``,
+#: ``show``, ``rm``, ``prune``, ``export``, ``import``) need layouts only: named here, a layout is
+#: imported without its engine's planner. The first is the default layout (the default engine's first).
+KNOWN_LAYOUTS: dict[str, tuple[str, str]] = {
+    "sglang": ("sglang", "autotune_cache.engines.sglang.layout:LAYOUT"),
+    "flashinfer-v2": ("flashinfer-v2", "autotune_cache.managed_store.layout:LAYOUT"),
+    "vllm": ("vllm", "autotune_cache.engines.vllm.layout:LAYOUT"),
+    "vllm-dir": ("vllm", "autotune_cache.engines.vllm.layout:DIR_LAYOUT"),
+}
 
 _loaded: dict[str, KnownEngine] = {}
 #: ``get_layout``'s answers so far (``ls`` asks three times per entry); emptied by any (un)registering.
@@ -67,8 +79,7 @@ def get_engine(name: str) -> KnownEngine:
         path = KNOWN_ENGINES[name]
     except KeyError:
         raise UsageError(f"unknown engine {name!r}; known: {', '.join(KNOWN_ENGINES)}") from None
-    module, _, attribute = path.partition(":")
-    engine = getattr(importlib.import_module(module), attribute)
+    engine = _import(path)
     if engine.name != name:
         raise RuntimeError(f"{path} is engine {engine.name!r}, registered as {name!r}")
     _loaded[name] = engine
@@ -80,11 +91,34 @@ def engines() -> list[KnownEngine]:
     return [get_engine(name) for name in list(KNOWN_ENGINES)]
 
 
+def _import(path: str) -> Any:
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _static_engines() -> set[str]:
+    """The engines whose layouts ``KNOWN_LAYOUTS`` names: those registered by this module's table,
+    not at run time (``register_engine``: their layouts are read from the engine object)."""
+    return {n for n, path in KNOWN_ENGINES.items() if path == _BUILTIN_ENGINES.get(n)}
+
+
 def layouts() -> dict[str, KnownLayout]:
-    """Every tree layout of every engine, by layout name (a name is unique across engines)."""
+    """Every tree layout of every engine, by layout name (a name is unique across engines). The
+    built-in ones are imported by name (no planner comes with them); an engine registered at run
+    time adds its own."""
     out: dict[str, KnownLayout] = {}
-    for engine in engines():
-        for layout in engine.layouts:
+    static = _static_engines()
+    for name, (engine_name, path) in KNOWN_LAYOUTS.items():
+        if engine_name not in static:  # replaced or removed at run time: its object says
+            continue
+        layout = _by_name.get(name) or _import(path)
+        if layout.name != name:
+            raise RuntimeError(f"{path} is layout {layout.name!r}, registered as {name!r}")
+        out[name] = _by_name.setdefault(name, layout)
+    for engine_name in KNOWN_ENGINES:
+        if engine_name in static:
+            continue
+        for layout in get_engine(engine_name).layouts:
             if layout.name in out:
                 raise RuntimeError(f"layout {layout.name!r} is claimed by two engines")
             out[layout.name] = layout
@@ -120,7 +154,11 @@ def default_engine() -> KnownEngine:
 
 
 def default_layout() -> KnownLayout:
-    """The layout a bare id (``<version>/<arch>/<key>``) and ``--cache-dir`` refer to."""
+    """The layout a bare id (``<version>/<arch>/<key>``) and ``--cache-dir`` refer to: the default
+    engine's first, which ``KNOWN_LAYOUTS`` lists first (imported without the engine)."""
+    first = next(iter(KNOWN_ENGINES))
+    if first in _static_engines():
+        return get_layout(next(name for name, (engine, _) in KNOWN_LAYOUTS.items() if engine == first))
     return default_engine().layouts[0]
 
 

@@ -295,3 +295,7 @@ def check_environment_dir(plan, report, fingerprint, root: Path) -> None:
                 report.keys_missing += len(missing)
                 report.misses.append(f"{len(missing)} of {len(wanted)} {op.recipe.id} lookups have no entry "
                                      f"(e.g. {missing[0]})")
+
+
+#: The one instance: the managed-store source and the registry (``KNOWN_LAYOUTS``) hand out this object.
+LAYOUT = FlashInferV2Layout()

@@ -4,7 +4,7 @@ from another engine's tuned entry, read by any engine that enters ``autotune_v2`
 from __future__ import annotations
 
 from autotune_cache.plan.engine import Engine
-from autotune_cache.managed_store.layout import FlashInferV2Layout
+from autotune_cache.managed_store.layout import LAYOUT
 
 
 class FlashInferV2(Engine):
@@ -14,7 +14,7 @@ class FlashInferV2(Engine):
     checks = True
     plans = False
 
-    layouts = (FlashInferV2Layout(),)
+    layouts = (LAYOUT,)
 
 
 ENGINE = FlashInferV2()

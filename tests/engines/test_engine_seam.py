@@ -82,3 +82,26 @@ def test_ls_show_rm_on_the_toy_tree(toy, capsys):
 def test_an_unregistered_layout_is_a_usage_error(capsys):
     code, out, err = cli(capsys, "plan", "--layout", "toy", *QWEN)
     assert code == 2 and "toy" in err
+
+
+def test_the_layout_table_names_the_very_objects_the_engines_hand_out():
+    """``registry.KNOWN_LAYOUTS`` (what the tree commands import, without the planners) and each
+    built-in engine's ``layouts``: the same names, the same objects, in the same order."""
+    from_engines = [(e.name, layout) for e in registry.engines() for layout in e.layouts]
+    from_table = [(engine, registry.get_layout(name)) for name, (engine, _) in registry.KNOWN_LAYOUTS.items()]
+    assert [(e, lay.name) for e, lay in from_engines] == [(e, lay.name) for e, lay in from_table]
+    assert all(a is b for (_, a), (_, b) in zip(from_engines, from_table))
+    assert registry.default_layout() is registry.default_engine().layouts[0]
+
+
+def test_the_tree_commands_import_no_planner(tmp_path):
+    """``ls`` reaches its layouts through the table: neither engine's planner is imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom fi_autotune_cli.main import main\n"
+            "try:\n    main(['ls', '--cache-dir', sys.argv[1]])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.endswith(('.planner', '.recipes', '.engine'))))\n")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "[]"

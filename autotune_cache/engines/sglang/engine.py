@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from autotune_cache.plan.engine import Engine, ServingCommandReading
-from autotune_cache.engines.sglang.layout import SGLangLayout
+from autotune_cache.engines.sglang.layout import LAYOUT
 from autotune_cache.engines.sglang.planner import make_plan
 from autotune_cache.engines.sglang.serving_command import check_option_values, flag_table, parse_serving_command
 from autotune_cache.engines.sglang.key_schemas import SCHEMAS, pick_schema
@@ -21,7 +21,7 @@ class SGLang(Engine):
     title = "SGLang 0.5.23"
     checks = True
 
-    layouts = (SGLangLayout(),)
+    layouts = (LAYOUT,)
     key_schemas = SCHEMAS
 
     def pick_schema(self, schema: str | None, release: str | None) -> tuple[str, str]:

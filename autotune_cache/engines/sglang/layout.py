@@ -72,3 +72,7 @@ class SGLangLayout(RankFileLayout):
             if rank is not None:
                 groups.setdefault(topology.tp_group_of(rank), []).append(name)
         return [(f"pp{pp}/replica{r}", files) for (pp, r), files in sorted(groups.items())]
+
+
+#: The one instance: the engine and the registry (``KNOWN_LAYOUTS``) hand out this object.
+LAYOUT = SGLangLayout()

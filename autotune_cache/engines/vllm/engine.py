@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune_cache.plan.engine import Engine
-from autotune_cache.engines.vllm.layout import OVERRIDE_ENV, VllmDirLayout, VllmLayout, VllmManagedStore, single_rank
+from autotune_cache.engines.vllm.layout import DIR_LAYOUT, LAYOUT, OVERRIDE_ENV, VllmDirLayout, VllmManagedStore, single_rank
 from autotune_cache.engines.vllm.planner import VLLM_CHECKED, make_vllm_plan, other_config_refusal
 from autotune_cache.engines.vllm.target import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash, printed_levels
 from autotune_cache.autotuner.buckets import hybrid_buckets
@@ -29,7 +29,7 @@ class Vllm(Engine):
                "[default: 8192, vllm serve's on an H100/H200]."),
     )
 
-    layouts = (VllmLayout(), VllmDirLayout())
+    layouts = (LAYOUT, DIR_LAYOUT)
 
     def target(self, layout: str | None = None, options: dict | None = None) -> VllmTarget:
         """From ``--vllm-config-hash`` (only vLLM can compute it; the planner requires it where

@@ -232,3 +232,7 @@ def single_rank(tp: int, pp: int, dp: int) -> bool:
     """``use_flashinfer_autotune_v2``: vLLM 0.33 on one node with world size 1 (so no PP) reads
     FlashInfer's managed store; every other deployment its per-rank files."""
     return tp * pp * dp == 1
+
+
+#: The one instance of each: the engine and the registry (``KNOWN_LAYOUTS``) hand out these objects.
+LAYOUT, DIR_LAYOUT = VllmLayout(), VllmDirLayout()
