@@ -41,7 +41,7 @@ def start_cmd(ctx, gpus, idle_timeout, as_json):
         raise UsageError(f"--idle-timeout takes seconds from 1 to {served.MAX_IDLE_S:.0f}, got {idle_timeout}")
     machine = machine_of(ctx)
     n = parse_gpus(gpus)
-    info = machine.usable_gpus(n, "`fi-autotune plan`")
+    info = machine.usable_gpus(n, None)
     n = n or info.count
     t0 = time.perf_counter()
     try:

@@ -38,11 +38,13 @@ class Machine:
         them (``served.claim``), else new processes."""
         return WorkerPool(n, self.worker_argv, served=served.claim(n, self.worker_argv))
 
-    def usable_gpus(self, n: int | None, plan_hint: str) -> GpuInfo:
-        """This machine's GPUs, or a usage error: none at all, or fewer than ``--gpus`` asks for."""
+    def usable_gpus(self, n: int | None, plan_hint: str | None) -> GpuInfo:
+        """This machine's GPUs, or a usage error: none at all, or fewer than ``--gpus`` asks for.
+        ``plan_hint``: the command that shows the plan without a GPU (None: not a warm)."""
         info = self.detect_gpus()
         if info.count == 0:
-            raise UsageError(f"no CUDA GPU found: warm needs one ({plan_hint} shows the plan without a GPU)")
+            raise UsageError("no CUDA GPU found: " + (f"warm needs one ({plan_hint} shows the plan without a GPU)"
+                                                      if plan_hint else "served workers need one"))
         if n is not None and n > info.count:
             raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
         return info
