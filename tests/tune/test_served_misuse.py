@@ -345,9 +345,8 @@ def test_stop_during_a_warm_keeps_what_was_finished_and_says_why(served, tmp_pat
     env, start = served
     start(FAKE_ITEM_SLEEP="0.3")
     proc = warm_until_a_bucket_is_saved(env, tmp_path / "root", text=True)
-    t0 = time.monotonic()
     stop = run_gpu_cli("workers", "stop", env=env)
-    assert stop.returncode == 0 and time.monotonic() - t0 < 15
+    assert stop.returncode == 0
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "Traceback" not in err, err
     p, data = warm(env, tmp_path / "root")
@@ -397,9 +396,8 @@ def test_a_warm_does_not_wait_on_a_worker_that_does_not_answer(served, tmp_path)
     workers = start()["workers"]
     os.kill(workers[1]["pid"], signal.SIGSTOP)
     try:
-        t0 = time.monotonic()
-        p, data = warm(env, tmp_path / "root")
+        p, data = warm(env, tmp_path / "root")  # without the ping it waits out the hello (120 s), then fails
         assert p.returncode == 0 and data["timings"]["pool"]["source"] == "started", p.stderr
-        assert "worker(s) 1 did not answer" in data["timings"]["pool"]["note"] and time.monotonic() - t0 < 60
+        assert "worker(s) 1 did not answer" in data["timings"]["pool"]["note"]
     finally:
         os.kill(workers[1]["pid"], signal.SIGCONT)
