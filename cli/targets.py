@@ -256,6 +256,13 @@ def warm_targets(kw: dict, opts: WarmOptions, targets_file: str, shard: str | No
                   failed_targets=lambda: [e.target.source for e in (fleets[0].errors if fleets else ())])
 
 
+def note_pool(out: Output, timings: dict) -> None:
+    """Why served workers (``fi-autotune workers``) were there but not used, on stderr."""
+    note = timings.get("pool", {}).get("note")
+    if note:
+        out.note(note)
+
+
 def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0: float,
                   failed_targets=lambda: []) -> None:
     """Tune ``load(gpu_info) -> (FleetItems, shard or None)`` on one pool of workers
@@ -287,8 +294,7 @@ def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0
     finally:
         progress.close()  # before main() prints an interruption (exit 130)
     run.result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
-    if run.result.timings.get("pool", {}).get("note"):
-        out.note(run.result.timings["pool"]["note"])
+    note_pool(out, run.result.timings)
     _emit_fleet(out, run, opts, shard[0])
     failed = failed_targets()
     if failed:  # the file names targets that could not be planned (said before tuning; again here, last)

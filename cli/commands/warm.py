@@ -27,7 +27,7 @@ from ..params import json_option, parse_gpus, shard_option, targets_option, time
 from ..progress import Progress
 from ..serving import (build_plan, engine_option_values, engine_options, fold_serving_command, machine_of,
                       requests_from, serving_command_argument, serving_options)
-from ..targets import fleet_command, reject_serving_flags, warm_targets
+from ..targets import fleet_command, note_pool, reject_serving_flags, warm_targets
 
 def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | None, race_runs: int) -> QualitySettings:
     for name in ("repeats", "threshold", "race_runs"):
@@ -154,13 +154,6 @@ def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
     out.emit(human=human, data=lambda: {**result.to_dict(), "workers": [worker],
                                         "layouts": {k: v.to_dict() for k, v in extra.items()},
                                         **({"push": pushed.to_dict()} if pushed is not None else {})})
-
-
-def note_pool(out: Output, timings: dict) -> None:
-    """Why served workers (``fi-autotune workers``) were there but not used, on stderr."""
-    note = timings.get("pool", {}).get("note")
-    if note:
-        out.note(note)
 
 
 def warm_units(units: list, kw: dict, opts: WarmOptions, push_url, out: Output, t0: float) -> None:

@@ -79,7 +79,7 @@ def race(spec_path):
 def main():
     mode = os.environ.get("FAKE_WORKER_MODE", "ok")
     device = os.environ.get("CUDA_VISIBLE_DEVICES", "?")
-    emit("imported", import_s=0.01, pid=os.getpid())
+    emit("imported", import_s=0.01)
     emit("cuda", cuda_s=0.01, gpu=META["gpu"])
     path = sys.stdin.readline().strip()
     if not path:
