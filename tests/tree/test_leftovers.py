@@ -329,7 +329,7 @@ def test_a_killed_exports_temp_file_goes_with_the_next_export_a_running_ones_sta
 
     root, out = tmp_path / "tree", tmp_path / "out"
     out.mkdir()
-    ids = two_entries(root)
+    two_entries(root)
     killed = run_cli("export", "-o", str(out / "x.tgz"), "--cache-dir", str(root),
                      launcher=crash_at("export.written"))
     assert killed.returncode == -signal.SIGKILL
