@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from autotune_cache.tune.careful.exhaustive import (  # noqa: E402
-    KINDS, bootstrap, median, relative_iqr, shortlist, stable, summarize, table)
+    KINDS, median, relative_iqr, summarize, table)
 
 WORKLOADS = {
     "moe-bf16": {"args": ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass"],
@@ -248,34 +248,21 @@ def sweep_slot(race, layer, bucket: int, graph: bool, slot: dict, fixed: dict, w
     assignments = [{**fixed, c["key"]: c["value"]} for c in cands]
     t0 = time.perf_counter()
     r = race(layer, bucket, assignments, None, rounds=args.screen_rounds, warmup=3, cold_l2=True, graph=graph,
-             workdir=work, seed=seed, keep_samples=True)
-    samples = [list(s) for s in r["samples_ms"]]
-    errors = r["errors"]
-    used_graph = r["graph"]
-    screen = [median(s) for s in samples]
-    top = shortlist(screen, args.keep, args.keep_min)
-    rounds = args.screen_rounds
-    boot = bootstrap([samples[i] for i in top], seed=seed)
-    batch = 0
-    while not stable(boot, args.confidence) and rounds < args.max_rounds:
-        batch += 1
-        rr = race(layer, bucket, [assignments[i] for i in top], None, rounds=args.batch_rounds, warmup=3, cold_l2=True,
-                  graph=graph, workdir=work, seed=seed + 7 * batch, keep_samples=True)
-        for j, i in enumerate(top):
-            samples[i].extend(rr["samples_ms"][j])
-        used_graph = used_graph and rr["graph"]
-        rounds += args.batch_rounds
-        boot = bootstrap([samples[i] for i in top], seed=seed + batch)
+             workdir=work, seed=seed, keep_samples=True, screen_rounds=args.screen_rounds,
+             batch_rounds=args.batch_rounds, max_rounds=args.max_rounds, keep=args.keep, keep_min=args.keep_min,
+             confidence=args.confidence)
+    samples, errors, used_graph, settled = r["samples_ms"], r["errors"], r["graph"], r["settle"]
+    rounds, top = settled["rounds"], settled["top"]
     meds = [median(s) for s in samples]
-    best = top[boot["best"]] if boot["best"] is not None else None
+    best = min(top, key=lambda i: (meds[i], i)) if top else None
     ranking = sorted((i for i in range(len(cands)) if math.isfinite(meds[i])), key=lambda i: meds[i])
     return {
         "candidates": len(cands), "failed_to_run": sum(e is not None for e in errors), "graph": bool(used_graph),
         "rounds": rounds, "shortlist": len(top), "best": best, "best_label": cands[best]["label"] if best is not None else None,
         "best_ms": meds[best] if best is not None else None,
         "best_relative_iqr": relative_iqr(samples[best]) if best is not None else None,
-        "p_top1": boot["p_top1"], "p_within_tie": boot["p_within_tie"], "runner_up_gap": boot["runner_up_gap"],
-        "stable": stable(boot, args.confidence), "medians_ms": meds, "ranking_idx": ranking,
+        "p_top1": settled["p_top1"], "p_within_tie": settled["p_within_tie"], "runner_up_gap": settled["runner_up_gap"],
+        "stable": settled["stable"], "medians_ms": meds, "ranking_idx": ranking,
         "ranking": [{"label": cands[i]["label"], "median_ms": round(meds[i], 6), "runs": len(samples[i]),
                      "flashinfer_ms": cands[i]["flashinfer_ms"]} for i in ranking],
         "errors": {cands[i]["label"]: e for i, e in enumerate(errors) if e},

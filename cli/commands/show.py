@@ -83,8 +83,11 @@ def _show_selection(out: Output, m, buckets: bool) -> None:
                  + ("; nothing per bucket to show (warm --quality careful records it)" if buckets else ""))
         return
     graph = settings.get("graph_max_tokens")
-    out.line(f"Selection careful: {settings.get('tunes')} tunes per (op, bucket), winners raced against the default "
-             f"({settings.get('race_rounds')} runs each, median; CUDA graphs up to {graph} tokens; "
+    screen = settings.get("screen_rounds")
+    runs = (f"a {screen}-run screen, then {settings.get('race_rounds')}-{settings.get('max_rounds')} runs for those "
+            "within 3% until the fastest is settled" if screen else f"{settings.get('race_rounds')} runs each")
+    out.line(f"Selection careful: {settings.get('tunes')} tunes per (op, bucket), their tactics raced against the default "
+             f"({runs}, median; CUDA graphs up to {graph} tokens; "
              f"{'cold' if settings.get('cold_l2') else 'hot'} L2); default kept unless "
              f"{_pct(settings.get('threshold'))[1:]} faster")
     ops = sel.get("ops") if isinstance(sel.get("ops"), dict) else {}

@@ -52,15 +52,18 @@ def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | 
 @engine_options
 @click.option("--quality", type=click.Choice(["quick", "careful"]), default="quick", show_default=True,
               help="quick: one FlashInfer tune per (op, bucket), as the engine does at startup. careful: --repeats "
-                   "tunes, then their winners race FlashInfer's default head to head (interleaved, many runs, "
-                   "median; CUDA graphs at decode sizes, cold L2); the default stays unless beaten by --threshold.")
+                   "tunes, then every tactic they timed races FlashInfer's default head to head (interleaved, median; "
+                   "CUDA graphs at decode sizes, cold L2; a short screen, then the close ones until the fastest is "
+                   "settled), and each MoE call's best GEMM pairs race again; the default stays unless beaten by "
+                   "--threshold.")
 @click.option("--repeats", type=click.IntRange(2, 20), default=3, show_default=True,
               help="careful: independent tunes per (op, bucket), spread over the GPUs.")
 @click.option("--threshold", type=click.FloatRange(0, 1), default=None, metavar="FRACTION",
               help="careful: keep FlashInfer's default unless a tuned tactic is at least this much faster "
                    "[default: 0.01, i.e. 1%; docs/quality.md measures why].")
 @click.option("--race-runs", type=click.IntRange(5, 10000), default=50, show_default=True,
-              help="careful: timed runs per candidate in a race.")
+              help="careful: timed runs at least per candidate that passes a race's screen (those within 3% of the "
+                   "fastest race on, up to 300 runs, until the fastest is settled).")
 @targets_option
 @click.option("--deal", type=click.Choice(DEALS), default="targets", show_default=True,
               help="With --targets: targets = target by target in the file's order (the first targets are written "

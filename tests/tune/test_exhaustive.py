@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.tune.careful.exhaustive import bootstrap, relative_iqr, shortlist, stable, summarize, table
+from autotune_cache.tune.careful.exhaustive import bootstrap, relative_iqr, settle, shortlist, stable, summarize, table
+from autotune_cache.tune.careful.quality import QualitySettings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,6 +64,71 @@ def test_shortlist_keeps_the_close_ones_and_a_minimum():
     assert shortlist(meds, keep=0.03, k_min=5) == [0, 1, 4, 2, 6]
     assert shortlist(meds, keep=0.0, k_min=1) == [0]
     assert shortlist([math.inf, math.inf]) == []
+
+
+class _Clock:
+    """Stands in for race.py's timed rounds: candidate i's runs are noisy around ``mus[i]`` (None:
+    it failed to run); records every call (which candidates, how many rounds)."""
+
+    def __init__(self, mus, rel=0.01):
+        self.mus, self.rel, self.calls = mus, rel, []
+
+    def __call__(self, live, k, seed):
+        self.calls.append((list(live), k))
+        out = [[] for _ in self.mus]
+        for i in live:
+            if self.mus[i] is not None:
+                rng = random.Random(seed * 1000 + i)
+                out[i] = [self.mus[i] * (1 + rng.gauss(0, self.rel)) for _ in range(k)]
+        return out
+
+
+def test_settle_screens_everyone_then_races_only_the_close_ones():
+    clock = _Clock([1.30, 1.00, 1.002, 1.50, None, 1.10, 1.01] + [2.0] * 40)
+    samples, info = settle(clock, 47, rounds=50, screen_rounds=20, batch_rounds=50, max_rounds=300, keep=0.03, keep_min=3)
+    assert clock.calls[0] == (list(range(47)), 20)  # the screen: every candidate
+    assert sorted(info["top"]) == [1, 2, 6] and info["shortlist"] == 3  # within 3% (and at least 3)
+    assert all(sorted(live) == [1, 2, 6] for live, _ in clock.calls[1:])
+    assert clock.calls[1][1] == 30  # first on to `rounds` in all
+    assert [len(s) for s in samples[:7]] == [20, info["rounds"], info["rounds"], 20, 0, 20, info["rounds"]]
+    assert info["rounds"] >= 50 and info["stable"] is (info["rounds"] < 300 or info["stable"])
+
+
+def test_settle_stops_at_rounds_when_clear_and_races_on_when_close():
+    clear = _Clock([1.0, 1.2, 1.3, 1.4])
+    _, info = settle(clear, 4, rounds=50, screen_rounds=20, batch_rounds=50, max_rounds=300, keep_min=2)
+    assert info["rounds"] == 50 and info["stable"] and info["p_top1"] == 1.0
+    close = _Clock([1.0, 1.01, 1.5], rel=0.1)  # 1% apart at 10% noise: not settled at 50 rounds
+    _, info = settle(close, 3, rounds=50, screen_rounds=20, batch_rounds=50, max_rounds=300, keep_min=2)
+    assert info["rounds"] > 50 and len(close.calls) > 2
+    capped = _Clock([1.0, 1.0, 1.0], rel=0.05)
+    _, info = settle(capped, 3, rounds=50, screen_rounds=20, batch_rounds=40, max_rounds=130, keep=0.5,
+                     confidence=1.01)  # never confident: stops at the cap
+    assert info["rounds"] == 130 and [k for _, k in capped.calls] == [20, 30, 40, 40] and not info["stable"]
+
+
+def test_settle_edge_cases():
+    _, info = settle(_Clock([None, None]), 2, rounds=50, screen_rounds=20, batch_rounds=50, max_rounds=300)
+    assert info["shortlist"] == 0 and info["rounds"] == 20 and info["stable"]
+    one = _Clock([None, 1.0])
+    _, info = settle(one, 2, rounds=50, screen_rounds=20, batch_rounds=50, max_rounds=300)
+    assert info["top"] == [1] and info["rounds"] == 50 and info["p_top1"] == 1.0
+    zero = _Clock([1.0, 1.0], rel=0.05)  # batch_rounds 0 must not loop forever
+    _, info = settle(zero, 2, rounds=20, screen_rounds=20, batch_rounds=0, max_rounds=25, confidence=1.01)
+    assert info["rounds"] == 25
+
+
+def test_careful_races_screen_every_tactic_and_keep_rounds_bounded():
+    q = QualitySettings("careful", graph_max_tokens=256)
+    s = q.race_settings(1)
+    assert s["graph"] and s["screen_rounds"] == 20 and s["rounds"] == 50 and s["max_rounds"] == 300
+    assert not q.race_settings(512)["graph"]
+    assert q.top_k >= 45  # every tactic a Hopper cutlass MoE tune times (45 per GEMM)
+    few = QualitySettings("careful", race_rounds=5).race_settings(1)
+    assert few["screen_rounds"] == 5 and few["max_rounds"] == 300  # the screen is never longer than the race
+    many = QualitySettings("careful", race_rounds=1000).race_settings(1)
+    assert many["max_rounds"] == 1000
+    assert "screen_rounds" not in QualitySettings("careful", screen_rounds=0).race_settings(1)
 
 
 def test_relative_iqr():

@@ -119,6 +119,20 @@ def test_cutlass_moe_routing_ids_are_valid_expert_indices(qwen_cutlass):
     assert int(kw["activation_type"]) == 3
 
 
+def test_token_inputs_are_the_same_for_one_bucket_every_time(qwen_cutlass):
+    """Every race of one (op, bucket) must time the same routing (a MoE call's time and its tactics'
+    order depend on which experts the tokens pick): a bucket's inputs do not change between calls,
+    nor with the calls made in between; another bucket draws another."""
+    ops, model, rec = qwen_cutlass
+    layer = model.layers[0]
+    first = layer.call_kwargs(4)
+    layer.call_kwargs(8)
+    again = layer.call_kwargs(4)
+    for name in ("token_selected_experts", "token_final_scales", "input"):
+        assert torch.equal(first[name], again[name]), name
+    assert not torch.equal(layer.call_kwargs(5)["token_selected_experts"][:4], first["token_selected_experts"])
+
+
 def test_every_api_named_by_a_recipe_exists_in_flashinfer():
     names = set()
     for model, arch, flags in [("zai-org/GLM-5.1-FP8", "sm100", dict(tp=8, dp=8)), ("openai/gpt-oss-120b", "sm100", dict(tp=4)),

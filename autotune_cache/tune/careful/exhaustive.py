@@ -1,4 +1,4 @@
-"""The exhaustive tactic reference (issue 34): when is a ranking stable, and how far is a pick from the best.
+"""When is a race's ranking settled, and how far is a pick from the exhaustive best (issue 34).
 
 ``benchmarks/tactic_exhaustive.py`` times every valid (runner, tactic) of every slot (one lookup a call
 makes: a MoE call's gemm1 and gemm2, each fp8 GEMM) at every bucket, through ``race.py``. This module
@@ -8,6 +8,7 @@ holds what needs no GPU, so it is tested on CPU:
   candidate's samples with replacement, medians compared) that the observed fastest stays fastest,
   and that it stays within ``tie`` of the fastest;
 * :func:`shortlist` / :func:`stable` - which candidates go on racing after the screen, and when to stop;
+* :func:`settle` - that rule as a race: careful's races (``race.py``) and the benchmark's sweep both run it;
 * :func:`summarize` / :func:`table` - the share of (op, bucket) within 1% of the exhaustive best per
   pick kind (quick, careful, engine), the worst gap, and the layer latency per token count.
 
@@ -98,6 +99,41 @@ def stable(boot: dict, confidence: float = CONFIDENCE) -> bool:
     if boot["best"] is None:
         return True
     return (boot["p_top1"] or 0) >= confidence or (boot["p_within_tie"] or 0) >= confidence
+
+
+def settle(time_rounds, n: int, *, rounds: int, screen_rounds: int, batch_rounds: int, max_rounds: int,
+           keep: float = KEEP, keep_min: int = KEEP_MIN, confidence: float = CONFIDENCE, seed: int = 0) -> tuple[list, dict]:
+    """A race that spends its rounds where the ranking's top is still open: every one of ``n``
+    candidates is timed ``screen_rounds`` rounds (the screen); those within ``keep`` of the fastest
+    (at least ``keep_min``) race on to ``rounds`` in all, then in batches of ``batch_rounds`` until
+    :func:`stable` says the fastest is settled (fastest, or within the tie, in ``confidence`` of the
+    bootstrap draws) or ``max_rounds`` is reached.
+
+    ``time_rounds(live, k, seed)`` times the ``live`` candidates ``k`` interleaved rounds and returns
+    one list of samples per candidate (empty for the others): ``race.py`` on a GPU, a stand-in in the
+    CPU tests. Returns every candidate's samples (a screened-out one keeps its screen) and what
+    happened: how many were shortlisted, the rounds the shortlist ran, and the last bootstrap's
+    confidence. Why: careful races every tactic a tune timed (about 90 per MoE bucket); 50 rounds each
+    would spend most of the race on tactics 10% off, and too few where two are 0.3% apart."""
+    samples = [list(s) for s in time_rounds(list(range(n)), screen_rounds, seed)]
+    top = shortlist([median(s) for s in samples], keep, keep_min)
+    done, batch, boot = screen_rounds, 0, None
+    while top:
+        if done >= rounds:
+            boot = bootstrap([samples[i] for i in top], seed=seed + batch)
+            if stable(boot, confidence) or done >= max_rounds:
+                break
+        batch += 1
+        step = rounds - done if done < rounds else max(1, min(batch_rounds, max_rounds - done))
+        more = time_rounds(top, step, seed + 7919 * batch)
+        for i in top:
+            samples[i].extend(more[i])
+        done += step
+    info = {"screened": n, "shortlist": len(top), "top": top, "rounds": done,
+            "runner_up_gap": boot["runner_up_gap"] if boot else None,
+            "p_top1": boot["p_top1"] if boot else None, "p_within_tie": boot["p_within_tie"] if boot else None,
+            "stable": stable(boot, confidence) if boot else not top}
+    return samples, info
 
 
 def relative_iqr(samples: list[float]) -> float | None:

@@ -245,16 +245,27 @@ def selection_summary(selection: dict) -> dict:
     }
 
 
-#: Runners-up per slot and tune that careful races beside the winners: the exhaustive reference
-#: (H100) found the fastest tactic within FlashInfer's own single-tune rank 5 at 39 of 42 (op, bucket)
-#: on Qwen3-30B-A3B TP2 but only 36 of 42 on Mixtral-8x7B TP2, within rank 9 at 41-42 of 42
-#: (docs/quality.md, "Exhaustive reference").
-DEFAULT_TOP_K = 8
+#: Runners-up per slot and tune that careful races beside the winners - every tactic a tune timed,
+#: up to this many. Eight were not enough: on Mixtral-8x7B TP2 (H100) the exhaustive best sat
+#: beyond FlashInfer's own single-tune rank 8 for a slot at 1 of 42 (op, bucket), and where the
+#: two GEMMs interact the pair round needs the best of each slot beside the other's, which a
+#: tune's short ranking (timed beside another partner) does not hold (docs/quality.md, "Careful
+#: screens every tactic"). The screen (``SCREEN_ROUNDS``) keeps the cost of racing them all low.
+DEFAULT_TOP_K = 64
 
 #: Each slot's fastest values in the race crossed into whole assignments and raced again: the best
 #: pair of a MoE call's GEMMs can be one no tune offered (docs/quality.md, "Why careful misses on
-#: Mixtral"). 3 x 3 = 9 assignments per (op, bucket) with two slots.
-DEFAULT_PAIR_K = 3
+#: Mixtral"). 4 x 4 = 16 assignments per (op, bucket) with two slots: at 2 tokens on Mixtral the
+#: best pair's values ranked 5th and 6th by slot in the first race of 8 runners-up.
+DEFAULT_PAIR_K = 4
+
+#: A race's screen: every candidate this many rounds, then those within ``exhaustive.KEEP`` (3%)
+#: of the fastest - at least ``exhaustive.KEEP_MIN`` - go on to ``race_rounds`` and then in
+#: batches of ``BATCH_ROUNDS`` until the bootstrap settles the fastest (``exhaustive.settle``)
+#: or ``MAX_ROUNDS``. The exhaustive reference's own sweep uses the same rule.
+SCREEN_ROUNDS = 20
+BATCH_ROUNDS = 50
+MAX_ROUNDS = 300
 
 
 def _env_int(name: str, default: int) -> int:
@@ -274,8 +285,10 @@ class QualitySettings:
     mode: str = "quick"  # quick | careful
     repeats: int = 3
     threshold: float = DEFAULT_THRESHOLD
-    race_rounds: int = 50  # timed runs per candidate in a race (interleaved)
+    race_rounds: int = 50  # timed runs per candidate in a race (interleaved) that passes the screen
     race_warmup: int = 5
+    screen_rounds: int = SCREEN_ROUNDS  # 0: no screen, every candidate ``race_rounds`` runs
+    max_rounds: int = MAX_ROUNDS
     cold_l2: bool = True  # flush L2 before each timed run: between layers, weights come from HBM
     graph_max_tokens: int = 0  # buckets up to this run as CUDA-graph replays in the race (decode sizes)
     #: Each tune's runners-up per slot raced beside the winners (``candidates``); 0: winners only.
@@ -293,13 +306,18 @@ class QualitySettings:
         return self.repeats if self.careful else 1
 
     def race_settings(self, bucket: int) -> dict:
-        return {"rounds": self.race_rounds, "warmup": self.race_warmup, "cold_l2": self.cold_l2,
-                "graph": bucket <= self.graph_max_tokens}
+        """What ``race.race`` takes for one bucket (the spec file carries it to the worker)."""
+        d = {"rounds": self.race_rounds, "warmup": self.race_warmup, "cold_l2": self.cold_l2,
+             "graph": bucket <= self.graph_max_tokens}
+        if self.screen_rounds > 0:
+            d.update(screen_rounds=min(self.screen_rounds, self.race_rounds), batch_rounds=BATCH_ROUNDS,
+                     max_rounds=max(self.max_rounds, self.race_rounds))
+        return d
 
     def to_dict(self) -> dict:
         d = {"mode": self.mode, "tunes": self.tunes}
         if self.careful:
             d.update(threshold=self.threshold, race_rounds=self.race_rounds, race_warmup=self.race_warmup,
                      cold_l2=self.cold_l2, graph_max_tokens=self.graph_max_tokens, top_k=self.top_k,
-                     pair_k=self.pair_k)
+                     pair_k=self.pair_k, screen_rounds=self.screen_rounds, max_rounds=self.max_rounds)
         return d

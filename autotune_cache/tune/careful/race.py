@@ -27,6 +27,7 @@ import statistics
 from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import cache_file_bytes
+from autotune_cache.tune.careful.exhaustive import CONFIDENCE, KEEP, KEEP_MIN, settle
 
 
 class _Candidates:
@@ -119,7 +120,12 @@ def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, d
 
 
 def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, rounds: int = 50, warmup: int = 5,
-         cold_l2: bool = True, graph: bool = True, workdir: Path, seed: int = 0, keep_samples: bool = False) -> dict:
+         cold_l2: bool = True, graph: bool = True, workdir: Path, seed: int = 0, keep_samples: bool = False,
+         screen_rounds: int = 0, batch_rounds: int = 50, max_rounds: int = 0, keep: float = KEEP,
+         keep_min: int = KEEP_MIN, confidence: float = CONFIDENCE) -> dict:
+    """Every candidate ``rounds`` timed runs; or, with ``screen_rounds``, a screen of every candidate
+    and the close ones raced on until the fastest is settled (``exhaustive.settle``: at least
+    ``rounds``, at most ``max_rounds``), the graphs captured once for the whole race."""
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
 
@@ -134,12 +140,21 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
             flush = torch.empty(2 * l2, dtype=torch.uint8, device=device)
         live = [i for i in range(n) if errors[i] is None]
         delay = _delay_kernel() if not graph else None
-        samples = _timed_rounds(torch, c, live, graphs, flush, delay, rounds, warmup, seed)
+        settled = None
+        if screen_rounds > 0:
+            def time_rounds(which, k, s):
+                return _timed_rounds(torch, c, [i for i in which if i in live], graphs, flush, delay, k, warmup, s)
+
+            samples, settled = settle(time_rounds, n, rounds=rounds, screen_rounds=screen_rounds,
+                                      batch_rounds=batch_rounds, max_rounds=max(max_rounds, rounds), keep=keep,
+                                      keep_min=keep_min, confidence=confidence, seed=seed)
+        else:
+            samples = _timed_rounds(torch, c, live, graphs, flush, delay, rounds, warmup, seed)
     c.remove()
     medians = [statistics.median(s) if s else math.inf for s in samples]
     spread = [(_iqr(s) / statistics.median(s)) if len(s) >= 4 and statistics.median(s) > 0 else None for s in samples]
     out = {"bucket": bucket, "medians_ms": medians, "relative_iqr": spread, "runs": [len(s) for s in samples],
-           "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2)}
+           "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2), **({"settle": settled} if settled else {})}
     if keep_samples:  # every timed run (ms), for a bootstrap of the ranking (tactic_exhaustive.py)
         out["samples_ms"] = samples
     return out

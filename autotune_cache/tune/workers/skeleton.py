@@ -95,19 +95,30 @@ def _experts(kwargs: dict) -> int:
 
 class OpLayer(nn.Module):
     """One FlashInfer tunable call. Weights (M-free arguments) are built once; token-shaped
-    arguments are built per call for the M the forward pass feeds."""
+    arguments are built per call for the M the forward pass feeds - the same values every time
+    for one (seed, M).
+
+    Why the same: a MoE call's time depends on its routing. At 2 tokens Mixtral's top-2 of 8
+    experts touches 3 or 4 experts (43% / 54% of draws), and the call takes 0.22 or 0.27 ms
+    (H100); at 512 tokens the per-expert loads of a draw moved two tactics' order by 1.7%. Drawn
+    anew per call, every race of an (op, bucket) - careful's first race, its pair round, the
+    exhaustive reference, ``diff --measure`` - timed another input, and their rankings disagreed by
+    1-3% for that reason alone (docs/quality.md, "Routing, not noise")."""
 
     def __init__(self, op: dict, device, seed: int = 0, api: Api | None = None):
         super().__init__()
         self.op = op
         self.device = device
+        self.seed = seed
         self.api = api or resolve_api(op["api"])
         self.gen = None if torch.device(device).type == "meta" else torch.Generator(device=device).manual_seed(seed)
         self.ctx = {"num_experts": _experts(op["kwargs"]), "num_pages": 1}
         self.static = {k: _decode(v, 0, device, self.gen, self.ctx) for k, v in op["kwargs"].items() if not _has_m(v)}
 
     def call_kwargs(self, m: int) -> dict:
-        dynamic = {k: _decode(v, m, self.device, self.gen, self.ctx) for k, v in self.op["kwargs"].items() if _has_m(v)}
+        gen = None if self.gen is None else torch.Generator(device=self.device).manual_seed(
+            self.seed * 1_000_003 + 7 * int(m) + 1)
+        dynamic = {k: _decode(v, m, self.device, gen, self.ctx) for k, v in self.op["kwargs"].items() if _has_m(v)}
         return {**self.static, **dynamic}
 
     def forward(self, m: int) -> Any:

@@ -40,6 +40,7 @@ import torch  # noqa: E402
 from flashinfer.autotuner import AutoTuner, autotune  # noqa: E402
 
 from autotune_cache.tune.workers.lm_head import lm_head_stub  # noqa: E402
+from autotune_cache.tune.careful.quality import DEFAULT_TOP_K  # noqa: E402
 from autotune_cache.tune.careful.race import race  # noqa: E402
 from autotune_cache.tune.workers.skeleton import OpLayer, SkeletonModel  # noqa: E402
 
@@ -92,7 +93,7 @@ class SlotRecorder:
     contract, so the call's own inputs give the bucket's)."""
 
     #: Runners-up kept per slot (careful races the first ``QualitySettings.top_k`` of them).
-    ALTERNATIVES = 8
+    ALTERNATIVES = DEFAULT_TOP_K
 
     def __init__(self, tuner_cls):
         self.first_runner: dict[str, tuple[str, tuple]] = {}
