@@ -1,0 +1,92 @@
+"""Does a tactic order depend on the call's token inputs? (issue 34, Mixtral at 1024 tokens)
+
+Careful's races and the exhaustive reference, in two processes, timed the same two (gemm1, gemm2)
+pairs of Mixtral-8x7B TP2 at 1024 tokens with the same inputs and ranked them in opposite orders,
+each clearly (3.5%). This races the given pairs of one bucket in one process, head to head, with
+the layer's weights fixed and the token inputs (routing, activations) drawn from several seeds,
+then with other weights: if the order follows the seed, the "best tactic" of a bucket is a
+property of its inputs, and one draw cannot decide it.
+
+    python benchmarks/race_inputs.py --workload mixtral-bf16 --bucket 1024 --pairs 32,79 33,79 --seeds 0,1,2,3
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("tactic_exhaustive", REPO / "benchmarks" / "tactic_exhaustive.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", default="mixtral-bf16")
+    ap.add_argument("--bucket", type=int, default=1024)
+    ap.add_argument("--pairs", nargs="+", default=["32,79", "33,79"], help="gemm1,gemm2 tactics per candidate")
+    ap.add_argument("--seeds", default="0,1,2,3", help="token-input seeds (the weights stay those of seed 0)")
+    ap.add_argument("--weight-seeds", default="0,1", help="layer seeds (weights and inputs)")
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    te = _bench()
+    import torch
+    from flashinfer.autotuner import autotune
+
+    from autotune_cache.plan.request import TuneRequest
+    from autotune_cache.tune.careful.race import race
+    from autotune_cache.tune.session.work import distinct_ops
+    from autotune_cache.tune.workers.skeleton import OpLayer
+
+    work = Path(tempfile.mkdtemp(prefix="race-inputs-"))
+    env = te._cli_env(work)
+    plan_json = json.loads(te.plan_of(te.WORKLOADS[args.workload], work, env).read_text())
+    plan = TuneRequest.from_dict(plan_json["request"]).plan(Path(tempfile.mkdtemp()))
+    ops, _ = distinct_ops(plan)
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    b = args.bucket
+    graph = b <= plan.resolution.decode_batch * plan.resolution.attn_dp_size
+    rows = []
+    for ws in [int(s) for s in args.weight_seeds.split(",")]:
+        layer = OpLayer(ops[0], dev, seed=ws)
+        with autotune(False):
+            layer(1)
+        torch.cuda.synchronize()
+        slots = sorted(te.enumerate_slots(torch, layer, b, work), key=lambda s: s["custom_op"])  # gemm1, gemm2
+        by_tactic = [{c["value"][1]: c for c in s["candidates"]} for s in slots]
+        assignments = []
+        for pair in args.pairs:
+            tactics = [int(t) for t in pair.split(",")]
+            assignments.append({by_tactic[i][t]["key"]: by_tactic[i][t]["value"] for i, t in enumerate(tactics)})
+        for s in [int(x) for x in args.seeds.split(",")] if ws == 0 else [ws]:
+            layer.seed = s  # token inputs only: the weights were drawn at construction
+            t0 = time.perf_counter()
+            r = race(layer, b, assignments, None, rounds=args.rounds, warmup=5, cold_l2=True, graph=graph,
+                     workdir=work, seed=17 + s)
+            m = r["medians_ms"]
+            best = min(m)
+            row = {"weights_seed": ws, "inputs_seed": s, "graph": r["graph"],
+                   "medians_ms": dict(zip(args.pairs, m)), "vs_best": {p: round(x / best - 1, 4) for p, x in zip(args.pairs, m)},
+                   "relative_iqr": dict(zip(args.pairs, r["relative_iqr"])), "seconds": round(time.perf_counter() - t0, 2)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps({"workload": args.workload, "bucket": b, "gpu": torch.cuda.get_device_name(dev),
+                                        "pairs": args.pairs, "rounds": args.rounds, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
