@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2,3", help="token-input seeds (the weights stay those of seed 0)")
     ap.add_argument("--weight-seeds", default="0,1", help="layer seeds (weights and inputs)")
     ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--input-draws", type=int, default=1,
+                    help="also race with the token inputs rotating over this many draws (race.py's input_draws)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     te = _bench()
@@ -83,6 +85,17 @@ def main() -> None:
                    "relative_iqr": dict(zip(args.pairs, r["relative_iqr"])), "seconds": round(time.perf_counter() - t0, 2)}
             rows.append(row)
             print(json.dumps(row), flush=True)
+        if args.input_draws > 1:  # the same pairs, the inputs rotating: does one order hold over every draw?
+            for rep in range(3):
+                layer.seed = ws
+                r = race(layer, b, assignments, None, rounds=args.rounds, warmup=5, cold_l2=True, graph=graph,
+                         workdir=work, seed=29 + rep, input_draws=args.input_draws)
+                m = r["medians_ms"]
+                row = {"weights_seed": ws, "inputs": f"{args.input_draws} draws rotating", "repeat": rep,
+                       "medians_ms": dict(zip(args.pairs, m)),
+                       "vs_best": {p: round(x / min(m) - 1, 4) for p, x in zip(args.pairs, m)}}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     if args.out:
         args.out.write_text(json.dumps({"workload": args.workload, "bucket": b, "gpu": torch.cuda.get_device_name(dev),
                                         "pairs": args.pairs, "rounds": args.rounds, "rows": rows}, indent=1))

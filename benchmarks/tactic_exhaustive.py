@@ -250,7 +250,7 @@ def sweep_slot(race, layer, bucket: int, graph: bool, slot: dict, fixed: dict, w
     r = race(layer, bucket, assignments, None, rounds=args.screen_rounds, warmup=3, cold_l2=True, graph=graph,
              workdir=work, seed=seed, keep_samples=True, screen_rounds=args.screen_rounds,
              batch_rounds=args.batch_rounds, max_rounds=args.max_rounds, keep=args.keep, keep_min=args.keep_min,
-             confidence=args.confidence)
+             confidence=args.confidence, input_draws=args.input_draws)
     samples, errors, used_graph, settled = r["samples_ms"], r["errors"], r["graph"], r["settle"]
     rounds, top = settled["rounds"], settled["top"]
     meds = [median(s) for s in samples]
@@ -388,7 +388,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                     assignments.append({**fixed, pk["key"]: pk["value"]})
                 if len(assignments) > n_ref or n_ref > 1:
                     hr = race(layer, b, assignments, None, rounds=args.pick_rounds, warmup=5, cold_l2=True, graph=graph,
-                              workdir=work, seed=104729 + 31 * b + si)
+                              input_draws=args.input_draws, workdir=work, seed=104729 + 31 * b + si)
                     m = hr["medians_ms"]
                     ref = min(range(n_ref), key=lambda j: m[j])
                     row["head_to_head"] = {"best": m[ref], "best_label": f"{labels[ref][0]}:{labels[ref][1]}",
@@ -407,7 +407,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                 for kind in labels[1:]:
                     assignments.append(pick_slots(caches[kind], slot_ids))
                 lr = race(layer, b, assignments, None, rounds=args.pick_rounds, warmup=5, cold_l2=True, graph=graph,
-                          workdir=work, seed=15485863 + b)
+                          input_draws=args.input_draws, workdir=work, seed=15485863 + b)
                 result["layer"].append({"op": op["id"], "tokens": b, "graph": lr["graph"],
                                         **{("best_ms" if lab == "best" else lab): lr["medians_ms"][j] for j, lab in enumerate(labels)},
                                         "relative_iqr": lr["relative_iqr"]})
@@ -448,6 +448,9 @@ def main() -> None:
     ap.add_argument("--batch-rounds", type=int, default=60)
     ap.add_argument("--max-rounds", type=int, default=300)
     ap.add_argument("--pick-rounds", type=int, default=100)
+    ap.add_argument("--input-draws", type=int, default=1,
+                    help="every race's token inputs rotate over this many draws (careful's FI_AUTOTUNE_RACE_INPUTS "
+                         "is set to the same for its warm)")
     ap.add_argument("--h2h-next", type=int, default=2, help="the exhaustive race's next N race again with the picks")
     ap.add_argument("--keep", type=float, default=0.03)
     ap.add_argument("--keep-min", type=int, default=4)
@@ -467,7 +470,7 @@ def main() -> None:
     w = WORKLOADS[args.workload]
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"exh-{args.workload}-"))
-    env = _cli_env(work)
+    env = {**_cli_env(work), **({"FI_AUTOTUNE_RACE_INPUTS": str(args.input_draws)} if args.input_draws > 1 else {})}
     plan_path = plan_of(w, work, env)
     kinds = [k for k in args.kinds.split(",") if k]
     t0 = time.perf_counter()

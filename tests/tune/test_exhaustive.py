@@ -129,6 +129,15 @@ def test_careful_races_screen_every_tactic_and_keep_rounds_bounded():
     many = QualitySettings("careful", race_rounds=1000).race_settings(1)
     assert many["max_rounds"] == 1000
     assert "screen_rounds" not in QualitySettings("careful", screen_rounds=0).race_settings(1)
+    assert "input_draws" not in s  # one input draw unless asked
+    assert QualitySettings("careful", input_draws=4).race_settings(1)["input_draws"] == 4
+
+
+def test_race_input_draws_from_the_environment(monkeypatch):
+    monkeypatch.setenv("FI_AUTOTUNE_RACE_INPUTS", "4")
+    assert QualitySettings("careful").race_settings(1)["input_draws"] == 4
+    monkeypatch.setenv("FI_AUTOTUNE_RACE_INPUTS", "0")
+    assert QualitySettings("careful").input_draws == 1
 
 
 def test_relative_iqr():

@@ -131,6 +131,11 @@ def test_token_inputs_are_the_same_for_one_bucket_every_time(qwen_cutlass):
     for name in ("token_selected_experts", "token_final_scales", "input"):
         assert torch.equal(first[name], again[name]), name
     assert not torch.equal(layer.call_kwargs(5)["token_selected_experts"][:4], first["token_selected_experts"])
+    # another draw of the same bucket (a race rotating its inputs): other routing, the same weights
+    other = layer.call_kwargs(4, draw=1)
+    assert torch.equal(layer.call_kwargs(4, draw=0)["token_selected_experts"], first["token_selected_experts"])
+    assert not torch.equal(other["token_selected_experts"], first["token_selected_experts"])
+    assert other["fc1_expert_weights"] is first["fc1_expert_weights"]
 
 
 def test_every_api_named_by_a_recipe_exists_in_flashinfer():

@@ -295,6 +295,9 @@ class QualitySettings:
     top_k: int = field(default_factory=lambda: _env_int("FI_AUTOTUNE_RACE_TOP_K", DEFAULT_TOP_K))
     #: Finalists per slot crossed in the pair round after the race (``careful.pair_candidates``); 0: none.
     pair_k: int = field(default_factory=lambda: _env_int("FI_AUTOTUNE_PAIR_K", DEFAULT_PAIR_K))
+    #: Token-input draws a race rotates over, one per round (``race._Candidates``); 1: one draw.
+    #: Not yet the default: its effect on the exhaustive comparison is unmeasured (docs/quality.md).
+    input_draws: int = field(default_factory=lambda: max(1, _env_int("FI_AUTOTUNE_RACE_INPUTS", 1)))
     extra: dict = field(default_factory=dict)
 
     @property
@@ -312,6 +315,8 @@ class QualitySettings:
         if self.screen_rounds > 0:
             d.update(screen_rounds=min(self.screen_rounds, self.race_rounds), batch_rounds=BATCH_ROUNDS,
                      max_rounds=max(self.max_rounds, self.race_rounds))
+        if self.input_draws > 1:
+            d["input_draws"] = self.input_draws
         return d
 
     def to_dict(self) -> dict:
@@ -319,5 +324,6 @@ class QualitySettings:
         if self.careful:
             d.update(threshold=self.threshold, race_rounds=self.race_rounds, race_warmup=self.race_warmup,
                      cold_l2=self.cold_l2, graph_max_tokens=self.graph_max_tokens, top_k=self.top_k,
-                     pair_k=self.pair_k, screen_rounds=self.screen_rounds, max_rounds=self.max_rounds)
+                     pair_k=self.pair_k, screen_rounds=self.screen_rounds, max_rounds=self.max_rounds,
+                     input_draws=self.input_draws)
         return d

@@ -31,10 +31,23 @@ from autotune_cache.tune.careful.exhaustive import CONFIDENCE, KEEP, KEEP_MIN, s
 
 
 class _Candidates:
-    """The candidates of one race as cache files FlashInfer loads (its public path), and the call."""
+    """The candidates of one race as cache files FlashInfer loads (its public path), and the call.
 
-    def __init__(self, tuner, layer, bucket: int, assignments: list[dict], metadata: dict | None, workdir: Path):
+    With ``input_draws`` > 1 the call's token inputs (a MoE's routing, the activations) rotate
+    over that many draws, one per round, copied in place into the tensors the call (and its CUDA
+    graph) reads, before the round: every candidate of a round sees the same inputs. Why: on
+    Mixtral-8x7B TP2 at 1024 tokens, gemm1 tactic 33 was 0.0-0.3% slower than 32 with two input
+    draws and 4.0% and 8.6% slower with two others (``benchmarks/race_inputs.py``), so a race
+    over one draw can crown a tactic that is fast only for it."""
+
+    def __init__(self, tuner, layer, bucket: int, assignments: list[dict], metadata: dict | None, workdir: Path,
+                 input_draws: int = 1):
         self.tuner, self.layer, self.kwargs = tuner, layer, layer.call_kwargs(bucket)
+        self.draws: list[dict] = []
+        if input_draws > 1:
+            tensors = {k for k, v in self.kwargs.items() if hasattr(v, "copy_")}
+            self.draws = [{k: v for k, v in layer.call_kwargs(bucket, draw=d).items() if k in tensors}
+                          for d in range(input_draws)]
         self.paths = []
         for i, values in enumerate(assignments):
             p = Path(workdir) / f"race-{os.getpid()}-{bucket}-{i}.json"
@@ -42,6 +55,12 @@ class _Candidates:
             # check - the tactics are measured on this GPU whatever the caches were tuned on.
             p.write_bytes(cache_file_bytes(metadata, values) if metadata is not None else json.dumps(values).encode())
             self.paths.append(p)
+
+    def inputs_for_round(self, r: int) -> None:
+        """Round ``r``'s token inputs into the call's own tensors (no-op with one draw)."""
+        if self.draws:
+            for k, v in self.draws[r % len(self.draws)].items():
+                self.kwargs[k].copy_(v)
 
     def use(self, i: int) -> bool:
         self.tuner.clear_cache()
@@ -93,6 +112,7 @@ def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, d
     for r in range(warmup + rounds):
         order = list(live)
         rng.shuffle(order)
+        c.inputs_for_round(r)
         events = []
         for i in order:
             if graphs[i] is None and not c.use(i):
@@ -122,7 +142,7 @@ def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, d
 def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, rounds: int = 50, warmup: int = 5,
          cold_l2: bool = True, graph: bool = True, workdir: Path, seed: int = 0, keep_samples: bool = False,
          screen_rounds: int = 0, batch_rounds: int = 50, max_rounds: int = 0, keep: float = KEEP,
-         keep_min: int = KEEP_MIN, confidence: float = CONFIDENCE) -> dict:
+         keep_min: int = KEEP_MIN, confidence: float = CONFIDENCE, input_draws: int = 1) -> dict:
     """Every candidate ``rounds`` timed runs; or, with ``screen_rounds``, a screen of every candidate
     and the close ones raced on until the fastest is settled (``exhaustive.settle``: at least
     ``rounds``, at most ``max_rounds``), the graphs captured once for the whole race."""
@@ -131,7 +151,7 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
 
     device = torch.device("cuda", torch.cuda.current_device())
     n = len(assignments)
-    c = _Candidates(AutoTuner.get(), layer, bucket, assignments, metadata, workdir)
+    c = _Candidates(AutoTuner.get(), layer, bucket, assignments, metadata, workdir, input_draws)
     with autotune(False):
         errors, graphs, graph = _first_runs(torch, c, n, graph)
         flush = None
@@ -154,7 +174,8 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
     medians = [statistics.median(s) if s else math.inf for s in samples]
     spread = [(_iqr(s) / statistics.median(s)) if len(s) >= 4 and statistics.median(s) > 0 else None for s in samples]
     out = {"bucket": bucket, "medians_ms": medians, "relative_iqr": spread, "runs": [len(s) for s in samples],
-           "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2), **({"settle": settled} if settled else {})}
+           "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2), "input_draws": max(1, len(c.draws)),
+           **({"settle": settled} if settled else {})}
     if keep_samples:  # every timed run (ms), for a bootstrap of the ranking (tactic_exhaustive.py)
         out["samples_ms"] = samples
     return out

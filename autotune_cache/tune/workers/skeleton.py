@@ -115,11 +115,15 @@ class OpLayer(nn.Module):
         self.ctx = {"num_experts": _experts(op["kwargs"]), "num_pages": 1}
         self.static = {k: _decode(v, 0, device, self.gen, self.ctx) for k, v in op["kwargs"].items() if not _has_m(v)}
 
-    def call_kwargs(self, m: int) -> dict:
+    def call_kwargs(self, m: int, draw: int = 0) -> dict:
+        """The call's arguments at ``m`` tokens; ``draw`` picks another set of token inputs (a
+        race may rotate a few, so that no single routing decides: ``race.py``)."""
         gen = None if self.gen is None else torch.Generator(device=self.device).manual_seed(
-            self.seed * 1_000_003 + 7 * int(m) + 1)
-        dynamic = {k: _decode(v, m, self.device, gen, self.ctx) for k, v in self.op["kwargs"].items() if _has_m(v)}
-        return {**self.static, **dynamic}
+            self.seed * 1_000_003 + 7 * int(m) + 1 + 104_729 * int(draw))
+        return {**self.static, **self.token_kwargs(m, gen)}
+
+    def token_kwargs(self, m: int, gen) -> dict:
+        return {k: _decode(v, m, self.device, gen, self.ctx) for k, v in self.op["kwargs"].items() if _has_m(v)}
 
     def forward(self, m: int) -> Any:
         return self.api(**self.call_kwargs(m))
