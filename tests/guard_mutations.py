@@ -501,11 +501,19 @@ MUTATIONS = [
      "            ids.update(str(eid) for eid in summary.ids)",
      "tests/tree/test_store_housekeeping.py::test_ls_counts_each_entry_a_killed_store_delete_took_once[file-store.summary_written]"),
     ("dry-run-import: import --dry-run finishes no killed import", "autotune_cache/tree/store/archive.py",
-     "    txn = Transaction(layout, root, finish_others=not dry_run)", "    txn = Transaction(layout, root)",
+     "    txn = Transaction(layout, root, preview_only=dry_run)", "    txn = Transaction(layout, root)",
      "tests/tree/test_reliability.py::test_an_import_dry_run_leaves_a_killed_import_unfinished"),
     ("dry-run-import: a transaction that only previews finishes nothing", "autotune_cache/tree/crashsafe/txn.py",
-     "        if finish_others:\n            recover_journals(layout, root)", "        if True:\n            recover_journals(layout, root)",
+     "        if not preview_only:\n            recover_journals(layout, root)", "        if True:\n            recover_journals(layout, root)",
      "tests/tree/test_reliability.py::test_an_import_dry_run_leaves_a_killed_import_unfinished"),
+    ("34: a dry-run import stages outside the tree", "autotune_cache/tree/crashsafe/txn.py",
+     "        home = self._scratch or self.root  # where staging (and the owner lock) live",
+     "        home = self.root  # where staging (and the owner lock) live",
+     "tests/tree/test_transfer_decisions.py::test_an_import_dry_run_writes_nothing_and_answers_over_a_tree_it_cannot_write"),
+    ("34: a preview-only transaction never commits", "autotune_cache/tree/crashsafe/txn.py",
+     "        if self._scratch is not None:\n            self.discard()\n            raise RuntimeError(",
+     "        if False:\n            self.discard()\n            raise RuntimeError(",
+     "tests/tree/test_txn_preview.py::test_a_preview_only_transaction_refuses_to_commit_and_leaves_no_scratch"),
 ]
 
 

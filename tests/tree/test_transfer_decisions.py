@@ -13,7 +13,7 @@ import pytest
 
 from devtools.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry, write_vllm_entry
 
-from ..conftest import run_cli
+from ..conftest import run_cli, run_cli_unprivileged
 from ..engines.test_v2_bundles import V2, env_dir as v2_env_dir, store_root as v2_root, tree as v2_tree  # noqa: F401
 from .test_pull_verify import store  # noqa: F401 - the store fixture (file:// and S3)
 
@@ -131,6 +131,42 @@ def test_import_dry_run_says_into_the_destination(tmp_path):
     proc = run_cli("import", str(archive), "--cache-dir", str(dest), "--dry-run")
     assert proc.returncode == 0 and f"would be imported into {dest}" in proc.stdout, proc.stdout
     assert "imported from" not in proc.stdout and not dest.exists()
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_mode, p.stat().st_mtime_ns, p.is_file() and p.read_bytes())
+            for p in sorted(root.rglob("*"))}
+
+
+def test_an_import_dry_run_writes_nothing_and_answers_over_a_tree_it_cannot_write(tmp_path):
+    """A dry run stages outside the tree: no staging dir, lock file or missing root is made in it,
+    so it answers where its user may only read (a shared cache, a read-only image) - and, where
+    it could write, the tree is left as it was to the last mtime."""
+    src, archive, shared = tmp_path / "src", tmp_path / "a.tgz", tmp_path / "shared"
+    there = str(write_fake_entry(src))
+    new = str(write_fake_entry(src, fields=default_fields("org/m1", tp=2, dp=1), seed=1))
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(src)).returncode == 0
+    write_fake_entry(shared)  # ``there`` is already in it, the same
+    before = _snapshot(shared)
+    writable = run_cli("import", str(archive), "--cache-dir", str(shared), "--dry-run", "--json")
+    assert writable.returncode == 0, writable.stderr
+    assert [e["id"] for e in json.loads(writable.stdout)["entries"]] == [new]
+    assert _snapshot(shared) == before
+    dirs = [shared, *(p for p in shared.rglob("*") if p.is_dir())]
+    for d in dirs:
+        d.chmod(0o555)
+    try:
+        ro = run_cli_unprivileged("import", str(archive), "--cache-dir", str(shared), "--dry-run", "--json")
+        missing = run_cli_unprivileged("import", str(archive), "--cache-dir", str(shared / "not-yet"), "--dry-run")
+        real = run_cli_unprivileged("import", str(archive), "--cache-dir", str(shared))
+    finally:
+        for d in dirs:
+            d.chmod(0o755)
+    assert ro.returncode == 0, ro.stderr
+    assert [e["id"] for e in json.loads(ro.stdout)["entries"]] == [new] and there != new
+    assert missing.returncode == 0 and "2 entries" in missing.stdout and not (shared / "not-yet").exists(), missing.stderr
+    assert real.returncode == 1 and "Permission denied" in real.stderr  # the run itself still needs to write
+    assert _snapshot(shared) == before
 
 
 # --- 5. a root one level off ------------------------------------------------------------------------

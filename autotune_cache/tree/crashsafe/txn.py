@@ -34,7 +34,9 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import stat as stat_mod
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -85,14 +87,18 @@ Check = Callable[[StagedEntry, Path], "str | None"]
 class Transaction:
     """Stage any number of entries, then commit all or none of them (see the module doc)."""
 
-    def __init__(self, layout: CacheLayout, root: Path, *, finish_others: bool = True):
-        """``finish_others``: first finish what killed writers and deleters left in the tree (a
-        writer does, once per command). False for a transaction that will only ``preview`` (an
-        ``import``/``pull`` ``--dry-run``): a dry run decides on the tree as it is and never
-        rolls another writer's journal forward nor sweeps its leftovers."""
+    def __init__(self, layout: CacheLayout, root: Path, *, preview_only: bool = False):
+        """A writer first finishes what killed writers and deleters left in the tree (once per
+        command). ``preview_only``: a transaction that will only ``preview`` (an ``import``/``pull``
+        ``--dry-run``) decides on the tree as it is and writes nothing in it: it stages in a
+        private scratch directory outside the tree, takes no lock there, creates no directory
+        (not even a missing root), never rolls another writer's journal forward nor sweeps its
+        leftovers - so a dry run answers over a tree its user cannot write, too."""
         self.layout = layout
         self.root = Path(root)
-        self.base = layout.base(root)
+        self._scratch = Path(tempfile.mkdtemp(prefix="fi-autotune-preview-")) if preview_only else None
+        home = self._scratch or self.root  # where staging (and the owner lock) live
+        self.base = layout.base(home)
         #: The highest directory this transaction made. What it made and left empty (a refused
         #: or unreadable archive) goes again, so a failed import into a root that did not exist
         #: leaves no empty tree behind; a directory holding anything stays. None: all existed.
@@ -100,15 +106,15 @@ class Transaction:
         self.created = first_missing(self._deepest)
 
         def make_base() -> None:
-            self.root.mkdir(parents=True, exist_ok=True)  # the root itself may be a symlink: the user's choice
-            ensure_tree_dirs(self.root, layout.base_parts())
+            home.mkdir(parents=True, exist_ok=True)  # the root itself may be a symlink: the user's choice
+            ensure_tree_dirs(home, layout.base_parts())
 
         try:
             make_base()
         except OSError as e:
             raise FiAutotuneError(f"cannot write to the cache tree: {os_error_message(e)}") from None
         self.owner = hold_owner_lock(self.base, make_base)
-        if finish_others:
+        if not preview_only:
             recover_journals(layout, root)
             sweep_leftovers(layout, root)  # what killed writers and deleters left anywhere in the tree
         self.staged: dict[EntryId, StagedEntry] = {}
@@ -167,10 +173,15 @@ class Transaction:
         release_owner_lock(self.base)
         if self.created is not None:
             remove_dir_chain(self.created, Path(self._deepest))
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     # committing ----------------------------------------------------------------------------
     def commit(self, check: Check | None = None, lock_timeout: float = 120) -> CommitResult:
         """All staged entries or none. Refusals (``check``) abort before anything is written."""
+        if self._scratch is not None:
+            self.discard()
+            raise RuntimeError("a preview-only transaction stages outside the tree: it cannot commit")
         try:
             with contextlib.ExitStack() as locks, deferred_signals():
                 for eid in sorted(self.staged):

@@ -267,7 +267,7 @@ def import_archives(layout: CacheLayout, root, sources: list[tuple[BinaryIO, str
     result says what would be imported, unchanged and refused."""
     if layout.data_dirs:
         return _import_merged(layout, root, sources, force, check, dry_run)
-    txn = Transaction(layout, root, finish_others=not dry_run)
+    txn = Transaction(layout, root, preview_only=dry_run)
     skipped: list = []
     incomplete: list = []
     plans: list[ImportPlan] = []
