@@ -19,9 +19,14 @@ dry_run_option = click.option("--dry-run", is_flag=True, help="Print the plan an
 yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 
 
-def run_delete(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = False) -> None:
+def run_delete(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: bool = False,
+               recovered: list[str] | tuple = ()) -> None:
     """Print the plan; unless --dry-run, confirm and execute it; print what happened. ``named``
-    (``rm``): the user asked for exactly these entries, so one left in place is a failure."""
+    (``rm``): the user asked for exactly these entries, so one left in place is a failure.
+    ``recovered``: what the command finished of killed writers' transactions before it planned
+    (noted, and under --json in ``recovered``, whether or not anything is deleted then)."""
+    for note in recovered:
+        out.note(note)
     for note in getattr(plan, "notes", ()):  # in every mode: what the plan went by instead
         out.note(note)
 
@@ -48,7 +53,8 @@ def run_delete(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: b
             out.line(f"{verb} {plan.expected_freed_size_str} ({n} {'entry' if n == 1 else 'entries'}).")
 
     if dry_run or plan.empty:
-        out.emit(human=human_plan, data={"dry_run": dry_run, "plan": plan.to_dict(), "result": None},
+        out.emit(human=human_plan, data={"dry_run": dry_run, "plan": plan.to_dict(), "result": None,
+                                         "recovered": list(recovered)},
                  ids=[str(c.entry.id) for c in plan.candidates])
         if named and plan.left_alone and not dry_run:
             raise click.exceptions.Exit(int(ExitCode.FAILURE))
@@ -66,12 +72,11 @@ def run_delete(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: b
 
     def human_result() -> None:
         out.line(describe_result(result))
-        for note in result.recovered:
-            out.note(note)
         for entry_id, why in result.skipped:
             out.note(f"left {entry_id}: {why}")
 
-    out.emit(human=human_result, data={"dry_run": False, "plan": plan.to_dict(), "result": result.to_dict()},
+    out.emit(human=human_result, data={"dry_run": False, "plan": plan.to_dict(), "result": result.to_dict(),
+                                       "recovered": list(recovered)},
              ids=[e for e, _ in result.deleted])
     for path, err in result.errors:
         out.error(f"{path}: {err}")

@@ -14,13 +14,13 @@ from .params import (
 )
 
 
-def scan_trees(cache_dir, layouts, refs, fingerprint=None, gone=None, finish_writes: bool = False):
+def scan_trees(cache_dir, layouts, refs, fingerprint=None, gone=None, recovered: list[str] | None = None):
     """Scan the trees the ids name (a ``<layout>:`` prefix names its layout; ``--layout`` or
     ``--cache-dir`` otherwise) and resolve the ids there: [(entry, CacheInfo)]. ``gone(ref,
     infos)``: True for a ref found nowhere that is accounted for anyway (``rm``: an entry a
-    killed rm had deleted); it is left out instead of failing. ``finish_writes``: the command
-    writes (``rm``), so it first finishes the transactions killed writers left, once; a reader
-    (``show``) reads the tree as it is."""
+    killed rm had deleted); it is left out instead of failing. ``recovered``: the command
+    writes (``rm``), so it first finishes the transactions killed writers left, once, and notes
+    what it finished there; a reader (``show``), None, reads the tree as it is."""
     for ref in refs:
         exact_ref(ref)  # before anything is scanned: a stray newline is a slip, not a missing entry
     names = list(flatten(layouts))
@@ -31,8 +31,8 @@ def scan_trees(cache_dir, layouts, refs, fingerprint=None, gone=None, finish_wri
     targets = trees(cache_dir, tuple(names))
     infos = []
     for layout, root in targets:
-        if finish_writes:
-            recover_journals(layout, root.path)
+        if recovered is not None:
+            recovered += recover_journals(layout, root.path)
         infos.append(scan_cache(root.path, layout, fingerprint))
     found = []
     for ref in refs:

@@ -112,7 +112,6 @@ class DeleteResult:
     errors: tuple[tuple[str, str], ...] = ()  # (path, error)
     leftovers_removed: int = 0
     leftovers_freed: int = 0
-    recovered: tuple[str, ...] = ()
 
     @property
     def freed(self) -> int:
@@ -125,7 +124,6 @@ class DeleteResult:
             "errors": [{"path": p, "error": r} for p, r in self.errors],
             "freed": self.freed,
             "leftovers_removed": self.leftovers_removed,
-            "recovered": list(self.recovered),
         }
 
 
@@ -173,7 +171,6 @@ class DeletePlan:
     def execute(self) -> DeleteResult:
         deleted, skipped, errors = [], list(self.left_alone), []
         base = self.layout.base(self.root)
-        recovered = ()  # the command finished killed writers' transactions before it planned (writers recover once)
 
         def rescan(e: CacheEntry) -> CacheEntry:
             return scan_entry(self.layout, e.path, e.id, self.scan_fingerprint)
@@ -231,7 +228,7 @@ class DeletePlan:
         if journal is not None:  # last of all, after the owner lock: a kill before it leaves the whole proof
             with contextlib.suppress(OSError):
                 os.unlink(journal)  # not synced: a crash that brings it back only costs the next writer a sweep
-        return DeleteResult(tuple(deleted), tuple(skipped), tuple(errors), removed, freed, recovered)
+        return DeleteResult(tuple(deleted), tuple(skipped), tuple(errors), removed, freed)
 
 
 def _remove_temps_locked(layout: CacheLayout, root: Path, e: CacheEntry) -> int:

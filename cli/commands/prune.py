@@ -90,11 +90,10 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
     flt = entry_filter(model, versions, arch, status, older_than, unused_for, other, larger_than=larger_than,
                        smaller_than=smaller_than)
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
-    if not dry_run:  # a writer finishes what killed writers left, once, before it reads (a dry run writes nothing)
-        for done in recover_journals(layout, root.path):
-            out.note(done)
+    # a writer finishes what killed writers left, once, before it reads (a dry run writes nothing)
+    recovered = [] if dry_run else recover_journals(layout, root.path)
     info = scan_cache(root.path, layout, fingerprint=fingerprint)
     prefer = keep_latest_version(env_from) if keep_latest is not None else None
     plan = plan_prune(info, flt, keep_latest=keep_latest, prefer_version=prefer, scan_fingerprint=fingerprint,
                       max_size=budget)
-    run_delete(plan, out, dry_run, yes)
+    run_delete(plan, out, dry_run, yes, recovered=recovered)

@@ -53,7 +53,8 @@ def rm_cmd(refs, cache_dir, layouts, dry_run, yes, as_json, quiet):
                 return True
         return False
 
-    found = scan_trees(cache_dir, layouts, refs, gone=gone, finish_writes=not dry_run)
+    recovered: list[str] | None = None if dry_run else []
+    found = scan_trees(cache_dir, layouts, refs, gone=gone, recovered=recovered)
     infos = {id(info): info for _, info in found}
     infos.update({k: info for k, (info, _) in resumed.items()})
     if len(infos) > 1:
@@ -61,4 +62,4 @@ def rm_cmd(refs, cache_dir, layouts, dry_run, yes, as_json, quiet):
             sorted({info.layout.name for info in infos.values()})))
     (info,) = infos.values()
     plan = plan_rm(info, tuple(str(e.id) for e, _ in found), resumed.get(id(info), (None, {}))[1])
-    run_delete(plan, out, dry_run, yes, named=True)
+    run_delete(plan, out, dry_run, yes, named=True, recovered=recovered or ())

@@ -693,8 +693,11 @@ def test_a_dry_run_leaves_a_killed_import_as_it_is_and_the_real_run_finishes_it(
     for reader in (["show", eids[0]], [*args, "--dry-run"]):
         run_cli(*reader, "--cache-dir", str(root))
         assert state() == before, reader
-    done = run_cli(*args, "-y", "--cache-dir", str(root))
+    done = run_cli(*args, "-y", "--json", "--cache-dir", str(root))
     assert done.returncode == 0, done.stderr
+    # what it finished is in --json as in the human notes (it was never there), deleting or not
+    recovered = json.loads(done.stdout)["recovered"]
+    assert len(recovered) == 1 and "finished an interrupted write" in recovered[0], done.stdout
     assert not any(p.parent.name == ".fi-autotune-journal" for p in leftovers(root))
     left = listed(root)
     assert sorted(left) == sorted(eids if writer == "prune" else eids[1:])
@@ -705,8 +708,8 @@ def test_a_dry_run_leaves_a_killed_import_as_it_is_and_the_real_run_finishes_it(
 def test_an_import_dry_run_leaves_a_killed_import_unfinished(tmp_path):
     """``import --dry-run`` stages and decides as the import would, then discards: it does not
     roll a killed import's journal forward nor sweep what it left (the real import does). Every
-    file stays as it was - the journal, the dead importer's lock file, the data (its staging
-    comes and goes beside them, so only the directories' times change)."""
+    file and directory stays as it was, to its mtime - the journal, the dead importer's lock
+    file, the data (its staging is outside the tree)."""
     archive, eids = seeded_archive(tmp_path, 3)
     root = tmp_path / "dest"
     write_fake_entry(root, fields=default_fields("org/m0", tp=2, dp=2), arch="sm90", seed=99, buckets=(1, 2))
@@ -714,7 +717,7 @@ def test_an_import_dry_run_leaves_a_killed_import_unfinished(tmp_path):
     assert killed.returncode == -signal.SIGKILL
 
     def files() -> dict:
-        return {k: v for k, v in tree_state(root).items() if not (root / k).is_dir()}
+        return tree_state(root)  # every file and directory, with its mtime
 
     before = files()
     assert any(".fi-autotune-journal/" in k for k in before) and any("/owners/" in k for k in before)
