@@ -401,3 +401,67 @@ def test_a_warm_does_not_wait_on_a_worker_that_does_not_answer(served, tmp_path)
         assert "worker(s) 1 did not answer" in data["timings"]["pool"]["note"]
     finally:
         os.kill(workers[1]["pid"], signal.SIGCONT)
+
+
+# --- only a session is use: pings and silent clients never keep a worker up ------------------------------
+
+IDLE_SERVER = '''import sys
+sys.path.insert(0, {repo!r})
+from autotune_cache.tune.workers.serve import serve_sessions
+sys.exit(serve_sessions({sock!r}, 1.0, {{"fp": 1}}, lambda: 0))
+'''
+
+
+def _idle_server(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    sock = tmp_path / "w.sock"
+    proc = subprocess.Popen([sys.executable, "-c", IDLE_SERVER.format(repo=str(REPO), sock=str(sock))],
+                            stdout=subprocess.PIPE, text=True)
+    assert json.loads(proc.stdout.readline())["event"] == "serving"
+    return proc, sock
+
+
+def _send(sock: Path, line: str | None) -> "socket.socket":
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(str(sock))
+    if line is not None:
+        s.sendall(line.encode() + b"\n")
+    return s
+
+
+@pytest.mark.parametrize("client", ["ping", "refused hello"])
+def test_pings_and_refused_hellos_do_not_keep_a_worker_up(tmp_path, client):
+    """``workers status`` (or a readiness probe looping on it) pings every worker; a client from
+    another environment is refused. Neither is use: a worker with a 1 s idle timeout pinged four
+    times a second still goes, where each connection used to restart its idle clock."""
+    proc, sock = _idle_server(tmp_path)
+    line = "ping" if client == "ping" else 'hello {"fingerprint": {"fp": 2}, "cwd": "/"}'
+    try:
+        answered = 0
+        for _ in range(40):  # up to 10 s of connections, 4 a second
+            if proc.poll() is not None:
+                break
+            try:
+                with _send(sock, line) as s:
+                    answered += bool(s.makefile().readline())
+            except OSError:  # it has gone: its socket is removed
+                pass
+            time.sleep(0.25)
+        assert proc.poll() == 0, f"still serving after {answered} answered {client}s"
+        assert answered >= 1 and not sock.exists()
+    finally:
+        proc.kill()
+
+
+def test_a_client_that_says_nothing_does_not_hold_a_worker_forever(tmp_path):
+    """A connection that never sends its first line (a stuck client, a port scanner on a shared
+    runtime dir) is dropped after the handshake time, and the worker goes when idle."""
+    proc, sock = _idle_server(tmp_path)
+    silent = _send(sock, None)
+    try:
+        assert proc.wait(timeout=30) == 0
+        assert not sock.exists()
+    finally:
+        silent.close()
+        proc.kill()

@@ -19,7 +19,10 @@ side (what a spawned worker sees as stdin closing); the worker's last line is
 sessions the worker forgets everything a warm gave it (``worker.serve_session``): nothing but
 the imported modules and the CUDA context carries over. A session that fails (an error event, a
 non-zero status) ends the worker too: a sticky CUDA error would poison the next. With no session
-for ``idle_s`` seconds it exits and removes its socket.
+for ``idle_s`` seconds it exits and removes its socket: only a session counts as use - a ping
+(``workers status``, a readiness probe), a refused hello or a client that connects and says
+nothing never keeps it alive, and a client gets at most ``HANDSHAKE_S`` (or ``idle_s``, if
+shorter) to say its first line.
 
 No torch here: the stand-in worker the tests run (tests/standins/fake_worker.py) serves through
 the same loop."""
@@ -37,6 +40,8 @@ from typing import Callable
 
 #: The first line of every connection, and the answer's events.
 HELLO, PING = "hello", "ping"
+#: Seconds a connection has to send its first line (``attach`` sends it at once).
+HANDSHAKE_S = 10.0
 
 
 def _answer(wfile, event: str, **fields) -> None:
@@ -95,21 +100,26 @@ def serve_args(argv: list[str]) -> tuple[str, float, dict] | None:
         return opts["--serve"], float(opts["--idle"]), json.load(f)
 
 
-def _one_session(conn: socket.socket, fingerprint: dict, session: Callable[[], int]) -> int:
+def _one_session(conn: socket.socket, fingerprint: dict, session: Callable[[], int],
+                 handshake_s: float = HANDSHAKE_S) -> int | None:
     """One connection: the handshake, then ``session()`` with ``sys.stdin``/``sys.stdout`` bound
-    to it. Its exit status (0 for a ping, a refusal or a client that went away mid-session); a
-    session that raises (a full disk, a bad task, a bug) has failed - status 1, its traceback in
-    the worker's log - as a spawned worker would have exited with one."""
+    to it. Its exit status (0 for a client that went away mid-session), or None where no session
+    ran (a ping, a refusal, a client that hung up, spoke garbage or said nothing for
+    ``handshake_s``); a session that raises (a full disk, a bad task, a bug) has failed - status
+    1, its traceback in the worker's log - as a spawned worker would have exited with one."""
     rfile = conn.makefile("r", encoding="utf-8", newline="\n")
     wfile = conn.makefile("w", encoding="utf-8", newline="\n")
     stdin, stdout = sys.stdin, sys.stdout
     try:
         try:
-            cwd = _handshake(rfile.readline(), fingerprint, wfile)
-        except (OSError, ValueError):  # it hung up (or spoke garbage) before a session began
-            return 0
+            conn.settimeout(handshake_s)
+            line = rfile.readline()
+            conn.settimeout(None)
+            cwd = _handshake(line, fingerprint, wfile)
+        except (OSError, ValueError):  # it hung up (or spoke garbage, or nothing) before a session began
+            return None
         if cwd is None:
-            return 0
+            return None
         home = os.getcwd()
         sys.stdin, sys.stdout = rfile, wfile
         try:
@@ -137,16 +147,22 @@ def serve_sessions(path: str, idle_s: float, fingerprint: dict, session: Callabl
     runs ``session()`` with ``sys.stdin``/``sys.stdout`` bound to the connection. 0 at idle exit."""
     sock = listen(path)
     print(json.dumps({"event": "serving", "socket": path, "pid": os.getpid(), "t": time.time()}), flush=True)
+    last_used = time.monotonic()
     try:
         while True:
-            sock.settimeout(idle_s)
+            left = idle_s - (time.monotonic() - last_used)
+            if left <= 0:
+                return 0
+            sock.settimeout(left)
             try:
                 conn, _ = sock.accept()
             except socket.timeout:
                 return 0
-            conn.settimeout(None)
             with conn:
-                code = _one_session(conn, fingerprint, session)
+                code = _one_session(conn, fingerprint, session, min(HANDSHAKE_S, idle_s))
+            if code is None:  # no session ran: the idle clock goes on
+                continue
+            last_used = time.monotonic()
             if code:  # a failed session may leave the GPU unusable (a sticky CUDA error): stop serving
                 return code
     finally:
