@@ -24,13 +24,14 @@ Writes ``--out/tactic_exhaustive_<workload>.json`` (after every bucket: an inter
 measured) and prints the table (``autotune_cache.tune.careful.exhaustive``). ``--report FILE`` re-prints it.
 
     python benchmarks/tactic_exhaustive.py --workload moe-bf16 --out $OUT
-    python benchmarks/tactic_exhaustive.py --report docs/results/tactic_exhaustive_moe-bf16.json
+    python benchmarks/tactic_exhaustive.py --report docs/results/tactic_exhaustive_moe-bf16.json.gz
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -461,7 +462,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.report:
         for p in args.report:
-            r = json.loads(p.read_text())
+            r = json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())
             r["summary"] = summarize(r)
             print(table(r))
         return
