@@ -69,10 +69,12 @@ def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeo
     cwd = kw.pop("cwd", REPO)
     if launcher is None and not fresh and not kw:
         return zygotes.run(args, env=full_env, input=input, timeout=timeout, cwd=cwd, fresh_argv=CLI_ARGV)
-    return subprocess.run(
+    proc = subprocess.run(
         [*(launcher or CLI_ARGV), *args], capture_output=True, text=True,
         env=full_env, input=input, timeout=timeout, cwd=cwd, **kw,
     )
+    proc.via_zygote = False
+    return proc
 
 
 def run_json(*args: str, **kw):

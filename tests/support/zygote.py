@@ -42,8 +42,8 @@ is caught, not assumed away):
   each root's *source* (``$SGLANG_CACHE_DIR`` or "the default ~/.cache/sglang"), which depends
   on whether the variable is unset, empty or set (``is None``, truthiness, ``in``), never on
   its value: for these, ``SOURCE_ONLY``, the zygote is matched by that class of value.
-- fsspec.config reads every ``FSSPEC_*`` variable (it iterates the environment) and
-  ``FSSPEC_CONFIG_DIR`` into its ``conf`` at import; s3fs ``S3FS_LOGGING_LEVEL``; botocore
+- fsspec.config reads every ``FSSPEC_*`` variable (it copies the environment and keeps ``FSSPEC*``)
+  and ``FSSPEC_CONFIG_DIR`` into its ``conf`` at import; s3fs ``S3FS_LOGGING_LEVEL``; botocore
   ``HOME`` (default paths) and ``AWS_NEW_RETRIES_2026``; aiohttp ``AIOHTTP_NO_EXTENSIONS``,
   ``PYTHONASYNCIODEBUG``; yarl/multidict/propcache/frozenlist/wrapt their ``*_NO_EXTENSIONS``;
   ssl ``SSLKEYLOGFILE``; gettext (click) ``LANGUAGE``, ``LC_ALL``, ``LC_MESSAGES``, ``LANG``:
@@ -92,7 +92,9 @@ def value_class(env: dict, name: str) -> str:
 def signature(env: dict, reads) -> tuple:
     """What a zygote started with ``env`` has baked in at import: two environments with the same
     signature give the same imports; ``reads``: the variables the zygote read while importing."""
-    names = set(reads) | {k for k in env if k.startswith(("PYTHON", "FSSPEC_"))} | set(STARTUP_EXACT)
+    if "<iterated>" in reads:
+        return tuple(sorted(env.items()))
+    names = set(reads) | {k for k in env if k.startswith(("PYTHON", "FSSPEC"))} | set(STARTUP_EXACT)
     return tuple(sorted((n, value_class(env, n)) if n in SOURCE_ONLY else (n, env.get(n)) for n in names))
 
 
@@ -109,16 +111,27 @@ def _preload() -> None:
     env_class = type(os.environ)
     reads = IMPORT_TIME_READS
 
+    def by_fsspec_config() -> bool:
+        # fsspec.config copies the whole environment (``dict(os.environ)``) and keeps the FSSPEC*
+        # variables: those are always part of the signature, the rest of that copy is not a read
+        f = sys._getframe(2)  # noqa: SLF001
+        for _ in range(8):
+            if f is None:
+                return False
+            if f.f_code.co_filename.endswith(os.path.join("fsspec", "config.py")):
+                return True
+            f = f.f_back
+        return False
+
     class Traced(env_class):
         def __getitem__(self, key):
-            reads.add(key)
+            if not by_fsspec_config():
+                reads.add(key)
             return super().__getitem__(key)
 
         def __iter__(self):
-            import traceback
-
-            frame = traceback.extract_stack(limit=2)[0]
-            reads.add("<iterated by fsspec>" if frame.filename.endswith("fsspec/config.py") else "<iterated>")
+            if not by_fsspec_config():
+                reads.add("<iterated>")  # anyone else: every variable counts (never so far)
             return super().__iter__()
 
     os.environ.__class__ = Traced
@@ -136,7 +149,6 @@ def _preload() -> None:
         os.environ.__class__ = env_class
     for forbidden in ("torch", "flashinfer", "huggingface_hub"):
         assert forbidden not in sys.modules, f"the zygote must not preload {forbidden}"
-    reads.discard("<iterated by fsspec>")  # the FSSPEC_* variables: always in the signature
 
 
 def _stdio(fd: int, mode: str, like) -> io.TextIOWrapper:

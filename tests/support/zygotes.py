@@ -24,6 +24,7 @@ from . import zygote as Z
 REPO = Path(__file__).resolve().parents[2]
 CLIENT = Path(__file__).with_name("zygote_client.py")
 MAX_ZYGOTES = 4  # per test process: one per distinct signature(env) seen
+MAX_STARTS = 12  # zygotes that died (killed by a test) are replaced, this many times in all
 START_TIMEOUT = 60.0
 
 
@@ -84,6 +85,7 @@ class Pool:
         self.reads: list[str] | None = None  # what a zygote read at import (the same for each)
         self.dir: str | None = None
         self.failed = False
+        self.started = 0  # zygotes started by this process (each its own socket name)
         self.own_python_env = {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}
 
     def zygote_for(self, env: dict) -> Zygote | None:
@@ -105,12 +107,18 @@ class Pool:
             if self.dir is None:
                 self.dir = tempfile.mkdtemp(prefix="fia-zygote-")
                 atexit.register(self.close)
-            z = Zygote(env, os.path.join(self.dir, f"z{len(self.zygotes)}-{os.getpid()}.sock"))
+            if self.started >= MAX_STARTS:
+                return None
+            self.started += 1
+            z = Zygote(env, os.path.join(self.dir, f"z{self.started}.sock"))
             if z.dead:
                 self.failed = True  # it cannot start here: every command runs fresh
                 return None
-            if self.reads is None:
-                self.reads = z.reads
+            z.env = env
+            if self.reads is None or not set(z.reads) <= set(self.reads):
+                # what this zygote read at import (a read can depend on another variable's value)
+                self.reads = sorted(set(self.reads or ()) | set(z.reads) | Z.SOURCE_ONLY)
+                self.zygotes = {Z.signature(o.env, self.reads): o for o in self.zygotes.values()}
             key = Z.signature(env, self.reads)
             old = self.zygotes.get(key)
             if old is not None:
@@ -152,7 +160,22 @@ def run(args, *, env: dict, input, timeout, cwd, fresh_argv: list[str], **kw) ->
                 os.close(marker_r)
         if started:
             proc.args = [*fresh_argv, *args]
+            proc.via_zygote = True
             return proc
         z.dead = True  # it is gone: this command, and the next ones for this environment, run fresh
-    return subprocess.run([*fresh_argv, *args], capture_output=True, text=True, env=env, input=input, timeout=timeout,
+    proc = subprocess.run([*fresh_argv, *args], capture_output=True, text=True, env=env, input=input, timeout=timeout,
                           cwd=cwd, **kw)
+    proc.via_zygote = False
+    return proc
+
+
+def popen(args, *, env: dict, cwd, **kw) -> subprocess.Popen:
+    """The client as a ``Popen`` (tests of the zygote itself: signals); a zygote must serve ``env``."""
+    z = POOL.zygote_for(env)
+    if z is None:
+        raise RuntimeError("no zygote serves this environment")
+    marker = os.open(os.devnull, os.O_WRONLY)
+    try:
+        return subprocess.Popen([*client_argv(z, marker), *args], env=env, cwd=cwd, pass_fds=(marker,), **kw)
+    finally:
+        os.close(marker)
