@@ -100,7 +100,7 @@ def _interrupted(sig, **kw):
         else:
             p = subprocess.Popen([sys.executable, "-m", "fi_autotune_cli", *args], env=env, cwd=zygotes.REPO,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2.0)  # reading stdin: past its imports either way
+        time.sleep(1.0)  # reading stdin: past its imports (0.3 CPU-s fresh) either way
         p.send_signal(sig)
         stdout, stderr = p.communicate(timeout=60)
         out[how] = (p.returncode, stdout, stderr)
@@ -134,6 +134,7 @@ def test_a_zygote_that_is_gone_means_a_fresh_process(tmp_path, monkeypatch):
     same = lambda p: (p.returncode, p.stdout, p.stderr) == (first.returncode, first.stdout, first.stderr)  # noqa: E731
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     z = zygotes.POOL.zygote_for(env)
+    zygotes.POOL.done(z)
     # gone between the pool's look and the command (its socket answers no more): run fresh
     monkeypatch.setattr(z, "socket_path", str(tmp_path / "nobody.sock"))
     gone = run_cli("ls", "--bogus")
@@ -142,7 +143,10 @@ def test_a_zygote_that_is_gone_means_a_fresh_process(tmp_path, monkeypatch):
     os.kill(z.proc.pid, S.SIGKILL)
     again = run_cli("ls", "--bogus")
     assert same(again)
-    assert run_cli("ls", "--bogus").via_zygote and zygotes.POOL.zygote_for(env) is not z
+    assert run_cli("ls", "--bogus").via_zygote
+    now = zygotes.POOL.zygote_for(env)
+    zygotes.POOL.done(now)
+    assert now is not z
 
 
 def test_fia_test_fresh_cli_runs_every_command_fresh(monkeypatch):

@@ -23,8 +23,8 @@ from . import zygote as Z
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT = Path(__file__).with_name("zygote_client.py")
-MAX_ZYGOTES = 4  # per test process: one per distinct signature(env) seen
-MAX_STARTS = 12  # zygotes that died (killed by a test) are replaced, this many times in all
+MAX_ZYGOTES = 4  # per test process, one per signature(env); a fifth replaces the least recently used
+MAX_STARTS = 40  # zygotes started in all by one test process; beyond that, every command fresh
 START_TIMEOUT = 60.0
 
 
@@ -36,6 +36,7 @@ class Zygote:
     def __init__(self, env: dict, socket_path: str):
         self.socket_path = socket_path
         self.dead = False
+        self.inflight = 0  # commands running through it now (threads): never stopped while > 0
         ready_r, ready_w = os.pipe()
         self.parent_r, self.parent_w = os.pipe()  # the zygote's EOF when this process ends
         self.log = open(Path(socket_path).with_suffix(".log"), "wb")
@@ -98,12 +99,18 @@ class Pool:
                 key = Z.signature(env, self.reads)
                 z = self.zygotes.get(key)
                 if z is not None and not z.dead and z.proc.poll() is None:
+                    self.zygotes[key] = self.zygotes.pop(key)  # most recently used last
+                    z.inflight += 1
                     return z
                 if z is not None:
                     z.stop()
                     del self.zygotes[key]
                 if len(self.zygotes) >= MAX_ZYGOTES:
-                    return None
+                    # the least recently used one not running a command (its environment was a test's own)
+                    idle = [k for k, o in self.zygotes.items() if o.inflight == 0]
+                    if not idle:
+                        return None
+                    self.zygotes.pop(idle[0]).stop()
             if self.dir is None:
                 self.dir = tempfile.mkdtemp(prefix="fia-zygote-")
                 atexit.register(self.close)
@@ -124,7 +131,12 @@ class Pool:
             if old is not None:
                 old.stop()
             self.zygotes[key] = z
+            z.inflight += 1
             return z
+
+    def done(self, z: Zygote) -> None:
+        with self.lock:
+            z.inflight -= 1
 
     def close(self) -> None:
         with self.lock:
@@ -153,6 +165,7 @@ def run(args, *, env: dict, input, timeout, cwd, fresh_argv: list[str], **kw) ->
             proc = subprocess.run([*client_argv(z, marker_w), *args], capture_output=True, text=True, env=env,
                                   input=input, timeout=timeout, cwd=cwd, pass_fds=(marker_w,), **kw)
         finally:
+            POOL.done(z)
             os.close(marker_w)
             try:
                 started = os.read(marker_r, 1) == b"S" if select.select([marker_r], [], [], 0)[0] else False
@@ -178,4 +191,5 @@ def popen(args, *, env: dict, cwd, **kw) -> subprocess.Popen:
     try:
         return subprocess.Popen([*client_argv(z, marker), *args], env=env, cwd=cwd, pass_fds=(marker,), **kw)
     finally:
+        POOL.done(z)  # (a test of the zygote: nothing evicts it meanwhile)
         os.close(marker)
