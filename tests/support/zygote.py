@@ -257,6 +257,16 @@ def _child(request: dict, fds: list[int], close: list) -> None:
     _finish(code, sigint)
 
 
+def parse_request(data: bytes) -> dict:
+    """What tests/support/zygote_client.py ``request_bytes`` sends: NUL-separated cwd, umask, argc,
+    argv, then the environment's ``NAME=value`` pairs."""
+    fields = data.split(b"\0")
+    argc = int(fields[2])
+    env = dict(os.fsdecode(f).partition("=")[::2] for f in fields[3 + argc:] if f)
+    return {"cwd": os.fsdecode(fields[0]), "umask": int(fields[1]), "argv": [os.fsdecode(a) for a in fields[3:3 + argc]],
+            "env": env}
+
+
 def serve() -> None:
     path, ready_fd, parent_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
@@ -293,7 +303,7 @@ def serve() -> None:
             if not chunk:
                 raise OSError("a short request")
             data += chunk
-        return json.loads(data), fds
+        return parse_request(data), fds
 
     while True:
         for key, _ in sel.select():

@@ -13,15 +13,23 @@ Killed itself (``subprocess.run``'s timeout), the zygote sees the connection clo
 command, as ``subprocess.run`` kills the process it started.
 """
 
-import json
 import os
-import signal
-import socket
-import struct
 import sys
 
+import _signal  # the C modules: ``signal``, ``socket`` and ``json`` would double this process's start
+import _socket
+
 NOT_STARTED = 197  # never an exit status of fi-autotune's (0, 1, 2, 130); run_cli checks the marker too
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
+
+
+def request_bytes(args: list[str]) -> bytes:
+    """argv, environment, cwd, umask as NUL-separated fields (tests/support/zygote.py ``parse_request``)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    env = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in os.environ.items()]
+    fields = [os.fsencode(os.getcwd()), b"%d" % umask, b"%d" % len(args), *map(os.fsencode, args), *env]
+    return b"\0".join(fields)
 
 
 def main() -> None:
@@ -40,17 +48,27 @@ def main() -> None:
             pending.append(signum)
 
     for s in FORWARDED:
-        signal.signal(s, forward)
+        _signal.signal(s, forward)
+    buf = b""
+
+    def readline() -> bytes:
+        nonlocal buf
+        while b"\n" not in buf:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return b""
+            buf += chunk
+        line, _, buf = buf.partition(b"\n")
+        return line
+
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        request = json.dumps({"argv": args, "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask}).encode()
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        request = request_bytes(args)
+        conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         conn.connect(path)
-        socket.send_fds(conn, [struct.pack("!I", len(request))], [0, 1, 2])
+        fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))
+        conn.sendmsg([len(request).to_bytes(4, "big")], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
         conn.sendall(request)
-        f = conn.makefile("rb")
-        line = f.readline()
+        line = readline()
         if not line.startswith(b"P"):
             os._exit(NOT_STARTED)
         child[0] = int(line[1:])
@@ -61,7 +79,7 @@ def main() -> None:
     for s in pending:
         forward(s, None)
     try:
-        line = f.readline()
+        line = readline()
     except Exception:  # noqa: BLE001
         line = b""
     if not line.startswith(b"X"):
@@ -71,8 +89,8 @@ def main() -> None:
     status = int(line[1:])
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        _signal.signal(sig, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [sig])
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)  # only where the signal does not kill (never for the ones that ended the command)
     os._exit(os.waitstatus_to_exitcode(status))
