@@ -102,10 +102,20 @@ def root(tmp_path: Path) -> Path:
     return r
 
 
+#: collected first (docs/results/test_time_profile.md: where the time goes)
+SLOW_FIRST = ("tests/tree/", "tests/tune/")
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU tests need CUDA; skip them (visibly) on machines without a GPU. Where they run, they run
     one after another in one test process (``--dist loadgroup``): they time kernels, and two tuning
-    runs on one GPU would measure each other."""
+    runs on one GPU would measure each other.
+
+    The slow folders (stores, kills and served workers) are handed out first, the many short tests
+    last, so that both test processes finish at about the same time (in collection order the
+    slowest files came last and one process ran them alone). Same tests, same ids; within a file
+    the order is the file's."""
+    items.sort(key=lambda item: 0 if item.nodeid.startswith(SLOW_FIRST) else 1)  # stable
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("gpu"))
