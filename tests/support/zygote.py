@@ -149,6 +149,9 @@ def _preload() -> None:
         os.environ.__class__ = env_class
     for forbidden in ("torch", "flashinfer", "huggingface_hub"):
         assert forbidden not in sys.modules, f"the zygote must not preload {forbidden}"
+    # fork copies only the calling thread: a thread started by an import would be missing (and
+    # might hold a lock) in every child; then the zygote does not start and run_cli runs fresh
+    assert len(os.listdir("/proc/self/task")) == 1, "an import started a thread"
 
 
 def _stdio(fd: int, mode: str, like) -> io.TextIOWrapper:
