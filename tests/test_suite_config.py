@@ -100,7 +100,7 @@ def _interrupted(sig, **kw):
         else:
             p = subprocess.Popen([sys.executable, "-m", "fi_autotune_cli", *args], env=env, cwd=zygotes.REPO,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)  # reading stdin: past its imports (0.3 CPU-s fresh) either way
+        time.sleep(kw.get("wait", 1.0))  # reading stdin: past its imports (0.3 CPU-s fresh) either way
         p.send_signal(sig)
         stdout, stderr = p.communicate(timeout=60)
         out[how] = (p.returncode, stdout, stderr)
@@ -120,6 +120,16 @@ def test_sigterm_kills_the_command_and_the_client_reports_it(tmp_path):
 
     code, _, _ = _interrupted(S.SIGTERM, tmp_path=tmp_path)
     assert code == -S.SIGTERM
+
+
+def test_sigterm_at_once_is_never_lost(tmp_path):
+    """Passed on while the child is still being set up, a signal waits (blocked) for the fresh
+    interpreter's dispositions: -15, never a command that lives on and reads its stdin."""
+    import signal as S
+
+    for _ in range(3):
+        code, _, _ = _interrupted(S.SIGTERM, tmp_path=tmp_path, wait=0.05)
+        assert code == -S.SIGTERM
 
 
 def test_a_zygote_that_is_gone_means_a_fresh_process(tmp_path, monkeypatch):

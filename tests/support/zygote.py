@@ -75,6 +75,8 @@ import sys
 PRELOAD = ("click", "fi_autotune_cli.entry", "fi_autotune_cli.main")
 PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session", "autotune_cache.tree.store.s3")
 
+#: what tests/support/zygote_client.py passes on to the command
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: variables whose value our package reads at import only to name a root's source in help text
 SOURCE_ONLY = frozenset({"SGLANG_CACHE_DIR", "FLASHINFER_AUTOTUNE_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
                          "VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"})
@@ -223,7 +225,6 @@ def _child(request: dict, fds: list[int], close: list) -> None:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     signal.set_wakeup_fd(-1)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     for obj in close:
         obj.close()
     for target, fd in enumerate(fds):
@@ -248,6 +249,9 @@ def _child(request: dict, fds: list[int], close: list) -> None:
 
     code, sigint = 0, False
     try:
+        # forked with the forwarded signals blocked (serve): one the client passed on while this
+        # child was being set up arrives now, to a fresh interpreter's dispositions, not lost
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         runpy._run_module_as_main("fi_autotune_cli")  # noqa: SLF001 - what `python -m` calls
     except SystemExit as e:
         code = _exit_code(e)
@@ -322,12 +326,14 @@ def serve() -> None:
                     conn.close()
                     continue
                 others = [c["conn"] for c in conns.values()]
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
                 pid = os.fork()
                 if pid == 0:
                     try:
                         _child(request, fds, [sel, listener, conn, *others])
                     finally:
                         os._exit(70)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 for fd in fds:
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
