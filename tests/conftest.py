@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from .support import zygotes
 from .support.servers import SECRET, free_port, wait_for
 
 
@@ -27,6 +28,7 @@ def pytest_configure(config):
         compileall.compile_dir(str(REPO / folder), quiet=1, workers=1)
 
 REPO = Path(__file__).resolve().parent.parent
+CLI_ARGV = [sys.executable, "-m", "fi_autotune_cli"]
 
 # No test may wait on the Hugging Face hub (CI has no network); the hub path is exercised through
 # a real local cache in test_config_spec.py.
@@ -53,15 +55,26 @@ def _own_home_caches(tmp_path_factory, monkeypatch):
 
 
 def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 120,
-            launcher: list[str] | None = None, **kw) -> subprocess.CompletedProcess:
+            launcher: list[str] | None = None, fresh: bool = False, **kw) -> subprocess.CompletedProcess:
     """The real command in a real process, as a user runs it; ``launcher``: the command that
-    runs it instead of ``python -m fi_autotune_cli`` (tests/standins/fault_cli.py's ``crash_at``)."""
+    runs it instead of ``python -m fi_autotune_cli`` (tests/standins/fault_cli.py's ``crash_at``).
+
+    The process is forked by this test process's CLI fork server (tests/support/zygote.py: the
+    same ``python -m fi_autotune_cli`` code path and process semantics, without ~0.3 CPU-s of
+    imports each time), except where it must be a fresh interpreter: ``fresh=True``, a
+    ``launcher``, extra ``subprocess`` arguments (``preexec_fn``...), ``PYTHON*`` variables other
+    than this process's, or ``FIA_TEST_FRESH_CLI=1`` (every command fresh: the suite as before)."""
     # the runner's terminal (xdist workers export COLUMNS) must not shape what a test reads
     full_env = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, **(env or {})}
-    return subprocess.run(
-        [*(launcher or [sys.executable, "-m", "fi_autotune_cli"]), *args], capture_output=True, text=True,
-        env=full_env, input=input, timeout=timeout, cwd=kw.pop("cwd", REPO), **kw,
+    cwd = kw.pop("cwd", REPO)
+    if launcher is None and not fresh and not kw:
+        return zygotes.run(args, env=full_env, input=input, timeout=timeout, cwd=cwd, fresh_argv=CLI_ARGV)
+    proc = subprocess.run(
+        [*(launcher or CLI_ARGV), *args], capture_output=True, text=True,
+        env=full_env, input=input, timeout=timeout, cwd=cwd, **kw,
     )
+    proc.via_zygote = False
+    return proc
 
 
 def run_json(*args: str, **kw):
@@ -89,10 +102,20 @@ def root(tmp_path: Path) -> Path:
     return r
 
 
+#: collected first (docs/results/test_time_profile.md: where the time goes)
+SLOW_FIRST = ("tests/tree/", "tests/tune/")
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU tests need CUDA; skip them (visibly) on machines without a GPU. Where they run, they run
     one after another in one test process (``--dist loadgroup``): they time kernels, and two tuning
-    runs on one GPU would measure each other."""
+    runs on one GPU would measure each other.
+
+    The slow folders (stores, kills and served workers) are handed out first, the many short tests
+    last, so that both test processes finish at about the same time (in collection order the
+    slowest files came last and one process ran them alone). Same tests, same ids; within a file
+    the order is the file's."""
+    items.sort(key=lambda item: 0 if item.nodeid.startswith(SLOW_FIRST) else 1)  # stable
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("gpu"))

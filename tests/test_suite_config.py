@@ -30,3 +30,137 @@ def test_an_xdist_group_runs_in_one_worker(tmp_path: Path):
     assert p.returncode == 0, p.stdout + p.stderr
     workers = out.read_text().split()
     assert len(workers) == 6 and len(set(workers)) == 1, f"one xdist group ran on {sorted(set(workers))}"
+
+
+# --- the CLI fork server (tests/support/zygote.py): run_cli's processes behave as fresh ones ---
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _zygote_on(monkeypatch):
+    """These tests are about the zygote: on even where FIA_TEST_FRESH_CLI=1 runs the rest fresh."""
+    monkeypatch.delenv("FIA_TEST_FRESH_CLI", raising=False)
+
+
+def _both(*args, **kw):
+    from .conftest import run_cli
+
+    z, f = run_cli(*args, **kw), run_cli(*args, fresh=True, **kw)
+    assert z.via_zygote and not f.via_zygote
+    return z, f
+
+
+def test_a_zygote_command_prints_and_exits_as_a_fresh_one(tmp_path):
+    for args in (["ls", "--bogus"], ["--help"], ["ls", "--help"], ["import", "--help"], ["--version"],
+                 ["ls", "--cache-dir", str(tmp_path / "absent")], ["plan", "--model", "no/such-model", "--tp", "1"]):
+        z, f = _both(*args)
+        assert (z.returncode, z.stdout, z.stderr) == (f.returncode, f.stdout, f.stderr), args
+    z, f = _both("ls", "--bogus")
+    assert z.returncode == 2 and "Usage:" not in z.stderr and z.stderr.startswith("fi-autotune: error: ")
+
+
+def test_environment_changes_reach_the_zygote_child(tmp_path, monkeypatch):
+    from .conftest import run_cli
+
+    missing = str(tmp_path / "absent")
+    run_cli("--version")  # this environment's zygote exists before the changes below
+    monkeypatch.setenv("FI_AUTOTUNE_DEBUG", "1")  # an error's traceback
+    z, f = _both("ls", "--cache-dir", missing)
+    assert z.returncode == f.returncode == 1 and z.stderr == f.stderr and "Traceback" in z.stderr
+    monkeypatch.delenv("FI_AUTOTUNE_DEBUG")
+    z, f = _both("ls", "--cache-dir", missing)
+    assert z.stderr == f.stderr and "Traceback" not in z.stderr
+    # read at import (--layout's help names each root's source): another zygote, the same text as fresh
+    for value in (None, str(tmp_path / "sglang")):
+        if value is None:
+            monkeypatch.delenv("SGLANG_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_CACHE_DIR", value)
+        z, f = _both("ls", "--help")
+        assert z.stdout == f.stdout and ("($SGLANG_CACHE_DIR)" in z.stdout) == (value is not None)
+    z, f = _both("ls", "--json", cwd=tmp_path)  # cwd, and the variable's value at run time
+    assert (z.returncode, z.stdout, z.stderr) == (f.returncode, f.stdout, f.stderr)
+
+
+def _interrupted(sig, **kw):
+    import os
+    import signal as S
+    import time
+
+    from .support import zygotes
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    args = ["import", "-", "--dry-run", "--cache-dir", str(kw["tmp_path"] / "tree")]
+    out = {}
+    for how in ("zygote", "fresh"):
+        if how == "zygote":
+            p = zygotes.popen(args, env=env, cwd=zygotes.REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+        else:
+            p = subprocess.Popen([sys.executable, "-m", "fi_autotune_cli", *args], env=env, cwd=zygotes.REPO,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(kw.get("wait", 1.0))  # reading stdin: past its imports (0.3 CPU-s fresh) either way
+        p.send_signal(sig)
+        stdout, stderr = p.communicate(timeout=60)
+        out[how] = (p.returncode, stdout, stderr)
+    assert out["zygote"] == out["fresh"], out
+    return out["zygote"]
+
+
+def test_sigint_to_the_client_is_ctrl_c_to_the_command(tmp_path):
+    import signal as S
+
+    code, _, stderr = _interrupted(S.SIGINT, tmp_path=tmp_path)
+    assert code == 130 and stderr.endswith("fi-autotune: interrupted\n") and "Traceback" not in stderr
+
+
+def test_sigterm_kills_the_command_and_the_client_reports_it(tmp_path):
+    import signal as S
+
+    code, _, _ = _interrupted(S.SIGTERM, tmp_path=tmp_path)
+    assert code == -S.SIGTERM
+
+
+def test_sigterm_at_once_is_never_lost(tmp_path):
+    """Passed on while the child is still being set up, a signal waits (blocked) for the fresh
+    interpreter's dispositions: -15, never a command that lives on and reads its stdin."""
+    import signal as S
+
+    for _ in range(3):
+        code, _, _ = _interrupted(S.SIGTERM, tmp_path=tmp_path, wait=0.05)
+        assert code == -S.SIGTERM
+
+
+def test_a_zygote_that_is_gone_means_a_fresh_process(tmp_path, monkeypatch):
+    import os
+    import signal as S
+
+    from .conftest import run_cli
+    from .support import zygotes
+
+    first = run_cli("ls", "--bogus")
+    assert first.via_zygote
+    same = lambda p: (p.returncode, p.stdout, p.stderr) == (first.returncode, first.stdout, first.stderr)  # noqa: E731
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    z = zygotes.POOL.zygote_for(env)
+    zygotes.POOL.done(z)
+    # gone between the pool's look and the command (its socket answers no more): run fresh
+    monkeypatch.setattr(z, "socket_path", str(tmp_path / "nobody.sock"))
+    gone = run_cli("ls", "--bogus")
+    assert not gone.via_zygote and same(gone)
+    # killed: the next command gets a new zygote
+    os.kill(z.proc.pid, S.SIGKILL)
+    again = run_cli("ls", "--bogus")
+    assert same(again)
+    assert run_cli("ls", "--bogus").via_zygote
+    now = zygotes.POOL.zygote_for(env)
+    zygotes.POOL.done(now)
+    assert now is not z
+
+
+def test_fia_test_fresh_cli_runs_every_command_fresh(monkeypatch):
+    from .conftest import run_cli
+
+    monkeypatch.setenv("FIA_TEST_FRESH_CLI", "1")
+    assert not run_cli("--version").via_zygote

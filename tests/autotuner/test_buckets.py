@@ -6,8 +6,10 @@ import pytest
 
 from autotune_cache.autotuner import buckets as B
 
-utils = pytest.importorskip("flashinfer.fused_moe.utils")
-fi_utils = pytest.importorskip("flashinfer.utils")
+from ..support.lazy import importorskip_lazily
+
+utils = importorskip_lazily("flashinfer.fused_moe.utils")
+fi_utils = importorskip_lazily("flashinfer.utils")
 
 MAXIMA = sorted({*range(1, 600), *range(600, 20000, 37), 2048, 4096, 8192, 16384, 32768, 65536, 131072, 12345, 3000})
 

@@ -17,7 +17,9 @@ from autotune_cache.errors import UsageError
 from autotune_cache.autotuner.fingerprint import FIELDS, Fingerprint
 from devtools.synthetic import DEFAULT_METADATA
 
-flashinfer_autotuner = pytest.importorskip("flashinfer.autotuner.autotuner")
+from ..support.lazy import importorskip_lazily
+
+flashinfer_autotuner = importorskip_lazily("flashinfer.autotuner.autotuner")
 
 VALUES = ["13.0", "12.9", "unknown", None, "None", "*", "missing"]
 

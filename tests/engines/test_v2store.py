@@ -14,8 +14,9 @@ from autotune_cache.plan.flags import ServerFlags
 from devtools.synthetic import DEFAULT_METADATA, write_plan_entry
 
 from ..conftest import run_cli, run_json
+from ..support.lazy import importorskip_lazily
 
-autotune_cache_mod = pytest.importorskip("flashinfer.autotune_cache")
+autotune_cache_mod = importorskip_lazily("flashinfer.autotune_cache")
 
 FP8_KEY = ("('fp8_gemm', 'CublasFp8GemmRunner', ((1, 64, 8192), (1, 8192, 1024), (1,), (1,), (1, -1, 1024), (-1,)), "
            "(torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16))")

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from autotune_cache import lm_head_stub, lm_head_stubbed
+from autotune_cache.engines.sglang.planner import make_plan
+from autotune_cache.plan.flags import ServerFlags
+from autotune_cache.tune.session.work import work_queue
+from autotune_cache.tune.careful.workdir import merge_cache_files
+from autotune_cache.errors import FiAutotuneError
+from autotune_cache.autotuner.rankfile import cache_file_bytes
 
-from autotune_cache import lm_head_stub, lm_head_stubbed  # noqa: E402
-from autotune_cache.engines.sglang.planner import make_plan  # noqa: E402
-from autotune_cache.plan.flags import ServerFlags  # noqa: E402
-from autotune_cache.tune.workers.skeleton import LMHead, OpLayer, SkeletonModel, resolve_api  # noqa: E402
-from autotune_cache.tune.session.work import work_queue  # noqa: E402
-from autotune_cache.tune.careful.workdir import merge_cache_files  # noqa: E402
-from autotune_cache.errors import FiAutotuneError  # noqa: E402
-from autotune_cache.autotuner.rankfile import cache_file_bytes  # noqa: E402
+from ..support.lazy import importorskip_lazily
+
+# Imported by the first test that uses them, not while collecting (tests/support/lazy.py); without
+# torch the module is skipped here, at collection, as before. The skeleton imports torch.
+torch = importorskip_lazily("torch")
+skeleton = importorskip_lazily("autotune_cache.tune.workers.skeleton")
 
 
 class Recorder:
@@ -44,7 +48,7 @@ def test_glm51_fp8_block_moe_arguments_sm100():
     _, ops = ops_of("zai-org/GLM-5.1-FP8", "sm100", tp=8, dp=8)
     moe = next(o for o in ops if o["api"].endswith("trtllm_fp8_block_scale_moe"))
     rec = Recorder()
-    layer = OpLayer(moe, "meta", api=rec)  # 1.2 GB of expert weights: shapes, dtypes, strides only
+    layer = skeleton.OpLayer(moe, "meta", api=rec)  # 1.2 GB of expert weights: shapes, dtypes, strides only
     layer(48 * 8)
     (kw,) = rec.calls
     assert shape_dtype(kw["hidden_states"]) == ((384, 6144), "float8_e4m3fn")
@@ -71,7 +75,7 @@ def test_gpt_oss_mxfp4_arguments_sm100_and_packed_values_are_finite():
     _, ops = ops_of("openai/gpt-oss-20b", "sm100", tp=4)
     (moe,) = ops
     rec = Recorder()
-    OpLayer(moe, "cpu", api=rec)(7)
+    skeleton.OpLayer(moe, "cpu", api=rec)(7)
     (kw,) = rec.calls
     # SGLang's own call (tests/data/sglang-0.5.23): hidden 2880 padded to 3072, the expert width
     # sharded in whole 32-blocks (ceil(90 / 4) x 32 = 736) then padded to 768; MXFP8 activations.
@@ -85,7 +89,7 @@ def test_gpt_oss_mxfp4_arguments_sm100_and_packed_values_are_finite():
 def test_bmm_fp8_weight_is_column_major_and_scales_are_scalars():
     _, ops = ops_of("nvidia/Llama-3.1-70B-Instruct-FP8", "sm90", tp=4)
     rec = Recorder()
-    OpLayer(ops[0], "cpu", api=rec)(16)
+    skeleton.OpLayer(ops[0], "cpu", api=rec)(16)
     (kw,) = rec.calls
     a, b = kw["A"], kw["B"]
     assert a.shape == (1, 16, 8192) and b.shape == (1, 8192, 2560)
@@ -100,14 +104,14 @@ def qwen_cutlass():
     layer is ``OpLayer(ops[0], "cpu", seed=0, api=recorder)``; each test clears the recorder."""
     _, ops = ops_of("Qwen/Qwen3-30B-A3B", "sm90", tp=2, moe_runner_backend="flashinfer_cutlass")
     rec = Recorder()
-    model = SkeletonModel(ops, hidden=2048, vocab=1000, tp=2, dp=1, dtype="bfloat16", device="cpu", apis={ops[0]["api"]: rec})
+    model = skeleton.SkeletonModel(ops, hidden=2048, vocab=1000, tp=2, dp=1, dtype="bfloat16", device="cpu", apis={ops[0]["api"]: rec})
     return ops, model, rec
 
 
 def test_cutlass_moe_routing_ids_are_valid_expert_indices(qwen_cutlass):
     ops, model, rec = qwen_cutlass
     layer = model.layers[0]
-    assert isinstance(layer, OpLayer) and layer.op is ops[0] and layer.api is rec
+    assert isinstance(layer, skeleton.OpLayer) and layer.op is ops[0] and layer.api is rec
     rec.calls.clear()
     layer(33)
     (kw,) = rec.calls
@@ -145,11 +149,11 @@ def test_every_api_named_by_a_recipe_exists_in_flashinfer():
                                ("Qwen/Qwen3-30B-A3B", "sm90", dict(tp=2, moe_runner_backend="flashinfer_cutlass"))]:
         names |= {o["api"] for o in ops_of(model, arch, **flags)[1]}
     for name in names:
-        assert callable(resolve_api(name)), name
+        assert callable(skeleton.resolve_api(name)), name
 
 
 def test_lm_head_stub_skips_the_vocab_sized_buffer():
-    head = LMHead(hidden=64, vocab=1000, tp=4, dp=2, dtype=torch.bfloat16, device="cpu")
+    head = skeleton.LMHead(hidden=64, vocab=1000, tp=4, dp=2, dtype=torch.bfloat16, device="cpu")
     x = torch.zeros(3, 64, dtype=torch.bfloat16)
     full = head(x)
     assert full.shape == (6, 1000) and full.dtype == torch.float32  # [tokens x dp, vocab] after the all-gather

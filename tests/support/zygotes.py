@@ -1,0 +1,195 @@
+"""The test process's side of the CLI fork server (tests/support/zygote.py): which zygote runs a
+command, starting zygotes, and the command line of the client that stands for the command.
+
+``command(env)`` answers the argv prefix to run in place of ``python -m fi_autotune_cli``, or None
+where the command must run fresh (``FIA_TEST_FRESH_CLI=1``, an environment whose ``PYTHON*``
+variables differ from this process's, too many distinct environments, a zygote that failed).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from . import zygote as Z
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENT = Path(__file__).with_name("zygote_client.py")
+MAX_ZYGOTES = 4  # per test process, one per signature(env); a fifth replaces the least recently used
+MAX_STARTS = 40  # zygotes started in all by one test process; beyond that, every command fresh
+START_TIMEOUT = 60.0
+
+
+def fresh_everywhere() -> bool:
+    return os.environ.get("FIA_TEST_FRESH_CLI") == "1"
+
+
+class Zygote:
+    def __init__(self, env: dict, socket_path: str):
+        self.socket_path = socket_path
+        self.dead = False
+        self.inflight = 0  # commands running through it now (threads): never stopped while > 0
+        ready_r, ready_w = os.pipe()
+        self.parent_r, self.parent_w = os.pipe()  # the zygote's EOF when this process ends
+        self.log = open(Path(socket_path).with_suffix(".log"), "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from tests.support.zygote import serve; serve()", socket_path, str(ready_w), str(self.parent_r)],
+            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, pass_fds=(ready_w, self.parent_r),
+        )
+        os.close(ready_w)
+        os.close(self.parent_r)
+        line = b""
+        try:
+            while not line.endswith(b"\n"):
+                r, _, _ = select.select([ready_r], [], [], START_TIMEOUT)
+                chunk = os.read(ready_r, 65536) if r else b""
+                if not chunk:
+                    break
+                line += chunk
+        finally:
+            os.close(ready_r)
+        if not line.startswith(b"ready "):
+            self.dead = True
+            self.stop()
+            self.reads: list[str] = []
+            return
+        self.reads = json.loads(line[len(b"ready "):])
+
+    def stop(self) -> None:
+        self.dead = True
+        try:
+            os.close(self.parent_w)
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class Pool:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.zygotes: dict[tuple, Zygote] = {}
+        self.reads: list[str] | None = None  # what a zygote read at import (the same for each)
+        self.dir: str | None = None
+        self.failed = False
+        self.started = 0  # zygotes started by this process (each its own socket name)
+        self.own_python_env = {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}
+
+    def zygote_for(self, env: dict) -> Zygote | None:
+        if fresh_everywhere() or self.failed:
+            return None
+        if {k: v for k, v in env.items() if k.startswith("PYTHON")} != self.own_python_env:
+            return None  # an interpreter flag for this run: fresh, as asked
+        with self.lock:
+            if self.reads is not None:
+                key = Z.signature(env, self.reads)
+                z = self.zygotes.get(key)
+                if z is not None and not z.dead and z.proc.poll() is None:
+                    self.zygotes[key] = self.zygotes.pop(key)  # most recently used last
+                    z.inflight += 1
+                    return z
+                if z is not None:
+                    z.stop()
+                    del self.zygotes[key]
+                if len(self.zygotes) >= MAX_ZYGOTES:
+                    # the least recently used one not running a command (its environment was a test's own)
+                    idle = [k for k, o in self.zygotes.items() if o.inflight == 0]
+                    if not idle:
+                        return None
+                    self.zygotes.pop(idle[0]).stop()
+            if self.dir is None:
+                self.dir = tempfile.mkdtemp(prefix="fia-zygote-")
+                atexit.register(self.close)
+            if self.started >= MAX_STARTS:
+                return None
+            self.started += 1
+            z = Zygote(env, os.path.join(self.dir, f"z{self.started}.sock"))
+            if z.dead:
+                self.failed = True  # it cannot start here: every command runs fresh
+                return None
+            z.env = env
+            if self.reads is None or not set(z.reads) <= set(self.reads):
+                # what this zygote read at import (a read can depend on another variable's value)
+                self.reads = sorted(set(self.reads or ()) | set(z.reads) | Z.SOURCE_ONLY)
+                self.zygotes = {Z.signature(o.env, self.reads): o for o in self.zygotes.values()}
+            key = Z.signature(env, self.reads)
+            old = self.zygotes.get(key)
+            if old is not None:
+                old.stop()
+            self.zygotes[key] = z
+            z.inflight += 1
+            return z
+
+    def done(self, z: Zygote) -> None:
+        with self.lock:
+            z.inflight -= 1
+
+    def close(self) -> None:
+        with self.lock:
+            for z in self.zygotes.values():
+                z.stop()
+            self.zygotes.clear()
+            if self.dir:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                self.dir = None
+
+
+POOL = Pool()
+
+
+def client_argv(z: Zygote, marker_fd: int) -> list[str]:
+    """The client's command line, to which the command's own arguments are appended."""
+    return [sys.executable, "-I", "-S", str(CLIENT), z.socket_path, str(marker_fd), "--"]
+
+
+def run(args, *, env: dict, input, timeout, cwd, fresh_argv: list[str], **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run`` of the command through a zygote (or fresh where none serves ``env``)."""
+    z = POOL.zygote_for(env)
+    if z is not None:
+        marker_r, marker_w = os.pipe()
+        try:
+            proc = subprocess.run([*client_argv(z, marker_w), *args], capture_output=True, text=True, env=env,
+                                  input=input, timeout=timeout, cwd=cwd, pass_fds=(marker_w,), **kw)
+        finally:
+            POOL.done(z)
+            os.close(marker_w)
+            try:
+                started = os.read(marker_r, 1) == b"S" if select.select([marker_r], [], [], 0)[0] else False
+            finally:
+                os.close(marker_r)
+        if started:
+            proc.args = [*fresh_argv, *args]
+            proc.via_zygote = True
+            return proc
+        z.dead = True  # it is gone: this command, and the next ones for this environment, run fresh
+    proc = subprocess.run([*fresh_argv, *args], capture_output=True, text=True, env=env, input=input, timeout=timeout,
+                          cwd=cwd, **kw)
+    proc.via_zygote = False
+    return proc
+
+
+def popen(args, *, env: dict, cwd, **kw) -> subprocess.Popen:
+    """The client as a ``Popen`` (tests of the zygote itself: signals); a zygote must serve ``env``."""
+    z = POOL.zygote_for(env)
+    if z is None:
+        raise RuntimeError("no zygote serves this environment")
+    marker = os.open(os.devnull, os.O_WRONLY)
+    try:
+        return subprocess.Popen([*client_argv(z, marker), *args], env=env, cwd=cwd, pass_fds=(marker,), **kw)
+    finally:
+        POOL.done(z)  # (a test of the zygote: nothing evicts it meanwhile)
+        os.close(marker)
