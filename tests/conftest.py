@@ -29,6 +29,8 @@ def pytest_configure(config):
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_ARGV = [sys.executable, "-m", "fi_autotune_cli"]
+#: tests/standins/fault_cli.py's ``FAULT_CLI`` (not imported here: it imports the whole CLI)
+FAULT_CLI = [sys.executable, str(Path(__file__).resolve().parent / "standins" / "fault_cli.py")]
 
 # No test may wait on the Hugging Face hub (CI has no network); the hub path is exercised through
 # a real local cache in test_config_spec.py.
@@ -62,13 +64,17 @@ def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeo
     The process is forked by this test process's CLI fork server (tests/support/zygote.py: the
     same ``python -m fi_autotune_cli`` code path and process semantics, without ~0.3 CPU-s of
     imports each time), except where it must be a fresh interpreter: ``fresh=True``, a
-    ``launcher``, extra ``subprocess`` arguments (``preexec_fn``...), ``PYTHON*`` variables other
-    than this process's, or ``FIA_TEST_FRESH_CLI=1`` (every command fresh: the suite as before)."""
+    ``launcher`` other than the fault launcher's (which the zygote runs as ``python SCRIPT``), extra
+    ``subprocess`` arguments (``preexec_fn``...), ``PYTHON*`` variables other than this process's,
+    or ``FIA_TEST_FRESH_CLI=1`` (every command fresh: the suite as before)."""
     # the runner's terminal (xdist workers export COLUMNS) must not shape what a test reads
     full_env = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, **(env or {})}
     cwd = kw.pop("cwd", REPO)
     if launcher is None and not fresh and not kw:
         return zygotes.run(args, env=full_env, input=input, timeout=timeout, cwd=cwd, fresh_argv=CLI_ARGV)
+    if launcher is not None and launcher[:2] == FAULT_CLI and not fresh and not kw:  # the CLI killed at a step
+        return zygotes.run([*launcher[2:], *args], env=full_env, input=input, timeout=timeout, cwd=cwd,
+                           fresh_argv=FAULT_CLI, script=FAULT_CLI[1])
     proc = subprocess.run(
         [*(launcher or CLI_ARGV), *args], capture_output=True, text=True,
         env=full_env, input=input, timeout=timeout, cwd=cwd, **kw,
@@ -104,6 +110,20 @@ def root(tmp_path: Path) -> Path:
 
 #: collected first (docs/results/test_time_profile.md: where the time goes)
 SLOW_FIRST = ("tests/tree/", "tests/tune/")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker more than the cores this process may use. Part of the suite waits
+    rather than computes - store timeouts against silent servers, served workers' idle exits,
+    killed commands' survivors, moto answering - and with a worker per core a core sits idle
+    through each wait. On 2 cores, 3 workers ran the suite in 171 s against 180 s with 2 (the
+    same run, one after the other; 4 workers: 174 s, more CPU for nothing): see
+    docs/results/test_time_profile.md. ``-n N`` still says exactly how many."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return cores + 1
 
 
 def pytest_collection_modifyitems(config, items):

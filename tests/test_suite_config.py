@@ -164,3 +164,32 @@ def test_fia_test_fresh_cli_runs_every_command_fresh(monkeypatch):
 
     monkeypatch.setenv("FIA_TEST_FRESH_CLI", "1")
     assert not run_cli("--version").via_zygote
+
+
+def test_the_fault_launcher_runs_in_the_zygote_and_dies_where_asked(tmp_path):
+    """tests/standins/fault_cli.py (the CLI killed at an exact step) runs as ``python SCRIPT`` in a
+    zygote child: unkilled, its output is a fresh launcher's byte for byte; killed, the test sees
+    the same SIGKILL death, and the kill left the same thing behind (a journal to roll forward)."""
+    import signal
+
+    from devtools.synthetic import write_fake_entry
+
+    from .conftest import FAULT_CLI, run_cli
+
+    src = tmp_path / "src"
+    write_fake_entry(src)
+    archive = tmp_path / "a.tgz"
+    assert run_cli("export", "-o", str(archive), "--cache-dir", str(src)).returncode == 0
+    plain = [*FAULT_CLI, "--"]
+    z, f = _both("ls", "--cache-dir", str(src), launcher=plain)
+    assert (z.returncode, z.stdout, z.stderr) == (f.returncode, f.stdout, f.stderr) and z.returncode == 0
+    z, f = _both("ls", "--bogus", launcher=plain)
+    assert (z.returncode, z.stdout, z.stderr) == (f.returncode, f.stdout, f.stderr) and z.returncode == 2
+    left = {}
+    for fresh in (False, True):
+        dest = tmp_path / f"dest-{fresh}"
+        killed = run_cli("import", str(archive), "--cache-dir", str(dest), fresh=fresh,
+                         launcher=[*FAULT_CLI, "--crash-at", "txn.journaled", "--"])
+        assert killed.returncode == -signal.SIGKILL and killed.via_zygote is not fresh, killed.stderr
+        left[fresh] = sorted(p.parent.name for p in dest.rglob("*.json") if p.parent.name == ".fi-autotune-journal")
+    assert left[False] == left[True] == [".fi-autotune-journal"]

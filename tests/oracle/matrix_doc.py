@@ -83,11 +83,16 @@ def table() -> str:
     return summary + "\n\n" + "\n".join(rows)
 
 
-def main() -> int:
+def current() -> tuple[str, str]:
+    """docs/plan.md as it is, and as it would be with the matrix table made now."""
     doc = DOC.read_text()
     head, rest = doc.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    new = f"{head}{BEGIN}\n{table()}\n{END}{tail}"
+    return doc, f"{head}{BEGIN}\n{table()}\n{END}{tail}"
+
+
+def main() -> int:
+    doc, new = current()
     if "--check" in sys.argv:
         if new != doc:
             print("docs/plan.md: the matrix table is stale; run tests/oracle/matrix_doc.py", file=sys.stderr)

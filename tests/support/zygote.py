@@ -239,9 +239,15 @@ def _child(request: dict, fds: list[int], close: list) -> None:
     sys.stdout = sys.__stdout__ = _stdio(1, "w", like[1])
     sys.stderr = sys.__stderr__ = _stdio(2, "w", like[2])
     cwd = os.getcwd()
-    sys.path[0] = cwd
-    sys.argv = ["-m", *request["argv"]]  # runpy sets argv[0] to the module's file, as -m does
-    sys.orig_argv = [sys.executable, "-m", "fi_autotune_cli", *request["argv"]]
+    script = request.get("script") or ""
+    if script:  # ``python SCRIPT ARGS`` (the fault launcher): argv[0] and sys.path[0] as a script has them
+        sys.path[0] = os.path.dirname(os.path.realpath(script))
+        sys.argv = [script, *request["argv"]]
+        sys.orig_argv = [sys.executable, script, *request["argv"]]
+    else:
+        sys.path[0] = cwd
+        sys.argv = ["-m", *request["argv"]]  # runpy sets argv[0] to the module's file, as -m does
+        sys.orig_argv = [sys.executable, "-m", "fi_autotune_cli", *request["argv"]]
     main = sys.modules["__main__"]
     for key in [k for k in vars(main) if k != "__builtins__"]:
         delattr(main, key)
@@ -252,7 +258,10 @@ def _child(request: dict, fds: list[int], close: list) -> None:
         # forked with the forwarded signals blocked (serve): one the client passed on while this
         # child was being set up arrives now, to a fresh interpreter's dispositions, not lost
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        runpy._run_module_as_main("fi_autotune_cli")  # noqa: SLF001 - what `python -m` calls
+        if script:
+            runpy.run_path(script, run_name="__main__")  # what `python SCRIPT` runs
+        else:
+            runpy._run_module_as_main("fi_autotune_cli")  # noqa: SLF001 - what `python -m` calls
     except SystemExit as e:
         code = _exit_code(e)
     except KeyboardInterrupt:
@@ -268,10 +277,10 @@ def parse_request(data: bytes) -> dict:
     """What tests/support/zygote_client.py ``request_bytes`` sends: NUL-separated cwd, umask, argc,
     argv, then the environment's ``NAME=value`` pairs."""
     fields = data.split(b"\0")
-    argc = int(fields[2])
-    env = dict(os.fsdecode(f).partition("=")[::2] for f in fields[3 + argc:] if f)
-    return {"cwd": os.fsdecode(fields[0]), "umask": int(fields[1]), "argv": [os.fsdecode(a) for a in fields[3:3 + argc]],
-            "env": env}
+    argc = int(fields[3])
+    env = dict(os.fsdecode(f).partition("=")[::2] for f in fields[4 + argc:] if f)
+    return {"cwd": os.fsdecode(fields[0]), "umask": int(fields[1]), "script": os.fsdecode(fields[2]),
+            "argv": [os.fsdecode(a) for a in fields[4:4 + argc]], "env": env}
 
 
 def serve() -> None:

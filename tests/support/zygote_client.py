@@ -1,6 +1,7 @@
 """The process a test sees in place of ``python -m fi_autotune_cli`` when the zygote runs the command
-(tests/support/zygote.py). Run as ``python -I -S zygote_client.py SOCKET MARKER_FD -- ARGS...``:
-stdlib only, no site (~0.02 CPU-s).
+(tests/support/zygote.py). Run as ``python -I -S zygote_client.py SOCKET MARKER_FD [SCRIPT] -- ARGS...``:
+stdlib only, no site (~0.02 CPU-s). With SCRIPT the command is ``python SCRIPT ARGS...`` instead
+(tests/standins/fault_cli.py: the CLI killed at an exact step).
 
 It sends the zygote its argv, its environment, its working directory and umask, and its own file
 descriptors 0, 1 and 2 (SCM_RIGHTS), so the command reads and writes exactly what this process
@@ -23,18 +24,21 @@ NOT_STARTED = 197  # never an exit status of fi-autotune's (0, 1, 2, 130); run_c
 FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
 
 
-def request_bytes(args: list[str]) -> bytes:
-    """argv, environment, cwd, umask as NUL-separated fields (tests/support/zygote.py ``parse_request``)."""
+def request_bytes(args: list[str], script: str = "") -> bytes:
+    """cwd, umask, script ("": ``-m fi_autotune_cli``), argv, environment as NUL-separated fields
+    (tests/support/zygote.py ``parse_request``)."""
     umask = os.umask(0)
     os.umask(umask)
     env = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in os.environ.items()]
-    fields = [os.fsencode(os.getcwd()), b"%d" % umask, b"%d" % len(args), *map(os.fsencode, args), *env]
+    fields = [os.fsencode(os.getcwd()), b"%d" % umask, os.fsencode(script), b"%d" % len(args), *map(os.fsencode, args),
+              *env]
     return b"\0".join(fields)
 
 
 def main() -> None:
     path, marker_fd = sys.argv[1], int(sys.argv[2])
-    args = sys.argv[4:]
+    script = "" if sys.argv[3] == "--" else sys.argv[3]
+    args = sys.argv[5:] if script else sys.argv[4:]
     pending: list[int] = []
     child = [0]
 
@@ -62,7 +66,7 @@ def main() -> None:
         return line
 
     try:
-        request = request_bytes(args)
+        request = request_bytes(args, script)
         conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         conn.connect(path)
         fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))
@@ -89,7 +93,8 @@ def main() -> None:
     status = int(line[1:])
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        _signal.signal(sig, _signal.SIG_DFL)
+        if sig not in (_signal.SIGKILL, _signal.SIGSTOP):  # those two have no handler to reset
+            _signal.signal(sig, _signal.SIG_DFL)
         _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [sig])
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)  # only where the signal does not kill (never for the ones that ended the command)

@@ -151,18 +151,22 @@ class Pool:
 POOL = Pool()
 
 
-def client_argv(z: Zygote, marker_fd: int) -> list[str]:
-    """The client's command line, to which the command's own arguments are appended."""
-    return [sys.executable, "-I", "-S", str(CLIENT), z.socket_path, str(marker_fd), "--"]
+def client_argv(z: Zygote, marker_fd: int, script: str = "") -> list[str]:
+    """The client's command line, to which the command's own arguments are appended; ``script``:
+    the command is ``python SCRIPT`` instead of ``python -m fi_autotune_cli``."""
+    return [sys.executable, "-I", "-S", str(CLIENT), z.socket_path, str(marker_fd), *([script] if script else []), "--"]
 
 
-def run(args, *, env: dict, input, timeout, cwd, fresh_argv: list[str], **kw) -> subprocess.CompletedProcess:
-    """``subprocess.run`` of the command through a zygote (or fresh where none serves ``env``)."""
+def run(args, *, env: dict, input, timeout, cwd, fresh_argv: list[str], script: str = "",
+        **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run`` of the command through a zygote (or fresh where none serves ``env``):
+    ``fresh_argv + args`` as a fresh process would run it (``script``: ``fresh_argv`` is
+    ``python SCRIPT``)."""
     z = POOL.zygote_for(env)
     if z is not None:
         marker_r, marker_w = os.pipe()
         try:
-            proc = subprocess.run([*client_argv(z, marker_w), *args], capture_output=True, text=True, env=env,
+            proc = subprocess.run([*client_argv(z, marker_w, script), *args], capture_output=True, text=True, env=env,
                                   input=input, timeout=timeout, cwd=cwd, pass_fds=(marker_w,), **kw)
         finally:
             POOL.done(z)
