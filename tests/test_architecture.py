@@ -20,6 +20,11 @@ from .support import import_graph as ig
 REPO = Path(__file__).resolve().parent.parent
 
 
+#: One test process reads the import graph once for every test here (xdist would hand the tests to
+#: every worker, each reading it again).
+pytestmark = pytest.mark.xdist_group("architecture")
+
+
 @pytest.fixture(scope="module")
 def graph() -> ig.Graph:
     return ig.read_graph(REPO)
