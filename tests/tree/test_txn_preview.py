@@ -17,12 +17,16 @@ def _stage(txn: Transaction, layout):
     return eid
 
 
-def test_a_preview_only_transaction_refuses_to_commit_and_leaves_no_scratch(tmp_path):
-    layout = default_layout()
-    root = tmp_path / "tree"
+def _previewing(tmp_path):
+    """(layout, root, a preview-only transaction with one entry staged, its id, its scratch dir)."""
+    layout, root = default_layout(), tmp_path / "tree"
     txn = Transaction(layout, root, preview_only=True)
     eid = _stage(txn, layout)
-    scratch = txn._scratch
+    return layout, root, txn, eid, txn._scratch
+
+
+def test_a_preview_only_transaction_refuses_to_commit_and_leaves_no_scratch(tmp_path):
+    layout, root, txn, eid, scratch = _previewing(tmp_path)
     assert not root.exists()  # not even the root was made
     assert scratch.is_dir() and not scratch.is_relative_to(root)
     staged = txn.staged[eid].stage
@@ -33,11 +37,7 @@ def test_a_preview_only_transaction_refuses_to_commit_and_leaves_no_scratch(tmp_
 
 
 def test_a_preview_decides_against_the_real_tree_and_cleans_up(tmp_path):
-    layout = default_layout()
-    root = tmp_path / "tree"
-    txn = Transaction(layout, root, preview_only=True)
-    eid = _stage(txn, layout)
-    scratch = txn._scratch
+    layout, root, txn, eid, scratch = _previewing(tmp_path)
     result = txn.preview()
     assert [str(e) for e in result.committed] == [str(eid)] and not result.refused
     assert not root.exists() and not scratch.exists()
