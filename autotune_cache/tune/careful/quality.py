@@ -247,10 +247,11 @@ def selection_summary(selection: dict) -> dict:
 
 #: Runners-up per slot and tune that careful races beside the winners - every tactic a tune timed,
 #: up to this many. Eight were not enough: on Mixtral-8x7B TP2 (H100) the exhaustive best sat
-#: beyond FlashInfer's own single-tune rank 8 for a slot at 1 of 42 (op, bucket), and where the
-#: two GEMMs interact the pair round needs the best of each slot beside the other's, which a
-#: tune's short ranking (timed beside another partner) does not hold (docs/quality.md, "Careful
-#: screens every tactic"). The screen (``SCREEN_ROUNDS``) keeps the cost of racing them all low.
+#: beyond FlashInfer's own single-tune rank 9 at 1 of 42 (op, bucket), and where the two GEMMs
+#: interact the pair round needs the best of each slot beside the other's, which a tune's short
+#: ranking (timed beside another partner) does not hold (docs/quality.md, "Careful screens every
+#: tactic"). The screen (``SCREEN_ROUNDS``) bounds the cost: careful on Mixtral went from 208 to
+#: 321-327 GPU-s, most of it screening ~90 candidates per eager bucket.
 DEFAULT_TOP_K = 64
 
 #: Each slot's fastest values in the race crossed into whole assignments and raced again: the best

@@ -45,7 +45,7 @@ class _Candidates:
         self.tuner, self.layer, self.kwargs = tuner, layer, layer.call_kwargs(bucket)
         self.draws: list[dict] = []
         if input_draws > 1:
-            tensors = {k for k, v in self.kwargs.items() if hasattr(v, "copy_")}
+            tensors = {k for k, v in self.kwargs.items() if hasattr(v, "copy_") and k not in layer.static}  # token-shaped
             self.draws = [{k: v for k, v in layer.call_kwargs(bucket, draw=d).items() if k in tensors}
                           for d in range(input_draws)]
         self.paths = []

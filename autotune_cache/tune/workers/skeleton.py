@@ -120,10 +120,8 @@ class OpLayer(nn.Module):
         race may rotate a few, so that no single routing decides: ``race.py``)."""
         gen = None if self.gen is None else torch.Generator(device=self.device).manual_seed(
             self.seed * 1_000_003 + 7 * int(m) + 1 + 104_729 * int(draw))
-        return {**self.static, **self.token_kwargs(m, gen)}
-
-    def token_kwargs(self, m: int, gen) -> dict:
-        return {k: _decode(v, m, self.device, gen, self.ctx) for k, v in self.op["kwargs"].items() if _has_m(v)}
+        dynamic = {k: _decode(v, m, self.device, gen, self.ctx) for k, v in self.op["kwargs"].items() if _has_m(v)}
+        return {**self.static, **dynamic}
 
     def forward(self, m: int) -> Any:
         return self.api(**self.call_kwargs(m))
