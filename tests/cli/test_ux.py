@@ -205,8 +205,9 @@ def test_ctrl_c_at_any_moment_of_start_up_never_prints_a_traceback(root):
     process starts. Before the interpreter has its handler the signal kills it (-2, silent); once
     our first line runs, 130 and one line; never a traceback through our code. What no program
     can catch is the interpreter's own start-up before its first line (``site``, the
-    environment's ``.pth`` files, finding the entry module): a traceback with no frame of ours,
-    a few milliseconds wide, counted apart."""
+    environment's ``.pth`` files, finding the entry module): a traceback with no frame of ours, or
+    a bare "KeyboardInterrupt" (exit 1) where no Python frame runs yet, a few milliseconds wide
+    (wider on a loaded machine), counted apart."""
     write_fake_entry(root)
     script = Path(sys.executable).with_name("fi-autotune")
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "fi_autotune_cli"]
@@ -218,7 +219,10 @@ def test_ctrl_c_at_any_moment_of_start_up_never_prints_a_traceback(root):
         time.sleep(delay)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
-        if "Traceback" in err and not any(o in err for o in ours):
+        # the interpreter's own start-up: a traceback with no frame of ours, or - interrupted where no
+        # Python frame runs yet (finding and importing the entry module) - a bare "KeyboardInterrupt"
+        if ("Traceback" in err or (p.returncode == 1 and err.strip() == "KeyboardInterrupt")) \
+                and not any(o in err for o in ours):
             outcomes.append("before us")
             continue
         outcomes.append(p.returncode)
