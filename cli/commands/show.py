@@ -84,8 +84,10 @@ def _show_selection(out: Output, m, buckets: bool) -> None:
         return
     graph = settings.get("graph_max_tokens")
     screen = settings.get("screen_rounds")
+    keep = settings.get("keep")
     runs = (f"a {screen}-run screen, then {settings.get('race_rounds')}-{settings.get('max_rounds')} runs for those "
-            "within 3% until the fastest is settled" if screen else f"{settings.get('race_rounds')} runs each")
+            f"within {_pct(keep)[1:] if isinstance(keep, (int, float)) else 'a few %'} of the fastest until it is settled"
+            if screen else f"{settings.get('race_rounds')} runs each")
     out.line(f"Selection careful: {settings.get('tunes')} tunes per (op, bucket), their tactics raced against the default "
              f"({runs}, median; CUDA graphs up to {graph} tokens; "
              f"{'cold' if settings.get('cold_l2') else 'hot'} L2); default kept unless "

@@ -18,7 +18,8 @@ from autotune_cache.engines.selection import warm_groups
 from autotune_cache.errors import UsageError
 from autotune_cache.tune.session.fleet import FleetItem
 from autotune_cache.tune.session.fleetrun import DEALS
-from autotune_cache.tune.careful.quality import DEFAULT_THRESHOLD, QualitySettings
+from autotune_cache.tune.careful.exhaustive import KEEP
+from autotune_cache.tune.careful.quality import DEFAULT_THRESHOLD, MAX_ROUNDS, QualitySettings
 from autotune_cache.tune.session.session import WarmOptions, WarmRun, run_warm
 from autotune_cache.tune.session.publish import writable_store
 
@@ -62,8 +63,8 @@ def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | 
               help="careful: keep FlashInfer's default unless a tuned tactic is at least this much faster "
                    "[default: 0.01, i.e. 1%; docs/quality.md measures why].")
 @click.option("--race-runs", type=click.IntRange(5, 10000), default=50, show_default=True,
-              help="careful: timed runs at least per candidate that passes a race's screen (those within 3% of the "
-                   "fastest race on, up to 300 runs, until the fastest is settled).")
+              help=f"careful: timed runs at least per candidate that passes a race's screen (those within {KEEP:.0%} of "
+                   f"the fastest race on, up to {MAX_ROUNDS} runs, until the fastest is settled).")
 @targets_option
 @click.option("--deal", type=click.Choice(DEALS), default="targets", show_default=True,
               help="With --targets: targets = target by target in the file's order (the first targets are written "

@@ -244,6 +244,7 @@ def test_show_reports_how_each_tactic_was_chosen(plan, monkeypatch):
     out = run("show", str(entry.id), "--cache-dir", str(plan.cache_root), "--buckets")
     assert out.returncode == 0, out.stderr
     assert "Selection careful: 3 tunes per (op, bucket)" in out.stdout
+    assert "a 20-run screen, then 50-300 runs for those within 3.0% of the fastest" in out.stdout  # from the manifest
     op_row = next(line for line in out.stdout.splitlines() if line.startswith("moe.") and "+10.0%" in line)
     assert op_row.split()[1:6] == ["21", "21", "0", "0", "0"]  # 21 buckets, all tuned, none unanimous
     bucket_rows = [line for line in out.stdout.splitlines() if line.startswith("moe.") and "1/3" in line]

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from autotune_cache.autotuner.rankfile import parse_file_key
+from autotune_cache.tune.careful.exhaustive import KEEP
 
 #: Keep FlashInfer's default unless a tuned tactic is at least this much faster (median vs median).
 #: Others use 3-4% (tokenspeed#1338: 4%), for one noisy startup measurement. Here the default is
@@ -325,6 +326,6 @@ class QualitySettings:
         if self.careful:
             d.update(threshold=self.threshold, race_rounds=self.race_rounds, race_warmup=self.race_warmup,
                      cold_l2=self.cold_l2, graph_max_tokens=self.graph_max_tokens, top_k=self.top_k,
-                     pair_k=self.pair_k, screen_rounds=self.screen_rounds, max_rounds=self.max_rounds,
+                     pair_k=self.pair_k, screen_rounds=self.screen_rounds, max_rounds=self.max_rounds, keep=KEEP,
                      input_draws=self.input_draws)
         return d
