@@ -175,7 +175,9 @@ def test_the_fault_launcher_runs_in_the_zygote_and_dies_where_asked(tmp_path):
     from devtools.synthetic import write_fake_entry
 
     from .conftest import FAULT_CLI, run_cli
+    from .standins.fault_cli import crash_at
 
+    assert crash_at()[:2] == FAULT_CLI  # conftest's copy (it does not import the CLI) names the same launcher
     src = tmp_path / "src"
     write_fake_entry(src)
     archive = tmp_path / "a.tgz"
