@@ -46,7 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from autotune_cache.tune.careful.exhaustive import (  # noqa: E402
-    KINDS, median, relative_iqr, summarize, table)
+    KINDS, relative_iqr, summarize, table)
+from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS  # noqa: E402
 
 WORKLOADS = {
     "moe-bf16": {"args": ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass"],
@@ -253,15 +254,16 @@ def sweep_slot(race, layer, bucket: int, graph: bool, slot: dict, fixed: dict, w
              batch_rounds=args.batch_rounds, max_rounds=args.max_rounds, keep=args.keep, keep_min=args.keep_min,
              confidence=args.confidence, input_draws=args.input_draws)
     samples, errors, used_graph, settled = r["samples_ms"], r["errors"], r["graph"], r["settle"]
+    draws = r.get("samples_draw") or [None] * len(samples)
     rounds, top = settled["rounds"], settled["top"]
-    meds = [median(s) for s in samples]
+    meds = r["medians_ms"]  # exhaustive.center: with input draws, the mean of each draw's median
     best = min(top, key=lambda i: (meds[i], i)) if top else None
     ranking = sorted((i for i in range(len(cands)) if math.isfinite(meds[i])), key=lambda i: meds[i])
     return {
         "candidates": len(cands), "failed_to_run": sum(e is not None for e in errors), "graph": bool(used_graph),
         "rounds": rounds, "shortlist": len(top), "best": best, "best_label": cands[best]["label"] if best is not None else None,
         "best_ms": meds[best] if best is not None else None,
-        "best_relative_iqr": relative_iqr(samples[best]) if best is not None else None,
+        "best_relative_iqr": relative_iqr(samples[best], draws[best]) if best is not None else None,
         "p_top1": settled["p_top1"], "p_within_tie": settled["p_within_tie"], "runner_up_gap": settled["runner_up_gap"],
         "stable": settled["stable"], "medians_ms": meds, "ranking_idx": ranking,
         "ranking": [{"label": cands[i]["label"], "median_ms": round(meds[i], 6), "runs": len(samples[i]),
@@ -388,13 +390,24 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                     labels.append(_sig(pk["value"]))
                     assignments.append({**fixed, pk["key"]: pk["value"]})
                 if len(assignments) > n_ref or n_ref > 1:
-                    hr = race(layer, b, assignments, None, rounds=args.pick_rounds, warmup=5, cold_l2=True, graph=graph,
-                              input_draws=args.input_draws, workdir=work, seed=104729 + 31 * b + si)
+                    hr, drifts = None, []
+                    for attempt in range(H2H_ATTEMPTS):
+                        r_ = race(layer, b, assignments, None, rounds=args.pick_rounds, warmup=5, cold_l2=True,
+                                  graph=graph, input_draws=args.input_draws, workdir=work,
+                                  seed=104729 + 31 * b + si + 7 * attempt)
+                        drifts.append(r_["medians_ms"][0] / row["best_ms"] - 1 if row["best_ms"] else 0.0)
+                        if hr is None or abs(drifts[-1]) < abs(drifts[hr[1]]):
+                            hr = (r_, attempt)
+                        if abs(drifts[-1]) <= H2H_DRIFT:
+                            break
+                    hr, kept = hr
                     m = hr["medians_ms"]
                     ref = min(range(n_ref), key=lambda j: m[j])
                     row["head_to_head"] = {"best": m[ref], "best_label": f"{labels[ref][0]}:{labels[ref][1]}",
                                            "sweep_best_ms": m[0], **{k: m[j] for k, j in index.items()},
-                                           "graph": hr["graph"], "rounds": args.pick_rounds}
+                                           "graph": hr["graph"], "rounds": args.pick_rounds,
+                                           **({"drifts": [round(d, 4) for d in drifts], "kept": kept}
+                                              if len(drifts) > 1 else {})}
                 else:
                     row["head_to_head"] = {"best": None, "note": "every pick is the best"}
                     for kind in index:
@@ -423,6 +436,15 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
     return result
 
 
+#: A head-to-head whose timing of the sweep's best is off the sweep's own by more than this ran in
+#: another GPU state, not another ranking: on 4 x H100 with four runs at once, three of 368 head-to-heads
+#: timed a 14.4 us fp8 GEMM 14-68% slower than the sweep had (every candidate with it), and their ratios
+#: then read +3.6% and +6.7% for picks the sweep put 0.1% and 0.8% from best. Such a race is run again (at most
+#: ``H2H_ATTEMPTS`` in all) and the one closest to the sweep kept; every attempt's drift is recorded.
+H2H_DRIFT = 0.10
+H2H_ATTEMPTS = 3
+
+
 def _write(result: dict, path: Path) -> None:
     result["summary"] = summarize(result)
     tmp = path.with_suffix(".tmp")
@@ -449,9 +471,9 @@ def main() -> None:
     ap.add_argument("--batch-rounds", type=int, default=60)
     ap.add_argument("--max-rounds", type=int, default=300)
     ap.add_argument("--pick-rounds", type=int, default=100)
-    ap.add_argument("--input-draws", type=int, default=1,
+    ap.add_argument("--input-draws", type=int, default=DEFAULT_INPUT_DRAWS,
                     help="every race's token inputs rotate over this many draws (careful's FI_AUTOTUNE_RACE_INPUTS "
-                         "is set to the same for its warm)")
+                         "is set to the same for its warm; default: careful's own)")
     ap.add_argument("--h2h-next", type=int, default=2, help="the exhaustive race's next N race again with the picks")
     ap.add_argument("--keep", type=float, default=0.03)
     ap.add_argument("--keep-min", type=int, default=4)
@@ -471,7 +493,7 @@ def main() -> None:
     w = WORKLOADS[args.workload]
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"exh-{args.workload}-"))
-    env = {**_cli_env(work), **({"FI_AUTOTUNE_RACE_INPUTS": str(args.input_draws)} if args.input_draws > 1 else {})}
+    env = {**_cli_env(work), "FI_AUTOTUNE_RACE_INPUTS": str(args.input_draws)}
     plan_path = plan_of(w, work, env)
     kinds = [k for k in args.kinds.split(",") if k]
     t0 = time.perf_counter()
@@ -479,7 +501,7 @@ def main() -> None:
     out_path = args.out / f"tactic_exhaustive_{args.workload}.json"
     result = {"workload": args.workload, "label": w["label"], "date": time.strftime("%Y-%m-%d"),
               "settings": {k: getattr(args, k) for k in ("repeats", "screen_rounds", "batch_rounds", "max_rounds",
-                                                         "pick_rounds", "keep", "keep_min", "confidence", "buckets")},
+                                                         "pick_rounds", "keep", "keep_min", "confidence", "buckets", "input_draws")},
               "picks": {k: {kk: vv for kk, vv in v.items() if kk != "path"} for k, v in picks.items()},
               "picks_wall_s": round(time.perf_counter() - t0, 1), "items": [], "layer": []}
     for kind, p in picks.items():

@@ -13,6 +13,12 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("34: no worker is started on a GPU CUDA_VISIBLE_DEVICES hides", "autotune_cache/tune/workers/served.py",
+     "    if len(found) < n:\n        raise UsageError", "    if False:\n        raise UsageError",
+     "tests/tune/test_gpus_visible.py::test_worker_devices_refuse_more_workers_than_the_mask_shows"),
+    ("34: the GPU count stops where CUDA stops reading CUDA_VISIBLE_DEVICES", "autotune_cache/tune/workers/gpus.py",
+     "        if len(hit) != 1 or hit[0] in out:\n            break", "        if not hit:\n            continue",
+     "tests/tune/test_gpus_visible.py::test_visible_follows_cudas_rules"),
     ("34: a stale state's directory is removed only when it is a sockets' dir this tool made",
      "autotune_cache/tune/workers/servedstate.py", "        return\n    for name in", "        pass\n    for name in",
      "tests/tune/test_served_misuse.py::test_stale_state_never_deletes_a_directory_that_is_not_a_runtime_dir"),

@@ -1,7 +1,8 @@
 """``diff --measure``: time each side's tactics for the (op, bucket)s two caches disagree on.
 
 Each changed (op, bucket) is raced on this GPU (``race.py``: interleaved, CUDA-graph replays at
-decode sizes, cold L2, median): side A's entries for that call against side B's, every other
+decode sizes, cold L2, median; the token inputs rotating over careful's input draws): side A's entries
+for that call against side B's, every other
 lookup of the call left as each side has it. The layer is built from the plan of the entry's
 recorded request, exactly as ``warm`` tunes it. Imports torch (the skeleton) when imported, flashinfer
 when run; needs a GPU.
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from autotune_cache.errors import UsageError
 from autotune_cache.tree.diff import Comparison, op_slots, pick_slots
+from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS
 from autotune_cache.tune.careful.race import race
 from autotune_cache.tune.workers.skeleton import OpLayer
 from autotune_cache.tune.session.work import distinct_ops
@@ -53,7 +55,7 @@ def measure(plan, comparisons: list[tuple[str, Comparison]], *, rounds: int = 50
                         layers[i](1)
                 result = race(layers[i], tokens, [pick_slots(comp.a_configs, slots), pick_slots(comp.b_configs, slots)], None,
                               rounds=rounds, warmup=warmup, cold_l2=cold_l2, graph=tokens <= graph_max,
-                              workdir=Path(tmp))
+                              workdir=Path(tmp), input_draws=DEFAULT_INPUT_DRAWS)
                 a, b = result["medians_ms"]
                 rows.append({**row, "a_ms": _ms(a), "b_ms": _ms(b),
                              "b_vs_a": round(b / a - 1, 4) if math.isfinite(a) and math.isfinite(b) and a > 0 else None,

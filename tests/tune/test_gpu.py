@@ -39,11 +39,10 @@ def record(name: str, **values) -> None:
 
 
 def gpu_count() -> int:
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return len([ln for ln in out.stdout.splitlines() if ln.startswith("GPU ")])
+    """The GPUs this process may use (CUDA_VISIBLE_DEVICES applied, as warm counts them)."""
+    from autotune_cache.tune.workers.gpus import detect_gpus
+
+    return detect_gpus().count
 
 
 def warm(args, root: Path, *extra, timeout=900, env: dict | None = None) -> dict:
@@ -451,3 +450,19 @@ def test_served_workers_tune_warm_after_warm_without_the_start(tmp_path):
         record("served_workers_qwen3_tp2", fixed_start_s=starts, start_s=json.loads(up.stdout)["seconds"])
     finally:
         run_cli("workers", "stop", env=env)
+
+
+def test_a_mask_narrows_the_gpus_warm_counts(tmp_path):
+    """On the real driver: NVML lists every GPU, CUDA_VISIBLE_DEVICES=<last one> leaves one; --gpus 2 under
+    it is a usage error (it died with an IndexError on 4 x H100), --gpus 1 tunes on the GPU it names."""
+    from autotune_cache.tune.workers.gpus import visible_gpus
+
+    every = visible_gpus() if "CUDA_VISIBLE_DEVICES" not in os.environ else None
+    if not every:
+        pytest.skip("run without CUDA_VISIBLE_DEVICES: this test sets its own")
+    last = str(len(every) - 1)
+    p = run_cli("warm", *QWEN, "--cache-dir", str(tmp_path / "c"), "--gpus", "2", env={"CUDA_VISIBLE_DEVICES": last})
+    assert p.returncode == 2 and p.stderr.strip() == (
+        f"fi-autotune: error: --gpus 2: CUDA_VISIBLE_DEVICES={last} shows this command 1 GPU(s)"), p.stderr
+    r = warm(QWEN, tmp_path / "one", "--gpus", "1", env={"CUDA_VISIBLE_DEVICES": last})
+    assert r["status"] == "written"

@@ -4,9 +4,11 @@
 makes: a MoE call's gemm1 and gemm2, each fp8 GEMM) at every bucket, through ``race.py``. This module
 holds what needs no GPU, so it is tested on CPU:
 
+* :func:`center` - a candidate's time from its timed runs: their median, or with rotating input draws
+  the mean over draws of each draw's median;
 * :func:`bootstrap` - from every candidate's timed samples, the probability (resampling each
-  candidate's samples with replacement, medians compared) that the observed fastest stays fastest,
-  and that it stays within ``tie`` of the fastest;
+  candidate's samples with replacement, within each input draw, centers compared) that the observed
+  fastest stays fastest, and that it stays within ``tie`` of the fastest;
 * :func:`shortlist` / :func:`stable` - which candidates go on racing after the screen, and when to stop;
 * :func:`settle` - that rule as a race: careful's races (``race.py``) and the benchmark's sweep both run it;
 * :func:`summarize` / :func:`table` - the share of (op, bucket) within 1% of the exhaustive best per
@@ -39,11 +41,37 @@ def median(xs) -> float:
     return statistics.median(xs) if xs else math.inf
 
 
-def bootstrap(samples: list[list[float]], iters: int = 1000, tie: float = TIE, seed: int = 0) -> dict:
-    """``samples[i]``: candidate i's timed runs (ms). Returns the observed ranking and, over ``iters``
-    resamplings, ``p_top1`` (the observed fastest is the fastest) and ``p_within_tie`` (the observed
-    fastest is within ``tie`` of the fastest). Candidates without samples never rank."""
-    meds = [median(s) for s in samples]
+def strata(xs: list[float], draws: list[int] | None) -> list[list[float]]:
+    """A candidate's runs split by the input draw each timed (one stratum without draws)."""
+    if not draws:
+        return [list(xs)]
+    by: dict[int, list[float]] = {}
+    for x, d in zip(xs, draws):
+        by.setdefault(d, []).append(x)
+    return [by[d] for d in sorted(by)]
+
+
+def center(xs: list[float], draws: list[int] | None = None) -> float:
+    """A candidate's time: the median of its runs; with rotating input draws (``draws[j]``: the draw
+    run j timed), the mean over draws of each draw's median. Why: a MoE's call time depends on its
+    routing - at 2 tokens Mixtral's top-2 of 8 experts touches 3 or 4 experts, 0.22 or 0.27 ms - so
+    runs over several draws pile up in one mode per draw, and the median of the pool falls in the gap
+    between modes, where a few runs more of one draw move it by 10% (Mixtral TP2, 4 draws: the best's
+    interquartile range was 21% and the reference's own ranking held in 21% of bootstrap draws). Per
+    draw the runs spread by about 1%; the mean weighs every draw alike, as the engine meets them."""
+    meds = [median(s) for s in strata(xs, draws)]
+    meds = [m for m in meds if math.isfinite(m)]
+    return sum(meds) / len(meds) if meds else math.inf
+
+
+def bootstrap(samples: list[list[float]], iters: int = 1000, tie: float = TIE, seed: int = 0,
+              draws: list[list[int]] | None = None) -> dict:
+    """``samples[i]``: candidate i's timed runs (ms), ``draws[i]`` (optional) the input draw of each.
+    Returns the observed ranking (by :func:`center`) and, over ``iters`` resamplings (each draw's runs
+    resampled apart), ``p_top1`` (the observed fastest is the fastest) and ``p_within_tie`` (the
+    observed fastest is within ``tie`` of the fastest). Candidates without samples never rank."""
+    tags = draws or [None] * len(samples)
+    meds = [center(s, t) for s, t in zip(samples, tags)]
     live = [i for i, m in enumerate(meds) if math.isfinite(m)]
     ranked = sorted(live, key=lambda i: (meds[i], i))
     out = {"medians_ms": meds, "ranked": ranked, "best": ranked[0] if ranked else None,
@@ -56,10 +84,10 @@ def bootstrap(samples: list[list[float]], iters: int = 1000, tie: float = TIE, s
         out["p_top1"] = out["p_within_tie"] = 1.0
         return out
     best = ranked[0]
-    draws = _resampled_medians([samples[i] for i in live], iters, seed)  # per draw, per live candidate
+    rows = _resampled_centers([strata(samples[i], tags[i]) for i in live], iters, seed)  # per resampling, per candidate
     mine = live.index(best)
     top1 = within = 0
-    for row in draws:
+    for row in rows:
         fastest = min(row)
         top1 += row[mine] <= fastest
         within += row[mine] <= fastest * (1 + tie)
@@ -67,19 +95,23 @@ def bootstrap(samples: list[list[float]], iters: int = 1000, tie: float = TIE, s
     return out
 
 
-def _resampled_medians(pools: list[list[float]], iters: int, seed: int) -> list[list[float]]:
-    """``iters`` bootstrap draws: each pool resampled with replacement, its median (numpy when
-    present: the benchmark calls this after every batch of rounds)."""
+def _resampled_centers(cands: list[list[list[float]]], iters: int, seed: int) -> list[list[float]]:
+    """``iters`` bootstrap resamplings: every stratum (one input draw's runs) of every candidate
+    resampled with replacement, its median, the candidate's the mean of those (numpy when present:
+    the benchmark calls this after every batch of rounds)."""
+    cands = [[p for p in c if p] for c in cands]
     try:
         import numpy as np
     except ImportError:  # pragma: no cover - numpy is everywhere torch is
         rng = random.Random(seed)
         out = []
         for _ in range(iters):
-            out.append([statistics.median(p[int(rng.random() * len(p))] for _ in range(len(p))) for p in pools])
+            out.append([sum(statistics.median(p[int(rng.random() * len(p))] for _ in range(len(p))) for p in c) / len(c)
+                        for c in cands])
         return out
     rng = np.random.default_rng(seed)
-    cols = [np.median(np.asarray(p, dtype=float)[rng.integers(0, len(p), size=(iters, len(p)))], axis=1) for p in pools]
+    cols = [np.mean([np.median(np.asarray(p, dtype=float)[rng.integers(0, len(p), size=(iters, len(p)))], axis=1)
+                     for p in c], axis=0) for c in cands]
     return np.stack(cols, axis=1).tolist()
 
 
@@ -110,37 +142,56 @@ def settle(time_rounds, n: int, *, rounds: int, screen_rounds: int, batch_rounds
     bootstrap draws) or ``max_rounds`` is reached.
 
     ``time_rounds(live, k, seed)`` times the ``live`` candidates ``k`` interleaved rounds and returns
-    one list of samples per candidate (empty for the others): ``race.py`` on a GPU, a stand-in in the
-    CPU tests. Returns every candidate's samples (a screened-out one keeps its screen) and what
-    happened: how many were shortlisted, the rounds the shortlist ran, and the last bootstrap's
-    confidence. Why: careful races every tactic a tune timed (about 90 per MoE bucket); 50 rounds each
+    one list of samples per candidate (empty for the others), or ``(samples, draws)`` with the input
+    draw of every sample: ``race.py`` on a GPU, a stand-in in the CPU tests. Returns every candidate's
+    samples (a screened-out one keeps its screen), their draws (None without), and what happened: how
+    many were shortlisted, the rounds the shortlist ran, and the last bootstrap's confidence. Why: careful races every tactic a tune timed (about 90 per MoE bucket); 50 rounds each
     would spend most of the race on tactics 10% off, and too few where two are 0.3% apart."""
-    samples = [list(s) for s in time_rounds(list(range(n)), screen_rounds, seed)]
-    top = shortlist([median(s) for s in samples], keep, keep_min)
+    samples, draws = _split(time_rounds(list(range(n)), screen_rounds, seed), n)
+    top = shortlist([center(s, d) for s, d in zip(samples, draws)], keep, keep_min)
     done, batch, boot = screen_rounds, 0, None
     while top:
         if done >= rounds:
-            boot = bootstrap([samples[i] for i in top], seed=seed + batch)
+            boot = bootstrap([samples[i] for i in top], seed=seed + batch, draws=[draws[i] for i in top])
             if stable(boot, confidence) or done >= max_rounds:
                 break
         batch += 1
         step = rounds - done if done < rounds else max(1, min(batch_rounds, max_rounds - done))
-        more = time_rounds(top, step, seed + 7919 * batch)
+        more, more_draws = _split(time_rounds(top, step, seed + 7919 * batch), n)
         for i in top:
             samples[i].extend(more[i])
+            draws[i].extend(more_draws[i])
         done += step
     info = {"screened": n, "shortlist": len(top), "top": top, "rounds": done,
             "runner_up_gap": boot["runner_up_gap"] if boot else None,
             "p_top1": boot["p_top1"] if boot else None, "p_within_tie": boot["p_within_tie"] if boot else None,
             "stable": stable(boot, confidence) if boot else not top}
-    return samples, info
+    return samples, (draws if any(any(d) for d in draws) else None), info
 
 
-def relative_iqr(samples: list[float]) -> float | None:
+def _split(timed, n: int) -> tuple[list[list[float]], list[list[int]]]:
+    """``time_rounds``' answer as (samples, draws), draw 0 for every sample where it gave none."""
+    samples, draws = timed if isinstance(timed, tuple) else (timed, None)
+    samples = [list(s) for s in samples]
+    return samples, [list(d) for d in draws] if draws is not None else [[0] * len(s) for s in samples]
+
+
+def relative_iqr(samples: list[float], draws: list[int] | None = None) -> float | None:
+    """The interquartile range over the median; with input draws, of every run over its own draw's
+    median (the timing noise, not the spread between draws' routings)."""
     if len(samples) < 4:
         return None
+    if draws:
+        meds = {}
+        for x, d in zip(samples, draws):
+            meds.setdefault(d, []).append(x)
+        meds = {d: statistics.median(v) for d, v in meds.items()}
+        if any(m <= 0 for m in meds.values()):
+            return None
+        samples, m = [x / meds[d] for x, d in zip(samples, draws)], 1.0
+    else:
+        m = statistics.median(samples)
     q = statistics.quantiles(samples, n=4)
-    m = statistics.median(samples)
     return (q[2] - q[0]) / m if m > 0 else None
 
 

@@ -36,6 +36,13 @@ from autotune_cache.tune.careful.exhaustive import KEEP
 #: and 93.3% at 3%, where the floor kept defaults that were really 2-3% slower.
 DEFAULT_THRESHOLD = 0.01
 
+#: Token-input draws (a MoE's routing, the activations) every race rotates over, one per round, each
+#: draw's runs kept apart (``exhaustive.center``). Why: on Mixtral-8x7B TP2 at 1024 tokens gemm1
+#: tactic 33 was as fast as 32 for some draws and 4-12% slower for others, so a race over one draw
+#: crowned 33 in careful's worker and the reference crowned 32; with 4 draws on both sides careful
+#: matched the reference at every (op, bucket) of 1024-8192 tokens (docs/quality.md).
+DEFAULT_INPUT_DRAWS = 4
+
 #: FlashInfer's fallback tactic (``runners[0]`` with this tactic when a lookup misses).
 DEFAULT_TACTIC = -1
 
@@ -298,8 +305,7 @@ class QualitySettings:
     #: Finalists per slot crossed in the pair round after the race (``careful.pair_candidates``); 0: none.
     pair_k: int = field(default_factory=lambda: _env_int("FI_AUTOTUNE_PAIR_K", DEFAULT_PAIR_K))
     #: Token-input draws a race rotates over, one per round (``race._Candidates``); 1: one draw.
-    #: Not yet the default: its effect on the exhaustive comparison is unmeasured (docs/quality.md).
-    input_draws: int = field(default_factory=lambda: max(1, _env_int("FI_AUTOTUNE_RACE_INPUTS", 1)))
+    input_draws: int = field(default_factory=lambda: max(1, _env_int("FI_AUTOTUNE_RACE_INPUTS", DEFAULT_INPUT_DRAWS)))
     extra: dict = field(default_factory=dict)
 
     @property

@@ -14,20 +14,19 @@ cache file (``AutoTuner.load_configs``), not forced through private hooks:
 Candidates are interleaved in a new random order every round, so drift (clocks, temperature,
 other tenants) hits all alike; with ``cold_l2`` a 2x-L2 buffer is zeroed before every timed run
 (untimed), as between layers the weights come from HBM. The median of each candidate's runs is
-its time. Needs torch, flashinfer and a GPU; imported by the worker only.
+its time (with rotating input draws, the mean of each draw's median: ``exhaustive.center``).
+Needs torch, flashinfer and a GPU; imported by the worker only.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
-import statistics
 from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import cache_file_bytes
-from autotune_cache.tune.careful.exhaustive import CONFIDENCE, KEEP, KEEP_MIN, settle
+from autotune_cache.tune.careful.exhaustive import CONFIDENCE, KEEP, KEEP_MIN, center, relative_iqr, settle
 
 
 class _Candidates:
@@ -56,11 +55,14 @@ class _Candidates:
             p.write_bytes(cache_file_bytes(metadata, values) if metadata is not None else json.dumps(values).encode())
             self.paths.append(p)
 
-    def inputs_for_round(self, r: int) -> None:
-        """Round ``r``'s token inputs into the call's own tensors (no-op with one draw)."""
-        if self.draws:
-            for k, v in self.draws[r % len(self.draws)].items():
-                self.kwargs[k].copy_(v)
+    def inputs_for_round(self, r: int) -> int:
+        """Round ``r``'s token inputs into the call's own tensors (no-op with one draw); the draw."""
+        if not self.draws:
+            return 0
+        d = r % len(self.draws)
+        for k, v in self.draws[d].items():
+            self.kwargs[k].copy_(v)
+        return d
 
     def use(self, i: int) -> bool:
         self.tuner.clear_cache()
@@ -105,14 +107,16 @@ def _first_runs(torch, c: _Candidates, n: int, graph: bool) -> tuple[list, list,
 
 
 def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, delay, rounds: int, warmup: int,
-                  seed: int) -> list[list[float]]:
-    """Every live candidate once per round, in a new random order each round; the samples (ms)."""
+                  seed: int) -> tuple[list[list[float]], list[list[int]] | None]:
+    """Every live candidate once per round, in a new random order each round; the samples (ms) and,
+    with rotating input draws, the draw of each."""
     samples: list[list[float]] = [[] for _ in graphs]
+    tags: list[list[int]] = [[] for _ in graphs]
     rng = random.Random(seed)
     for r in range(warmup + rounds):
         order = list(live)
         rng.shuffle(order)
-        c.inputs_for_round(r)
+        draw = c.inputs_for_round(r)
         events = []
         for i in order:
             if graphs[i] is None and not c.use(i):
@@ -136,7 +140,8 @@ def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, d
         if r >= warmup:
             for i, start, end in events:
                 samples[i].append(start.elapsed_time(end))
-    return samples
+                tags[i].append(draw)
+    return samples, (tags if c.draws else None)
 
 
 def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, rounds: int = 50, warmup: int = 5,
@@ -165,19 +170,21 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
             def time_rounds(which, k, s):
                 return _timed_rounds(torch, c, [i for i in which if i in live], graphs, flush, delay, k, warmup, s)
 
-            samples, settled = settle(time_rounds, n, rounds=rounds, screen_rounds=screen_rounds,
-                                      batch_rounds=batch_rounds, max_rounds=max(max_rounds, rounds), keep=keep,
-                                      keep_min=keep_min, confidence=confidence, seed=seed)
+            samples, draws, settled = settle(time_rounds, n, rounds=rounds, screen_rounds=screen_rounds,
+                                             batch_rounds=batch_rounds, max_rounds=max(max_rounds, rounds), keep=keep,
+                                             keep_min=keep_min, confidence=confidence, seed=seed)
         else:
-            samples = _timed_rounds(torch, c, live, graphs, flush, delay, rounds, warmup, seed)
+            samples, draws = _timed_rounds(torch, c, live, graphs, flush, delay, rounds, warmup, seed)
     c.remove()
-    medians = [statistics.median(s) if s else math.inf for s in samples]
-    spread = [(_iqr(s) / statistics.median(s)) if len(s) >= 4 and statistics.median(s) > 0 else None for s in samples]
-    out = {"bucket": bucket, "medians_ms": medians, "relative_iqr": spread, "runs": [len(s) for s in samples],
+    tags = draws or [None] * n
+    # "medians_ms": the name the manifests and every reader know; with draws, exhaustive.center's mean of medians
+    out = {"bucket": bucket, "medians_ms": [center(s, t) for s, t in zip(samples, tags)],
+           "relative_iqr": [relative_iqr(s, t) for s, t in zip(samples, tags)], "runs": [len(s) for s in samples],
            "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2), "input_draws": max(1, len(c.draws)),
            **({"settle": settled} if settled else {})}
     if keep_samples:  # every timed run (ms), for a bootstrap of the ranking (tactic_exhaustive.py)
         out["samples_ms"] = samples
+        out["samples_draw"] = draws
     return out
 
 
@@ -215,7 +222,3 @@ def _recover(torch) -> None:
     except Exception:  # noqa: BLE001 - a sticky error is the caller's to report
         pass
 
-
-def _iqr(samples: list[float]) -> float:
-    q = statistics.quantiles(samples, n=4)
-    return q[2] - q[0]

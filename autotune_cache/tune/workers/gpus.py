@@ -3,6 +3,7 @@ nvidia-smi): each worker then owns its device, and a machine without a driver ha
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 
@@ -20,47 +21,104 @@ class GpuInfo:
 NO_GPU = GpuInfo(0, None, ())
 
 
-def _gpus_from_smi() -> GpuInfo:
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU as NVML / nvidia-smi list it (index order)."""
+
+    name: str
+    uuid: str  # "GPU-..." as NVML gives it
+    capability: tuple[int, int]
+
+
+def visible(physical: list[Gpu], env_value: str | None) -> list[Gpu]:
+    """The GPUs a CUDA process started with ``CUDA_VISIBLE_DEVICES=env_value`` sees, in its order.
+    Why: NVML and nvidia-smi list every GPU of the machine whatever the variable says, and a warm
+    run under ``CUDA_VISIBLE_DEVICES=2`` (torchrun, Slurm, a pod's device plugin) with ``--gpus 2``
+    started a second worker on a device it could not see. CUDA's rules: unset, all; entries are
+    indices or (unique prefixes of) ``GPU-`` UUIDs; the list stops at the first entry that names no
+    device or names one again. ``MIG-`` entries are MIG instances of the first GPU's kind (NVML's
+    MIG handles are not read here)."""
+    if env_value is None:
+        return list(physical)
+    out: list[Gpu] = []
+    for raw in env_value.split(","):
+        e = raw.strip()
+        if e.startswith("MIG-") and physical:
+            out.append(Gpu(f"{physical[0].name} MIG", e, physical[0].capability))
+            continue
+        if e.lstrip("-").isdigit():
+            i = int(e)
+            hit = [physical[i]] if 0 <= i < len(physical) else []
+        elif e.startswith("GPU-") and len(e) > 4:  # the hex in either case (nvidia-smi prints it lower)
+            hit = [g for g in physical if g.uuid.lower().startswith(e.lower())]
+        else:
+            hit = []
+        if len(hit) != 1 or hit[0] in out:
+            break
+        out.append(hit[0])
+    return out
+
+
+def _info(gpus: list[Gpu]) -> GpuInfo:
+    """The count, the first GPU's arch (what the plan is checked against, as before), every name."""
+    if not gpus:
+        return NO_GPU
+    return GpuInfo(len(gpus), arch_from_capability(*gpus[0].capability), tuple(g.name for g in gpus))
+
+
+def _physical_from_smi() -> list[Gpu]:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,uuid,compute_cap", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return NO_GPU
-    rows = [r.rsplit(",", 1) for r in out.stdout.strip().splitlines() if "," in r] if out.returncode == 0 else []
-    if not rows:
-        return NO_GPU
-    major, _, minor = rows[0][1].strip().partition(".")
-    return GpuInfo(len(rows), arch_from_capability(int(major), int(minor or 0)), tuple(r[0].strip() for r in rows))
+        return []
+    if out.returncode != 0:
+        return []
+    gpus = []
+    for row in out.stdout.strip().splitlines():
+        parts = [x.strip() for x in row.rsplit(",", 2)]
+        if len(parts) != 3:
+            continue
+        major, _, minor = parts[2].partition(".")
+        try:
+            gpus.append(Gpu(parts[0], parts[1], (int(major), int(minor or 0))))
+        except ValueError:
+            continue
+    return gpus
 
 
-def detect_gpus() -> GpuInfo:
-    """Through NVML (or nvidia-smi): no CUDA context in the parent, so workers own their devices."""
+def _physical() -> list[Gpu]:
+    """Every GPU of the machine through NVML (nvidia-smi without it): no CUDA context in the parent."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:  # noqa: BLE001 - no nvidia-ml-py or no driver
-        return _gpus_from_smi()
+        return _physical_from_smi()
     try:
-        n = pynvml.nvmlDeviceGetCount()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
-        names = tuple(str(pynvml.nvmlDeviceGetName(h)) for h in handles)
-        arch = None
-        if handles:
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handles[0])
-            arch = arch_from_capability(major, minor)
-        return GpuInfo(n, arch, names)
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            gpus.append(Gpu(str(pynvml.nvmlDeviceGetName(h)), uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                            tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h))))
+        return gpus
     finally:
         pynvml.nvmlShutdown()
 
 
+def visible_gpus() -> list[Gpu]:
+    """The GPUs this process's CUDA would see (``CUDA_VISIBLE_DEVICES`` applied)."""
+    return visible(_physical(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def detect_gpus() -> GpuInfo:
+    """The visible GPUs, through NVML (or nvidia-smi): no CUDA context in the parent, so workers own
+    their devices."""
+    return _info(visible_gpus())
+
+
 def detect_gpu_uuids() -> list[str]:
-    """This machine's GPU UUIDs in index order, as SGLang writes them (no "GPU-", lowercase)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if out.returncode != 0:
-        return []
-    return [normalize_gpu_uuid(line) for line in out.stdout.split() if line.strip()]
+    """The visible GPUs' UUIDs in CUDA's order (rank i runs on the i-th), as SGLang writes them (no
+    "GPU-", lowercase)."""
+    return [normalize_gpu_uuid(g.uuid) for g in visible_gpus() if g.uuid.startswith("GPU-")]

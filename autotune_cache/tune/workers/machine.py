@@ -9,6 +9,7 @@ parameter, not through hooks in the code: everything else runs as in production.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 
 from autotune_cache.errors import UsageError
@@ -42,11 +43,13 @@ class Machine:
         """This machine's GPUs, or a usage error: none at all, or fewer than ``--gpus`` asks for.
         ``plan_hint``: the command that shows the plan without a GPU (None: not a warm)."""
         info = self.detect_gpus()
+        mask = os.environ.get("CUDA_VISIBLE_DEVICES") if self.gpus is None else None
+        seen = "" if mask is None else f" (CUDA_VISIBLE_DEVICES={mask})" if mask.strip() else " (CUDA_VISIBLE_DEVICES is empty)"
         if info.count == 0:
-            raise UsageError("no CUDA GPU found: " + (f"warm needs one ({plan_hint} shows the plan without a GPU)"
-                                                      if plan_hint else "served workers need one"))
+            raise UsageError(f"no CUDA GPU found{seen}: " + (f"warm needs one ({plan_hint} shows the plan without a GPU)"
+                                                             if plan_hint else "served workers need one"))
         if n is not None and n > info.count:
-            raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)")
+            raise UsageError(f"--gpus {n}: this machine has {info.count} GPU(s)" + (f" visible{seen}" if seen else ""))
         return info
 
 

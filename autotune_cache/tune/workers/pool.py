@@ -30,7 +30,7 @@ class WorkerPool:
     def __init__(self, n: int, argv: "list[str] | tuple[str, ...] | None" = None, *, served: "Use | None" = None):
         argv = list(argv or WORKER_ARGV)
         self.served, self.note = (served, None) if served is not None and served.sockets else (None, served and served.note)
-        devices = served_devices(n)
+        devices = served_devices(n) if self.served is None else []  # a usage error before any process starts
         self.procs: list[subprocess.Popen] = []
         self.logs = []
         for w in range(n):

@@ -31,6 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterator
 
+from autotune_cache.errors import UsageError
 from autotune_cache.tune.workers.servedstate import (ServedPool, ServedWorker, StateError, make_runtime_dir,
                                                      remove_runtime_dir, state_dir)
 
@@ -85,9 +86,15 @@ def fingerprint(worker_argv: list[str] | tuple[str, ...]) -> dict:
 
 
 def devices(n: int) -> list[str]:
-    """Worker ``w``'s CUDA_VISIBLE_DEVICES: the w-th visible device (``pool.WorkerPool`` too)."""
+    """Worker ``w``'s CUDA_VISIBLE_DEVICES: the w-th visible device (``pool.WorkerPool`` too). A usage
+    error when the variable lists fewer than ``n`` (``--gpus`` starts the workers before the GPUs are
+    counted, so this is the first place to see it)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    found = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(n)]
+    if visible is None:
+        return [str(i) for i in range(n)]
+    found = [d.strip() for d in visible.split(",") if d.strip()]
+    if len(found) < n:
+        raise UsageError(f"--gpus {n}: CUDA_VISIBLE_DEVICES={visible} shows this command {len(found)} GPU(s)")
     return found[:n]
 
 
