@@ -69,6 +69,13 @@ def _pct(x) -> str:
     return "-" if not isinstance(x, (int, float)) else f"{x:+.1%}"
 
 
+def _center(draws) -> str:
+    """What a race's time per candidate was, as the manifest records it (input draws since issue 34)."""
+    if isinstance(draws, int) and draws > 1:
+        return f"the mean of its medians over {draws} input draws"
+    return "median"
+
+
 def _show_selection(out: Output, m, buckets: bool) -> None:
     """How each tactic was chosen, from what warm recorded (``extra.selection``)."""
     if m is None:
@@ -89,7 +96,7 @@ def _show_selection(out: Output, m, buckets: bool) -> None:
             f"within {_pct(keep)[1:] if isinstance(keep, (int, float)) else 'a few %'} of the fastest until it is settled"
             if screen else f"{settings.get('race_rounds')} runs each")
     out.line(f"Selection careful: {settings.get('tunes')} tunes per (op, bucket), their tactics raced against the default "
-             f"({runs}, median; CUDA graphs up to {graph} tokens; "
+             f"({runs}, {_center(settings.get('input_draws'))}; CUDA graphs up to {graph} tokens; "
              f"{'cold' if settings.get('cold_l2') else 'hot'} L2); default kept unless "
              f"{_pct(settings.get('threshold'))[1:]} faster")
     ops = sel.get("ops") if isinstance(sel.get("ops"), dict) else {}

@@ -19,7 +19,7 @@ from autotune_cache.errors import UsageError
 from autotune_cache.tune.session.fleet import FleetItem
 from autotune_cache.tune.session.fleetrun import DEALS
 from autotune_cache.tune.careful.exhaustive import KEEP
-from autotune_cache.tune.careful.quality import DEFAULT_THRESHOLD, MAX_ROUNDS, QualitySettings
+from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS, DEFAULT_THRESHOLD, MAX_ROUNDS, QualitySettings
 from autotune_cache.tune.session.session import WarmOptions, WarmRun, run_warm
 from autotune_cache.tune.session.publish import writable_store
 
@@ -54,7 +54,8 @@ def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | 
 @click.option("--quality", type=click.Choice(["quick", "careful"]), default="quick", show_default=True,
               help="quick: one FlashInfer tune per (op, bucket), as the engine does at startup. careful: --repeats "
                    "tunes, then every tactic they timed races FlashInfer's default head to head (interleaved, median; "
-                   "CUDA graphs at decode sizes, cold L2; a short screen, then the close ones until the fastest is "
+                   "CUDA graphs at decode sizes, cold L2, the token inputs rotating over "
+                   f"{DEFAULT_INPUT_DRAWS} draws; a short screen, then the close ones until the fastest is "
                    "settled), and each MoE call's best GEMM pairs race again; the default stays unless beaten by "
                    "--threshold.")
 @click.option("--repeats", type=click.IntRange(2, 20), default=3, show_default=True,
