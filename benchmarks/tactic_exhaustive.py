@@ -348,7 +348,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                 row = {"op": op["id"], "op_index": i, "slot": f"{op['id']}:{short}" if many else short,
                        "custom_op": s["custom_op"], "bucket": b, "enumeration_s": round(t_enum, 2),
                        "flashinfer_winner": s["winner_label"], "failed_in_tune": s["failed"], **sw,
-                       "_slot_id": slot_id, "_best": best, "_s": s,
+                       "_slot_id": slot_id, "_best": best, "_s": s, "_swept_with": fixed,
                        "_next": [s["candidates"][j] for j in ranking if j != sw["best"]][:args.h2h_next]}
                 row.pop("medians_ms")
                 row["picks"] = {}
@@ -365,7 +365,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                 rows.append(row)
             # 4. head to head: the best and each kind's pick, the other slots at their best
             for si, row in enumerate(rows):
-                s, best = row.pop("_s"), row.pop("_best")
+                s, best, swept_with = row.pop("_s"), row.pop("_best"), row.pop("_swept_with")
                 pks = {k: p.pop("_pick") for k, p in row["picks"].items()}
                 if best is None or not pks:
                     row.pop("_next", None)
@@ -395,7 +395,10 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                         r_ = race(layer, b, assignments, None, rounds=args.pick_rounds, warmup=5, cold_l2=True,
                                   graph=graph, input_draws=args.input_draws, workdir=work,
                                   seed=104729 + 31 * b + si + 7 * attempt)
-                        drifts.append(r_["medians_ms"][0] / row["best_ms"] - 1 if row["best_ms"] else 0.0)
+                        # the same assignment as the sweep's best only where the other slots are as the sweep had
+                        # them (a MoE's gemm1 is swept before gemm2 found its best): else no drift to judge
+                        same = fixed == swept_with and row["best_ms"]
+                        drifts.append(r_["medians_ms"][0] / row["best_ms"] - 1 if same else 0.0)
                         if hr is None or abs(drifts[-1]) < abs(drifts[hr[1]]):
                             hr = (r_, attempt)
                         if abs(drifts[-1]) <= H2H_DRIFT:

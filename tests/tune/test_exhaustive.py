@@ -165,6 +165,10 @@ def test_center_is_the_mean_of_each_draws_median():
     assert center([3.0, 1.0, 2.0]) == 2.0 and center([]) == math.inf
     assert center([1.0, 5.0, 1.2, 5.2, 1.1], [0, 1, 0, 1, 0]) == pytest.approx((1.1 + 5.1) / 2)
     assert center([1.0, 2.0], [7, 7]) == 1.5  # one draw: the median
+    # a run that failed (inf) counts in neither the center nor the bootstrap
+    assert center([1.0, math.inf, 1.0], [0, 0, 1]) == 1.0
+    b = bootstrap([[1.0] * 5 + [math.inf] * 5, [1.1] * 10], iters=100, draws=[[0] * 5 + [1] * 5] * 2)
+    assert b["best"] == 0 and b["p_top1"] == 1.0
     # one draw more of the slow routing moves the pooled median by the gap between modes, not the center
     xs, ds = [1.0, 1.0, 1.2, 1.2, 1.2], [0, 0, 1, 1, 1]
     assert center(xs) == 1.2 and center(xs, ds) == pytest.approx(1.1)

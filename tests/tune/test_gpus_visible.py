@@ -17,7 +17,7 @@ import pytest
 
 from autotune_cache.errors import UsageError
 from autotune_cache.tune.workers import gpus as gpus_mod
-from autotune_cache.tune.workers.gpus import Gpu, detect_gpu_uuids, detect_gpus, visible
+from autotune_cache.tune.workers.gpus import Gpu, detect_gpu_uuids, detect_gpus, mask_entries, visible
 from autotune_cache.tune.workers.served import devices
 
 U = ["GPU-0a1b2c3d-0000-4000-8000-000000000000", "GPU-0a1b9999-0000-4000-8000-000000000001",
@@ -32,6 +32,7 @@ MACHINE = [Gpu("NVIDIA H100 80GB HBM3", U[0], (9, 0)), Gpu("NVIDIA H100 80GB HBM
     ("3,0", [3, 0]),  # CUDA's order, not the machine's
     (" 1 , 2 ", [1, 2]),
     ("0,7,1", [0]),  # the list stops at the first entry that names no device
+    ("0,-1,1", [0]), ("0,,1", [0]), ("1,none,2", [1]),  # ... or is no entry at all (CUDA's own example: 0,-1,1)
     ("1,1,2", [1]),  # ... or names one again
     ("", []), ("-1", []), ("none", []),
     ("GPU-7f", [2]),  # a unique UUID prefix
@@ -84,6 +85,13 @@ def test_a_failing_nvidia_smi_is_no_gpu(tmp_path, monkeypatch):
     assert gpus_mod._physical() == [] and detect_gpus().count == 0
 
 
+def test_mask_entries_read_as_cuda_reads_them_without_a_driver():
+    assert mask_entries(None) is None and mask_entries("") == [] and mask_entries("-1") == []
+    assert mask_entries(" 3 , 01 ,GPU-7f,MIG-9") == ["3", "1", "GPU-7f", "MIG-9"]
+    assert mask_entries("0,-1,1") == ["0"] and mask_entries("0,,1") == ["0"] and mask_entries("2,02") == ["2"]
+    assert mask_entries("GPU-7f,gpu-8e") == ["GPU-7f"] and mask_entries("GPU-") == []
+
+
 def test_worker_devices_refuse_more_workers_than_the_mask_shows(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert devices(3) == ["0", "1", "2"]
@@ -91,6 +99,11 @@ def test_worker_devices_refuse_more_workers_than_the_mask_shows(monkeypatch):
     assert devices(2) == ["2", "3"] and devices(1) == ["2"]
     with pytest.raises(UsageError, match=r"--gpus 3: CUDA_VISIBLE_DEVICES=2,3 shows this command 2 GPU\(s\)"):
         devices(3)
+    for mask in ("0,-1,1", "0,,1", "0,0,1"):  # CUDA shows GPU 0 alone: no worker may start on 1
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mask)
+        assert devices(1) == ["0"]
+        with pytest.raises(UsageError, match=f"--gpus 2: CUDA_VISIBLE_DEVICES={mask} shows this command 1 GPU"):
+            devices(2)
 
 
 def test_warm_with_more_gpus_than_visible_is_a_usage_error(smi, tmp_path):

@@ -42,12 +42,13 @@ def median(xs) -> float:
 
 
 def strata(xs: list[float], draws: list[int] | None) -> list[list[float]]:
-    """A candidate's runs split by the input draw each timed (one stratum without draws)."""
+    """A candidate's finite runs split by the input draw each timed (one stratum without draws)."""
     if not draws:
-        return [list(xs)]
+        return [[x for x in xs if x is not None and math.isfinite(x)]]
     by: dict[int, list[float]] = {}
     for x, d in zip(xs, draws):
-        by.setdefault(d, []).append(x)
+        if x is not None and math.isfinite(x):
+            by.setdefault(d, []).append(x)
     return [by[d] for d in sorted(by)]
 
 

@@ -156,6 +156,9 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
 
     device = torch.device("cuda", torch.cuda.current_device())
     n = len(assignments)
+    # Every candidate sees every draw: a screened-out one keeps only its screen, and a time over fewer
+    # draws than another's is not comparable (exhaustive.center), so no more draws than the screen has rounds.
+    input_draws = max(1, min(input_draws, screen_rounds if screen_rounds > 0 else rounds))
     c = _Candidates(AutoTuner.get(), layer, bucket, assignments, metadata, workdir, input_draws)
     with autotune(False):
         errors, graphs, graph = _first_runs(torch, c, n, graph)

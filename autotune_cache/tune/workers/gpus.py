@@ -30,29 +30,48 @@ class Gpu:
     capability: tuple[int, int]
 
 
+def mask_entries(env_value: str | None) -> list[str] | None:
+    """The entries of a ``CUDA_VISIBLE_DEVICES`` value CUDA reads (None: unset, every GPU): indices,
+    ``GPU-`` UUID prefixes and ``MIG-`` instances, up to the first entry that is none of these
+    (empty, negative, a word) or repeats one before it - CUDA stops there (``0,-1,1`` shows GPU 0
+    only). Needs no driver: what ``--gpus N`` is checked against before any worker starts."""
+    if env_value is None:
+        return None
+    out: list[str] = []
+    for raw in env_value.split(","):
+        e = raw.strip()
+        ok = e.isdigit() or (e.startswith(("GPU-", "MIG-")) and len(e) > 4)
+        key = str(int(e)) if e.isdigit() else e.lower()
+        if not ok or key in (k.lower() for k in out):
+            break
+        out.append(key if e.isdigit() else e)
+    return out
+
+
 def visible(physical: list[Gpu], env_value: str | None) -> list[Gpu]:
     """The GPUs a CUDA process started with ``CUDA_VISIBLE_DEVICES=env_value`` sees, in its order.
     Why: NVML and nvidia-smi list every GPU of the machine whatever the variable says, and a warm
     run under ``CUDA_VISIBLE_DEVICES=2`` (torchrun, Slurm, a pod's device plugin) with ``--gpus 2``
-    started a second worker on a device it could not see. CUDA's rules: unset, all; entries are
-    indices or (unique prefixes of) ``GPU-`` UUIDs; the list stops at the first entry that names no
-    device or names one again. ``MIG-`` entries are MIG instances of the first GPU's kind (NVML's
-    MIG handles are not read here)."""
-    if env_value is None:
+    started a second worker on a device it could not see. The entries are read as
+    :func:`mask_entries` reads them, and the list also stops at one that names no GPU here (an index
+    past the last, a UUID prefix that matches none or several). Indices are matched in NVML's (PCI
+    bus) order, CUDA's order on machines of one GPU kind and under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``;
+    on a mixed machine CUDA's default puts the fastest first. ``MIG-`` entries are MIG instances of
+    the first GPU's kind (NVML's MIG handles are not read here)."""
+    entries = mask_entries(env_value)
+    if entries is None:
         return list(physical)
     out: list[Gpu] = []
-    for raw in env_value.split(","):
-        e = raw.strip()
-        if e.startswith("MIG-") and physical:
+    for e in entries:
+        if e.startswith("MIG-"):
+            if not physical:
+                break
             out.append(Gpu(f"{physical[0].name} MIG", e, physical[0].capability))
             continue
-        if e.lstrip("-").isdigit():
-            i = int(e)
-            hit = [physical[i]] if 0 <= i < len(physical) else []
-        elif e.startswith("GPU-") and len(e) > 4:  # the hex in either case (nvidia-smi prints it lower)
+        if e.isdigit():
+            hit = [physical[int(e)]] if int(e) < len(physical) else []
+        else:  # GPU-: the hex in either case (nvidia-smi prints it lower)
             hit = [g for g in physical if g.uuid.lower().startswith(e.lower())]
-        else:
-            hit = []
         if len(hit) != 1 or hit[0] in out:
             break
         out.append(hit[0])

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 from autotune_cache.errors import UsageError
+from autotune_cache.tune.workers.gpus import mask_entries
 from autotune_cache.tune.workers.servedstate import (ServedPool, ServedWorker, StateError, make_runtime_dir,
                                                      remove_runtime_dir, state_dir)
 
@@ -90,9 +91,9 @@ def devices(n: int) -> list[str]:
     error when the variable lists fewer than ``n`` (``--gpus`` starts the workers before the GPUs are
     counted, so this is the first place to see it)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
+    found = mask_entries(visible)
+    if found is None:
         return [str(i) for i in range(n)]
-    found = [d.strip() for d in visible.split(",") if d.strip()]
     if len(found) < n:
         raise UsageError(f"--gpus {n}: CUDA_VISIBLE_DEVICES={visible} shows this command {len(found)} GPU(s)")
     return found[:n]
