@@ -7,9 +7,11 @@ line(s) with a no-op, runs the one test that should catch it, and restores the f
 must say "caught". Not collected by pytest (it edits the source while it runs).
 """
 
+import os
 import pathlib
 import subprocess
 import sys
+import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
@@ -17,11 +19,10 @@ MUTATIONS = [
      "    if len(found) < n:\n        raise UsageError", "    if False:\n        raise UsageError",
      "tests/tune/test_gpus_visible.py::test_worker_devices_refuse_more_workers_than_the_mask_shows"),
     ("34: the GPU count stops where CUDA stops reading CUDA_VISIBLE_DEVICES", "autotune_cache/tune/workers/gpus.py",
-     "        if len(hit) != 1 or hit[0] in out:\n            break", "        if not hit:\n            continue",
+     "        else:\n            break\n        out.append(hit[0])", "        else:\n            continue\n        out.append(hit[0])",
      "tests/tune/test_gpus_visible.py::test_visible_follows_cudas_rules"),
     ("34: no worker starts on a GPU past the first entry CUDA cannot read", "autotune_cache/tune/workers/gpus.py",
-     "        if not ok or key in (k.lower() for k in out):\n            break",
-     "        if not ok or key in (k.lower() for k in out):\n            continue",
+     "        if i < 0:\n            break", "        if i < 0:\n            continue",
      "tests/tune/test_gpus_visible.py::test_worker_devices_refuse_more_workers_than_the_mask_shows"),
     ("34: a stale state's directory is removed only when it is a sockets' dir this tool made",
      "autotune_cache/tune/workers/servedstate.py", "        return\n    for name in", "        pass\n    for name in",
@@ -72,7 +73,8 @@ MUTATIONS = [
      "    scans = [iter_entries(root.path, pick, layout=layout, fingerprint=fingerprint) for layout, root in targets]\n",
      "tests/tree/test_reliability.py::test_recovery_keeps_an_entry_rewritten_after_the_kill"),
     ("33: prune --dry-run finishes nothing", "cli/commands/prune.py",
-     "    if not dry_run:  # a writer finishes", "    if True:  # a writer finishes",
+     "    recovered = [] if dry_run else recover_journals(layout, root.path)",
+     "    recovered = recover_journals(layout, root.path)",
      "tests/tree/test_reliability.py::test_a_dry_run_leaves_a_killed_import_as_it_is_and_the_real_run_finishes_it[prune]"),
     ("33: prune finishes a killed import before it reads", "cli/commands/prune.py",
      "    recovered = [] if dry_run else recover_journals(layout, root.path)", "    recovered = []",
@@ -534,9 +536,20 @@ MUTATIONS = [
 ]
 
 
+def _fresh_mtime(p: pathlib.Path, last: int) -> int:
+    """Give ``p`` an mtime no earlier write had (whole seconds, later than the last). CPython trusts a
+    .pyc whose recorded mtime and size match the source; two mutations of one file within a second
+    that change its size alike would run the first one's code for the second (a zygote started with
+    ``python -I`` writes bytecode whatever PYTHONDONTWRITEBYTECODE says)."""
+    stamp = max(int(time.time()), last + 1)
+    os.utime(p, (stamp, stamp))
+    return stamp
+
+
 def main() -> None:
     only = sys.argv[1:]
     results = []
+    stamp = 0
     for name, rel, old, new, test in MUTATIONS:
         if only and not any(o in name for o in only):
             continue
@@ -546,13 +559,18 @@ def main() -> None:
             results.append((name, f"SNIPPET NOT FOUND ({src.count(old)})"))
             continue
         p.write_text(src.replace(old, new))
+        stamp = _fresh_mtime(p, stamp)
         try:
             # one process (-n0), and no marker filter (-m ""): a deselected test exits non-zero too
+            # no bytecode written: two mutations of one file within a second that change its size alike
+            # would otherwise leave the first one's .pyc valid for the second (CPython checks mtime and size)
             r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n0", "-m", "", "-p", "no:warnings", test],
-                               cwd=REPO, capture_output=True, text=True, timeout=900)
+                               cwd=REPO, capture_output=True, text=True, timeout=900,
+                               env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
             results.append((name, "caught" if r.returncode != 0 else "NOT CAUGHT"))
         finally:
             p.write_text(src)
+            stamp = _fresh_mtime(p, stamp)
     for name, verdict in results:
         print(f"{verdict:<12} {name}")
     sys.exit(0 if all(v == "caught" for _, v in results) else 1)

@@ -32,15 +32,47 @@ MACHINE = [Gpu("NVIDIA H100 80GB HBM3", U[0], (9, 0)), Gpu("NVIDIA H100 80GB HBM
     ("3,0", [3, 0]),  # CUDA's order, not the machine's
     (" 1 , 2 ", [1, 2]),
     ("0,7,1", [0]),  # the list stops at the first entry that names no device
-    ("0,-1,1", [0]), ("0,,1", [0]), ("1,none,2", [1]),  # ... or is no entry at all (CUDA's own example: 0,-1,1)
-    ("1,1,2", [1]),  # ... or names one again
+    ("0,2,-1,1", [0, 2]), ("0,,1", [0]), ("1,none,2", [1]),  # ... or has no index (CUDA's example: 0,2,-1,1)
+    ("1,1,2", []),  # a repeated entry empties the list
+    ("1gpu,2x", [1, 2]),  # an index is the integer its entry starts with (strtoul)
     ("", []), ("-1", []), ("none", []),
     ("GPU-7f", [2]),  # a unique UUID prefix
     ("GPU-0a1b", []),  # an ambiguous one names no device
-    ("GPU-8E000000-0000-4000-8000-000000000003,0", [3, 0]),  # hex in either case
+    ("GPU-8e000000-0000-4000-8000-000000000003,0", [3]),  # a UUID list ends at the first entry without GPU-
+    ("GPU-8E000000", []),  # prefixes match as written (NVML's hex is lower case)
+    ("GPU-7f,GPU-7f0", []),  # two prefixes of one GPU empty the list
 ])
 def test_visible_follows_cudas_rules(env, want):
     assert visible(MACHINE, env) == [MACHINE[i] for i in want]
+
+
+MASKS = [None, "", "0", "2", "3,0", " 1 , 2 ", "0,7,1", "0,2,-1,1", "0,,1", "1,1,2", "1gpu,2x", "+1,2", "-2,1", "1,none,2",
+         "none", "GPU-7f", "GPU-0a1b", "GPU-7f,GPU-7f0", "GPU-8e000000-0000-4000-8000-000000000003,0", "GPU-8E000000",
+         "GPU-7f,gpu-8e", "0,GPU-7f", "MIG-a,MIG-b", "MIG-a,MIG-a", "MIG-a,0"]
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_the_mask_is_read_as_torch_reads_it(mask, monkeypatch):
+    """torch's own reading of the variable (what the workers' CUDA sees), run here on CPU: the entries, then
+    the GPUs of MACHINE they name (torch's NVML count and UUID matching, given MACHINE's UUIDs)."""
+    torch_cuda = pytest.importorskip("torch.cuda")
+    if mask is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mask)
+    theirs = torch_cuda._parse_visible_devices()
+    ours = mask_entries(mask)
+    if mask is None:
+        assert ours is None and theirs == list(range(64))
+        return
+    assert ours == [str(x) for x in theirs]
+    if theirs and isinstance(theirs[0], str) and theirs[0].startswith("MIG-"):
+        return  # torch counts none through NVML
+    if theirs and isinstance(theirs[0], str):
+        ordinals = torch_cuda._transform_uuid_to_ordinals(theirs, [g.uuid for g in MACHINE])
+    else:
+        ordinals = next((theirs[:i] for i, v in enumerate(theirs) if v >= len(MACHINE)), theirs)
+    assert visible(MACHINE, mask) == [MACHINE[i] for i in ordinals]
 
 
 def test_mig_entries_are_devices_of_the_first_gpus_kind():
@@ -87,9 +119,9 @@ def test_a_failing_nvidia_smi_is_no_gpu(tmp_path, monkeypatch):
 
 def test_mask_entries_read_as_cuda_reads_them_without_a_driver():
     assert mask_entries(None) is None and mask_entries("") == [] and mask_entries("-1") == []
-    assert mask_entries(" 3 , 01 ,GPU-7f,MIG-9") == ["3", "1", "GPU-7f", "MIG-9"]
-    assert mask_entries("0,-1,1") == ["0"] and mask_entries("0,,1") == ["0"] and mask_entries("2,02") == ["2"]
-    assert mask_entries("GPU-7f,gpu-8e") == ["GPU-7f"] and mask_entries("GPU-") == []
+    assert mask_entries(" 3 , 01 ,GPU-7f") == ["3", "1"]  # an index list: GPU-7f has no index
+    assert mask_entries("0,-1,1") == ["0"] and mask_entries("0,,1") == ["0"] and mask_entries("2,02") == []
+    assert mask_entries("GPU-7f,gpu-8e") == ["GPU-7f"] and mask_entries("MIG-a,MIG-b,0") == ["MIG-a", "MIG-b"]
 
 
 def test_worker_devices_refuse_more_workers_than_the_mask_shows(monkeypatch):
@@ -99,11 +131,14 @@ def test_worker_devices_refuse_more_workers_than_the_mask_shows(monkeypatch):
     assert devices(2) == ["2", "3"] and devices(1) == ["2"]
     with pytest.raises(UsageError, match=r"--gpus 3: CUDA_VISIBLE_DEVICES=2,3 shows this command 2 GPU\(s\)"):
         devices(3)
-    for mask in ("0,-1,1", "0,,1", "0,0,1"):  # CUDA shows GPU 0 alone: no worker may start on 1
+    for mask in ("0,-1,1", "0,,1"):  # CUDA shows GPU 0 alone: no worker may start on 1
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mask)
         assert devices(1) == ["0"]
         with pytest.raises(UsageError, match=f"--gpus 2: CUDA_VISIBLE_DEVICES={mask} shows this command 1 GPU"):
             devices(2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,0,1")  # a repeat: CUDA shows none
+    with pytest.raises(UsageError, match="shows this command 0 GPU"):
+        devices(1)
 
 
 def test_warm_with_more_gpus_than_visible_is_a_usage_error(smi, tmp_path):

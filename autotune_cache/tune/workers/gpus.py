@@ -30,49 +30,75 @@ class Gpu:
     capability: tuple[int, int]
 
 
+def _leading_int(text: str) -> int:
+    """The integer a ``CUDA_VISIBLE_DEVICES`` entry starts with, as C's strtoul reads it (``1gpu`` is 1);
+    -1 for none or a negative one."""
+    digits = 0
+    while digits < len(text) and (text[digits].isdigit() or (digits == 0 and text[0] in "+-")):
+        digits += 1
+    try:
+        return int(text[:digits]) if digits else -1
+    except ValueError:  # a sign alone
+        return -1
+
+
 def mask_entries(env_value: str | None) -> list[str] | None:
-    """The entries of a ``CUDA_VISIBLE_DEVICES`` value CUDA reads (None: unset, every GPU): indices,
-    ``GPU-`` UUID prefixes and ``MIG-`` instances, up to the first entry that is none of these
-    (empty, negative, a word) or repeats one before it - CUDA stops there (``0,-1,1`` shows GPU 0
-    only). Needs no driver: what ``--gpus N`` is checked against before any worker starts."""
+    """The entries of a ``CUDA_VISIBLE_DEVICES`` value CUDA reads (None: unset, every GPU). Needs no
+    driver: what ``--gpus N`` is checked against before any worker starts. CUDA's rules, as torch
+    reads them (``torch.cuda._parse_visible_devices``, compared in tests/tune/test_gpus_visible.py):
+    a list of ``GPU-`` UUID prefixes or of ``MIG-`` instances when the value starts so, read up to the
+    first entry without that prefix; else of indices, each the integer its entry starts with, read up
+    to the first entry that has none or a negative one (``0,2,-1,1`` shows 0 and 2); a repeated entry
+    makes the whole list empty."""
     if env_value is None:
         return None
-    out: list[str] = []
-    for raw in env_value.split(","):
-        e = raw.strip()
-        ok = e.isdigit() or (e.startswith(("GPU-", "MIG-")) and len(e) > 4)
-        key = str(int(e)) if e.isdigit() else e.lower()
-        if not ok or key in (k.lower() for k in out):
+    if env_value.startswith(("GPU-", "MIG-")):
+        prefix, out = env_value[:4], []
+        for e in env_value.split(","):
+            if e in out:
+                return []
+            if not e.startswith(prefix):
+                break
+            out.append(e)
+        return out
+    ints: list[int] = []
+    for e in env_value.split(","):
+        i = _leading_int(e.strip())
+        if i in ints:
+            return []
+        if i < 0:
             break
-        out.append(key if e.isdigit() else e)
-    return out
+        ints.append(i)
+    return [str(i) for i in ints]
 
 
 def visible(physical: list[Gpu], env_value: str | None) -> list[Gpu]:
     """The GPUs a CUDA process started with ``CUDA_VISIBLE_DEVICES=env_value`` sees, in its order.
     Why: NVML and nvidia-smi list every GPU of the machine whatever the variable says, and a warm
     run under ``CUDA_VISIBLE_DEVICES=2`` (torchrun, Slurm, a pod's device plugin) with ``--gpus 2``
-    started a second worker on a device it could not see. The entries are read as
-    :func:`mask_entries` reads them, and the list also stops at one that names no GPU here (an index
-    past the last, a UUID prefix that matches none or several). Indices are matched in NVML's (PCI
-    bus) order, CUDA's order on machines of one GPU kind and under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``;
-    on a mixed machine CUDA's default puts the fastest first. ``MIG-`` entries are MIG instances of
-    the first GPU's kind (NVML's MIG handles are not read here)."""
+    started a second worker on a device it could not see. The entries are :func:`mask_entries`'; the
+    list then stops at an index past the last GPU or a UUID prefix that matches none or several, and
+    two prefixes of one GPU make it empty (torch's ``_device_count_nvml`` and
+    ``_transform_uuid_to_ordinals``). Indices are matched in NVML's (PCI bus) order: CUDA's order on
+    machines of one GPU kind and under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (on a mixed machine CUDA's
+    default puts the fastest first). ``MIG-`` entries are MIG instances of the first GPU's kind
+    (torch counts none of them through NVML; NVML's MIG handles are not read here)."""
     entries = mask_entries(env_value)
     if entries is None:
         return list(physical)
+    if entries and entries[0].startswith("MIG-"):
+        return [Gpu(f"{physical[0].name} MIG", e, physical[0].capability) for e in entries] if physical else []
     out: list[Gpu] = []
     for e in entries:
-        if e.startswith("MIG-"):
-            if not physical:
+        if e.startswith("GPU-"):
+            hit = [g for g in physical if g.uuid.startswith(e)]
+            if len(hit) != 1:
                 break
-            out.append(Gpu(f"{physical[0].name} MIG", e, physical[0].capability))
-            continue
-        if e.isdigit():
-            hit = [physical[int(e)]] if int(e) < len(physical) else []
-        else:  # GPU-: the hex in either case (nvidia-smi prints it lower)
-            hit = [g for g in physical if g.uuid.lower().startswith(e.lower())]
-        if len(hit) != 1 or hit[0] in out:
+            if hit[0] in out:
+                return []
+        elif int(e) < len(physical):
+            hit = [physical[int(e)]]
+        else:
             break
         out.append(hit[0])
     return out
