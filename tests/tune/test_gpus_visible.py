@@ -7,6 +7,7 @@ code makes."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -46,33 +47,18 @@ def test_visible_follows_cudas_rules(env, want):
     assert visible(MACHINE, env) == [MACHINE[i] for i in want]
 
 
-MASKS = [None, "", "0", "2", "3,0", " 1 , 2 ", "0,7,1", "0,2,-1,1", "0,,1", "1,1,2", "1gpu,2x", "+1,2", "-2,1", "1,none,2",
-         "none", "GPU-7f", "GPU-0a1b", "GPU-7f,GPU-7f0", "GPU-8e000000-0000-4000-8000-000000000003,0", "GPU-8E000000",
-         "GPU-7f,gpu-8e", "0,GPU-7f", "MIG-a,MIG-b", "MIG-a,MIG-a", "MIG-a,0"]
+GOLDEN = json.loads((Path(__file__).resolve().parents[1] / "data" / "torch-visible-devices.json").read_text())
 
 
-@pytest.mark.parametrize("mask", MASKS)
-def test_the_mask_is_read_as_torch_reads_it(mask, monkeypatch):
-    """torch's own reading of the variable (what the workers' CUDA sees), run here on CPU: the entries, then
-    the GPUs of MACHINE they name (torch's NVML count and UUID matching, given MACHINE's UUIDs)."""
-    torch_cuda = pytest.importorskip("torch.cuda")
-    if mask is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mask)
-    theirs = torch_cuda._parse_visible_devices()
-    ours = mask_entries(mask)
-    if mask is None:
-        assert ours is None and theirs == list(range(64))
-        return
-    assert ours == [str(x) for x in theirs]
-    if theirs and isinstance(theirs[0], str) and theirs[0].startswith("MIG-"):
-        return  # torch counts none through NVML
-    if theirs and isinstance(theirs[0], str):
-        ordinals = torch_cuda._transform_uuid_to_ordinals(theirs, [g.uuid for g in MACHINE])
-    else:
-        ordinals = next((theirs[:i] for i, v in enumerate(theirs) if v >= len(MACHINE)), theirs)
-    assert visible(MACHINE, mask) == [MACHINE[i] for i in ordinals]
+@pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: repr(c["mask"]))
+def test_the_mask_is_read_as_torch_reads_it(case):
+    """torch's own reading of the variable (what the workers' CUDA sees), recorded on CPU by
+    tests/oracle/torch_visible_devices.py: the entries, then the GPUs of MACHINE they name (torch's NVML
+    count and UUID matching). torch counts no MIG instance through NVML (ordinals None)."""
+    assert [g.uuid for g in MACHINE] == GOLDEN["uuids"]
+    assert mask_entries(case["mask"]) == case["parsed"]
+    if case["ordinals"] is not None:
+        assert visible(MACHINE, case["mask"]) == [MACHINE[i] for i in case["ordinals"]]
 
 
 def test_mig_entries_are_devices_of_the_first_gpus_kind():
