@@ -146,9 +146,10 @@ def settle(time_rounds, n: int, *, rounds: int, screen_rounds: int, batch_rounds
     one list of samples per candidate (empty for the others), or ``(samples, draws)`` with the input
     draw of every sample: ``race.py`` on a GPU, a stand-in in the CPU tests. Returns every candidate's
     samples (a screened-out one keeps its screen), their draws (None without), and what happened: how
-    many were shortlisted, the rounds the shortlist ran, and the last bootstrap's confidence. Why: careful races every tactic a tune timed (about 90 per MoE bucket); 50 rounds each
-    would spend most of the race on tactics 10% off, and too few where two are 0.3% apart."""
-    samples, draws = _split(time_rounds(list(range(n)), screen_rounds, seed), n)
+    many were shortlisted, the rounds the shortlist ran, and the last bootstrap's confidence. Why:
+    careful races every tactic a tune timed (about 90 per MoE bucket); 50 rounds each would spend most
+    of the race on tactics 10% off, and too few where two are 0.3% apart."""
+    samples, draws, tagged = _split(time_rounds(list(range(n)), screen_rounds, seed))
     top = shortlist([center(s, d) for s, d in zip(samples, draws)], keep, keep_min)
     done, batch, boot = screen_rounds, 0, None
     while top:
@@ -158,7 +159,7 @@ def settle(time_rounds, n: int, *, rounds: int, screen_rounds: int, batch_rounds
                 break
         batch += 1
         step = rounds - done if done < rounds else max(1, min(batch_rounds, max_rounds - done))
-        more, more_draws = _split(time_rounds(top, step, seed + 7919 * batch), n)
+        more, more_draws, _ = _split(time_rounds(top, step, seed + 7919 * batch))
         for i in top:
             samples[i].extend(more[i])
             draws[i].extend(more_draws[i])
@@ -167,14 +168,17 @@ def settle(time_rounds, n: int, *, rounds: int, screen_rounds: int, batch_rounds
             "runner_up_gap": boot["runner_up_gap"] if boot else None,
             "p_top1": boot["p_top1"] if boot else None, "p_within_tie": boot["p_within_tie"] if boot else None,
             "stable": stable(boot, confidence) if boot else not top}
-    return samples, (draws if any(any(d) for d in draws) else None), info
+    return samples, (draws if tagged else None), info
 
 
-def _split(timed, n: int) -> tuple[list[list[float]], list[list[int]]]:
-    """``time_rounds``' answer as (samples, draws), draw 0 for every sample where it gave none."""
+def _split(timed) -> tuple[list[list[float]], list[list[int]], bool]:
+    """``time_rounds``' answer as (samples, draws, whether it gave draws): draw 0 for every sample
+    where it gave none."""
     samples, draws = timed if isinstance(timed, tuple) else (timed, None)
     samples = [list(s) for s in samples]
-    return samples, [list(d) for d in draws] if draws is not None else [[0] * len(s) for s in samples]
+    if draws is None:
+        return samples, [[0] * len(s) for s in samples], False
+    return samples, [list(d) for d in draws], True
 
 
 def relative_iqr(samples: list[float], draws: list[int] | None = None) -> float | None:
