@@ -16,7 +16,7 @@ from pathlib import Path
 
 from autotune_cache.errors import UsageError
 from autotune_cache.tree.diff import Comparison, op_slots, pick_slots
-from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS
+from autotune_cache.tune.careful.quality import QualitySettings
 from autotune_cache.tune.careful.race import race
 from autotune_cache.tune.workers.skeleton import OpLayer
 from autotune_cache.tune.session.work import distinct_ops
@@ -38,6 +38,7 @@ def measure(plan, comparisons: list[tuple[str, Comparison]], *, rounds: int = 50
     lookups = {(op_i, b): op_slots(op, b) for op_i, op in enumerate(ops) for b in op["buckets"]}
     owner = {slot: ib for ib, slots in lookups.items() for slot in slots}
     graph_max = plan.resolution.decode_batch * plan.resolution.attn_dp_size
+    draws = QualitySettings("careful").input_draws  # careful's own (FI_AUTOTUNE_RACE_INPUTS applies here too)
     layers: dict[int, OpLayer] = {}
     rows = []
     with tempfile.TemporaryDirectory(prefix="fi-autotune-measure-") as tmp:
@@ -55,7 +56,7 @@ def measure(plan, comparisons: list[tuple[str, Comparison]], *, rounds: int = 50
                         layers[i](1)
                 result = race(layers[i], tokens, [pick_slots(comp.a_configs, slots), pick_slots(comp.b_configs, slots)], None,
                               rounds=rounds, warmup=warmup, cold_l2=cold_l2, graph=tokens <= graph_max,
-                              workdir=Path(tmp), input_draws=DEFAULT_INPUT_DRAWS)
+                              workdir=Path(tmp), input_draws=draws)
                 a, b = result["medians_ms"]
                 rows.append({**row, "a_ms": _ms(a), "b_ms": _ms(b),
                              "b_vs_a": round(b / a - 1, 4) if math.isfinite(a) and math.isfinite(b) and a > 0 else None,
