@@ -53,8 +53,8 @@ def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | 
 @engine_options
 @click.option("--quality", type=click.Choice(["quick", "careful"]), default="quick", show_default=True,
               help="quick: one FlashInfer tune per (op, bucket), as the engine does at startup. careful: --repeats "
-                   "tunes, then every tactic they timed races FlashInfer's default head to head (interleaved, median; "
-                   "CUDA graphs at decode sizes, cold L2, the token inputs rotating over "
+                   "tunes, then every tactic they timed races FlashInfer's default head to head (interleaved, the "
+                   "median per input draw; CUDA graphs at decode sizes, cold L2, the token inputs rotating over "
                    f"{DEFAULT_INPUT_DRAWS} draws; a short screen, then the close ones until the fastest is "
                    "settled), and each MoE call's best GEMM pairs race again; the default stays unless beaten by "
                    "--threshold.")
