@@ -143,10 +143,42 @@ def at_call_sites(table: dict, reads: dict[str, str]) -> dict:
     return table
 
 
+#: Where SGLang builds a model's experts: a flag added into an expert count there changes the experts
+#: per rank (``num_experts=config.n_routed_experts + ep_num_redundant_experts``), which no base
+#: command's probe shows (none of them builds such a layer under expert parallelism).
+SHAPE_SITES = ("models/*.py", "model_executor/model_runner_components/*.py", "eplb/expert_location.py")
+
+
+def shape_site_reads(srt: Path) -> dict[str, str]:
+    """{argument name: the first file that adds it into an expert count}."""
+    import re
+
+    found: dict[str, str] = {}
+    pattern = re.compile(r"(?:num_experts|n_routed_experts|num_local_experts|moe_num_experts)[^\n]*\+[^\n]*?\.([a-z][a-z0-9_]+)\b"
+                         r"|\+\s*get_exec\(\)\.moe\.([a-z][a-z0-9_]+)")
+    for site in SHAPE_SITES:
+        for f in sorted(srt.glob(site)):
+            for m in pattern.finditer(f.read_text(errors="ignore")):
+                found.setdefault(m[1] or m[2], str(f.relative_to(srt)))
+    return found
+
+
+def at_shape_sites(table: dict, reads: dict[str, str]) -> dict:
+    """A flag SGLang adds into an expert count where it builds a model is "matters" (refused), never
+    "ignored" or merely "not understood": it changes the experts per rank of the MoE call."""
+    for dest, entry in table.items():
+        if entry["effect"] in ("none", "reaches") and dest in reads:
+            entry["effect"] = "matters"
+            entry["evidence"] = (f"SGLang adds it into the expert count where it builds the model ({reads[dest]}): the "
+                                 "experts per rank change; " + entry["evidence"])
+    return table
+
+
 def write_flag_table(probes: dict, probes_path: Path, table_path: Path, srt: Path | None = None) -> None:
     table = classify(probes)
     if srt is not None:
         table = at_call_sites(table, call_site_reads(srt))
+        table = at_shape_sites(table, shape_site_reads(srt))
     compact = {"bases": {name: {"arch": e["arch"], "command": e["command"], "outcomes": e["outcomes"],
                                 "view": autotune_view(e["raw"]["base"])}
                          for name, e in probes["bases"].items()}}

@@ -39,9 +39,26 @@ DISPATCH = REPO / "autotune_cache" / "engines" / "sglang" / "data" / "sglang-0.5
 #: One checkpoint per kind of expert weights (engines/sglang/dispatch.py checkpoint_kind names them),
 #: and the MoE runner backends each is tried with.
 DISPATCH_MODELS = {"Qwen/Qwen3-30B-A3B": "bf16", "Qwen/Qwen3-30B-A3B-FP8": "fp8_block",
-                   "openai/gpt-oss-20b": "mxfp4", "nvidia/DeepSeek-R1-FP4": "modelopt_fp4"}
+                   "openai/gpt-oss-20b": "mxfp4", "nvidia/DeepSeek-R1-FP4": "modelopt_fp4",
+                   # tests/data/configs (make_configs.py DISPATCH_CONFIGS: a preset + the format's quantization_config)
+                   "fi-autotune-derived/Qwen3-30B-A3B-FP8-tensor-static": "fp8_tensor",
+                   "fi-autotune-derived/Qwen3-30B-A3B-FP8-tensor-dynamic": "fp8_tensor_dynamic",
+                   "fi-autotune-derived/Qwen3-30B-A3B-ModelOpt-FP8": "modelopt_fp8",
+                   "fi-autotune-derived/DeepSeek-R1-W4AFP8": "w4afp8",
+                   "fi-autotune-derived/Qwen3-30B-A3B-CT-FP8-dynamic": "compressed_tensors_fp8",
+                   "fi-autotune-derived/Qwen3-30B-A3B-CT-W4A16": "compressed_tensors_w4a16",
+                   "fi-autotune-derived/Qwen3-30B-A3B-AWQ": "awq",
+                   "fi-autotune-derived/Qwen3-30B-A3B-GPTQ-Int4": "gptq"}
 DISPATCH_BACKENDS = ("auto", "triton", "triton_kernel", "flashinfer_cutlass", "flashinfer_trtllm",
                      "flashinfer_trtllm_routed", "flashinfer_mxfp4", "flashinfer_cutedsl")
+#: --moe-a2a-backend choices of SGLang 0.5.23 (arg_groups/fields/exec_.py) other than "none". Each is
+#: probed with attention DP over the TP group (``DISPATCH_A2A_BASE``); ``flashinfer`` against every
+#: runner backend (its dispatcher feeds FlashInfer's MoE calls), the others with the runner left at auto.
+DISPATCH_A2A = ("flashinfer", "deepep", "deepep_v2", "mooncake", "nixl", "mori", "megamoe", "pplx",
+                "flashinfer_megamoe", "ascend_fuseep", "ascend_tp")
+DISPATCH_A2A_BASE = ("--tp", "2", "--dp", "2", "--enable-dp-attention")
+#: Further commands probed per kind: (label, flags after --model-path). ``ep`` rows keep the EP width.
+DISPATCH_EXTRA = (("ep4", ("--tp", "8", "--ep", "4", "--moe-runner-backend", "flashinfer_cutlass")),)
 
 #: Base commands every flag is tried against: one per kind of tuning fi-autotune models.
 BASES = {
@@ -224,52 +241,89 @@ def sglang_srt() -> Path:
 
 
 def reclassify(_: list[str]) -> None:
-    """Apply the call-site rule (classify.at_call_sites) to the shipped flag table, no probing."""
-    from classify import at_call_sites, call_site_reads
+    """Apply the call-site and shape-site rules (classify.at_call_sites, at_shape_sites) to the
+    shipped flag table, no probing."""
+    from classify import at_call_sites, at_shape_sites, call_site_reads, shape_site_reads
 
     data = json.loads(FLAG_TABLE.read_text())
     data["flags"] = at_call_sites(data["flags"], call_site_reads(sglang_srt()))
+    data["flags"] = at_shape_sites(data["flags"], shape_site_reads(sglang_srt()))
     FLAG_TABLE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 #: Failures of the oracle's environment, not SGLang's answer: a package it lacks (``triton_kernels``:
 #: SGLang imports it under try/except, so its absence surfaces later as a NameError) or a kernel
-#: SGLang JIT-compiles (``cudastubs.py`` stands in for CUDA), or a FlashInfer function the MoE
+#: SGLang JIT-compiles or a compiled ``sgl_kernel`` op (``cudastubs.py`` stands in for CUDA), or a FlashInfer function the MoE
 #: recorder has no CPU stand-in for. Such a probe is kept as not recorded.
-ENVIRONMENT_ERRORS = ("ModuleNotFoundError", "ImportError", "NameError", "RuntimeError: Failed to build JIT module")
+ENVIRONMENT_ERRORS = ("ModuleNotFoundError", "ImportError", "NameError", "RuntimeError: Failed to build JIT module",
+                      "cudastubs.KernelCalled")  # cudastubs.py: a compiled sgl_kernel op was called
+#: ... and anywhere in the message: Triton asking for the CUDA driver (triton_kernels' launch-time
+#: target query; there is no libcuda on the recording machine); a tensor allocated on CUDA; a
+#: process group's ``device_group`` (the recorder's FakeGroup has none, except for the FlashInfer
+#: A2A stand-in); a check on weight *values*, which the recorder never loads (``torch.empty``: a
+#: checkpoint's equal gate/up scales differ here).
+ENVIRONMENT_MESSAGES = ("with no CPU stand-in", "libcuda.so cannot found", "from the 'CUDA' backend",
+                        "'NoneType' object has no attribute 'size'",
+                        "requires matching gate/up FC1 alpha values")
 
 
 def _environment_error(probe: dict) -> dict:
     error = probe.get("error") or ""
-    if not (error.startswith(ENVIRONMENT_ERRORS) or "with no CPU stand-in" in error):
+    if not (error.startswith(ENVIRONMENT_ERRORS) or any(m in error for m in ENVIRONMENT_MESSAGES)):
         return probe
     out = {k: v for k, v in probe.items() if k not in ("error", "apis")}
     return out | {"oracle_error": "the oracle's environment, not SGLang: " + error}
 
 
+def dispatch_cases() -> list[dict]:
+    """Every dispatch probe: (model, kind, backend[, a2a | ep]) and its command."""
+    def case(model: str, flags: tuple[str, ...], backend: str, **extra) -> dict:
+        argv = ["--model-path", model, *flags]
+        return {"model": model, "kind": DISPATCH_MODELS[model], "backend": backend, "argv": argv,
+                "command": " ".join(argv), **extra}
+
+    out = []
+    for m in DISPATCH_MODELS:
+        out += [case(m, ("--tp", "2", "--moe-runner-backend", b), b) for b in DISPATCH_BACKENDS]
+        for a2a in DISPATCH_A2A:
+            for b in DISPATCH_BACKENDS if a2a == "flashinfer" else ("auto",):
+                out.append(case(m, (*DISPATCH_A2A_BASE, "--moe-a2a-backend", a2a, "--moe-runner-backend", b), b,
+                                a2a=a2a))
+        for label, flags in DISPATCH_EXTRA:
+            backend = flags[flags.index("--moe-runner-backend") + 1]
+            out.append(case(m, flags, backend, ep_size=int(flags[flags.index("--ep") + 1]), variant=label))
+    return out
+
+
+def _dispatch_order(p: dict) -> tuple:
+    # Within one (arch, kind, backend) the plain --tp 2 probe comes last, so a reader keyed by that
+    # triple alone (engines/sglang/dispatch.py _table) still finds the plain command's answer.
+    plain = "a2a" not in p and "variant" not in p
+    return p["arch"], p["kind"], p["backend"], plain, p.get("a2a", ""), p["command"]
+
+
 def record_dispatch(only: list[str]) -> None:
-    """SGLang's quant method and MoE runner for each (arch, checkpoint kind, --moe-runner-backend)."""
+    """SGLang's quant method and MoE runner for each (arch, checkpoint kind, --moe-runner-backend),
+    also under each --moe-a2a-backend, and for the DISPATCH_EXTRA commands."""
     archs = [a for a in ("sm90", "sm100") if not only or a in only]
     models = {m: model_files(m) for m in DISPATCH_MODELS}
     old = json.loads(DISPATCH.read_text())["probes"] if DISPATCH.is_file() else []
     probes = [p for p in old if p["arch"] not in archs]
+    cases = dispatch_cases()
     for arch in archs:
-        cases = [{"id": f"{m}|{b}", "argv": ["--model-path", m, "--tp", "2", "--moe-runner-backend", b]}
-                 for m in DISPATCH_MODELS for b in DISPATCH_BACKENDS]
-        raw = run_oracle("sglang_moe_dispatch.py", {"arch": arch, "gpus": 8, "models": models, "probes": cases},
+        payload = [{"id": str(i), "argv": c["argv"]} for i, c in enumerate(cases)]
+        raw = run_oracle("sglang_moe_dispatch.py", {"arch": arch, "gpus": 8, "models": models, "probes": payload},
                          timeout=6 * 3600)
         if "oracle_error" in raw:
             sys.exit(f"{arch}: {raw['oracle_error']}")
         for case_id, result in raw["probes"].items():
-            model, backend = case_id.split("|")
-            probes.append({"arch": arch, "model": model, "kind": DISPATCH_MODELS[model], "backend": backend,
-                           "command": " ".join(["--model-path", model, "--tp", "2", "--moe-runner-backend", backend]),
-                           **result})
+            c = cases[int(case_id)]
+            probes.append({"arch": arch, **{k: v for k, v in c.items() if k != "argv"}, **result})
     probes = [_environment_error(p) for p in probes]
-    probes.sort(key=lambda p: (p["arch"], p["kind"], p["backend"]))
+    probes.sort(key=_dispatch_order)
     DISPATCH.write_text(json.dumps({"sglang": "0.5.23", "recorded_by": "tests/oracle/record.py dispatch",
-                                    "models": DISPATCH_MODELS, "probes": probes}, indent=1, sort_keys=True) + "\n")
-
+                                    "models": DISPATCH_MODELS, "a2a_backends": list(DISPATCH_A2A),
+                                    "probes": probes}, indent=1, sort_keys=True) + "\n")
 
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))

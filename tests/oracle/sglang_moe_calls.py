@@ -253,6 +253,74 @@ def _install_streams(P: _Patches) -> None:
     P.setattr(torch.cuda, "stream", lambda s=None: contextlib.nullcontext(s))
     P.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     P.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    # Tensor.record_stream ties a tensor's memory to a CUDA stream (the A2A forward of DeepseekV2MoE
+    # does it for the shared expert's output); there is no stream allocator here.
+    P.setattr(torch.Tensor, "record_stream", lambda self, *a, **k: None)
+
+
+class _FakeProcessGroup:
+    """The torch ``ProcessGroup`` FlashInfer's A2A dispatcher reads from ``tp_group.device_group``:
+    its width and this rank (it sizes the A2A workspace and FlashInfer's ``Mapping`` from them)."""
+
+    def __init__(self, size: int, rank: int):
+        self._size, self._rank = size, rank
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+
+class _CpuMoeAlltoAll:
+    """``flashinfer.comm.MoeAlltoAll`` without its MNNVL workspace (a CUDA fabric allocation) for
+    ``--moe-a2a-backend flashinfer``. Returns what FlashInfer 0.7.2.post1 documents
+    (comm/trtllm_moe_alltoall.py): ``dispatch`` one tensor per payload, each
+    ``[ep_size, runtime_max_tokens_per_rank, *payload.shape[1:]]`` of the payload's dtype;
+    ``get_combine_payload_tensor_in_workspace`` ``[ep_size, runtime_max_tokens_per_rank, hidden]``;
+    ``combine`` ``[local_num_tokens, elements_per_token]``. It moves no data: the FlashInfer MoE
+    call between dispatch and combine sees SGLang's own shapes, dtypes and flags."""
+
+    def __init__(self, mapping, max_num_tokens: int, top_k: int, num_experts: int, *args, **kwargs):
+        self.ep_size, self.ep_rank = mapping.moe_ep_size, mapping.moe_ep_rank
+        self.max_num_tokens, self.top_k, self.num_experts = max_num_tokens, top_k, num_experts
+        self._local_num_tokens = 0
+
+    def dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *args, **kwargs):
+        self._local_num_tokens = token_selected_experts.shape[0]
+        return [torch.empty(self.ep_size, runtime_max_tokens_per_rank, *t.shape[1:], dtype=t.dtype)
+                for t in input_payloads]
+
+    def get_combine_payload_tensor_in_workspace(self, runtime_max_tokens_per_rank, hidden_size, dtype):
+        return torch.empty(self.ep_size, runtime_max_tokens_per_rank, hidden_size, dtype=dtype)
+
+    def combine(self, payload, runtime_max_tokens_per_rank, payload_in_workspace=False, output_dtype=None,
+                *args, output=None, **kwargs):
+        if output is not None:
+            return output
+        return torch.empty(self._local_num_tokens, payload.shape[-1], dtype=output_dtype or payload.dtype)
+
+
+def _install_flashinfer_a2a(P: _Patches, m_tokens: int) -> None:
+    """``--moe-a2a-backend flashinfer``: SGLang's FlashinferDispatcher (token_dispatcher/flashinfer.py)
+    runs as written, on a ``_FakeProcessGroup`` and ``_CpuMoeAlltoAll`` (its workspace-size helper
+    JIT-builds a CUDA module, so it answers 0: the workspace is never allocated here). The autotune
+    pass is a decode-shaped batch (``is_extend_in_batch`` False: the A2A path, not the prefill
+    all-gather); every attention-DP rank contributes ``m_tokens`` rows, as the scheduler's
+    ``global_num_tokens`` would state (dp_attention.py ``_DpGatheredBufferWrapper``)."""
+    from sglang.srt.layers import dp_attention
+    from sglang.srt.layers.moe.token_dispatcher import flashinfer as fi_dispatcher
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend
+    from sglang.srt.runtime_context import get_parallel
+
+    if not get_moe_a2a_backend().is_flashinfer():
+        return
+    par = get_parallel()
+    P.setattr(par.tp_group, "device_group", _FakeProcessGroup(par.tp_size, par.tp_rank))
+    P.setattr(fi_dispatcher, "MoeAlltoAll", _CpuMoeAlltoAll)
+    P.setattr(fi_dispatcher, "moe_a2a_get_workspace_size_per_rank", lambda *a, **k: 0)
+    if par.attn_dp_size > 1:
+        P.setattr(dp_attention._DpGatheredBufferWrapper, "_global_num_tokens", [m_tokens] * par.attn_dp_size)
 
 
 def _install_device_shims(P: _Patches) -> None:
@@ -266,6 +334,11 @@ def _install_device_shims(P: _Patches) -> None:
     - a Triton kernel launch (``JITFunction.run``; ``Autotuner.run``, which would benchmark) is a
       no-op: Triton kernels write into outputs allocated by their Python wrapper."""
     P.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    # Triton launch-grid helpers (kernels/ops/moe/ep_moe_kernels.py) size grids from the SM's thread
+    # limit, which fakegpu's properties leave out: 2048 on sm90 and sm100 alike.
+    props = torch.cuda.get_device_properties(0)
+    if not hasattr(props, "max_threads_per_multi_processor"):
+        P.setattr(props, "max_threads_per_multi_processor", 2048)
     # torch.compile'd helpers (top-k post-processing) run eagerly: Dynamo probes the CUDA RNG
     import torch._dynamo as dynamo
 
@@ -512,6 +585,10 @@ def _fakes() -> dict[str, Callable]:
     }
     out = {name: (lambda f: lambda **kw: f(kw))(f) for name, f in table.items()}
     out["fp4_quantize"] = _fp4_quantize
+    # --moe-a2a-backend flashinfer with NVFP4 dispatch swizzles the received scales in the forward
+    # (token_dispatcher/flashinfer.py): the same stand-in as for the weights.
+    interleave = _weight_fakes()["block_scale_interleave"]
+    out["block_scale_interleave"] = out["nvfp4_block_scale_interleave"] = interleave
     return out
 
 
@@ -546,7 +623,7 @@ def _install_recorder(P: _Patches, rec: Recorder) -> None:
 # Process initialization SGLang does between publish and model construction
 # ---------------------------------------------------------------------------------------------
 
-def _init_process(P: _Patches, sa, mr) -> None:
+def _init_process(P: _Patches, sa, mr, m_tokens: int = 1) -> None:
     """distributed/bootstrap.py _init_parallel_groups (groups, then initialize_dp_attention) and
     managers/scheduler.py init_moe_gemm_config (MoE runner flags, then the GEMM backends)."""
     from sglang.srt.layers.dp_attention import initialize_dp_attention
@@ -560,6 +637,7 @@ def _init_process(P: _Patches, sa, mr) -> None:
     _install_device_shims(P)
     initialize_dp_attention(sa)
     initialize_moe_config()
+    _install_flashinfer_a2a(P, m_tokens)
     initialize_fp8_gemm_config()
     initialize_fp4_gemm_config()
     initialize_bf16_gemm_config()
@@ -602,7 +680,7 @@ def record_moe_calls(sa, mr, m_tokens: int, *, capture_mode: bool | None = None,
     rec = Recorder()
     FAKED_OPS.clear()
     try:
-        _init_process(P, sa, mr)
+        _init_process(P, sa, mr, m_tokens)
         _stub_attention(P)
         _install_custom_op_cpu_kernels(P)
         if capture_mode is None:
@@ -613,6 +691,8 @@ def record_moe_calls(sa, mr, m_tokens: int, *, capture_mode: bool | None = None,
             _install_recorder(P, rec)
             # loader.py: process_weights_after_loading on every module with a quant_method; the
             # routed experts are the one the MoE call reads.
+            if info is not None:  # the quant method and runner are fixed at construction
+                info.update(_describe(mr, model, quant_config, name, block, experts, capture_mode))
             rec.phase = "weights"
             experts.quant_method.process_weights_after_loading(experts)
             rec.phase = None
@@ -643,6 +723,8 @@ def _describe(mr, model, quant_config, name, block, experts, capture_mode) -> di
         "quant_config": quant_config.get_name() if quant_config is not None else None,
         "block": f"{name} ({type(block).__name__})",
         "quant_method": type(experts.quant_method).__name__,
+        # the compressed-tensors MoE scheme (CompressedTensorsFusedMoEMethod delegates to it)
+        "moe_scheme": type(experts.scheme).__name__ if getattr(experts, "scheme", None) is not None else None,
         "runner_backend": str(experts.runner_backend),
         "num_experts": experts.num_experts,
         "num_local_experts": experts.num_local_experts,
