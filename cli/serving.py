@@ -13,7 +13,7 @@ import functools
 import click
 
 from autotune_cache import registry
-from autotune_cache.engines.requests import build_request, build_requests
+from autotune_cache.engines.requests import build_request, build_requests, read_serving_command
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.entry_key import key_schemas
 from autotune_cache.plan.options import GIVEN_OPTIONS, Option, ServingOptions
@@ -69,14 +69,27 @@ serving_command_argument = click.argument("serving_command", nargs=-1, type=clic
                                           metavar="[-- SERVING COMMAND]")
 
 
-def fold_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
-    """Fold a pasted serving command (after ``--``) into the command's keyword arguments. A flag
-    given both ways with two values is a usage error; flags the key and the plan do not use are
-    listed."""
+def fold_serving_command(ctx: click.Context, kw: dict, out: Output, layout_param: str) -> tuple[dict, str]:
+    """Fold a pasted serving command (after ``--``) into the command's keyword arguments, read by
+    the engine whose program starts it (``vllm serve`` is vLLM's). A flag given both ways with two
+    values is a usage error; flags the key and the plan do not use are listed. Returns the keyword
+    arguments and the layout: the one ``--layout`` (the parameter ``layout_param``) names, which
+    must be the command's engine's, else the tree the command's server reads."""
+    layout = ctx.params[layout_param]
     argv = kw.pop("serving_command", ())
     if not argv:
-        return kw
-    cmd = registry.default_engine().parse_serving_command(argv)
+        return kw, layout
+    given_layout = ctx.get_parameter_source(layout_param) == click.core.ParameterSource.COMMANDLINE
+    first = str(layout).split(",")[0].strip() if given_layout else None
+    engine, cmd = read_serving_command(argv, first or None)
+    if given_layout:
+        for name in (x.strip() for x in str(layout).split(",") if x.strip()):
+            owner = registry.engine_of_layout(name)
+            if owner.plans and owner is not engine:
+                raise UsageError(f"--layout {name} is {owner.label}'s tree, but the serving command starts "
+                                 f"{engine.label} ({engine.title} reads {', '.join(x.name for x in engine.layouts)})")
+    else:
+        layout = cmd.layout or engine.layout().name
     for name, value in cmd.options.items():
         given = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE if name in kw else False
         if given and kw[name] != value:
@@ -85,12 +98,12 @@ def fold_serving_command(ctx: click.Context, kw: dict, out: Output) -> dict:
     for note in cmd.notes:
         out.note(f"serving command: {note}")
     if cmd.ignored:
-        out.note("serving command: ignored (SGLang's own code showed they do not reach its autotune path): "
+        out.note(f"serving command: ignored ({engine.label}'s own code showed they do not reach its autotune path): "
                  + ", ".join(cmd.ignored))
     for flag in cmd.not_understood:
         out.note(f"warning: serving command: not understood: {flag}")
     kw["not_understood"] = tuple(cmd.not_understood)
-    return kw
+    return kw, layout
 
 
 def machine_of(ctx: click.Context | None = None) -> Machine:

@@ -12,6 +12,8 @@ from typing import Callable
 
 from autotune_cache import registry
 from autotune_cache.errors import UsageError
+from autotune_cache.plan.engine import Engine, ServingCommandReading
+from autotune_cache.plan.launcher import split_command
 from autotune_cache.plan.options import ServingOptions
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.topology import TopologyError, normalize_gpu_uuid
@@ -64,3 +66,23 @@ def build_requests(options: ServingOptions, layouts: list[str], engine_options: 
     return [build_request(options, layout=x, detect_gpu_uuids=detect_gpu_uuids,
                           engine_options={k: v for k, v in given.items() if k in {o.name for o in e.cli_options}})
             for x, e in zip(layouts, engines)]
+
+
+def read_serving_command(argv: "list[str] | tuple[str, ...]", layout: str | None = None
+                         ) -> tuple[Engine, ServingCommandReading]:
+    """A pasted serving command, read by the engine whose program starts it (``Engine.programs``:
+    ``vllm serve ...`` is vLLM's, ``python -m sglang.launch_server ...`` SGLang's); flags alone,
+    with no program, are the engine of ``layout`` (the one asked for), else the default engine's.
+    Any other program is refused, naming those read."""
+    cmd = split_command(argv)
+    if cmd.program is None:
+        owner = registry.engine_of_layout(layout) if layout else None
+        engine = owner if owner is not None and owner.plans else registry.default_engine()
+    else:
+        engine = next((e for e in registry.engines() if cmd.program in e.programs), None)
+        if engine is None:
+            known = [f"{p} ({e.label})" for e in registry.engines() for p in e.programs]
+            raise UsageError(f"serving command: {' '.join(cmd.launcher)!r} starts no server fi-autotune reads; "
+                             f"expected {', '.join(known)}, or the flags alone (read as "
+                             f"{registry.default_engine().label}'s)")
+    return engine, engine.parse_serving_command(argv)

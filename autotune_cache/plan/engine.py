@@ -39,6 +39,8 @@ class ServingCommandReading:
     notes: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()  # proven not to reach the autotune path
     not_understood: tuple[str, ...] = ()
+    #: The tree the command's server reads (one of the engine's layouts; None: its first).
+    layout: str | None = None
 
 
 class Engine(ABC):
@@ -52,6 +54,10 @@ class Engine(ABC):
     plans: ClassVar[bool] = True
     #: Whether ``check`` can say if this engine will find an entry (``check --layout``).
     checks: ClassVar[bool] = False
+    #: The programs that start this engine's server, as ``plan.launcher.split_command`` normalizes
+    #: them (``"vllm serve"``, ``"python -m sglang.launch_server"``): a pasted serving command is
+    #: read by the engine whose program it starts with.
+    programs: ClassVar[tuple[str, ...]] = ()
     #: Options only this engine's targets take (``plan.options.Option``); the CLI offers them.
     cli_options: ClassVar[tuple[Option, ...]] = ()
     #: The key schemas this engine's releases hash, by name (``plan.entry_key.KeySchema``); all

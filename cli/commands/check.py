@@ -65,7 +65,8 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         fleet = load_fleet(targets_file, cache_dir, kw["arch"], fingerprint=fingerprint)
         members, errors, named, unknown_flags = fleet.members, list(fleet.errors), True, ()
     else:
-        kw = fold_serving_command(ctx, kw, out)
+        kw, layout_name = fold_serving_command(ctx, kw, out, "layout_name")
+        reader = registry.get_layout(layout_name)
         # A planning engine's layout names the engine whose calls are checked; a store's (FlashInfer's
         # managed store) is read with the default engine's.
         engine_layout = layout_name if registry.engine_of_layout(layout_name).plans else None

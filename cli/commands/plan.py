@@ -104,7 +104,7 @@ def _print_body(plan, out: Output) -> None:
                      + ("" if rec.verified else "  [keys from FlashInfer's own code on the engine's own call; "
                                                   "not yet run on a GPU]" if rec.keys_checked else
                         "  [read from SGLang's code; not recorded, not run on a GPU]"))
-            out.line(f"    mirrors {rec.mirrors}")
+            out.line(f"    from {plan.provenance(rec)}")
             for k, v in rec.kwargs.items():
                 if v is not None:
                     out.line(f"    {k:<24} {_fmt_kwarg(v)}")
@@ -153,7 +153,7 @@ def plan_cmd(ctx, layout, targets_file, shard, store_url, as_json, **kw):
         return
     if shard or store_url:
         raise UsageError("--shard and --store go with --targets")
-    kw = fold_serving_command(ctx, kw, out)
+    kw, layout = fold_serving_command(ctx, kw, out, "layout")
     request = request_from(kw, layout)
     members = [FleetMember(COMMAND_LINE, r.worker, build_plan(r, kw["cache_dir"]), ()) for r in request.workers()]
     plans = [m.plan for m in members]

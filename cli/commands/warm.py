@@ -102,7 +102,8 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     if shard:
         raise UsageError("--shard goes with --targets")
     opts = replace(opts, store=writable_store(push_url))
-    kw = fold_serving_command(ctx, kw, out)
+    kw, layouts = fold_serving_command(ctx, kw, out, "layouts")
+    groups = warm_groups(layouts)
     requests = requests_from(kw, [g.layout for g in groups])
     units = [(g, r) for g, request in zip(groups, requests) for r in request.workers()]
     if len(units) > 1:

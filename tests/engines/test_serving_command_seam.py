@@ -47,12 +47,29 @@ def test_a_flag_that_matters_is_refused_by_the_reader():
 
 @pytest.mark.parametrize("name", ["sglang", "vllm", "flashinfer-v2"])
 def test_every_engine_checks_the_options_as_sglang_spells_them(name):
-    """vLLM's targets take the options as SGLang spells them, so their values are checked the same."""
+    """The options are spelled as SGLang's flags whatever the engine, so their values are checked as
+    SGLang's - except where the option sets one of the engine's own flags (vLLM: --moe-backend)."""
     engine = registry.get_engine(name)
     with pytest.raises(UsageError, match=r"^--attention-backend 'flashinfr': SGLang 0.5.23 takes triton"):
         engine.check_option_values({"attention_backend": "flashinfr"})
     engine.check_option_values({"attention_backend": "flashinfer", "moe_runner_backend": "auto"})
-    assert engine.parse_serving_command(["--model-path", "m", "--tp", "4"]).options == {"model_path": "m", "tp": 4}
+
+
+def test_flags_alone_are_read_by_the_engine_that_reads_them():
+    for name in ("sglang", "flashinfer-v2"):
+        reading = registry.get_engine(name).parse_serving_command(["--model-path", "m", "--tp", "4"])
+        assert reading.options == {"model_path": "m", "tp": 4}
+    reading = registry.get_engine("vllm").parse_serving_command(["--model", "m", "-tp", "4"])
+    assert (reading.options, reading.layout) == ({"model_path": "m", "tp": 4}, "vllm")
+
+
+def test_vllm_checks_the_options_it_spells_itself_against_its_own_choices():
+    vllm = registry.get_engine("vllm")
+    vllm.check_option_values({"moe_runner_backend": "batched_triton"})  # vLLM's, not SGLang's
+    with pytest.raises(UsageError, match=r"^--moe-runner-backend 'flashinfer_cutlas': vLLM 0.33's --moe-backend takes"):
+        vllm.check_option_values({"moe_runner_backend": "flashinfer_cutlas"})
+    with pytest.raises(UsageError, match=r"SGLang 0.5.23 takes"):
+        registry.get_engine("sglang").check_option_values({"moe_runner_backend": "batched_triton"})
 
 
 class _Mute(Engine):

@@ -8,7 +8,7 @@ from pathlib import Path
 from autotune_cache.plan.engine import Engine, ServingCommandReading
 from autotune_cache.engines.sglang.layout import LAYOUT
 from autotune_cache.engines.sglang.planner import make_plan
-from autotune_cache.engines.sglang.serving_command import check_option_values, flag_table, parse_serving_command
+from autotune_cache.engines.sglang.serving_command import PROGRAMS, check_option_values, flag_table, parse_serving_command
 from autotune_cache.engines.sglang.key_schemas import SCHEMAS, pick_schema
 from autotune_cache.plan.entry_key import get_schema
 from autotune_cache.plan.request import TuneRequest
@@ -20,6 +20,7 @@ class SGLang(Engine):
     label = "SGLang"
     title = "SGLang 0.5.23"
     checks = True
+    programs = PROGRAMS
 
     layouts = (LAYOUT,)
     key_schemas = SCHEMAS

@@ -19,14 +19,13 @@ flag or a missing value is an error, as SGLang's parser would make it.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shlex
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from autotune_cache.errors import UsageError
+from autotune_cache.plan.launcher import split_command
 from autotune_cache.plan.options import SERVING_OPTIONS
 
 FLAG_TABLE = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-flags.json"
@@ -231,31 +230,45 @@ def _is_value(token: str) -> bool:
     return not token.startswith("-") or bool(re.fullmatch(r"-\d+(\.\d+)?", token))
 
 
-def split_launcher(argv: list[str] | tuple[str, ...]) -> tuple[dict[str, str], list[str], list[str]]:
-    """(environment assignments, the launcher, the flags) of a pasted command."""
-    args = list(argv)
-    if len(args) == 1 and " " in args[0]:
-        args = shlex.split(args[0])
-    env: dict[str, str] = {}
-    while args:
-        if os.path.basename(args[0]) == "env":  # `env VAR=value ... python -m ...` (its options skipped)
-            args.pop(0)
-            while args and args[0].startswith("-"):
-                option = args.pop(0)
-                if option in ("-u", "--unset", "-C", "--chdir", "-S", "--split-string") and args:
-                    args.pop(0)
-        elif "=" in args[0] and not args[0].startswith("-"):
-            name, _, value = args.pop(0).partition("=")
-            env[name] = value
+#: The programs that start an SGLang 0.5.23 server (``plan.launcher`` normalizes what is typed).
+LAUNCH_SERVER = "python -m sglang.launch_server"
+SGLANG_SERVE = "sglang serve"
+PROGRAMS = (LAUNCH_SERVER, SGLANG_SERVE)
+
+
+def _sglang_serve(args: list[str]) -> list[str]:
+    """``sglang serve``'s own rewriting (sglang/cli/serve.py): ``--model-type`` picks the backend
+    and is removed; a first argument that is not a flag is the model path."""
+    out, backend, i = [], "auto", 0
+    while i < len(args):
+        if args[i] == "--model-type":
+            if i + 1 >= len(args):
+                raise UsageError("serving command: sglang serve: Error: --model-type requires a value.")
+            backend, i = args[i + 1], i + 2
+            continue
+        if args[i].startswith("--model-type="):
+            backend = args[i].split("=", 1)[1]
         else:
-            break
-    first = next((i for i, a in enumerate(args) if a.startswith("--")), len(args))
-    return env, args[:first], args[first:]
+            out.append(args[i])
+        i += 1
+    if backend not in ("auto", "llm"):
+        raise UsageError(f"serving command: sglang serve --model-type {backend}: not SGLang's language-model server "
+                         "(fi-autotune plans for --model-type llm, or auto on a language model)")
+    if out and not out[0].startswith("-"):
+        out = ["--model-path", *out]
+    return out
 
 
 def parse_serving_command(argv: list[str] | tuple[str, ...]) -> ServingCommand:
-    """Parse a serving command given as arguments (or one shell-quoted string)."""
-    env, launcher, args = split_launcher(argv)
+    """Parse a serving command given as arguments (or one shell-quoted string): ``python -m
+    sglang.launch_server ...``, ``sglang serve [MODEL] ...``, or its flags alone."""
+    pasted = split_command(argv)
+    env, args = pasted.env, list(pasted.args)
+    if pasted.program is not None and pasted.program not in PROGRAMS:
+        raise UsageError(f"serving command: {' '.join(pasted.launcher)!r} is not an SGLang launcher "
+                         f"({' or '.join(PROGRAMS)})")
+    if pasted.program == SGLANG_SERVE:
+        args = _sglang_serve(args)
     cmd = ServingCommand()
     for name, value in env.items():
         if name in ENV_FLAGS:
@@ -267,9 +280,6 @@ def parse_serving_command(argv: list[str] | tuple[str, ...]) -> ServingCommand:
             cmd.ignored.append(f"{name}={_shown(name, value)} (environment outside SGLang's and FlashInfer's own "
                                "variables: their autotune path reads only " + ", ".join(p + "*" for p in ENV_PREFIXES)
                                + ")")
-    if launcher and not (any(a in ("sglang.launch_server", "serve") for a in launcher)
-                         or os.path.basename(launcher[-1]).startswith("sglang")):
-        cmd.notes.append(f"not a command fi-autotune knows ({' '.join(launcher)}): read as SGLang 0.5.23 flags")
     i = 0
     while i < len(args):
         token = args[i]

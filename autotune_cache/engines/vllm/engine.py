@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune_cache.plan.engine import Engine
+from autotune_cache.plan.engine import Engine, ServingCommandReading
+from autotune_cache.plan.launcher import split_command
+from autotune_cache.engines.vllm.serving_command import (CHOICE_OPTIONS as VLLM_CHOICE_OPTIONS, PROGRAMS,
+                                                          check_option_values, parse_serving_command)
 from autotune_cache.engines.vllm.layout import DIR_LAYOUT, LAYOUT, OVERRIDE_ENV, VllmDirLayout, VllmManagedStore, single_rank
 from autotune_cache.engines.vllm.planner import VLLM_CHECKED, make_vllm_plan, other_config_refusal
-from autotune_cache.engines.vllm.target import DEFAULT_MAX_NUM_BATCHED_TOKENS, VllmTarget, parse_config_hash, printed_levels
+from autotune_cache.engines.vllm.target import VllmTarget, parse_config_hash, printed_levels
 from autotune_cache.autotuner.buckets import hybrid_buckets
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.options import Option
@@ -26,10 +29,26 @@ class Vllm(Engine):
                "autotune cache file: ...' or that path may be pasted whole. A single-rank vLLM needs none: it reads "
                "FlashInfer's managed store, keyed by the environment."),
         Option("max_num_batched_tokens", "positive", help="vllm layouts: the server's --max-num-batched-tokens "
-               "[default: 8192, vllm serve's on an H100/H200]."),
+               "[default: vllm serve's for the GPU: 8192 on an H100/H200, 16384 on a B200/B300]."),
     )
 
     layouts = (LAYOUT, DIR_LAYOUT)
+    programs = PROGRAMS
+
+    def parse_serving_command(self, tokens: list[str] | tuple[str, ...]) -> ServingCommandReading:
+        """As vLLM 0.33's own parser reads it (``serving_command``); a flag or variable that
+        changes what vLLM tunes and that fi-autotune does not model is refused."""
+        cmd = parse_serving_command(split_command(tokens))
+        cmd.check_refused()
+        return ServingCommandReading(cmd.serving_kwargs(), tuple(cmd.notes), tuple(cmd.ignored),
+                                     tuple(cmd.not_understood), layout=cmd.layout)
+
+    def check_option_values(self, values: dict) -> None:
+        """The options a vLLM flag sets (``--moe-runner-backend`` is vLLM's ``--moe-backend``) against
+        vLLM 0.33's own choices; the rest as the default engine, which spells them, checks them."""
+        mapped = {k: v for k, v in values.items() if k in VLLM_CHOICE_OPTIONS}
+        super().check_option_values({k: v for k, v in values.items() if k not in VLLM_CHOICE_OPTIONS})
+        check_option_values(mapped)
 
     def target(self, layout: str | None = None, options: dict | None = None) -> VllmTarget:
         """From ``--vllm-config-hash`` (only vLLM can compute it; the planner requires it where
@@ -38,7 +57,7 @@ class Vllm(Engine):
         options = options or {}
         self.refuse_foreign_options(options)
         given = options.get("vllm_config_hash")
-        n = options.get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        n = options.get("max_num_batched_tokens")
         if given is None:
             return VllmTarget.of("", n, layout)
         levels = printed_levels(given)
