@@ -14,6 +14,7 @@ from typing import Any
 
 from autotune_cache.autotuner.buckets import gemm_key
 from autotune_cache.autotuner.lookup_keys import BUILDERS
+from autotune_cache.errors import UsageError
 
 M = "M"  # the dynamic token dimension
 
@@ -91,6 +92,18 @@ class OpRecipe:
     phases: tuple[str, ...] = ()
     #: Its FlashInfer keys were checked against FlashInfer's own key construction (tests/oracle).
     keys_checked: bool = False
+
+    def skipped_by(self, skip_ops) -> bool:
+        """Whether ``autotune(skip_ops=...)`` leaves this call untuned: FlashInfer skips each custom
+        op whose name is in the set, so a call is skipped when all of its ops are. Some of them only
+        (``gemm2`` of the cutlass MoE's two) tunes the rest, which a plan of whole calls does not
+        model: a usage error, never a plan that drops or tunes the whole call."""
+        hit = set(self.custom_ops) & set(skip_ops)
+        if hit and hit != set(self.custom_ops):
+            raise UsageError(f"skipping {', '.join(sorted(hit))} but not {', '.join(sorted(set(self.custom_ops) - hit))} "
+                             f"of {self.api}: the engine then tunes the rest of the call, which fi-autotune does not "
+                             "model (skip all of its ops, or none)")
+        return bool(hit)
 
     def signature(self) -> tuple:
         """What makes two ranks' calls produce the same cache keys (rank offsets excluded)."""

@@ -113,13 +113,24 @@ def test_per_tensor_fp8(tmp_path):
 
 
 @pytest.mark.parametrize("model,flags,why", [
-    (QWEN, {"moe_runner_backend": "auto"}, "--moe-backend flashinfer_cutlass"),
+    (QWEN, {"moe_runner_backend": "auto"}, "TritonExperts (not a FlashInfer kernel)"),  # auto on Hopper
+    ("Qwen/Qwen3-30B-A3B-FP8", {"moe_runner_backend": "auto"}, "TritonExperts"),
     ("meta-llama/Meta-Llama-3.1-8B", {}, "no MoE layers"),
-    ("Qwen/Qwen3-30B-A3B-FP8", {}, "block FP8"),
+    (QWEN, {"autotune_disabled_by": "--disable-flashinfer-autotune"}, "--disable-flashinfer-autotune"),
 ])
 def test_what_vllm_does_not_tune_is_said(tmp_path, model, flags, why):
     plan = vllm_plan(tmp_path, model=model, tp=2, **flags)
-    assert not plan.autotunes and any(why in r for r in plan.resolution.reasons)
+    assert not plan.autotunes and any(why in r for r in plan.resolution.reasons + plan.reasons)
+
+
+def test_block_fp8_on_vllms_cutlass_moe_is_not_modelled(tmp_path):
+    """vLLM's own dispatch runs 128x128 block-FP8 experts on FlashInferExperts on Hopper (and with
+    expert parallelism even under auto): a FlashInfer call with block scales whose tuning is not
+    recorded - refused, where this plan said "nothing to tune" before the dispatch was recorded."""
+    with pytest.raises(UsageError, match="fp8_block experts .* FlashInferExperts"):
+        vllm_plan(tmp_path, model="Qwen/Qwen3-30B-A3B-FP8", tp=2)
+    with pytest.raises(UsageError, match="fp8_block experts with --moe-backend auto .* FlashInferExperts"):
+        vllm_plan(tmp_path, model="Qwen/Qwen3-30B-A3B-FP8", tp=2, ep=2, moe_runner_backend="auto")
 
 
 def test_more_than_one_rank_needs_the_config_hash(tmp_path):

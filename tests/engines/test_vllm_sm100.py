@@ -61,7 +61,6 @@ def test_the_comparison_can_fail(tmp_path):
 
 
 @pytest.mark.parametrize("flags,what", [
-    ({"moe_runner_backend": "flashinfer_cutlass"}, "--moe-backend flashinfer_cutlass on sm100"),
     ({"dp": 2}, "--data-parallel-size 2"),
     ({"arch": "sm103"}, "sm103: vLLM's calls on this GPU"),
 ])
@@ -71,8 +70,15 @@ def test_what_was_not_recorded_is_refused(tmp_path, flags, what):
     assert what in str(e.value)
 
 
+def test_another_flashinfer_kernel_vllm_runs_there_is_refused_as_not_modelled(tmp_path):
+    """--moe-backend flashinfer_cutlass on sm100: vLLM's own dispatch gives FlashInferExperts
+    (engines/vllm/data/vllm-0.33.0-moe-dispatch.json), whose sm100 call is not recorded."""
+    with pytest.raises(UsageError, match="runs them on FlashInferExperts .* does not model yet"):
+        plan_for(tmp_path, moe_runner_backend="flashinfer_cutlass")
+
+
 @pytest.mark.parametrize("model,what", [("nvidia/Llama-3.1-70B-Instruct-FP8", "a dense model on sm100"),
-                                        ("deepseek-ai/DeepSeek-V3", "fp8 MoE weights on sm100")])
+                                        ("deepseek-ai/DeepSeek-V3", "runs them on TrtLlmFp8ExpertsMonolithic")])
 def test_other_models_on_blackwell_are_refused(tmp_path, model, what):
     proc = run_cli("plan", "--model", model, "--tp", "8", "--arch", "sm100", "--layout", "vllm", "--vllm-config-hash", H,
                    env={"VLLM_CACHE_ROOT": str(tmp_path)})
@@ -103,6 +109,7 @@ def test_warm_on_a_b200_writes_the_recorded_calls_keys(tmp_path):
     env = gpu_env(tmp_path, VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=str(tmp_path / "vroot"), FAKE_GPUS="1xNVIDIA B200@sm100",
                   FAKE_GPU="NVIDIA B200")
     proc = run_gpu_cli("warm", "--model", QWEN, "--tp", "1", "--layout", "vllm", "--flashinfer-version", "0.7.2.post1",
+                       "--max-num-batched-tokens", str(GOLDEN["cases"]["qwen3-30b-a3b-tp1"]["case"]["max_num_batched_tokens"]),
                        "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

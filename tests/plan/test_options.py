@@ -25,7 +25,7 @@ RECORDED_KEYS = (
     "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
     "speculative_moe_runner_backend", "speculative_draft_model_path", "speculative_attention_mode",
     "fp4_gemm_backend", "disaggregation_mode", "decode_cuda_graph", "moe_fused_finalize", "autotune_disabled_by",
-    "gpu_uuids",
+    "gpu_uuids", "config_overrides",
 )
 
 
@@ -117,10 +117,14 @@ def test_engine_options_go_with_their_engine():
         build_request(opts, engine_options={"vllm_config_hash": "ab" * 32})
     r = build_request(opts, layout="vllm-dir", engine_options={"vllm_config_hash": "ab" * 32})
     assert (r.engine.name, r.engine.layout, r.engine.config_hash) == ("vllm", "vllm-dir", "ab" * 32)
-    # the hash is required by the plan, and only where vLLM reads per-rank files (not on one GPU)
+    # the hash is required by the plan, and only where vLLM reads per-rank files (not on one GPU) that
+    # it tunes into (not where its MoE runs Triton: auto on Hopper)
     assert build_request(opts, layout="vllm").engine.config_hash == ""
+    tp2 = dataclasses.replace(opts, tp=2, arch="sm90")
     with pytest.raises(UsageError, match="needs --vllm-config-hash"):
-        build_request(dataclasses.replace(opts, tp=2, arch="sm90"), layout="vllm").plan(Path("/nonexistent"))
+        build_request(dataclasses.replace(tp2, moe_runner_backend="flashinfer_cutlass"), layout="vllm").plan(
+            Path("/nonexistent"))
+    assert not build_request(tp2, layout="vllm").plan(Path("/nonexistent")).autotunes
 
 
 @pytest.mark.parametrize("fields", [

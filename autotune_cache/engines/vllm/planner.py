@@ -36,6 +36,7 @@ from autotune_cache.autotuner import buckets as B
 from autotune_cache.autotuner.installed import flashinfer_version_of
 from autotune_cache.autotuner.recipe import OpRecipe
 from autotune_cache.calls.fused_moe import cutlass_moe, moe_layers_in
+from autotune_cache.engines.vllm.dispatch import layout_class, moe_dispatch
 from autotune_cache.engines.vllm.layout import VllmRankName, arch_dir, single_rank
 from autotune_cache.engines.vllm.sm100 import sm100_refusal, vllm_trtllm_bf16_moe
 from autotune_cache.engines.vllm.target import VllmTarget
@@ -46,6 +47,7 @@ from autotune_cache.plan.resolution import Resolution, arch_major
 from autotune_cache.plan.spec import ModelSpec, load_spec
 from autotune_cache.plan.topology import Topology, TopologyError
 from autotune_cache.plan.tuning import OpPlan, TuningPlan, Workload, pp_layer_ranges
+from autotune_cache.plan.weights import expert_weights_kind
 
 if TYPE_CHECKING:
     from autotune_cache.plan.request import TuneRequest
@@ -111,32 +113,40 @@ def resolve_vllm(spec: "ModelSpec", arch: str, flags: ServerFlags, model_path: s
             raise UsageError(f"vLLM's MoE tp size {moe_tp} (tp x dp) does not divide the expert width "
                              f"{spec.moe.intermediate_size}")
         experts, inter = spec.moe.num_experts // moe_ep, spec.moe.intermediate_size // moe_tp
-    block_fp8 = bool(spec.quant and spec.quant.is_block_fp8)
-    per_tensor_fp8 = model_quant in ("fp8", "modelopt", "modelopt_fp8") and not block_fp8 and (
-        model_quant != "fp8" or (spec.quant is not None and spec.quant.activation_scheme == "static"))
-    why = None
-    blackwell = arch_major(arch) != 9
-    if blackwell:  # only what was recorded from vLLM's own code there; the rest is refused
-        refusal = sm100_refusal(spec, flags, arch, model_quant)
-        if refusal:
-            raise UsageError(f"vLLM on {arch}: {refusal}")
+    kind = expert_weights_kind(spec, model_quant)
+    per_tensor_fp8 = kind in ("fp8_tensor", "modelopt_fp8")
+    why, reasons, dispatch = None, [], None
+    if flags.autotune_disabled_by:
+        why = f"the server runs with {flags.autotune_disabled_by}"
     elif spec.moe is None:
+        if arch_major(arch) != 9:
+            raise UsageError(f"vLLM on {arch}: {sm100_refusal(spec, flags, arch, model_quant)}")
         why = ("the model has no MoE layers, and vLLM runs dense layers on its own kernels below sm100 "
                "(per-tensor FP8: its CUTLASS scaled_mm)")
-    elif backend != "flashinfer_cutlass":
-        why = (f"MoE backend {backend!r}: vLLM tunes FlashInfer's MoE only when the server runs --moe-backend "
-               "flashinfer_cutlass (pass --moe-runner-backend flashinfer_cutlass if it does)")
-    elif block_fp8:
-        why = "128x128 block FP8: FlashInfer's CUTLASS MoE has no tactics to tune for block scales on sm90"
-    elif model_quant is not None and not per_tensor_fp8:
-        why = f"{model_quant} weights on vLLM's flashinfer_cutlass path are not modelled"
+    else:
+        dispatch = moe_dispatch(kind, arch, backend, flags.tp, flags.dp, moe_ep)
+        if dispatch is None:
+            raise UsageError(f"{kind or model_quant} experts with --moe-backend {backend} on {arch} "
+                             f"({layout_class(flags.tp, flags.dp, moe_ep)}): not modelled - no recording of vLLM "
+                             "0.33's own MoE dispatch covers it (engines/vllm/data/vllm-0.33.0-moe-dispatch.json)")
+        if dispatch.error:
+            raise UsageError(dispatch.refusal())
+        if not dispatch.runs_flashinfer:
+            reasons.append(dispatch.why())
+        elif (arch_major(arch), dispatch.experts) == (9, "FlashInferExperts") and kind in ("bf16", "fp8_tensor"):
+            reasons.append(f"--moe-backend {backend} on sm90: vLLM's FlashInferExperts tunes cutlass_fused_moe at "
+                           "startup (its own model construction, recorded)")
+        elif (arch_major(arch), dispatch.experts, kind) == (10, "TrtLlmBf16ExpertsMonolithic", "bf16"):
+            refusal = sm100_refusal(spec, flags, arch, model_quant)
+            if refusal:
+                raise UsageError(f"vLLM on {arch}: {refusal}")
+            reasons.append(f"--moe-backend {backend} on sm100 (unquantized): vLLM's TrtLlmBf16ExpertsMonolithic tunes "
+                           "trtllm_bf16_moe at startup (recorded from vLLM's code on CPU; not yet run on Blackwell)")
+        else:
+            raise UsageError(f"{kind} experts with --moe-backend {backend} on {arch}: vLLM 0.33 runs them on "
+                             f"{dispatch.experts} (a FlashInfer kernel) whose call fi-autotune does not model yet")
     if why:
         reasons.append(f"vLLM would not run FlashInfer autotune: {why}; nothing to cache")
-    elif blackwell:
-        reasons.append(f"MoE backend {backend!r} on sm100 (unquantized): vLLM's TrtLlmBf16ExpertsMonolithic tunes "
-                       "trtllm_bf16_moe at startup (recorded from vLLM's code on CPU; not yet run on Blackwell)")
-    else:
-        reasons.append("MoE backend 'flashinfer_cutlass' on sm90: vLLM tunes cutlass_fused_moe at startup")
     key_fields = KeyFields(model_path=model_path, dtype=render_dtype(dtype), quantization=flags.quantization,
                            moe_runner_backend=backend, tp=flags.tp, pp=flags.pp, attn_dp_size=flags.dp, ep=moe_ep,
                            config_class=spec.config_class)
@@ -145,6 +155,7 @@ def resolve_vllm(spec: "ModelSpec", arch: str, flags: ServerFlags, model_path: s
         quantization=flags.quantization, model_quantization=("fp8" if per_tensor_fp8 else model_quant),
         moe_runner_backend=backend, attn_dp_size=flags.dp, attn_tp_size=flags.tp, moe_tp_size=moe_tp,
         moe_ep_size=moe_ep, experts_per_rank=experts, moe_intermediate_per_partition=inter, autotunes=why is None,
+        moe_dispatch=dispatch,
         reasons=tuple(reasons), decode_batch=min(_DEFAULT_MAX_GRAPH, max_num_batched_tokens),
         chunked_prefill_size=max_num_batched_tokens, notes=tuple(notes),
     )
@@ -172,23 +183,18 @@ def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> TuningPlan:
     assert isinstance(target, VllmTarget) and request.arch is not None
     flags = request.flags
     one = single_rank(flags.tp, flags.pp, flags.dp)
-    if not one and not target.config_hash:
-        raise UsageError(f"--layout {target.layout} with {flags.tp * flags.pp * flags.dp} ranks needs --vllm-config-hash: "
-                         "vLLM names its cache dir by a hash of its whole resolved config, taken after it loads the "
-                         "model, so only vLLM can say it; copy it from its startup line 'Using FlashInfer autotune "
-                         "cache file: .../<hash>/...' (docs/cache-layout.md)")
-    n = target.max_num_batched_tokens
+    n = target.budget(request.arch)
     version = flashinfer_version_of(request.flashinfer_version)
     if target.printed_at and not one and target.printed_at != f"{version}/{arch_dir(request.arch)}":
         raise UsageError(f"--vllm-config-hash: vLLM printed that hash under {target.printed_at}, but this plan is for "
                          f"FlashInfer {version} on {arch_dir(request.arch)}: the hash belongs to another image or GPU "
                          "(give --flashinfer-version/--arch of the server that printed it)")
     source, spec = load_spec(request.model, config=request.config, revision=request.revision,
-                             model_path=request.model_path)
+                             model_path=request.model_path, overrides=flags.overrides, merge_rope=False)
     res = resolve_vllm(spec, request.arch, flags, request.served_path, n)
     stages = pp_layer_ranges(spec.num_layers, flags.pp)
     ops: tuple = ()
-    if res.autotunes:
+    if res.autotunes and res.moe_dispatch is not None and res.moe_dispatch.runs_flashinfer:
         counts = [moe_layers_in(spec, range(start, end)) for start, end in stages]
         if not all(counts):
             p = counts.index(0)
@@ -197,7 +203,14 @@ def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> TuningPlan:
         buckets = B.hybrid_buckets(n)
         recipe = (vllm_trtllm_bf16_moe(spec, res, counts[0], n) if arch_major(request.arch) != 9
                   else vllm_cutlass_moe(spec, res, counts[0]))
-        ops = (OpPlan(recipe, buckets, buckets, (), n),)
+        # autotune(skip_ops=VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS): FlashInfer skips exact custom_op matches
+        if not recipe.skipped_by(flags.skip_ops):
+            ops = (OpPlan(recipe, buckets, buckets, (), n),)
+    if ops and not one and not target.config_hash:
+        raise UsageError(f"--layout {target.layout} with {flags.tp * flags.pp * flags.dp} ranks needs --vllm-config-hash: "
+                         "vLLM names its cache dir by a hash of its whole resolved config, taken after it loads the "
+                         "model, so only vLLM can say it; copy it from its startup line 'Using FlashInfer autotune "
+                         "cache file: .../<hash>/...' (docs/cache-layout.md)")
     w = flags.tp * flags.pp
     ranks = tuple(VllmRankName(d, d * w + p * flags.tp + t).filename
                   for d in range(flags.dp) for p in range(flags.pp) for t in range(flags.tp))
@@ -214,6 +227,8 @@ def make_vllm_plan(request: "TuneRequest", cache_root: Path) -> TuningPlan:
     return TuningPlan(
         model=request.model, source=source, spec=spec, resolution=res, schema=SCHEMA, key=key, key_string=key_string,
         flashinfer_version=version, cache_root=Path(cache_root), workloads=(Workload(ranks, ops, tuple(stages)),),
-        max_tokens_override=None, notes=notes, request=replace(request, flashinfer_version=version, schema=SCHEMA),
+        max_tokens_override=None, notes=notes,
+        request=replace(request, flashinfer_version=version, schema=SCHEMA,
+                        engine=replace(target, max_num_batched_tokens=n)),
         layout=layout,
     )
