@@ -66,7 +66,9 @@ def cutlass_moe(spec: ModelSpec, res: Resolution, layers: int) -> OpRecipe:
         "ep_size": res.moe_ep_size, "ep_rank": 0, "tp_size": res.moe_tp_size, "tp_rank": 0,
         "tune_max_num_tokens": _CUTLASS_TUNE_CAP,
         "activation_type": _SWIGLU,
-        "enable_alltoall": False,
+        # flashinfer_cutlass.py: the flashinfer all-to-all dispatcher's decode batches run the MoE with
+        # enable_alltoall (a key field); SGLang's dispatch probe records it (engines/sglang/dispatch.py)
+        "enable_alltoall": res.flags.moe_a2a_backend == "flashinfer",
         "use_fused_finalize": res.flags.moe_fused_finalize,  # SGLANG_FLASHINFER_MOE_FUSED_FINALIZE (default off)
     }
     verified = False

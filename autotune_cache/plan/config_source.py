@@ -18,7 +18,7 @@ import difflib
 import json
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -35,6 +35,8 @@ class ConfigSource:
     location: str
     config: dict = field(repr=False)
     quant_sidecar: dict | None = field(default=None, repr=False)
+    #: The keys a server's config override flag set (``with_overrides``), for messages.
+    overrides: tuple[str, ...] = ()
 
     def describe(self) -> str:
         labels = {
@@ -45,10 +47,12 @@ class ConfigSource:
             "preset": "built-in preset",
         }
         side = f" (+ {QUANT_SIDECAR_NAME})" if self.quant_sidecar else ""
-        return f"{labels[self.kind]}: {self.location}{side}"
+        over = f" (overridden by the serving command: {', '.join(self.overrides)})" if self.overrides else ""
+        return f"{labels[self.kind]}: {self.location}{side}{over}"
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "location": self.location, "quant_sidecar": self.quant_sidecar is not None}
+        out = {"kind": self.kind, "location": self.location, "quant_sidecar": self.quant_sidecar is not None}
+        return out | ({"overrides": list(self.overrides)} if self.overrides else {})
 
 
 def _read_json(path: Path) -> dict:
@@ -181,3 +185,26 @@ def close_presets(model: str, n: int = 3) -> list[str]:
     found = difflib.get_close_matches(want, list(by_lower), n=n, cutoff=0.75)
     found += difflib.get_close_matches(want.split("/")[-1], list(names), n=n, cutoff=0.75)
     return list(dict.fromkeys(by_lower.get(f) or names[f] for f in found))[:n]
+
+
+#: Override keys whose dict value is merged into the current one rather than replacing it.
+_MERGED_ROPE = ("rope_scaling", "rope_parameters")
+
+
+def with_overrides(source: ConfigSource, overrides: dict | None, *, merge_rope: bool) -> ConfigSource:
+    """The config as the server reads it after its override flag (SGLang's
+    ``--json-model-override-args``: ``utils/hf_transformers/config.py get_config``; vLLM's
+    ``--hf-overrides``: ``config/model.py _apply_dict_overrides``): each key set at the top level,
+    except a dict given for a nested config (a dict holding its own ``model_type``), which updates
+    it, and - SGLang only (``merge_rope``) - ``rope_scaling`` / ``rope_parameters``, merged."""
+    if not overrides:
+        return source
+    config = dict(source.config)
+    for key, value in overrides.items():
+        current = config.get(key)
+        nested = isinstance(current, dict) and "model_type" in current
+        if isinstance(value, dict) and (nested or (merge_rope and key in _MERGED_ROPE and isinstance(current, dict))):
+            config[key] = {**current, **value}
+        else:
+            config[key] = value
+    return replace(source, config=config, overrides=tuple(sorted(overrides)))

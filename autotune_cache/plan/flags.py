@@ -58,6 +58,15 @@ class ServerFlags:
     #: The GPUs the tp ranks run on, in tp-rank order: flashinfer_megamoe (0.5.22+) names each
     #: rank file after its GPU's UUID.
     gpu_uuids: tuple[str, ...] = ()
+    #: The JSON object the server applies to the model's config (SGLang --json-model-override-args,
+    #: vLLM --hf-overrides), canonical (sorted keys); None: none.
+    config_overrides: str | None = None
+
+    @property
+    def overrides(self) -> dict | None:
+        import json
+
+        return json.loads(self.config_overrides) if self.config_overrides else None
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -127,6 +127,10 @@ SERVING_OPTIONS: tuple[Option, ...] = (
                       "installed here, read without importing it; else 0.5.23).", flag="--engine", records=None),
     _o("schema", help="Key schema by name, overriding --engine.", records=None),
     _o("flashinfer_version", help="Default: the installed flashinfer-python.", records=None),
+    _o("json_model_override_args", metavar="JSON",
+       help="A JSON object the server applies to the model's config (SGLang --json-model-override-args, vLLM "
+            "--hf-overrides): the plan reads the config with it applied.",
+       reads=("json_model_override_args",), records="config_overrides"),
     # Why the server will not autotune at all: the serving command's flag (or environment) that says so.
     _o("autotune_disabled_by", reads=("disable_flashinfer_autotune", "enable_deterministic_inference"), given=False),
 )
@@ -150,7 +154,23 @@ RECORDED_AS: dict[str, Callable[[Any], Any]] = {
     "kv_cache_dtype": _recorded_or("auto"),
     "fp4_gemm_backend": _recorded_or("auto"),
     "disaggregation_mode": _recorded_or("null"),
+    "json_model_override_args": lambda value: canonical_overrides(value),
 }
+
+
+def canonical_overrides(value: "str | dict | None") -> str | None:
+    """A config override as recorded: the JSON object with sorted keys; None for none (``{}``)."""
+    import json
+
+    if value is None or value == "":
+        return None
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        raise UsageError(f"--json-model-override-args {str(value)[:80]!r}: not JSON") from None
+    if not isinstance(parsed, dict):
+        raise UsageError(f"--json-model-override-args {str(value)[:80]!r}: a JSON object is wanted")
+    return json.dumps(parsed, sort_keys=True) if parsed else None
 
 
 class _Record:

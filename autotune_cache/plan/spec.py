@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from autotune_cache.plan.config_source import ConfigSource, load_model_config
+from autotune_cache.plan.config_source import ConfigSource, load_model_config, with_overrides
 from autotune_cache.errors import UsageError
 
 
@@ -207,7 +207,7 @@ def _quant(cfg: dict, sidecar: dict | None) -> QuantSpec | None:
         block = q.get("weight_block_size")
         return QuantSpec(
             method=str(q["quant_method"]).lower(),
-            fmt=q.get("fmt"),
+            fmt=q.get("fmt") or _compressed_tensors_scheme(q),
             weight_block_size=tuple(block) if block else None,
             activation_scheme=q.get("activation_scheme"),
             modules_not_quantized=tuple(q.get("modules_to_not_convert") or q.get("ignored_layers") or ()),
@@ -237,6 +237,19 @@ def _quant(cfg: dict, sidecar: dict | None) -> QuantSpec | None:
         modules_not_quantized=tuple(modelopt.get("exclude_modules") or modelopt.get("ignore") or ()),
         kv_cache_quant_algo=modelopt.get("kv_cache_quant_algo"), source=source,
     )
+
+
+def _compressed_tensors_scheme(q: dict) -> str | None:
+    """A compressed-tensors checkpoint's scheme, from its first config group: ``float8-w8a8``,
+    ``int4-w4a16`` (``<weight type><bits>-w<bits>a<activation bits, 16 without>``)."""
+    groups = q.get("config_groups") if q.get("quant_method") == "compressed-tensors" else None
+    group = next(iter(groups.values()), None) if isinstance(groups, dict) and groups else None
+    weights = group.get("weights") if isinstance(group, dict) else None
+    if not isinstance(weights, dict):
+        return None
+    acts = group.get("input_activations") or {}
+    bits, act_bits = weights.get("num_bits"), acts.get("num_bits", 16) if isinstance(acts, dict) else 16
+    return f"{weights.get('type', 'int')}{bits}-w{bits}a{act_bits}"
 
 
 def _yarn_mscale_squared(cfg: dict) -> float:
@@ -358,7 +371,10 @@ def build_spec(source: ConfigSource) -> ModelSpec:
     )
 
 
-def load_spec(model: str, *, config: str | None, revision: str | None, model_path: str | None) -> tuple[ConfigSource, ModelSpec]:
-    """The model's config and what the planners read from it (no engine's view yet)."""
+def load_spec(model: str, *, config: str | None, revision: str | None, model_path: str | None,
+              overrides: dict | None = None, merge_rope: bool = True) -> tuple[ConfigSource, ModelSpec]:
+    """The model's config, as the server's config override flag leaves it (``overrides``,
+    ``config_source.with_overrides``), and what the planners read from it (no engine's view yet)."""
     source = load_model_config(model, config=config, revision=revision, model_path=model_path)
+    source = with_overrides(source, overrides, merge_rope=merge_rope)
     return source, build_spec(source)

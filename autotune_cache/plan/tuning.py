@@ -120,8 +120,8 @@ class TuningPlan:
             return r.reasons
         if not r.autotunes:
             return tuple(x for x in r.reasons if "is False" in x) or r.reasons
-        return ("SGLang 0.5.23 enters its autotune pass (" + "; ".join(r.reasons) + "), but none of the calls "
-                "it makes there has tactics to tune for this model: its file holds no tactics",)
+        return (f"{self.engine.title} enters its autotune pass (" + "; ".join(r.reasons) + "), but none of the "
+                "calls it makes there has tactics to tune for this model: its file holds no tactics",)
 
     @property
     def layout_obj(self):
@@ -191,9 +191,21 @@ class TuningPlan:
             "reasons": list(r.reasons),
             "notes": list(r.notes + self.notes),
             "max_tokens_override": self.max_tokens_override,
-            "workloads": [w.to_dict() for w in self.workloads],
+            "workloads": [{**w.to_dict(), "ops": [o.to_dict() | {"from": self.provenance(o.recipe)} for o in w.ops]}
+                          for w in self.workloads],
             "profiles": self.profiles,
         }
+
+    def provenance(self, recipe) -> str:
+        """Why this call is in the plan, for a reader (and doctor): for the experts, the recorded
+        dispatch of the engine's own code that names the kernel (``Resolution.moe_dispatch``);
+        for every call, the engine's call site it mirrors and how its keys were checked."""
+        checked = ("run on a GPU" if recipe.verified else "keys from FlashInfer's own code on the engine's recorded "
+                   "call" if recipe.keys_checked else "read from the engine's code, not recorded")
+        site = f"{recipe.mirrors} ({checked})"
+        dispatch = self.resolution.moe_dispatch
+        source = getattr(dispatch, "source", None) if recipe.id.startswith("moe.") else None
+        return f"{source}; call: {site}" if source else f"call: {site}"
 
 
 def pp_layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:

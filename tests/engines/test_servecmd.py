@@ -124,3 +124,36 @@ def test_served_path_is_not_where_the_config_comes_from(tmp_path):
     (from_config,) = run_json("plan", "--model-path", "/models/GLM-5.1-FP8", "--config", str(config), "--tp", "8",
                               "--dp", "8", "--arch", "sm100", "--cache-dir", str(tmp_path))["workers"]
     assert from_config["key"] == served["key"] and from_config["source"]["kind"] == "config-file"
+
+
+def test_an_ep_outside_one_and_tp_with_cutlass_is_refused_as_sglang_refuses(tmp_path):
+    """moe_hook.py handle_moe_kernel_config asserts ep_size in [1, tp_size] for flashinfer_cutlass
+    (the dispatch table's "ep4" probe holds SGLang's own refusal of --tp 8 --ep 4)."""
+    proc = run_cli("plan", "--arch", "sm90", "--cache-dir", str(tmp_path), "--", "python", "-m", "sglang.launch_server",
+                   "--model-path", "Qwen/Qwen3-30B-A3B", "--tp", "8", "--ep", "4", "--moe-runner-backend",
+                   "flashinfer_cutlass")
+    assert proc.returncode == 2
+    assert "The expert parallel size must be 1 or the same as the tensor parallel size" in proc.stderr
+    for ep in ("1", "8"):
+        ok = run_cli("plan", "--arch", "sm90", "--cache-dir", str(tmp_path), "--model", "Qwen/Qwen3-30B-A3B", "--tp", "8",
+                     "--ep", ep, "--moe-runner-backend", "flashinfer_cutlass")
+        assert ok.returncode == 0, ok.stderr
+
+
+def test_config_overrides_change_the_shapes_not_the_key(tmp_path):
+    """--json-model-override-args: SGLang applies it to the HF config (utils/hf_transformers/config.py
+    get_config), so the MoE runs top-4 - and top_k reaches FlashInfer's keys - while SGLang's key
+    string (model path, dtype, ..., config class) is the one without it."""
+    base = ["plan", "--json", "--arch", "sm90", "--cache-dir", str(tmp_path), "--", "python", "-m",
+            "sglang.launch_server", "--model-path", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend",
+            "flashinfer_cutlass"]
+    (plain,) = json.loads(run_cli(*base).stdout)["workers"]
+    (top4,) = json.loads(run_cli(*base, "--json-model-override-args", '{"num_experts_per_tok": 4}').stdout)["workers"]
+    assert top4["key"] == plain["key"]
+    assert plain["spec"]["moe"]["top_k"] == 8 and top4["spec"]["moe"]["top_k"] == 4
+    (op,) = [op for w in top4["workloads"] for op in w["ops"]]
+    assert op["kwargs"]["token_selected_experts"]["tensor"]["shape"] == ["M", 4]
+    assert top4["source"]["overrides"] == ["num_experts_per_tok"] and top4["request"]["flags"]["config_overrides"]
+    spec = run_cli("plan", "--arch", "sm100", "--cache-dir", str(tmp_path), "--model", "deepseek-ai/DeepSeek-V3",
+                   "--tp", "8", "--speculative-algorithm", "EAGLE", "--json-model-override-args", '{"a": 1}')
+    assert spec.returncode == 2 and "applies it to the draft" in spec.stderr

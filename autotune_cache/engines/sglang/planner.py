@@ -85,7 +85,11 @@ def resolve_target(
     """Config, spec, SGLang's resolution and the FlashInfer version: everything the key and the
     entry's path need, and nothing that imports flashinfer (``pull``, ``check`` and ``key``
     use this in images without a GPU)."""
-    source, spec = load_spec(model, config=config, revision=revision, model_path=model_path)
+    if flags.overrides and flags.speculative_algorithm:
+        raise UsageError("--json-model-override-args with speculative decoding: SGLang applies it to the draft "
+                         "model's config too, which fi-autotune does not model")
+    source, spec = load_spec(model, config=config, revision=revision, model_path=model_path,
+                             overrides=flags.overrides, merge_rope=True)
     served = model if model_path is None else model_path
     if worker == "draft":
         draft = draft_spec(spec, flags, served, revision=revision)

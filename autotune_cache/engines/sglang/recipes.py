@@ -163,12 +163,26 @@ def mla_decode(spec: ModelSpec, res: Resolution, *, phase: str, q_len: int = 1, 
 
 
 def _moe_recipe(spec: ModelSpec, res: Resolution, moe_layers: int) -> OpRecipe | None:
-    backend = res.moe_runner_backend
-    q = res.model_quantization
-    sm100 = arch_major(res.arch) == 10
+    """The experts' call - which must be the one SGLang's own dispatch recorded for this kind of
+    weights, backend and a2a backend (``res.moe_dispatch``), or the plan refuses it as not modelled."""
     d = res.moe_dispatch
     if d is not None and not d.error and not d.runs_flashinfer:
         return None  # SGLang's own dispatch runs these experts outside FlashInfer (dispatch.py)
+    recipe = _moe_call(spec, res, moe_layers)
+    if d is not None and d.apis is not None and (recipe.api if recipe else None) not in d.tunable_apis:
+        raise UsageError(d.not_modelled(recipe.api if recipe else None))
+    return recipe
+
+
+def _moe_call(spec: ModelSpec, res: Resolution, moe_layers: int) -> OpRecipe | None:
+    backend = res.moe_runner_backend
+    q = res.model_quantization
+    sm100 = arch_major(res.arch) == 10
+    if res.flags.moe_a2a_backend == "flashinfer" and any(p.phase != "decode" for p in res.passes):
+        # token_dispatcher/flashinfer.py: only decode batches go through the all-to-all (the probe's
+        # call); an all-gather prefill runs the MoE without it - another key, not recorded
+        raise UsageError(f"--moe-a2a-backend flashinfer with {', '.join(sorted({p.phase for p in res.passes}))} "
+                         "passes: SGLang's MoE then runs both with and without its all-to-all; not modelled")
     if spec.moe is None or not moe_layers or backend not in ("flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_trtllm"):
         if spec.moe is not None and moe_layers and backend in ("flashinfer_trtllm_routed", "flashinfer_cutedsl"):
             raise UsageError(f"--moe-runner-backend {backend}: SGLang 0.5.23 tunes its own FlashInfer calls there "
@@ -241,7 +255,7 @@ def recipes_for(spec: ModelSpec, res: Resolution, layers: range) -> list[OpRecip
     skip = set(res.key_fields.skip_ops)
     unique: dict[tuple, OpRecipe] = {}
     for r in out:
-        if not (set(r.custom_ops) & skip):
+        if not r.skipped_by(skip):
             unique.setdefault((r.id, r.signature()), r)
     return list(unique.values())
 

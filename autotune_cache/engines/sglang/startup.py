@@ -71,6 +71,11 @@ def check_flags(spec: ModelSpec, arch: str, flags: ServerFlags, worker: str) -> 
         raise UsageError(str(e)) from None
     if flags.ep < 1 or flags.tp % flags.ep:
         raise UsageError(f"--ep {flags.ep} must divide --tp {flags.tp}")
+    if flags.moe_runner_backend == "flashinfer_cutlass" and flags.ep not in (1, flags.tp) and spec.moe is not None:
+        # moe_hook.py handle_moe_kernel_config (the dispatch probe "ep4" records SGLang's refusal)
+        raise UsageError(f"--ep {flags.ep} with --tp {flags.tp} and --moe-runner-backend flashinfer_cutlass: SGLang "
+                         "0.5.23 refuses it at startup (The expert parallel size must be 1 or the same as the tensor "
+                         "parallel size)")
     for name in ("moe_runner_backend", "speculative_moe_runner_backend"):
         value = getattr(flags, name)
         if value is not None and value not in MOE_BACKENDS:
@@ -87,16 +92,26 @@ def check_flags(spec: ModelSpec, arch: str, flags: ServerFlags, worker: str) -> 
     if flags.disaggregation_mode not in ("null", "decode"):
         raise UsageError(f"--disaggregation-mode {flags.disaggregation_mode}: fi-autotune models decode workers "
                          "(and plain servers); a prefill worker tunes in EXTEND shapes it does not model")
-    sm100 = arch_major(arch) == 10
-    for name in ("moe_runner_backend", "speculative_moe_runner_backend"):
-        value = getattr(flags, name)
-        if value in BLACKWELL_ONLY_MOE and not sm100 and spec.moe is not None:
-            raise UsageError(f"--{name.replace('_', '-')} {value}: FlashInfer's {BLACKWELL_ONLY_MOE[value]} MoE kernels "
-                             f"are built for Blackwell (sm100/sm103); fi-autotune does not model this backend on "
-                             f"{arch} (SGLang 0.5.23 takes the flag there)")
     # overrides.py _a2a_ep_size: an all-to-all MoE backend spans every TP rank with experts.
     ep = flags.tp if flags.moe_a2a_backend in A2A_EP_SPANNING else flags.ep
     return topo, ep
+
+
+def check_blackwell_only(spec: ModelSpec, arch: str, flags: ServerFlags, dispatch, worker: str) -> None:
+    """A Blackwell-only FlashInfer MoE backend asked for on another GPU: refused - unless SGLang's own
+    dispatch (``dispatch``, for this worker's backend flag) recorded the experts running outside
+    FlashInfer there, which is then what the plan says (nothing tuned for them)."""
+    if arch_major(arch) == 10 or spec.moe is None:
+        return
+    mine = "speculative_moe_runner_backend" if worker == "draft" and flags.speculative_moe_runner_backend \
+        else "moe_runner_backend"
+    for name in ("moe_runner_backend", "speculative_moe_runner_backend"):
+        value = getattr(flags, name)
+        outside = name == mine and dispatch is not None and not dispatch.error and not dispatch.runs_flashinfer
+        if value in BLACKWELL_ONLY_MOE and not outside:
+            raise UsageError(f"--{name.replace('_', '-')} {value}: FlashInfer's {BLACKWELL_ONLY_MOE[value]} MoE kernels "
+                             f"are built for Blackwell (sm100/sm103); fi-autotune does not model this backend on "
+                             f"{arch} (SGLang 0.5.23 takes the flag there)")
 
 
 def check_startup(spec: ModelSpec, flags: ServerFlags, attention, speculative, sm100: bool) -> None:
