@@ -4,7 +4,7 @@
     FI_AUTOTUNE_VLLM_PYTHON=... python tests/oracle/record_vllm.py env                                  # ~5 min
     FI_AUTOTUNE_VLLM_PYTHON=... python tests/oracle/record_vllm.py dispatch [sm90|sm100] [KIND ...]    # ~25 min
     FI_AUTOTUNE_VLLM_PYTHON=... python tests/oracle/record_vllm.py matrix [ID ...]                      # ~3 min
-    python tests/oracle/record_vllm.py reclassify     # the flag table again from flag-probes.json (no vLLM)
+    python tests/oracle/record_vllm.py reclassify     # the flag table again from flag-probes.json.gz (no vLLM)
 
 ``flags``: every ``vllm serve`` flag against ``BASES`` (``vllm_flags.py``), classified against its
 base on what the autotune pass reads, into ``autotune_cache/engines/vllm/data/vllm-0.33.0-flags.json``.
@@ -22,6 +22,7 @@ Runs in any Python (it only starts the vLLM interpreter); the classification imp
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shlex
@@ -188,8 +189,8 @@ def _base_payload(name: str) -> dict:
 def record_flags(only: list[str]) -> None:
     from autotune_cache.engines.vllm.serving_command import MODELLED
 
-    probes_path = DATA / "flag-probes.json"
-    old = json.loads(probes_path.read_text()) if probes_path.is_file() else {"bases": {}}
+    probes_path = DATA / "flag-probes.json.gz"
+    old = json.loads(gzip.decompress(probes_path.read_bytes())) if probes_path.is_file() else {"bases": {}}
     for name in BASES:
         if only and name not in only:
             continue
@@ -197,16 +198,16 @@ def record_flags(only: list[str]) -> None:
         old["bases"][name] = {"arch": BASES[name][0], "command": BASES[name][1], "raw": raw}
         print(f"{name}: {len(raw['probes'])} probes", file=sys.stderr)
     DATA.mkdir(parents=True, exist_ok=True)
-    probes_path.write_text(json.dumps(old, sort_keys=True) + "\n")
+    probes_path.write_bytes(gzip.compress((json.dumps(old, sort_keys=True) + "\n").encode(), mtime=0))
     write_flag_table(old, MODELLED)
 
 
 def reclassify(_: list[str]) -> None:
-    """The flag table again from the recorded probes (``flag-probes.json``), no probing: after
+    """The flag table again from the recorded probes (``flag-probes.json.gz``), no probing: after
     ``MODELLED`` or the classification changed."""
     from autotune_cache.engines.vllm.serving_command import MODELLED
 
-    write_flag_table(json.loads((DATA / "flag-probes.json").read_text()), MODELLED)
+    write_flag_table(json.loads(gzip.decompress((DATA / "flag-probes.json.gz").read_bytes())), MODELLED)
 
 
 def write_flag_table(probes: dict, modelled: dict) -> None:
@@ -323,6 +324,11 @@ def record_env(only: list[str]) -> None:
     FLAG_TABLE.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
+#: What a dispatch row keeps of each MoE layer kind (vllm_case.py records more).
+DISPATCH_FIELDS = ("quant_method", "backend", "experts", "experts_module", "experts_local", "intermediate_per_partition",
+                   "top_k", "tp", "ep", "dp", "use_ep", "moe_backend", "all2all")
+
+
 def record_dispatch(only: list[str]) -> None:
     """vLLM's quant method, backend and experts kernel for each (arch, kind, --moe-backend, layout)."""
     archs = [a for a in ("sm90", "sm100") if not [o for o in only if o.startswith("sm")] or a in only]
@@ -344,7 +350,8 @@ def record_dispatch(only: list[str]) -> None:
                 row["oracle_error" if "oracle_error" in res or environment_error(error) else "error"] = error
             else:
                 v = res["view"]
-                row |= {"autotune": v["gate"]["enable_flashinfer_autotune"], "moe": v["moe"]["kinds"],
+                row |= {"autotune": v["gate"]["enable_flashinfer_autotune"],
+                        "moe": [{k: m[k] for k in DISPATCH_FIELDS if k in m} for m in v["moe"]["kinds"]],
                         "max_num_batched_tokens": v["tokens"]["max_num_batched_tokens"]}
             probes.append(row)
     probes.sort(key=lambda p: (p["arch"], p["kind"], p["backend"], p["layout"]))

@@ -466,3 +466,47 @@ def test_a_mask_narrows_the_gpus_warm_counts(tmp_path):
         f"fi-autotune: error: --gpus 2: CUDA_VISIBLE_DEVICES={last} shows this command 1 GPU(s)"), p.stderr
     r = warm(QWEN, tmp_path / "one", "--gpus", "1", env={"CUDA_VISIBLE_DEVICES": last})
     assert r["status"] == "written"
+
+
+def test_flashinfer_a2a_warm_tunes_the_alltoall_call_and_verify_finds_it(tmp_path):
+    """--moe-a2a-backend flashinfer with DP attention (pasted as SGLang's command): the plan's
+    cutlass_fused_moe is the call SGLang's dispatch probe recorded (enable_alltoall, ep = tp, tp 1
+    per expert); warm runs it on one GPU, every rank file holds it, and verify's replay of SGLang's
+    pass finds every key."""
+    root = tmp_path / "cache"
+    cmd = ["--", "python", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--dp", "2",
+           "--enable-dp-attention", "--moe-a2a-backend", "flashinfer", "--moe-runner-backend", "flashinfer_cutlass"]
+    plan = json.loads(run_cli("plan", "--arch", "sm90", "--json", "--cache-dir", str(root), *cmd).stdout)["workers"][0]
+    (op,) = [o for w in plan["workloads"] for o in w["ops"]]
+    assert (op["kwargs"]["enable_alltoall"], op["kwargs"]["ep_size"], op["kwargs"]["tp_size"]) == (True, 2, 1)
+    t0 = time.perf_counter()
+    proc = run_cli("warm", "--gpus", "1", "--cache-dir", str(root), "--json", *cmd, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    wall = time.perf_counter() - t0
+    files = sorted(Path(r["key_dir"]).glob("rank_*.json"))
+    assert len(files) == 2
+    assert files[0].read_bytes() == files[1].read_bytes()
+    v = run_cli("verify", "--cache-dir", str(root), "--json", "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--dp", "2",
+                "--moe-a2a-backend", "flashinfer", "--moe-runner-backend", "flashinfer_cutlass")
+    assert v.returncode == 0, v.stdout + v.stderr[-2000:]
+    rep = json.loads(v.stdout)
+    assert rep["ok"] and rep["hits"] == rep["lookups"] > 0
+    record("qwen3_cutlass_a2a_flashinfer_1gpu", warm_wall_s=round(wall, 2), profiles=r["profiles_total"], verify=rep)
+
+
+def test_a_pasted_vllm_command_warms_vllms_files(tmp_path):
+    """warm -- vllm serve ...: the pasted vLLM command writes vLLM's rank files (the same plan as
+    --layout vllm), and they serve vLLM's own recorded call with no profiling in its startup pass."""
+    h = "5eed" * 16
+    out = warm(["--vllm-config-hash", h, "--gpus", "1"], tmp_path / "vllm", "--", "vllm", "serve", "Qwen/Qwen3-30B-A3B",
+               "-tp", "2", "--moe-backend", "flashinfer_cutlass", "--port", "8001")
+    vdir = Path(out["key_dir"])
+    assert vdir.parts[-4:-1] == ("flashinfer_autotune_cache", "0.7.2.post1", "90a") and vdir.name == h
+    golden = json.loads((REPO / "tests" / "data" / "vllm-0.33.0-cutlass_fused_moe-calls.json").read_text())
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "gpu_probes" / "vllm_replay.py"), json.dumps(golden["cases"]["tp2"]),
+                           str(vdir), "8192"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    record("pasted_vllm_command", **r)
+    assert r["vllm_hit_test"] and r["startup_pass"]["profiled"] == 0 and r["startup_pass"]["hits"] == r["startup_pass"]["lookups"]
