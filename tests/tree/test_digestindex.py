@@ -294,3 +294,21 @@ def test_no_collection_runs_while_a_stream_is_scanned_and_the_collector_comes_ba
     finally:
         gc.callbacks.remove(record)
         gc.set_threshold(*threshold)
+
+
+@pytest.mark.parametrize("what", ["fifo", "dev-zero", "directory"])
+def test_an_index_path_that_is_no_regular_file_is_ignored_without_blocking(root, what):
+    """A FIFO in the index's place (a plain ``open`` waits for a writer for ever), a link to
+    ``/dev/zero``, a directory: ``ls`` (a real process, under a deadline) lists as without an index."""
+    from ..conftest import run_cli
+
+    engine_tree(root, 2)
+    env = {"XDG_CACHE_HOME": os.environ["XDG_CACHE_HOME"]}
+    truth = run_cli("ls", "--json", "--cache-dir", str(root), env={**env, "FI_AUTOTUNE_NO_INDEX": "1"}).stdout
+    path = index_file(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    {"fifo": os.mkfifo, "dev-zero": lambda p: os.symlink("/dev/zero", p), "directory": os.mkdir}[what](path)
+    index = DigestIndex.for_root(root) if what != "fifo" else None  # in this process only where it cannot hang
+    assert index is None or (len(index) == 0 and index.fd is None)
+    proc = run_cli("ls", "--json", "--cache-dir", str(root), env=env, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == truth, proc.stderr

@@ -224,9 +224,9 @@ def test_stop_never_kills_a_process_that_reused_a_workers_pid(tmp_path):
         base = Path(env["XDG_CACHE_HOME"]) / "fi-autotune" / "workers"
         base.mkdir(parents=True)
         (base / "state.json").write_text(json.dumps({
-            "workers": [{"index": 0, "pid": other.pid, "socket": str(tmp_path / "gone.sock"), "device": "0",
-                         "log": str(base / "worker0.log")}],
-            "fingerprint": {}, "started": 0.0, "idle_s": 60.0, "runtime_dir": str(tmp_path / "runtime")}))
+            "workers": [{"index": 0, "pid": other.pid, "socket": str(tmp_path / "fia-runtime" / "gone.sock"),
+                         "device": "0", "log": str(base / "worker0.log")}],
+            "fingerprint": {}, "started": 0.0, "idle_s": 60.0, "runtime_dir": str(tmp_path / "fia-runtime")}))
         status = run_gpu_cli("workers", "status", "--json", env=env)
         assert status.returncode == 1 and json.loads(status.stdout)["workers"][0]["alive"] is False
         stop = run_gpu_cli("workers", "stop", "--json", env=env)

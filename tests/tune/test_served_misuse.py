@@ -97,11 +97,11 @@ def test_stop_never_kills_another_process_named_by_a_hand_edited_state(tmp_path,
 def test_stop_never_kills_a_process_whose_command_line_only_contains_the_socket(tmp_path):
     """The socket path inside another argument (not after --serve) is not a served worker."""
     env = gpu_env(tmp_path)
-    sock = str(tmp_path / "w0.sock")
+    sock = str(tmp_path / "fia-runtime" / "w0.sock")
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"x{sock}", "--serve"])
     try:
         write_state(env, [{"index": 0, "pid": other.pid, "socket": sock, "device": "0", "log": "/dev/null"}],
-                    str(tmp_path / "runtime"))
+                    str(tmp_path / "fia-runtime"))
         stop = run_gpu_cli("workers", "stop", "--json", env=env)
         assert stop.returncode == 0 and json.loads(stop.stdout)["stopped"] == [] and other.poll() is None
     finally:

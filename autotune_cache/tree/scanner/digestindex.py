@@ -3,11 +3,13 @@
 Engine-written entries have no fi-autotune manifest, so without help ``ls`` reads and hashes
 every rank file every time (800,000 files for a 100,000-entry tree). This index remembers, per
 entry, what reading its files gave (per file: sha256, config count, ``_metadata``), keyed by
-everything ``stat`` says about each of them: name, device, inode, size, mtime and ctime. Any
-write to a file - even one that puts its mtime back - changes its ctime, so a record can only
-ever describe the bytes it was made from; an entry one of whose files' stat differs is read again
-(whole: its key is a hash of all of them, ``entry_key``). The key is a 128-bit BLAKE2b of those
-stats: a stale record matching a changed file would take a hash collision, not a coincidence.
+everything ``stat`` says about each of them: name, device, inode, size, mtime and ctime (a 128-bit
+BLAKE2b of them all, ``entry_key``: an entry one of whose files' stat differs is read again, whole).
+It sees what ``stat`` sees: any ``write``, ``truncate`` or rename changes a file's ctime, even one
+that puts its mtime back. It cannot see a write through a shared memory map, which changes the
+bytes without updating ctime or mtime (Linux updates them at most at the first write to a clean
+page; on tmpfs never): the record keeps the sha256 of the bytes it was made from until
+``FI_AUTOTUNE_NO_INDEX=1`` reads every file again (docs/cache-layout.md).
 
 It lives outside the tree, in ``platformdirs.user_cache_dir("fi-autotune")/digests/`` (so a
 read-only tree is indexed too), one file per (layout, tree root). The file is a sorted array of
@@ -18,7 +20,8 @@ and one bit per record for "used by this scan"), one lookup per entry costs one 
 Safety of the file itself: it is written to a temp file and renamed over (two ``ls`` saving at
 once: the last rename wins, both files whole); a CRC-32 of everything after the header is checked
 when it is opened, so a truncated, torn or corrupt file (a crash before the data reached the disk,
-a stray write) is ignored and rebuilt, never trusted. A reader keeps the file it opened.
+a stray write) is ignored and rebuilt, never trusted; so is anything ``fstat`` says is not a regular
+file (opened without blocking, ``safeopen``: a FIFO would block ``open``). A reader keeps its file.
 
 Rewritten only when something new was read or much of it is stale, by streaming the old records
 this scan used together with the new ones. ``FI_AUTOTUNE_NO_INDEX=1`` turns it off (cold path).
@@ -39,6 +42,7 @@ from array import array
 from pathlib import Path
 
 from autotune_cache.registry import default_layout
+from autotune_cache.tree.crashsafe.safeopen import FileRefused, open_checked_fd
 from autotune_cache.tree.layout import OUR_PREFIX
 
 FORMAT = 3
@@ -220,8 +224,8 @@ class DigestIndex:
         path, real = cls.path_for(root, layout)
         index = cls(path, real)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
+            fd = open_checked_fd(path, None, what="digest index", nofollow=True)
+        except (OSError, FileRefused):
             return index
         try:
             index._open(fd)
@@ -345,7 +349,9 @@ class DigestIndex:
             nonlocal crc, out, pending
             data = b"".join(out)
             crc = zlib.crc32(data, crc)
-            _write_all(fd, data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
             out, pending = [], 0
 
         for rec in self._records():
@@ -367,12 +373,6 @@ class DigestIndex:
         out = [counts.tobytes(), root, metas]
         flush()
         os.pwrite(fd, _HEAD.pack(MAGIC, n, len(root), len(metas), crc), 0)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 #: An index not rewritten for this long belongs to a tree nobody lists any more (or a deleted one).

@@ -239,11 +239,18 @@ def _last_line(log: str) -> str:
 
 def stop(base: Path | None = None, timeout: float = 10.0) -> list[int]:
     """Stop every served worker (TERM, then KILL) and forget them; the pids stopped. StateError
-    where the state is unreadable: nothing is signalled or removed on a guess."""
+    where the state is unreadable, or where a worker whose recorded pid is not it still answers
+    on its recorded socket (the state was edited): nothing is signalled or removed on a guess."""
     base = base or state_dir()
     with _starting(base):
         pool = ServedPool.load(base)
-        return [] if pool is None else _stop(base, pool, timeout)
+        if pool is None:
+            return []
+        strays = [w.index for w in pool.workers if not w.alive() and w.ping(timeout=PING_S)]
+        if strays:
+            raise StateError(f"served worker(s) {', '.join(map(str, strays))} answer on their sockets, but the pids "
+                             f"state.json records are not theirs")
+        return _stop(base, pool, timeout)
 
 
 def _stop(base: Path, pool: ServedPool, timeout: float = 10.0) -> list[int]:

@@ -4,9 +4,14 @@ them answered yet) and the private directory of their sockets. No torch here.
 
 The state is read strictly: a file that is not what ``start`` writes is an error said as such
 (``StateError``), never taken for "no workers" (they may be running) and never trusted with a
-process to signal or a directory to remove. A pid is a served worker only while its command line
-is ``... --serve <its socket> ...``; the socket directory is removed only when it is one this tool
-makes (``fia-*`` in the temp dir, ours), file by known file.
+process to signal or a directory to remove. It must be a regular file of at most
+``MAX_STATE_BYTES`` (opened without blocking: a FIFO or a link to ``/dev/zero`` there is refused
+before a byte is read), JSON of ``start``'s shape: the keys it writes and no others, pids in the
+kernel's range (2 to ``PID_MAX``), distinct, indexes 0, 1, ..., a ``runtime_dir`` of the shape
+``start`` makes (an absolute, normalised ``fia-*`` directory - never ``/``, never the state dir)
+holding every socket. A pid is a served worker only while its command line is ``... --serve <its
+socket> ...``; the socket directory is removed only when it is one this tool makes (``fia-*`` in
+the temp dir, ours), file by known file.
 """
 
 from __future__ import annotations
@@ -21,8 +26,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune_cache.tree.crashsafe.safeopen import FileRefused, read_bounded
+
 #: The prefix of the sockets' private directory under the system's temp dir.
 RUNTIME_PREFIX = "fia-"
+#: state.json larger than this is not one ``start`` wrote (its fingerprint holds at most the
+#: environment a process can be given, ARG_MAX: 2 MiB on Linux).
+MAX_STATE_BYTES = 8 << 20
+#: The largest pid Linux gives (PID_MAX_LIMIT on 64-bit: /proc/sys/kernel/pid_max is at most this).
+PID_MAX = 1 << 22
+#: The keys ``start`` writes.
+STATE_KEYS = frozenset({"workers", "fingerprint", "started", "idle_s", "runtime_dir", "ready"})
 
 
 class StateError(Exception):
@@ -83,11 +97,37 @@ class ServedWorker:
 
 def _worker(d: object, i: int) -> ServedWorker:
     ok = (isinstance(d, dict) and set(d) == {"index", "pid", "socket", "device", "log"}
-          and type(d["index"]) is int and type(d["pid"]) is int and d["pid"] > 1
+          and type(d["index"]) is int and type(d["pid"]) is int and 1 < d["pid"] <= PID_MAX and d["index"] == i
           and all(isinstance(d[k], str) for k in ("socket", "device", "log")) and os.path.isabs(d["socket"]))
     if not ok:
         raise StateError(f"workers[{i}] is not a served worker's record")
     return ServedWorker(**d)
+
+
+def _check_runtime_dir(runtime: object, workers: tuple[ServedWorker, ...], base: Path) -> None:
+    """``runtime_dir`` is of the shape ``start`` makes and holds every worker's socket."""
+    if not (isinstance(runtime, str) and os.path.isabs(runtime) and os.path.normpath(runtime) == runtime
+            and os.path.basename(runtime).startswith(RUNTIME_PREFIX)
+            and os.path.realpath(runtime) not in (os.path.realpath(base), os.path.realpath("/"))):
+        raise StateError(f"runtime_dir {str(runtime)[:200]!r} is not a sockets' directory `workers start` makes")
+    if any(os.path.dirname(w.socket) != runtime for w in workers):
+        raise StateError("a worker's socket is not in runtime_dir")
+    if len({w.pid for w in workers}) != len(workers) or len({w.socket for w in workers}) != len(workers):
+        raise StateError("two workers share a pid or a socket")
+
+
+def _read_state(path: Path) -> object:
+    """state.json's JSON, read bounded; None where there is none."""
+    try:
+        return json.loads(read_bounded(path, MAX_STATE_BYTES, what="workers' state file"))
+    except FileNotFoundError:
+        return None
+    except FileRefused as e:
+        raise StateError(str(e)) from None
+    except (OSError, ValueError) as e:
+        raise StateError(f"{path} is unreadable ({e})") from None
+    except RecursionError:
+        raise StateError(f"{path} is unreadable (JSON nested too deeply)") from None
 
 
 @dataclass(frozen=True)
@@ -106,21 +146,23 @@ class ServedPool:
     def load(cls, base: Path) -> "ServedPool | None":
         """The state in ``base``; None where there is none; StateError where it is unreadable."""
         path = base / "state.json"
-        try:
-            d = json.loads(path.read_text())
-        except FileNotFoundError:
+        d = _read_state(path)
+        if d is None:
             return None
-        except (OSError, ValueError) as e:
-            raise StateError(f"{path} is unreadable ({e})") from None
         try:
             if not isinstance(d, dict) or not isinstance(d.get("workers"), list) or not d["workers"]:
                 raise StateError("no workers listed")
+            if not set(d) <= STATE_KEYS:
+                raise StateError(f"keys it never writes: {', '.join(sorted(map(str, set(d) - STATE_KEYS)))[:200]}")
             workers = tuple(_worker(w, i) for i, w in enumerate(d["workers"]))
             numbers = [d.get(k) for k in ("started", "idle_s")]
             if not all(type(x) in (int, float) and math.isfinite(x) for x in numbers):
                 raise StateError("started or idle_s is not a number")
             if not isinstance(d.get("fingerprint"), dict) or not isinstance(d.get("runtime_dir"), str):
                 raise StateError("fingerprint or runtime_dir missing")
+            if type(d.get("ready", True)) is not bool:
+                raise StateError("ready is not true or false")
+            _check_runtime_dir(d["runtime_dir"], workers, base)
             return cls(workers, d["fingerprint"], float(d["started"]), float(d["idle_s"]), d["runtime_dir"],
                        d.get("ready", True) is True)
         except StateError as e:
