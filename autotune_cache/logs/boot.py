@@ -33,6 +33,7 @@ class Session:
     ended: str | None = None
     complete: bool = False
     bars: list[dict] = field(default_factory=list)  # this rank's own bars
+    cut_bars: list[str] = field(default_factory=list)  # ops of this rank's bars cut short or garbled
     saw_shared_bars: bool = False  # bars of unknown rank were printed while this was open
     ran_dummy_pass: bool = False  # vLLM: "Running FlashInfer autotune with N tokens" (no cache hit)
     hits: list[str] = field(default_factory=list)
@@ -43,7 +44,7 @@ class Session:
 
     @property
     def tuned(self) -> bool:
-        return bool(self.bars) or self.saw_shared_bars or self.ran_dummy_pass
+        return bool(self.bars) or bool(self.cut_bars) or self.saw_shared_bars or self.ran_dummy_pass
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Server:
     version: str | None = None
     ranks: dict[str, list[Session]] = field(default_factory=dict)
     shared_bars: list[dict] = field(default_factory=list)
+    shared_cut: list[str] = field(default_factory=list)  # ops of rank-less bars cut short or garbled
     server_args: dict | None = None
     dropped_rounds: set[tuple[str, int]] = field(default_factory=set)  # (TP group, round)
     managed_env_dir: str | None = None
@@ -114,11 +116,13 @@ def _current(server: Server) -> Session | None:
 
 
 def _bar(server: Server, ev: Event) -> None:
+    """A bar (``flashinfer.bar``), or one cut short or garbled (``flashinfer.bar_cut``: its op only)."""
+    cut = ev.kind == "flashinfer.bar_cut"
     s = _current(server)
     if s is not None and (len(server.ranks) == 1 or len(server.open_sessions()) == 1):
-        s.bars.append(ev.fields)
+        s.cut_bars.append(ev.fields["op"]) if cut else s.bars.append(ev.fields)
         return
-    server.shared_bars.append(ev.fields)
+    server.shared_cut.append(ev.fields["op"]) if cut else server.shared_bars.append(ev.fields)
     for o in server.open_sessions():
         o.saw_shared_bars = True
 
@@ -213,7 +217,7 @@ def assemble(servers: dict[str, Server], events: list[Event]) -> None:
             server.last_ts = ev.ts
         if ev.engine in ("sglang", "vllm") and server.engine in (None, "flashinfer") and ev.kind != "other":
             server.engine = ev.engine
-        if ev.kind == "flashinfer.bar":
+        if ev.kind in ("flashinfer.bar", "flashinfer.bar_cut"):
             _bar(server, ev)
         elif ev.kind.startswith("flashinfer."):
             _flashinfer(server, ev)

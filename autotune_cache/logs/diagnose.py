@@ -194,6 +194,7 @@ def _session_dict(s: Session, server: Server, trees: Trees) -> dict:
         "server_root": root_of(s.path, loc) if loc and s.path else None, "in_tree": in_tree,
         "cache": _cache_state(s, kind, entry is not None if in_tree else None),
         "tuned": ops, "tuned_elsewhere": s.saw_shared_bars, "dummy_pass": s.ran_dummy_pass,
+        "tuned_unreadable": sorted(set(s.cut_bars)),
         "tuning_seconds": sum(o["seconds"] for o in ops),
         "duration_seconds": _elapsed(s.started, s.ended), "complete": s.complete,
         "hits": sorted(set(s.hits)), "loaded_configs": s.loaded,
@@ -208,11 +209,12 @@ def _server_dict(server: Server, trees: Trees) -> dict:
     shared = _shared(server.shared_bars)
     own = max((sum(x["tuning_seconds"] for x in r["sessions"]) for r in ranks), default=0)
     causes = Counter(x["cause"] for r in ranks for x in r["sessions"] if x["cause"])
-    tuned = bool(shared) or any(x["cause"] for r in ranks for x in r["sessions"]) or \
-        any(x["tuned"] or x["dummy_pass"] for r in ranks for x in r["sessions"])
+    tuned = bool(shared) or bool(server.shared_cut) or any(x["cause"] for r in ranks for x in r["sessions"]) or \
+        any(x["tuned"] or x["dummy_pass"] or x["tuned_unreadable"] for r in ranks for x in r["sessions"])
     return {
         "server": server.name, "engine": server.engine, "version": server.version, "ranks": ranks,
-        "shared_tuning": shared, "tuning_seconds": own + sum(o["seconds"] for o in shared),
+        "shared_tuning": shared, "shared_unreadable": sorted(set(server.shared_cut)),
+        "tuning_seconds": own + sum(o["seconds"] for o in shared),
         "tuned": tuned, "causes": [{"cause": c, "ranks": n} for c, n in causes.most_common()],
     }
 
@@ -252,9 +254,9 @@ def diagnose(logs: list[tuple[str, str]], roots: list[Path]) -> DoctorReport:
             report.warnings.append(f"{name}: no line of SGLang, vLLM or FlashInfer in it")
     trees = Trees(roots)
     for server in servers.values():
-        if not server.ranks and not server.shared_bars:
+        if not server.ranks and not server.shared_bars and not server.shared_cut:
             report.warnings.append(f"{server.name}: {server.engine or 'the engine'} did not autotune at startup "
                                    "(no autotune line in the log)")
     _version_warnings(servers, report)
-    report.servers = [_server_dict(s, trees) for s in servers.values() if s.ranks or s.shared_bars]
+    report.servers = [_server_dict(s, trees) for s in servers.values() if s.ranks or s.shared_bars or s.shared_cut]
     return report

@@ -54,19 +54,41 @@ FLASHINFER_PREFIX = re.compile(
 #: {rate}]``. Printed by tqdm to stderr, not through logging: no prefix, no rank.
 TQDM_BAR = re.compile(
     r"\[AutoTuner\]: Tuning (?P<op>\S+): +(?P<pct>\d+)%\|[^|]*\| (?P<n>\d+)/(?P<total>\d+) "
-    r"\[(?P<elapsed>(?:\d+:)?\d+:\d\d)<(?P<remaining>[^,\]]*), *(?P<rate>[^\]]*)\]")
+    r"\[(?P<elapsed>(?:\d+:)?\d+:\d\d)<(?P<remaining>[^,\]]*),(?P<rate>[^\]]*)\]")  # rate: the reader strips it
 
 # --- messages ----------------------------------------------------------------------------------
+# Every pattern runs in time linear in the line (a log line may be megabytes: tqdm's redraws, a
+# hostile file): no lazy quantifier, no unbounded repeat inside another, and a field that runs up
+# to a delimiter is a run of characters that are not the delimiter's start, or that start and not
+# the whole delimiter (``_upto``) - one way to read each character, nothing to backtrack into.
+# tests/logs/test_linear_patterns.py counts the work on megabyte lines of each one's worst case.
+
+#: A field to the end of the line, less trailing whitespace (a path that is only whitespace keeps
+#: its first character, as ``.+?\s*$`` did): a greedy run backs off once, to the last non-space.
+_TO_EOL = r"(?P<path>.*\S|.)\s*$"
+_PASS = r"\. Pass --disable-flashinfer-autotune"
+
+
+def _upto(name: str, delimiter: str, repeat: str = "*") -> str:
+    """A field named ``name`` running up to the first ``delimiter`` (a regex of fixed text whose
+    first character is a literal), then the delimiter: each character is either not the
+    delimiter's first one, or is and does not start the whole delimiter (a lookahead of fixed
+    length). The same text ``(?P<name>.*?)delimiter`` matches, without its backtracking."""
+    first = delimiter[:2] if delimiter.startswith("\\") else delimiter[0]
+    rest = delimiter[len(first):]
+    return f"(?P<{name}>(?:[^{first}]|{first}(?!{rest})){repeat}){delimiter}"
+
+
 _SG = "sglang/srt/model_executor/runner/flashinfer_autotune.py"
 _AT = "flashinfer/autotuner/autotuner.py"
 _AC = "flashinfer/autotune_cache.py"
 _VW = "vllm/model_executor/warmup/kernel_warmup.py"
 
 MESSAGES: tuple[LineFormat, ...] = (
-    _f("sglang.cache", "sglang", f"{_SG}:304", r"^Running FlashInfer autotune with cache: (?P<path>.+?)\s*$"),
+    _f("sglang.cache", "sglang", f"{_SG}:304", rf"^Running FlashInfer autotune with cache: {_TO_EOL}"),
     _f("sglang.reuse_disabled", "sglang", f"{_SG}:313",
        r"^Running FlashInfer autotune \(cache reuse DISABLED via SGLANG_FLASHINFER_AUTOTUNE_CACHE=0\); "
-       r"writing fresh result to: (?P<path>.+?)\s*$"),
+       rf"writing fresh result to: {_TO_EOL}"),
     _f("sglang.diverged", "sglang", f"{_SG}:283",
        r"^FlashInfer autotune: per-rank caches disagree, discarding them and tuning from scratch"),
     _f("sglang.completed", "sglang", f"{_SG}:369", r"^FlashInfer autotune completed\.\s*$"),
@@ -77,16 +99,16 @@ MESSAGES: tuple[LineFormat, ...] = (
     _f("flashinfer.hit", "flashinfer", f"{_AT}:2020,2065",
        r"^\[Autotuner\]: Config cache hit for (?P<op>\S+) \(runner=(?P<runner>[^,]+), "
        r"source=(?P<source>config file|managed cache)\)"),
-    _f("flashinfer.loaded", "flashinfer", f"{_AT}:3815", r"^\[Autotuner\]: Loaded (?P<n>\d+) configs from (?P<path>.+?)\s*$"),
+    _f("flashinfer.loaded", "flashinfer", f"{_AT}:3815", rf"^\[Autotuner\]: Loaded (?P<n>\d+) configs from {_TO_EOL}"),
     _f("flashinfer.other_env", "flashinfer", f"{_AT}:3769",
-       r"^\[Autotuner\]: Cache file (?P<path>.+?) was created in a different environment \((?P<diff>.*?)\)\. "
-       r"Ignoring cached configs\."),
+       r"^\[Autotuner\]: Cache file " + _upto("path", " was created in a different environment \\(", "+")
+       + _upto("diff", "\\)\\. Ignoring cached configs\\.")),
     _f("flashinfer.not_saving", "flashinfer", f"{_AT}:3585",
-       r"^\[Autotuner\]: Not saving configs to (?P<path>.+?): the file was created in a different environment"),
+       r"^\[Autotuner\]: Not saving configs to " + _upto("path", ": the file was created in a different environment", "+")),
     _f("flashinfer.saved", "flashinfer", f"{_AT}:3673",
-       r"^\[Autotuner\]: Saved (?P<n>\d+) configs to (?P<path>.+?) \((?P<new>\d+) new, (?P<prev>\d+) from previous"),
+       r"^\[Autotuner\]: Saved (?P<n>\d+) configs to (?P<path>.+) \((?P<new>\d+) new, (?P<prev>\d+) from previous"),
     _f("flashinfer.uncovered", "flashinfer", f"{_AT}:2294",
-       r"^\[AutoTuner\]: No tuned config covers (?P<op>\S+) input_shapes=(?P<shapes>.*?); falling back"),
+       r"^\[AutoTuner\]: No tuned config covers (?P<op>\S+) input_shapes=" + _upto("shapes", "; falling back")),
     _f("flashinfer.attached", "flashinfer", f"{_AC}:496,449",
        r"^\[Autotuner\]: Managed autotune cache attached for this process: "
        r"ManagedAutotuneCache\(env_dir='(?P<env_dir>[^']+)'"),
@@ -94,9 +116,9 @@ MESSAGES: tuple[LineFormat, ...] = (
        r"^\[Autotuner\]: Preloaded (?P<n>\d+)/(?P<total>\d+) managed cache entries into memory"),
     _f("vllm.version", "vllm", "vllm/v1/engine/core.py:140", r"^Initializing a V1 LLM engine \(v(?P<version>[^)\s]+)\)"),
     _f("vllm.cache_file", "vllm", f"{_VW}:497",
-       r"^Using FlashInfer autotune cache file: (?P<path>.+?)\. Pass --disable-flashinfer-autotune"),
+       r"^Using FlashInfer autotune cache file: " + _upto("path", _PASS, "+")),
     _f("vllm.managed", "vllm", f"{_VW}:486",
-       r"^Using FlashInfer managed autotune cache \(root=(?P<root>.+?)\)\. Pass --disable-flashinfer-autotune"),
+       r"^Using FlashInfer managed autotune cache \(root=" + _upto("root", "\\)" + _PASS, "+")),
     _f("vllm.running", "vllm", f"{_VW}:372",
        r"^Running FlashInfer autotune with (?P<tokens>\d+) tokens and token buckets (?P<buckets>\[.*\])\.\s*$"),
     _f("vllm.disabled", "vllm", f"{_VW}:270", r"^Skipping FlashInfer autotune because it is disabled\."),

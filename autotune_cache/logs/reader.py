@@ -4,7 +4,8 @@ Logs arrive as users have them: one file per rank, or a ``kubectl logs``/``docke
 with every rank of a server interleaved, each line maybe behind a collector's own prefix
 (``[pod/sglang-0/server] ``, an RFC 3339 timestamp, ``sglang-1  | ``). The engine's own prefix is
 found wherever it starts on the line; what stands before it (less a leading timestamp) names the
-server. tqdm redraws a bar with ``\\r``: each redraw is read, the last one of a bar counts.
+server. tqdm redraws a bar with ``\\r``: each redraw is read, the last one of a bar counts; a bar
+cut short or garbled (no whole redraw of it on the line) is still a bar: the pass tuned.
 Lines no engine source shows are skipped, never interpreted.
 """
 
@@ -15,9 +16,13 @@ from dataclasses import dataclass, field
 
 from autotune_cache.logs.formats import PREFIXES, TQDM_BAR, match_message, seconds
 
-#: A collector's timestamp before the engine's line (``kubectl logs --timestamps``, ``docker logs -t``).
-_OUTER_TS = re.compile(r"\s*\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s*")
+#: A collector's timestamp before the engine's line (``kubectl logs --timestamps``, ``docker logs -t``),
+#: with the whitespace around it. The lookbehind starts a match only where a whitespace run starts:
+#: ``sub`` tries every position, and a bare ``\s*`` would rescan a run from each of its characters.
+_OUTER_TS = re.compile(r"(?<!\s)\s*\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s*")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: Where a tqdm bar of FlashInfer's autotuner starts (``TQDM_BAR`` whole), and its op as far as it goes.
+_BAR_START = re.compile(r"\[AutoTuner\]: Tuning (?P<op>[^\s|\[\]]*)")
 
 
 @dataclass(frozen=True)
@@ -64,29 +69,44 @@ def _bar_event(name: str, where: str, outer: str, m: re.Match) -> Event:
     return Event(where, _server_of(name, outer), "flashinfer", None, None, "flashinfer.bar", fields)
 
 
+def _bars(name: str, where: str, text: str, outer: str) -> list[Event]:
+    """The bars of a line: tqdm's redraws, the last one of each op wins. A bar cut short (after
+    its percentage, by a kill, by another process writing into it) or garbled still shows tuning:
+    its start with no whole bar is a ``flashinfer.bar_cut`` of its op, unless a whole bar of that
+    op was read on the line."""
+    whole: dict[str, Event] = {}
+    cut: dict[str, Event] = {}
+    for segment in text.split("\r"):
+        spans = []
+        for m in TQDM_BAR.finditer(segment):
+            whole[m["op"]] = _bar_event(name, where, outer, m)
+            spans.append(m.start())
+        for m in _BAR_START.finditer(segment):
+            if m.start() not in spans:
+                op = m["op"].rstrip(":") or "?"
+                cut[op] = Event(where, _server_of(name, outer), "flashinfer", None, None, "flashinfer.bar_cut", {"op": op})
+    return [*whole.values(), *(e for op, e in cut.items() if op not in whole)]
+
+
 def _line_events(name: str, lineno: int, text: str) -> list[Event]:
     where = f"{name}:{lineno}"
-    bars = []
-    first = TQDM_BAR.search(text)
-    outer = text[: first.start()].split("\r")[0] if first else ""  # a collector's prefix stands before the first \r
-    for segment in text.split("\r"):  # tqdm's redraws; the last one wins, per bar
-        bars.extend(_bar_event(name, where, outer, m) for m in TQDM_BAR.finditer(segment))
-    if bars:
-        last: dict[str, Event] = {}
-        for b in bars:
-            last[b.fields["op"]] = b
-        return list(last.values())
+    events: list[Event] = []
+    starts = list(_BAR_START.finditer(text))
+    collector = None
+    if starts:  # a collector's prefix stands before the first bar and its first \r
+        collector = text[: starts[0].start()].split("\r")[0]
+        events = _bars(name, where, text, collector)
+        text = text[starts[-1].end():]  # an engine line may follow the last bar on the same line
     text = text.rsplit("\r", 1)[-1]
     for engine, _source, prefix in PREFIXES:
         m = prefix.search(text)
         if m is None:
             continue
+        server = _server_of(name, text[: m.start()] if collector is None else collector)
         found = match_message(engine, text[m.end():])
-        if found is None:
-            return [Event(where, _server_of(name, text[: m.start()]), engine, _rank_of(engine, m), m["ts"], "other")]
-        kind, fields = found
-        return [Event(where, _server_of(name, text[: m.start()]), engine, _rank_of(engine, m), m["ts"], kind, fields)]
-    return []
+        kind, fields = found if found is not None else ("other", {})
+        return [*events, Event(where, server, engine, _rank_of(engine, m), m["ts"], kind, fields)]
+    return events
 
 
 def read_log(name: str, data: str) -> LogText:

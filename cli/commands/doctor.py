@@ -9,26 +9,38 @@ import click
 
 from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.logs.diagnose import DoctorReport, diagnose
+from autotune_cache.tree.crashsafe.safeopen import FileRefused, FileTooLarge, open_bounded
 
 from ..output import Output
 from ..params import json_option
 
 #: A log larger than this is refused rather than read into memory (a day of a busy server's
-#: request log is far smaller; startup lines come first anyway).
+#: request log is far smaller; startup lines come first anyway): a file by its size before its
+#: first byte is read, stdin once this much came through.
 MAX_LOG_BYTES = 1 << 30
 
 
 def _read(name: str) -> tuple[str, str]:
+    """One log's text. A path must be a regular file (a FIFO or a device is refused before its
+    first byte: ``doctor -`` reads a stream); either is read to at most ``MAX_LOG_BYTES``."""
     try:
-        data = sys.stdin.buffer.read(MAX_LOG_BYTES + 1) if name == "-" else Path(name).read_bytes()
+        if name == "-":
+            data = sys.stdin.buffer.read(MAX_LOG_BYTES + 1)
+            if len(data) > MAX_LOG_BYTES:
+                raise FileTooLarge("-", name, "too large")
+        else:
+            with open_bounded(name, MAX_LOG_BYTES, what="log") as f:
+                data = f.read()
+    except FileTooLarge:
+        raise UsageError(f"{name} is over 1 GiB: give the startup part (head -c 1G)") from None
+    except FileRefused as e:
+        raise UsageError(f"{name} is a {e.kind}, not a log file: pipe a stream into `doctor -`") from None
     except IsADirectoryError:
         raise UsageError(f"{name} is a directory, not a log file") from None
     except FileNotFoundError:
         raise UsageError(f"{name}: no such log file") from None
     except OSError as e:
         raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
-    if len(data) > MAX_LOG_BYTES:
-        raise UsageError(f"{name} is over 1 GiB: give the startup part (head -c 1G)")
     return ("-" if name == "-" else name), data.decode("utf-8", errors="replace")
 
 
@@ -43,6 +55,9 @@ def _human(out: Output, report: DoctorReport) -> None:
         for rank in server["ranks"]:
             for s in rank["sessions"]:
                 tuned = ", ".join(_per_op(s["tuned"]))
+                if s["tuned_unreadable"]:
+                    tuned = ", ".join([*filter(None, [tuned]), *(f"{op} (bars cut or garbled)"
+                                                            for op in s["tuned_unreadable"])])
                 if not tuned and s["tuned_elsewhere"]:
                     tuned = "yes (bars carry no rank)"
                 where = s["entry"] or s["cache_path"] or "-"
@@ -55,6 +70,9 @@ def _human(out: Output, report: DoctorReport) -> None:
         for o in server["shared_tuning"]:
             out.line(f"  tuned: {o['op']} {o['done']}/{o['profiles']} profiles in {o['seconds']} s "
                      f"({o['bars']} bar{'s' if o['bars'] > 1 else ''}; a bar names no rank)")
+        if server["shared_unreadable"]:
+            out.line(f"  tuned: {', '.join(server['shared_unreadable'])} (bars cut or garbled: how far, unknown; "
+                     "a bar names no rank)")
         for c in server["causes"]:
             out.line(f"  cause ({c['ranks']} pass{'es' if c['ranks'] > 1 else ''}): {c['cause']}")
         out.line()
