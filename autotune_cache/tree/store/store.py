@@ -40,8 +40,8 @@ from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes
 from autotune_cache.tree.crashsafe.faults import crashpoint
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.crashsafe.locks import hold_owner_lock, release_owner_lock
-from autotune_cache.tree.store.storeio import (TIMEOUT_ENV, DeadlinePassed, TooLarge, bounded, is_timeout, read_capped,
-                                         store_timeout, timeout_options)
+from autotune_cache.tree.store.storeio import (HTTP_PROTOCOLS, TIMEOUT_ENV, DeadlinePassed, TooLarge, bounded, is_timeout,
+                                         read_capped, store_timeout, timeout_options)
 from autotune_cache.tree.store.storerecord import MAX_RECORD_BYTES, StoreError, StoreRecord, redact
 
 MARKER = "fi-autotune-store.json"
@@ -133,6 +133,10 @@ class Store:
         marker = self.marker()
         if not marker:
             raise StoreError(f"no fi-autotune store at {self} (no {MARKER}; `fi-autotune push` creates one)")
+        if "unreadable" in marker and self.protocol in HTTP_PROTOCOLS and marker.get("answered"):
+            # a web server answers any path (random bytes, an HTML page): an answer that is no
+            # marker is no store, never an empty one
+            raise StoreError(f"not a fi-autotune store at {self}: {marker['unreadable']}")
         if "unreadable" in marker:
             return marker  # a store is there: its records are each checked as they are read
         if type(marker.get("format")) is not int or marker["format"] > STORE_FORMAT:
@@ -268,9 +272,9 @@ class Store:
         try:
             d = json.loads(data)
         except (ValueError, RecursionError):
-            return {"unreadable": f"{MARKER} is not JSON"}
+            return {"unreadable": f"{MARKER} is not JSON", "answered": True}
         if not isinstance(d, dict) or type(d.get("format")) is not int or type(d.get("read_only")) is not bool:
-            return {"unreadable": f"{MARKER} is not a store marker"}
+            return {"unreadable": f"{MARKER} is not a store marker", "answered": True}
         return d
 
     # writing ------------------------------------------------------------------------------------

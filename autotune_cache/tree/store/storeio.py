@@ -9,8 +9,9 @@ never the whole object, and on a file:// store never a FIFO or a device.
 
 A timeout per read does not bound a server that trickles (one byte every 5 s keeps every read
 alive: a 64 KB marker would take 91 hours). So each request also has a deadline for the whole
-of it (``deadline``): twice the timeout, for connecting and the first bytes, plus its size (or
-byte cap) at ``MIN_RATE``; past it the request fails, naming the URL and the limit.
+of it (``deadline``), counted from its first byte sent - connecting, the status line and
+headers, and the body alike: twice the timeout, for connecting and the first bytes, plus its size
+(or byte cap) at ``MIN_RATE``; past it the request fails, naming the URL and the limit.
 """
 
 from __future__ import annotations
@@ -143,18 +144,7 @@ def read_capped(fs, path: str, limit: int, *, local: bool, protocol: str, timeou
                 raise TooLarge(f"larger than {limit} bytes") from None
             raise
     if protocol in HTTP_PROTOCOLS:
-        chunks, got = [], 0
-        end = time.monotonic() + deadline(timeout, limit + 1)
-        with fs.open(path, "rb", block_size=0) as f:
-            while got <= limit:  # a stream's read returns what has arrived: read on to the end
-                chunk = f.read(limit + 1 - got)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                got += len(chunk)
-                if time.monotonic() > end and got <= limit:
-                    raise DeadlinePassed(describe_deadline(timeout, limit + 1))
-        data = b"".join(chunks)
+        data = _http_capped(fs, path, limit, timeout)
     else:
         # The size first (one HEAD: a silent server fails it within one timeout per retry, where
         # s3fs retries a ranged GET far longer), then at most limit + 1 bytes of the body.
@@ -165,3 +155,44 @@ def read_capped(fs, path: str, limit: int, *, local: bool, protocol: str, timeou
     if len(data) > limit:
         raise TooLarge(f"larger than {limit} bytes")
     return data
+
+
+def _http_capped(fs, path: str, limit: int, timeout: float) -> bytes:
+    """One GET, at most ``limit + 1`` bytes of its body, the whole of it - connecting, the status
+    line and headers, the body - under one deadline from the first byte sent: a server that
+    trickles its headers (one byte every 0.5 s keeps each read alive) is cut off as one that
+    trickles its body is. A stream's read returns what has arrived: read on to the end or the cap."""
+    import asyncio
+
+    from fsspec.asyn import sync
+
+    async def get() -> bytes:
+        session = await fs.set_session()
+        async with session.get(fs.encode_url(path), **fs.kwargs) as r:
+            fs._raise_not_found_for_status(r, path)
+            chunks, got = [], 0
+            while got <= limit:
+                chunk = await r.content.read(limit + 1 - got)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+            return b"".join(chunks)
+
+    async def within_deadline() -> bytes:
+        # not wait_for: aiohttp's own timeouts are asyncio.TimeoutError too (a silent server is
+        # named as silent); the deadline is told apart, and cancels the request
+        task = asyncio.ensure_future(get())
+        done, _ = await asyncio.wait({task}, timeout=deadline(timeout, limit + 1))
+        if not done:
+            task.cancel()
+            await asyncio.wait({task})
+            raise DeadlinePassed(describe_deadline(timeout, limit + 1))
+        return task.result()
+
+    try:
+        return sync(fs.loop, within_deadline)
+    except Exception as e:  # noqa: BLE001 - fsspec's sync wraps every asyncio timeout as its own
+        if isinstance(e.__cause__, DeadlinePassed):
+            raise e.__cause__ from None
+        raise
