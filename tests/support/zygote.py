@@ -71,8 +71,10 @@ import struct
 import sys
 
 #: preloaded in the zygote: the CLI and every command module (not warm's or verify's torch,
-#: imported only when such a command runs), and what an S3 command imports.
-PRELOAD = ("click", "fi_autotune_cli.entry", "fi_autotune_cli.main")
+#: imported only when such a command runs), the engines the registry names (imported by the first
+#: command that plans, lists or checks: about 0.2 CPU-s a run), and what an S3 command imports.
+PRELOAD = ("click", "fi_autotune_cli.entry", "fi_autotune_cli.main", "autotune_cache.engines.sglang.engine",
+           "autotune_cache.engines.vllm.engine", "autotune_cache.managed_store.source")
 PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session", "autotune_cache.tree.store.s3")
 
 #: what tests/support/zygote_client.py passes on to the command
