@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 import time
 
 # The S3 secret every store test uses; no command may ever print it.
@@ -29,3 +30,40 @@ def wait_for(port: int, proc: subprocess.Popen, timeout: float = 30, log=None) -
         except OSError:
             time.sleep(0.1)
     raise RuntimeError("server did not start")
+
+
+class LoopbackServer:
+    """A socket server thread on loopback: per connection, once its request arrived,
+    ``answer(server, conn)`` (None: say nothing at all, and keep the connection open)."""
+
+    def __init__(self, answer=None):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.answer, self.stop, self.conns = answer, threading.Event(), []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.conns.append(conn)
+            if self.answer is not None:
+                threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn) -> None:
+        try:
+            conn.recv(65536)
+            self.answer(self, conn)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.stop.set()
+        for c in self.conns:
+            c.close()
+        self.sock.close()

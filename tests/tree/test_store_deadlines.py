@@ -6,8 +6,6 @@ store" (exit 1), never an empty one. Real servers on loopback, the real command 
 from __future__ import annotations
 
 import os
-import socket
-import threading
 import time
 
 import pytest
@@ -15,47 +13,13 @@ import pytest
 from autotune_cache.tree.store.storeio import MIN_RATE, deadline
 
 from ..conftest import run_cli
+from ..support.servers import LoopbackServer
 
 TIMEOUT = 2.0  # issue 44 timed `ls http://... --timeout 2` against 0.5 s gaps: each read is alive
 #: The marker's cap (store.py's MAX_MARKER_BYTES) is what ``ls`` reads first: its deadline.
 MARKER_DEADLINE = deadline(TIMEOUT, 64 << 10)
 #: A fresh CLI process, its imports and its exit, on a busy 2-core machine.
 PROCESS_SLACK_S = 12
-
-
-class LoopbackServer:
-    """A socket server thread: ``answer(conn)`` per connection after its request arrived."""
-
-    def __init__(self, answer):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.answer, self.stop, self.conns = answer, threading.Event(), []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.conns.append(conn)
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn) -> None:
-        try:
-            conn.recv(65536)
-            self.answer(self, conn)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.stop.set()
-        for c in self.conns:
-            c.close()
-        self.sock.close()
 
 
 def trickle_headers(server: LoopbackServer, conn) -> None:

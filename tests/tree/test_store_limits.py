@@ -18,48 +18,20 @@ from autotune_cache.tree.store.store import Store, bundle_of
 from devtools.synthetic import default_fields, write_fake_entry
 
 from ..conftest import REPO, run_cli
+from ..support.servers import LoopbackServer
 from .test_pull_verify import pushed, store  # noqa: F401 - the store fixture (file:// and S3)
 
 
-class HangingServer:
-    """A real TCP server on loopback that accepts and then says nothing (``headers=False``), or
-    sends the headers of a large body and then one byte every ``gap`` seconds (a trickle)."""
+def HangingServer(trickle: bool = False, gap: float = 3.0) -> LoopbackServer:  # noqa: N802 - a server's name
+    """A real TCP server on loopback that accepts and then says nothing, or (``trickle``) sends the
+    headers of a large body and then one byte every ``gap`` seconds."""
 
-    def __init__(self, trickle: bool = False, gap: float = 3.0):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.trickle, self.gap = trickle, gap
-        self.stop = threading.Event()
-        self.conns: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+    def drip(server: LoopbackServer, conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\nContent-Type: application/json\r\n\r\n{")
+        while not server.stop.wait(gap):
+            conn.sendall(b" ")
 
-    def _serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.conns.append(conn)
-            if self.trickle:
-                threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
-
-    def _drip(self, conn: socket.socket) -> None:
-        try:
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\nContent-Type: application/json\r\n\r\n{")
-            while not self.stop.wait(self.gap):
-                conn.sendall(b" ")
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.stop.set()
-        for c in self.conns:
-            c.close()
-        self.sock.close()
+    return LoopbackServer(drip if trickle else None)
 
 
 @pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickling"])
