@@ -55,10 +55,10 @@ def _ops(bars: list[dict]) -> list[dict]:
     return [{k: v for k, v in o.items() if k != "rate"} for o in out]  # the rate only told redraws apart
 
 
-def _shared(bars: list[dict]) -> list[dict]:
-    """Rank-less bars of a multi-rank server, by op: how many bars, and the longest."""
+def _shared(ops: list[dict]) -> list[dict]:
+    """Rank-less bars of a multi-rank server (``_ops`` of them), by op: how many bars, and the longest."""
     by_op: dict[str, dict] = {}
-    for o in _ops(bars):
+    for o in ops:
         d = by_op.setdefault(o["op"], {"op": o["op"], "bars": 0, "profiles": 0, "done": 0, "seconds": 0})
         d["bars"] += 1
         d["profiles"], d["done"] = max(d["profiles"], o["profiles"]), max(d["done"], o["done"])
@@ -178,9 +178,11 @@ def _cache_state(s: Session, kind: str | None, entry_present: bool | None) -> st
     return "unknown" if not s.tuned else "missed"
 
 
-def _session_dict(s: Session, server: Server, trees: Trees) -> dict:
+def _session_dict(s: Session, server: Server, trees: Trees, shared_ops: list[dict]) -> dict:
+    """``shared_ops``: the server's rank-less bars as ops, read once per server (not per session:
+    a log of many passes would read them once per pass)."""
     ops = _ops(s.bars)
-    kind, cause = _cause(s, server, trees, ops or (_ops(server.shared_bars) if s.saw_shared_bars else []))
+    kind, cause = _cause(s, server, trees, ops or (shared_ops if s.saw_shared_bars else []))
     loc = locate(s.path) if s.path else None
     entry = trees.entry(loc) if loc and trees.info(loc.layout) is not None else None
     in_tree = None
@@ -204,9 +206,10 @@ def _session_dict(s: Session, server: Server, trees: Trees) -> dict:
 
 
 def _server_dict(server: Server, trees: Trees) -> dict:
-    ranks = [{"rank": rank, "sessions": [_session_dict(s, server, trees) for s in sessions]}
+    shared_ops = _ops(server.shared_bars)
+    ranks = [{"rank": rank, "sessions": [_session_dict(s, server, trees, shared_ops) for s in sessions]}
              for rank, sessions in sorted(server.ranks.items(), key=lambda kv: _rank_order(kv[0]))]
-    shared = _shared(server.shared_bars)
+    shared = _shared(shared_ops)
     own = max((sum(x["tuning_seconds"] for x in r["sessions"]) for r in ranks), default=0)
     causes = Counter(x["cause"] for r in ranks for x in r["sessions"] if x["cause"])
     tuned = bool(shared) or bool(server.shared_cut) or any(x["cause"] for r in ranks for x in r["sessions"]) or \

@@ -202,3 +202,23 @@ def test_a_megabyte_line_of_each_worst_case_is_read_in_the_real_engine():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert {json.loads(line)[0] for line in proc.stdout.splitlines()} == set(PATTERNS)
+
+
+def test_diagnosis_reads_each_bar_a_bounded_number_of_times(monkeypatch):
+    """doctor's diagnosis grows with the log, not with passes x bars: the server's rank-less bars
+    are read once per server, not once per session that saw them (a log of many passes was
+    quadratic: 1 MB of concatenated fixtures took 4.5 CPU-s, now 0.35)."""
+    from pathlib import Path
+
+    from autotune_cache.logs import diagnose as d
+
+    read = []
+    real = d._ops
+    monkeypatch.setattr(d, "_ops", lambda bars: read.append(len(bars)) or real(bars))
+    text = "".join(p.read_text() for p in sorted((REPO / "tests" / "data" / "engine_logs").glob("*.log")))
+    work = []
+    for copies in (4, 16):
+        read.clear()
+        d.diagnose([("x.log", text * copies)], [])
+        work.append(sum(read) + len(read))
+    assert work[1] <= 5 * work[0], work  # 4x the log, about 4x the bars read (16x before)
