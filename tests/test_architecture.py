@@ -1,7 +1,7 @@
 """The package's shape (issue 21), read from the source with ``ast``: nothing is imported.
 
 Floors, bottom to top (a module imports from its own group or from lower floors only):
-errors/humanize/version/registry (0) -> autotuner/ (1) -> plan/ (2) -> tree/ (3) -> engines/ (4)
+errors/humanize/version/registry/safeopen (0) -> autotuner/ (1) -> plan/ (2) -> tree/ (3) -> engines/ (4)
 -> tune/, check.py (5) -> autotune_cache/__init__.py (6, re-exports) -> cli/ (7).
 No import cycles, no function-local imports of our own modules, no private names imported across
 modules, no module over 400 lines, no function over 80. Each rule is one test whose failure lists

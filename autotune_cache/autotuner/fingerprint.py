@@ -25,6 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune_cache.errors import UsageError
+from autotune_cache.safeopen import FileRefused, read_bounded
+
+#: ``--env-from``'s cap: ``env --json`` writes a few KiB; a rank file (its ``_metadata``) can be MiBs.
+MAX_ENV_FILE_BYTES = 64 << 20
 
 #: ``_collect_metadata()``'s fields, in its order.
 FIELDS = (
@@ -136,9 +140,10 @@ class Fingerprint:
     def load(cls, path: str | Path) -> "Fingerprint":
         """From ``fi-autotune env --json`` output, a rank file (its ``_metadata``), or a plain
         object of FlashInfer's fields. Anything else is a usage error (exit 2)."""
-        p = Path(path)
-        try:
-            obj = json.loads(p.read_bytes())
+        try:  # a regular file of at most 16 MiB: never a FIFO's open or /dev/zero's read
+            obj = json.loads(read_bounded(path, MAX_ENV_FILE_BYTES, what="--env-from file"))
+        except FileRefused as e:
+            raise UsageError(f"--env-from {e}") from None
         except OSError as e:
             raise UsageError(f"--env-from {path}: {e.strerror or e}") from None
         except (ValueError, RecursionError):

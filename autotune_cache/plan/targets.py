@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune_cache.errors import UsageError
+from autotune_cache.safeopen import FileRefused, read_bounded
 
 #: Fields whose value is a list by nature: a plain list is one value, a list of lists expands.
 LIST_FIELDS = frozenset({"skip_ops", "layouts", "gpu_uuids"})
@@ -134,9 +135,10 @@ def load_targets(path: str | Path) -> list[Target]:
         text, label, base = sys.stdin.read(MAX_FILE_BYTES + 1), "stdin", None
     else:
         p = Path(path)
-        try:
-            with open(p, "rb") as f:
-                raw = f.read(MAX_FILE_BYTES + 1)
+        try:  # a regular file only (a FIFO named here would block open() for ever), capped
+            raw = read_bounded(p, MAX_FILE_BYTES, what="targets file")
+        except FileRefused as e:
+            raise UsageError(str(e)) from None
         except OSError as e:
             raise UsageError(f"cannot read targets file {path}: {e.strerror or e}") from None
         text, label, base = raw.decode("utf-8", errors="replace"), p.name, p.resolve().parent

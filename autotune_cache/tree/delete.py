@@ -32,7 +32,7 @@ from autotune_cache.tree.crashsafe.locks import entry_lock, hold_owner_lock, rel
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
 from autotune_cache.tree.crashsafe.recovery import (deleted_by_dead, remove_leftover, sweep_leftovers,
                                           write_delete_journal)
-from autotune_cache.tree.select import EntryFilter, beyond_latest, over_budget
+from autotune_cache.tree.select import EntryFilter, Reader, beyond_latest, evict_class, eviction_key, over_budget, reader_notes
 from autotune_cache.tree.status import EntryStatus
 
 #: A temp file younger than this may be an engine's save in flight (engines take no lock).
@@ -141,6 +141,8 @@ class DeletePlan:
     locked_temps: tuple[CacheEntry, ...] = ()
     #: What the plan could not go by, and what it went by instead (access times it did not trust).
     notes: tuple[str, ...] = ()
+    #: ``--max-size``: the tree's size before and after, and what the plan had to touch or leave.
+    budget: object = None
 
     @property
     def expected_freed_size(self) -> int:
@@ -163,6 +165,7 @@ class DeletePlan:
             "temps_in": [str(e.id) for e in self.locked_temps],
             "expected_freed_size": self.expected_freed_size,
             "notes": list(self.notes),
+            "budget": self.budget.to_dict() if self.budget is not None else None,
         }
 
     def check_writable(self) -> None:
@@ -254,15 +257,17 @@ def plan_prune(
     flt: EntryFilter,
     *,
     keep_latest: int | None = None,
-    prefer_version: str | None = None,
+    reader: Reader | None = None,
     now: float | None = None,
     scan_fingerprint=None,
     max_size: int | None = None,
 ) -> DeletePlan:
-    """Entries matching every criterion, plus leftovers of interrupted writes. ``prefer_version``:
-    the FlashInfer version ``--keep-latest`` keeps first (``select.beyond_latest``). ``max_size``:
-    of the entries the rest selects, only as many as it takes, least recently used first, for
-    the tree to fit (``select.over_budget``)."""
+    """Entries matching every criterion, plus leftovers of interrupted writes. ``reader``: the
+    FlashInfer version and arch the engine of this environment reads (``select.Reader``), which
+    the one eviction order (``select.evict_class``) keeps last, for ``--keep-latest``
+    (``select.beyond_latest``) and ``max_size``: of the entries the rest selects, only as many as
+    it takes, in that order, for the tree to fit (``select.over_budget``); both list their rows
+    in that order."""
     if flt.empty and keep_latest is None and max_size is None:
         raise UsageError(
             "nothing selected: give at least one of --older-than, --unused-for, --flashinfer-version, "
@@ -273,19 +278,23 @@ def plan_prune(
                          "(to delete entries, select them: --flashinfer-version, --status, --older-than)")
     now = time.time() if now is None else now
     info, notes = _untrusted_atimes(info, max_size is not None, flt.unused_for is not None)
-    beyond = beyond_latest(info.entries, keep_latest, prefer_version) if keep_latest is not None else {}
+    reader, ranked = reader or Reader(), keep_latest is not None or max_size is not None
+    beyond = beyond_latest(info.entries, keep_latest, reader) if keep_latest is not None else {}
     def selected(e: CacheEntry):
         reasons = flt.reasons(e, now)
         if reasons is None or keep_latest is None:
             return reasons
         first = beyond.get(str(e.id))
-        return None if first is None else reasons + (f"beyond the latest {keep_latest} of its deployment "
-                                                     f"(kept: {first.id})",)
+        why = () if max_size is not None else (evict_class(e, reader)[1],)
+        return None if first is None else reasons + why + (f"beyond the latest {keep_latest} of its deployment "
+                                                           f"(kept: {first.id})",)
 
-    evict = over_budget(info.entries, max_size, lambda e: e.status != EntryStatus.UNREADABLE
-                        and selected(e) is not None) if max_size is not None else None
+    held_by = " and ".join(w for w, on in (("--keep-latest", keep_latest is not None), ("the filters", not flt.empty))
+                           if on) or "unreadable entries (never deleted)"
+    evict, budget = over_budget(info.entries, max_size, lambda e: e.status != EntryStatus.UNREADABLE
+                                and selected(e) is not None, reader, held_by) if max_size is not None else (None, None)
     candidates, picked_unreadable = [], []
-    for e in info.entries:
+    for e in sorted(info.entries, key=lambda e: eviction_key(e, reader)) if ranked else info.entries:
         reasons = selected(e)
         if reasons is None:
             continue
@@ -302,8 +311,9 @@ def plan_prune(
     chosen = {c.entry.id for c in candidates}
     ours = tuple(e for e in info.entries if e.id not in chosen
                  and any(t.path.name.startswith(OUR_PREFIX) and now - t.mtime < STALE_TEMP_AGE_S for t in e.temp_files))
+    notes += reader_notes(info.entries, reader) if ranked else ()
     return DeletePlan(info.layout, info.root, tuple(candidates), leftovers, _left_alone(info, picked_unreadable),
-                      scan_fingerprint, locked_temps=ours, notes=notes)
+                      scan_fingerprint, locked_temps=ours, notes=notes, budget=budget)
 
 
 def _untrusted_atimes(info: CacheInfo, by_size: bool, by_use: bool) -> tuple[CacheInfo, tuple[str, ...]]:

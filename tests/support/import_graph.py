@@ -41,6 +41,7 @@ FLOORS = (
     ("autotune_cache.humanize", "base", 0),
     ("autotune_cache.version", "base", 0),
     ("autotune_cache.registry", "base", 0),
+    ("autotune_cache.safeopen", "base", 0),
     ("autotune_cache.autotuner", "autotuner", 1),
     ("autotune_cache.plan", "plan", 2),
     ("autotune_cache.tree", "tree", 3),

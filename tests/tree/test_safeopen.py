@@ -13,11 +13,11 @@ import textwrap
 
 import pytest
 
-from autotune_cache.tree.crashsafe.safeopen import FileRefused, FileTooLarge, open_bounded, read_bounded
+from autotune_cache.safeopen import FileRefused, FileTooLarge, open_bounded, read_bounded
 
 _CHILD = textwrap.dedent("""
     import sys
-    from autotune_cache.tree.crashsafe.safeopen import FileRefused, read_bounded
+    from autotune_cache.safeopen import FileRefused, read_bounded
     try:
         read_bounded(sys.argv[1], 1 << 20, what="state file")
     except FileRefused as e:

@@ -42,7 +42,7 @@ from array import array
 from pathlib import Path
 
 from autotune_cache.registry import default_layout
-from autotune_cache.tree.crashsafe.safeopen import FileRefused, open_checked_fd
+from autotune_cache.safeopen import FileRefused, open_checked_fd
 from autotune_cache.tree.layout import OUR_PREFIX
 
 FORMAT = 3

@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune_cache.tree.crashsafe.safeopen import FileRefused, read_bounded
+from autotune_cache.safeopen import FileRefused, read_bounded
 
 #: The prefix of the sockets' private directory under the system's temp dir.
 RUNTIME_PREFIX = "fia-"
