@@ -45,8 +45,12 @@ def run_delete(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: b
             out.note(f"left {entry_id}: {why}")
         for entry_id in getattr(plan, "already_deleted", ()):
             out.note(f"{entry_id}: already deleted (by an interrupted rm or prune; what it left goes now)")
+        budget = getattr(plan, "budget", None)
+        if budget is not None and budget.message:  # a budget not met, or met only by what the engine reads
+            out.line(budget.message)
         if plan.empty:
-            out.line("Nothing to delete.")
+            if budget is None or budget.met:
+                out.line("Nothing to delete.")
         else:
             verb = "Would free" if dry_run else "Will free"
             n = len(plan.candidates)

@@ -9,7 +9,7 @@ import click
 
 from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.logs.diagnose import DoctorReport, diagnose
-from autotune_cache.tree.crashsafe.safeopen import FileRefused, FileTooLarge, open_bounded
+from autotune_cache.safeopen import FileRefused, FileTooLarge, open_bounded
 
 from ..output import Output
 from ..params import json_option

@@ -10,6 +10,7 @@ from autotune_cache.humanize import parse_size
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.installed import installed_flashinfer_version
 from autotune_cache.tree.delete import plan_prune
+from autotune_cache.tree.select import Reader
 from autotune_cache.tree.store.storehouse import plan_store_delete
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.crashsafe.recovery import recover_journals
@@ -93,7 +94,10 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
     # a writer finishes what killed writers left, once, before it reads (a dry run writes nothing)
     recovered = [] if dry_run else recover_journals(layout, root.path)
     info = scan_cache(root.path, layout, fingerprint=fingerprint)
-    prefer = keep_latest_version(env_from) if keep_latest is not None else None
-    plan = plan_prune(info, flt, keep_latest=keep_latest, prefer_version=prefer, scan_fingerprint=fingerprint,
+    reader = None
+    if keep_latest is not None or budget is not None:  # what the engine here reads goes last (select.evict_class)
+        reader = Reader(keep_latest_version(env_from), fingerprint.arch if fingerprint is not None else None,
+                        f"--env-from {env_from}" if env_from else "installed here")
+    plan = plan_prune(info, flt, keep_latest=keep_latest, reader=reader, scan_fingerprint=fingerprint,
                       max_size=budget)
     run_delete(plan, out, dry_run, yes, recovered=recovered)
