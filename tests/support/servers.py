@@ -34,7 +34,7 @@ def wait_for(port: int, proc: subprocess.Popen, timeout: float = 30, log=None) -
 
 class LoopbackServer:
     """A socket server thread on loopback: per connection, once its request arrived,
-    ``answer(server, conn)`` (None: say nothing at all, and keep the connection open)."""
+    ``answer(server, conn, request)`` (None: say nothing at all, and keep the connection open)."""
 
     def __init__(self, answer=None):
         self.sock = socket.socket()
@@ -57,8 +57,8 @@ class LoopbackServer:
 
     def _one(self, conn) -> None:
         try:
-            conn.recv(65536)
-            self.answer(self, conn)
+            request = conn.recv(65536)
+            self.answer(self, conn, request)
         except OSError:
             pass
 

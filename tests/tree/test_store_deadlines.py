@@ -5,6 +5,7 @@ store" (exit 1), never an empty one. Real servers on loopback, the real command 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -22,7 +23,7 @@ MARKER_DEADLINE = deadline(TIMEOUT, 64 << 10)
 PROCESS_SLACK_S = 12
 
 
-def trickle_headers(server: LoopbackServer, conn) -> None:
+def trickle_headers(server: LoopbackServer, conn, request: bytes = b"") -> None:
     """The status line and headers, one byte every 0.5 s: they never end within any deadline."""
     head = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 10_000 + b"\r\n\r\n"
     for b in head:
@@ -32,7 +33,7 @@ def trickle_headers(server: LoopbackServer, conn) -> None:
 
 
 def _body(status: bytes, ctype: bytes, body: bytes):
-    def answer(server, conn):
+    def answer(server, conn, request=b""):
         conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
                      + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
         conn.close()
@@ -80,3 +81,26 @@ def test_an_http_answer_that_is_no_store_is_not_a_store_not_an_empty_one(serve, 
 
 def test_the_deadline_is_the_documented_one():
     assert deadline(TIMEOUT, 64 << 10) == 2 * TIMEOUT + (64 << 10) / MIN_RATE
+
+
+def _marker_then_trickle(server, conn, request: bytes) -> None:
+    """A store's marker, answered at once; any other request (the listing) trickles its headers."""
+    from autotune_cache.tree.store.store import MARKER, STORE_FORMAT
+
+    if MARKER.encode() in request:
+        _body(b"200 OK", b"application/json", json.dumps({"format": STORE_FORMAT, "read_only": False}).encode())(server, conn)
+    else:
+        trickle_headers(server, conn)
+
+
+@pytest.mark.slow  # a listing's deadline is 2 x the timeout + 8 s (LISTING_BYTES, 2 MiB, at MIN_RATE): about 9 s here
+def test_a_listing_that_trickles_fails_within_the_listings_deadline(serve):
+    """``ls`` lists the index after the marker: that request is bounded too (storeio.LISTING_BYTES)."""
+    from autotune_cache.tree.store.storeio import LISTING_BYTES
+
+    url = serve(_marker_then_trickle)
+    t0 = time.monotonic()
+    proc = run_cli("ls", url, "--timeout", f"{TIMEOUT:g}", timeout=120)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert took < deadline(TIMEOUT, LISTING_BYTES) + MARKER_DEADLINE + PROCESS_SLACK_S, took

@@ -26,7 +26,7 @@ def HangingServer(trickle: bool = False, gap: float = 3.0) -> LoopbackServer:  #
     """A real TCP server on loopback that accepts and then says nothing, or (``trickle``) sends the
     headers of a large body and then one byte every ``gap`` seconds."""
 
-    def drip(server: LoopbackServer, conn: socket.socket) -> None:
+    def drip(server: LoopbackServer, conn: socket.socket, request: bytes) -> None:
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\nContent-Type: application/json\r\n\r\n{")
         while not server.stop.wait(gap):
             conn.sendall(b" ")

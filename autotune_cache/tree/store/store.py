@@ -40,8 +40,8 @@ from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes
 from autotune_cache.tree.crashsafe.faults import crashpoint
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.crashsafe.locks import hold_owner_lock, release_owner_lock
-from autotune_cache.tree.store.storeio import (HTTP_PROTOCOLS, TIMEOUT_ENV, DeadlinePassed, TooLarge, bounded, is_timeout,
-                                         read_capped, store_timeout, timeout_options)
+from autotune_cache.tree.store.storeio import (HTTP_PROTOCOLS, LISTING_BYTES, TIMEOUT_ENV, DeadlinePassed, TooLarge, bounded,
+                                               is_timeout, read_capped, store_timeout, timeout_options)
 from autotune_cache.tree.store.storerecord import MAX_RECORD_BYTES, StoreError, StoreRecord, redact
 
 MARKER = "fi-autotune-store.json"
@@ -151,7 +151,8 @@ class Store:
         self.require()
         base = self.join("index", layout) if layout else self.join("index")
         try:
-            paths = sorted(p for p in self.fs.find(base) if p.endswith(".json"))
+            paths = sorted(p for p in bounded(self.fs, self.fs.find, base, timeout=self.timeout, size=LISTING_BYTES)
+                           if p.endswith(".json"))
         except FileNotFoundError:
             return []
         except Exception as e:  # noqa: BLE001 - backends raise their own types

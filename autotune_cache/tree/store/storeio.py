@@ -42,6 +42,11 @@ class DeadlinePassed(TimeoutError):
     """A request that kept answering, too slowly to end within its deadline."""
 
 
+#: A listing's byte budget for its deadline: a listing is several requests (pages of an object
+#: store, directory pages of an HTTP store), bounded together as one of this size.
+LISTING_BYTES = 2 << 20
+
+
 def deadline(timeout: float, size: int) -> float:
     """Seconds one request of ``size`` bytes (its size, or its byte cap) may take in all: twice
     the timeout for connecting and the first bytes (a silent server fails its read timeout

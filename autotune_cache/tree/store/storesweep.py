@@ -37,7 +37,7 @@ from autotune_cache.tree.delete import STALE_TEMP_AGE_S
 from autotune_cache.tree.layout import LOCKS_DIRNAME, EntryId
 from autotune_cache.tree.crashsafe.locks import dead_owner, other_owner_alive
 from autotune_cache.tree.store.store import TEMP_PREFIX, TOMBSTONES, Store, is_missing
-from autotune_cache.tree.store.storeio import env_seconds
+from autotune_cache.tree.store.storeio import LISTING_BYTES, bounded, env_seconds
 from autotune_cache.tree.store.storerecord import MAX_RECORD_BYTES
 
 #: A bundle no record names goes once this old, whoever may be writing: a push publishes its
@@ -184,7 +184,7 @@ def _mtime(info: dict) -> float | None:
 
 def _find(store: Store, top: str) -> dict[str, dict]:
     try:
-        found = store.fs.find(store.join(top), detail=True)
+        found = bounded(store.fs, store.fs.find, store.join(top), detail=True, timeout=store.timeout, size=LISTING_BYTES)
     except FileNotFoundError:
         return {}
     return found if isinstance(found, dict) else {p: {} for p in found}
