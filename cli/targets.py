@@ -125,19 +125,32 @@ def _plan_target(t: Target, cache_dir: str | None, arch: str | None, fingerprint
         request = request.for_target(fingerprint)
     members = []
     for r in request.workers():
-        # --cache-dir is the default engine's tree; another engine's targets go where it reads them
-        plan = build_plan(r, cache_dir if group.engine is registry.default_engine() else None)
+        # --cache-dir applies to every target, whatever its engine, as it does to the target's own
+        # command; without it each engine's tree is where that engine reads it
+        plan = build_plan(r, cache_dir)
         if fingerprint is not None:
             plan = plan.for_environment(fingerprint.fields)
         members.append(FleetMember(t, r.worker, plan, group.layouts))
     return members
 
 
+def shared_entries(members: list[FleetMember]) -> dict[str, list[FleetMember]]:
+    """Entries more than one worker of the fleet would read (the engine reads the same files):
+    two targets whose flags make one key, or single-GPU vLLM targets in one managed-store entry."""
+    seen: dict = {}
+    for m in members:
+        if m.plan.bound and m.plan.autotunes:  # unbound: FlashInfer's store before the environment names it
+            seen.setdefault(m.plan.entry_id, []).append(m)
+    return {str(eid): ms for eid, ms in seen.items() if len(ms) > 1}
+
+
 def load_fleet(path: str, cache_dir: str | None, arch: str | None, shard: str | None = None,
-               use_env_shard: bool = False, fingerprint=None) -> Fleet:
+               use_env_shard: bool = False, fingerprint=None, shared_ok: bool = False) -> Fleet:
     """Every target's workers planned, cut to this shard. ``arch``: the command line's --arch or
     this machine's GPU, for targets that do not name theirs. A target whose fields are wrong is
-    an error of its own (named ``targets[i]``); the others are planned all the same."""
+    an error of its own (named ``targets[i]``); the others are planned all the same. Targets that
+    are one entry are refused (they would write the same files), unless ``shared_ok`` (``check``:
+    it reads them, and reports each target)."""
     members: list[FleetMember] = []
     errors: list[FleetError] = []
     targets = load_targets(path)
@@ -146,14 +159,9 @@ def load_fleet(path: str, cache_dir: str | None, arch: str | None, shard: str | 
             members += _plan_target(t, cache_dir, arch, fingerprint)
         except UsageError as e:
             errors.append(FleetError(t, str(e).removeprefix(f"{t.source}: ")))
-    seen: dict = {}
-    for m in members:
-        if not m.plan.bound:  # FlashInfer's managed store: targets share its directory, each key stands alone
-            continue
-        first = seen.setdefault(m.plan.entry_id, m)
-        if m.plan.autotunes and first is not m:
-            raise UsageError(f"{first.target.source} ({first.name}) and {m.target.source} ({m.name}) are one entry, "
-                             f"{m.plan.entry_id}: the engine would read the same files")
+    for eid, (first, m, *_) in ({} if shared_ok else shared_entries(members)).items():
+        raise UsageError(f"{first.target.source} ({first.name}) and {m.target.source} ({m.name}) are one entry, "
+                         f"{eid}: the engine would read the same files")
     chosen = parse_shard(shard) if shard else (shard_from_env() if use_env_shard else None)
     if chosen is not None and chosen.count > 1:
         owners = assign([m.plan.profiles if m.plan.autotunes else 0 for m in members], chosen.count)

@@ -15,6 +15,13 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("45: a fleet's --cache-dir applies to every target, vLLM's too", "cli/targets.py",
+     "        plan = build_plan(r, cache_dir)\n",
+     "        plan = build_plan(r, cache_dir if group.engine is registry.default_engine() else None)\n",
+     "tests/cli/test_fleet_gate.py::test_two_single_gpu_vllm_targets_in_one_entry_are_each_checked_and_named"),
+    ("45: check --targets checks targets that are one entry, never exits on them", "cli/commands/check.py",
+     "fingerprint=fingerprint, shared_ok=True)", "fingerprint=fingerprint, shared_ok=False)",
+     "tests/cli/test_fleet_gate.py::test_two_single_gpu_vllm_targets_in_one_entry_are_each_checked_and_named"),
     ("45: --max-size evicts by class before last use (another version before the installed one)",
      "autotune_cache/tree/select.py",
      "    return (evict_class(e, reader)[0], -_status_rank(e), ", "    return (0, -_status_rank(e), ",

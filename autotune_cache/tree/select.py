@@ -93,7 +93,7 @@ class Reader:
 
     version: str | None = None
     arch: str | None = None
-    version_from: str = "installed here"  # "installed here", "--env-from env.json"
+    version_from: str = "the installed one"  # or "--env-from's"
 
     def other_version(self, e: CacheEntry) -> bool:
         return self.version is not None and e.flashinfer_version is not None and e.flashinfer_version != self.version
@@ -126,7 +126,7 @@ def evict_class(e: CacheEntry, reader: Reader) -> tuple[int, str]:
     version = (f"FlashInfer {e.flashinfer_version}, {reader.version_from}" if reader.version is not None
                else "the FlashInfer version in use unknown")
     if e.status == EntryStatus.COMPLETE:
-        return READ, f"complete ({version}): the engine reads it"
+        return READ, f"complete ({version}): the engine {'reads' if reader.version else 'may read'} it"
     if e.status == EntryStatus.UNVERIFIED:
         return READ, f"unverified ({version}): the engine may read it"
     return READ, f"{e.status} ({version}): its missing ranks tune at every start"
@@ -205,8 +205,9 @@ class Budget:
                     f"({format_size(self.after - self.max_size)} over); the rest is kept by {self.held_by}{read}")
         if self.evicts_read:
             n = len(self.evicts_read)
-            return (f"{budget} cannot be met without touching complete entries the engine reads: {n} "
-                    f"{'goes' if n == 1 else 'go'} last ({', '.join(self.evicts_read)}), and tune again at its next start")
+            return (f"{budget} cannot be met without touching complete entries the engine reads: the plan evicts "
+                    f"{n}, last ({', '.join(self.evicts_read)}); the engine tunes {'it' if n == 1 else 'them'} "
+                    f"again at its next start")
         return None
 
     def to_dict(self) -> dict:
@@ -230,7 +231,7 @@ def over_budget(entries: tuple[CacheEntry, ...], budget: int, eligible: Callable
         if total <= budget:
             break
         when, known = last_touched(e)
-        out[str(e.id)] = (f"{evict_class(e, reader)[1]}; of these the least recently used "
+        out[str(e.id)] = (f"{evict_class(e, reader)[1]}; in its class, least recently used "
                           f"({'used' if known else 'last use unknown; written'} {format_age(when)}): the tree is "
                           f"{format_size(total)}, over --max-size {format_size(budget)}")
         total -= e.size_on_disk

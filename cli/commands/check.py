@@ -7,6 +7,8 @@ and report in one shape: a fleet's gate says what each of its targets' own ``che
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from autotune_cache import registry
@@ -16,11 +18,11 @@ from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.tree.layout import DEFAULT_LAYOUT_NAME
 
 from ..output import Output
-from ..params import LayoutName, env_from_option, json_option, resolve_root, targets_option, timeout_option
+from ..params import LayoutName, env_from_option, json_option, targets_option, timeout_option
 from ..serving import (build_plan, engine_options, fold_serving_command, request_from, serving_command_argument,
                       serving_options)
 from ..targets import (COMMAND_LINE, FleetError, FleetMember, load_fleet, member_fields, reject_serving_flags,
-                         report_errors)
+                         report_errors, shared_entries)
 
 
 def _readers() -> list[str]:
@@ -59,10 +61,9 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
     fingerprint = Fingerprint.load(env_from) if env_from else None
     if targets_file:
         reject_serving_flags(ctx)
-        cache_dir = kw["cache_dir"]
-        if store_url is None and reader.holds_rank_files:  # a store's root is the layout's own
-            cache_dir = str(resolve_root(cache_dir, must_exist=False).path)
-        fleet = load_fleet(targets_file, cache_dir, kw["arch"], fingerprint=fingerprint)
+        # --cache-dir and --env-from apply to every target, as to its own check; targets that are one
+        # entry are each checked (once where their plans are the same) and reported under each name
+        fleet = load_fleet(targets_file, kw["cache_dir"], kw["arch"], fingerprint=fingerprint, shared_ok=True)
         members, errors, named, unknown_flags = fleet.members, list(fleet.errors), True, ()
     else:
         kw, layout_name = fold_serving_command(ctx, kw, out, "layout_name")
@@ -75,11 +76,15 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         errors, named, unknown_flags = [], False, tuple(kw.get("not_understood") or ())
     checks = []
     failed = {e.target.source for e in errors}
+    done: dict[str, CheckReport] = {}  # one check per distinct plan: targets that are one entry
     for m in members:
         if m.target.source in failed:
             continue
+        same = json.dumps(m.plan.to_dict(), sort_keys=True, default=str)
         try:
-            report = run_check(m.plan, reader, store_url, fingerprint, kw["cache_dir"], strict=strict)
+            report = done.get(same) or run_check(m.plan, reader, store_url, fingerprint, kw["cache_dir"],
+                                                 strict=strict)
+            done[same] = report
         except UsageError as e:
             if not named:
                 raise
@@ -92,26 +97,31 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         (report.misses if strict else report.warnings).extend(unknown)
         checks.append((m, report, len(unknown) if strict else 0))
     checks = [c for c in checks if c[0].target.source not in failed]
-    _emit(out, checks, errors, named, strict)
+    _emit(out, checks, errors, named, strict, shared_entries([m for m, _, _ in checks]) if named else {})
     report_errors(out, errors)
     if strict and not all(r.ok for _, r, _ in checks):
         raise click.exceptions.Exit(int(ExitCode.FAILURE))
 
 
 def _emit(out: Output, checks: list[tuple[FleetMember, CheckReport, int]], errors: list[FleetError],
-          named: bool, strict: bool) -> None:
+          named: bool, strict: bool, shared: dict[str, list[FleetMember]]) -> None:
     targets = list(dict.fromkeys([m.target.source for m, _, _ in checks] + [e.target.source for e in errors]))
     bad = {m.target.source for m, r, _ in checks if not r.ok} | {e.target.source for e in errors}
+    sharing = {id(m): [o.name for o in ms if o is not m] for ms in shared.values() for m in ms}
 
     def human() -> None:
         if named:
             _human_fleet(out, checks, errors, len(targets), len(bad) - len(errors))
+            for eid, ms in shared.items():
+                out.note(f"one entry, {eid}: {', '.join(m.name for m in ms)} (the engine reads the same files; "
+                         "each target reported)")
         else:
             _human_one(out, checks)
 
     out.emit(human=human, data=lambda: {
         "ok": not bad, "strict": strict,
-        "workers": [{**member_fields(m, named), **r.to_dict()} for m, r, _ in checks],
+        "workers": [{**member_fields(m, named), **r.to_dict(), **({"same_entry_as": sharing.get(id(m), [])}
+                                                                 if named else {})} for m, r, _ in checks],
         "errors": [e.to_dict() for e in errors],
         "targets": len(targets), "covered": len(targets) - len(bad), "missing": len(bad)})
 

@@ -34,15 +34,18 @@ from ..params import (
               help="Per deployment (same arch and key: every serving flag but the FlashInfer version), keep the N "
                    "(at least 1) best entries: first the installed FlashInfer version (or --env-from's), the only "
                    "one the engine reads; then complete before unverified before incomplete; then the newest "
-                   "version; then the most recently modified.")
+                   "version; then the most recently modified. Corrupt and diverged entries, read by no engine, rank "
+                   "below every other (prune's one eviction order, as --max-size's).")
 @click.option("--missing-ok", is_flag=True,
               help="A cache root that does not exist is nothing to prune (exit 0), not an error: for cron jobs and "
                    "image builds on nodes that have not cached anything yet.")
 @click.option("--max-size", "max_size", default=None, metavar="SIZE",
-              help="A size budget (50G, 500M, 10GiB; a unit is required, 0 refused): evict least recently used "
-                   "entries (by access time; by last write where the mount keeps none, after those, or for every "
-                   "entry where access times cannot be trusted, with a note) until the tree fits, as ccache/sccache do. "
-                   "With other filters, only entries they select are evicted.")
+              help="A size budget (50G, 500M, 10GiB; a unit is required, 0 refused): evict until the tree fits, as "
+                   "ccache/sccache do, what no engine here reads first - corrupt, diverged, other FlashInfer versions, "
+                   "other archs (known from --env-from), stale - and the installed version's complete entries last; "
+                   "within each, the least recently used first (by access time; by last write where the mount keeps "
+                   "none, or where access times cannot be trusted, with a note). With other filters or --keep-latest, "
+                   "only entries they select are evicted; a budget that cannot be met says so.")
 @env_from_option
 @check_env_option
 @dry_run_option
@@ -97,7 +100,7 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
     reader = None
     if keep_latest is not None or budget is not None:  # what the engine here reads goes last (select.evict_class)
         reader = Reader(keep_latest_version(env_from), fingerprint.arch if fingerprint is not None else None,
-                        f"--env-from {env_from}" if env_from else "installed here")
+                        "--env-from's" if env_from else "the installed one")
     plan = plan_prune(info, flt, keep_latest=keep_latest, reader=reader, scan_fingerprint=fingerprint,
                       max_size=budget)
     run_delete(plan, out, dry_run, yes, recovered=recovered)

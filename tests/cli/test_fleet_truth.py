@@ -50,10 +50,10 @@ def _fleet_check(targets, root, env, vllm_env, *extra):
 
 
 def _single_check(name, root, env, vllm_env):
-    """The target's own check, as its user runs it: --cache-dir is SGLang's tree (vLLM reads its own)."""
-    tree = [] if "layouts" in TARGETS[name] else ["--cache-dir", str(root)]
+    """The target's own check, as its user runs it, with the fleet's --cache-dir: it applies to
+    every target, vLLM's included (issue 45)."""
     proc = run_cli("check", *_flags(TARGETS[name]), "--arch", "sm90", "--flashinfer-version", "0.7.2.post1",
-                   *tree, "--env-from", str(env), "--strict", "--json", env=vllm_env)
+                   "--cache-dir", str(root), "--env-from", str(env), "--strict", "--json", env=vllm_env)
     return proc.returncode, json.loads(proc.stdout)
 
 

@@ -178,8 +178,9 @@ def test_vllm_targets_in_one_run_each_where_its_engine_reads(tmp_path):
     assert proc.returncode == 0, proc.stderr
     by = {x["name"]: x for x in json.loads(proc.stdout)["workers"]}
     assert {n: x["status"] for n, x in by.items()} == {"v1": "written", "v2": "written", "sg": "written"}
-    assert Path(by["v1"]["key_dir"]).parent == tmp_path / "vroot" / "v2"  # --cache-dir is SGLang's tree only
-    assert Path(by["v2"]["key_dir"]) == tmp_path / "vroot" / h  # vLLM's files in its override dir
+    # --cache-dir applies to every target, as `warm --layout vllm --cache-dir` applies it (issue 45)
+    assert Path(by["v1"]["key_dir"]).parent == tmp_path / "sg" / "v2"
+    assert Path(by["v2"]["key_dir"]) == tmp_path / "sg" / h
     assert Path(by["sg"]["key_dir"]).is_relative_to(tmp_path / "sg")
     check = run_cli("check", "--targets", t, "--cache-dir", str(tmp_path / "sg"), "--env-from", fingerprint(tmp_path),
                     "--strict", env=env_for(tmp_path))
