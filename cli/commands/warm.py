@@ -144,6 +144,10 @@ def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
         out.line(f"Tuned {result.profiles_tuned} of {result.profiles_total} profiles on {result.gpus} GPU(s){served} in "
                  f"{t['command_wall_s']:.1f} s (startup/import {t['startup_import_s']:.1f} s, JIT {t['jit_s']:.1f} s, "
                  f"tuning {t['tuning_s']:.1f} s{racing}, writing {t['write_s']:.2f} s)")
+        compiled = [m for m in t.get("kernel_modules", ()) if m["how"] == "compiled"]
+        if compiled:  # a fresh machine's JIT: what prebuilt kernels would save (docs/warm.md)
+            out.line(f"Compiled {len(compiled)} FlashInfer kernel module(s), {t['compiling_s']:.1f} s of the JIT: "
+                     + ", ".join(f"{m['module']} {m['seconds']:.1f} s" for m in compiled))
         if result.selection:
             out.line("Careful: " + describe_summary(result.selection))
         if result.rank_files:

@@ -47,6 +47,37 @@ def per_worker(events: list[dict], epoch_start: float | None) -> list[dict]:
     return out
 
 
+def kernel_modules(events: list[dict]) -> list[dict]:
+    """Each FlashInfer kernel module the workers loaded (``kernel_modules.py``'s ``module``
+    events): how (``compiled`` by some worker wins over ``cached`` and ``prebuilt``), the
+    longest any worker spent on it (a wait on another worker's build included), how many
+    workers loaded it and the op that first asked for it; the slowest first."""
+    rank = {"compiled": 0, "unknown": 1, "cached": 2, "prebuilt": 3}
+    out: dict[str, dict] = {}
+    for e in events:
+        if e.get("event") != "module":
+            continue
+        row = out.setdefault(e["module"], {"module": e["module"], "how": e["how"], "seconds": 0.0, "workers": 0,
+                                           "op": e.get("op")})
+        if rank.get(e["how"], 1) < rank.get(row["how"], 1):
+            row["how"] = e["how"]
+        row["seconds"] = round(max(row["seconds"], e["seconds"]), 3)
+        row["workers"] += 1
+    return sorted(out.values(), key=lambda r: (-r["seconds"], r["module"]))
+
+
+def compiling_s(events: list[dict]) -> float:
+    """The most seconds one worker spent on modules compiled in this run (building them, or
+    waiting on another worker's build): the share of a fresh machine's warm that prebuilt
+    modules would take off."""
+    compiled = {e["module"] for e in events if e.get("event") == "module" and e["how"] == "compiled"}
+    per: dict = {}
+    for e in events:
+        if e.get("event") == "module" and e["module"] in compiled:
+            per[e.get("worker")] = per.get(e.get("worker"), 0.0) + e["seconds"]
+    return round(max(per.values(), default=0.0), 3)
+
+
 def worker_timings(events: list[dict], t_start: float, t_tuned: float, epoch_start: float | None = None) -> dict:
     """Start-up, JIT, tuning and racing seconds (slowest worker, and summed over GPUs), peak GPU
     memory, the time line (``timeline``) and each GPU worker's own (``gpu_workers``, ``per_worker``)."""
@@ -69,5 +100,7 @@ def worker_timings(events: list[dict], t_start: float, t_tuned: float, epoch_sta
         "peak_gpu_mem_bytes": max((e["peak_mem"] for e in fin), default=0),
         **({"floor_gpu_s": round(sum(e["floor_s"] for e in fin), 3)} if fin and all(e.get("floor_s") is not None for e in fin) else {}),
         "timeline": _timeline(imported, cuda, ready, fin, starts),
+        "compiling_s": compiling_s(events),
+        "kernel_modules": kernel_modules(events),
         "gpu_workers": per_worker(events, epoch_start),
     }

@@ -39,6 +39,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 from flashinfer.autotuner import AutoTuner, autotune  # noqa: E402
 
+from autotune_cache.tune.workers.kernel_modules import watch as watch_kernel_modules  # noqa: E402
 from autotune_cache.tune.workers.lm_head import lm_head_stub  # noqa: E402
 from autotune_cache.tune.careful.quality import DEFAULT_TOP_K  # noqa: E402
 from autotune_cache.tune.careful.race import race  # noqa: E402
@@ -211,8 +212,10 @@ class Worker:
         self.layers: dict[int, OpLayer] = {}
         self.timing = {"tune": 0.0, "jit": 0.0, "race": 0.0}
         self.current: int | None = None
+        self.op_in_hand: str | None = None  # named on each kernel module it makes FlashInfer load
         self.pending: list[str] = []
         self.last_save = time.perf_counter()
+        watch_kernel_modules(emit, lambda: self.op_in_hand)
 
     def checkpoint(self, i: int) -> None:
         """FlashInfer writes the file atomically, merged with what is already on disk; the done
@@ -233,6 +236,7 @@ class Worker:
         """Built on first use. The first call outside tuning loads (or JIT-builds) the kernel
         module, timed apart from tuning. The tunes of one op share its layer (same weights, seed)."""
         if index not in self.layers:
+            self.op_in_hand = op["id"]
             t3 = time.perf_counter()
             layer = self.layers[index] = OpLayer(op, self.device, seed=index)
             self.model.layers.append(layer)
@@ -272,6 +276,7 @@ class Worker:
         top = self.task["ops"][i]
         op = top["op"]
         layer = self._layer_for(i, top)
+        self.op_in_hand = op["id"]
         emit("start", op=op["id"], bucket=bucket)
         before = set(self.tuner.profiling_cache) if self.recorder else None
         if self.recorder:
