@@ -1,9 +1,11 @@
 """Hints for a name that is not an entry of the tree a command looks in, but is one of another
 layout's tree: the user gave an id or a directory of the wrong engine (a vLLM entry to a
-command reading the SGLang tree). Every layout is asked, through the registry."""
+command reading the SGLang tree), or a root that holds no tree while a directory just below it
+does (``--cache-dir opt`` for ``opt/sglang-cache``). Every layout is asked, through the registry."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from autotune_cache.registry import layouts
@@ -46,3 +48,48 @@ def wrong_tree_hint(layout: CacheLayout, ref: str) -> str | None:
     """Where ``ref`` belongs when it names an entry of another tree, or None."""
     text = ref.rstrip("/")  # never stripped of spaces: ids match exactly (tree/refs.py)
     return tree_of_entry_dir(Path(ref)) or other_layout_id(layout, text)
+
+
+#: How many directories ``trees_below`` looks at under a root before it stops (a home dir given
+#: as the root must not turn a listing into a walk of the disk).
+BELOW_LOOK_LIMIT = 2000
+
+
+def trees_below(root: Path, layout: CacheLayout) -> list[Path]:
+    """The directories one or two levels below ``root`` that hold ``layout``'s tree (its base dir
+    with at least one first-level dir in it: ``<child>/flashinfer/autotune/<version>``), where
+    ``root`` holds none itself: ``--cache-dir opt`` given for ``opt/sglang-cache`` reads as empty,
+    and a write there starts a second tree no engine reads. Empty where ``root`` holds a tree, is
+    no directory, or the layout has no base dir of its own."""
+    if not layout.base_parts() or not root.is_dir() or layout.base(root).exists():
+        return []
+
+    def holds_tree(d: Path) -> bool:
+        try:
+            with os.scandir(layout.base(d)) as it:
+                return any(layout.levels[0].valid(e.name) and e.is_dir() for e in it)
+        except OSError:
+            return False
+
+    def subdirs(d: Path) -> list[Path]:
+        try:
+            with os.scandir(d) as it:
+                return sorted(Path(e.path) for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
+        except OSError:
+            return []
+
+    found, looked = [], 0
+    for child in subdirs(root):
+        looked += 1
+        if holds_tree(child):
+            found.append(child)
+            continue
+        for grandchild in subdirs(child):
+            looked += 1
+            if holds_tree(grandchild):
+                found.append(grandchild)
+            if looked >= BELOW_LOOK_LIMIT:
+                return found
+        if looked >= BELOW_LOOK_LIMIT:
+            break
+    return found

@@ -12,7 +12,7 @@ from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 
 from ..transferring import dry_run_listing, planned_import
 from ..output import Output
-from ..params import archive_layout_option, cache_dir_option, json_option, resolve_root
+from ..params import archive_layout_option, cache_dir_option, json_option, new_tree_option, resolve_root
 
 
 @click.command("import")
@@ -22,13 +22,14 @@ from ..params import archive_layout_option, cache_dir_option, json_option, resol
 @click.option("--force", is_flag=True, help="Replace a different complete entry, or one tuned on another GPU model.")
 @click.option("--dry-run", is_flag=True,
               help="Validate the archive and print the entries it would install; the tree is left as it was.")
+@new_tree_option
 @json_option
-def import_cmd(archive, cache_dir, layout, force, dry_run, as_json):
+def import_cmd(archive, cache_dir, layout, force, dry_run, new_tree, as_json):
     """Validate an archive (from `export`, or `tar czf x.tgz -C ROOT flashinfer`) and install
     all of its entries or none: a refusal, a bad member, a full disk or a kill leaves the tree as
     it was (a kill mid-install is finished by the next fi-autotune command)."""
     out = Output(as_json)
-    root = resolve_root(cache_dir, must_exist=False, layout=layout)
+    root = resolve_root(cache_dir, must_exist=False, layout=layout, writes=True, new_tree=new_tree)
     if archive == "-":
         stream, label = sys.stdin.buffer, "stdin"
     else:

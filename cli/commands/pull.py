@@ -24,7 +24,7 @@ from autotune_cache.tree.store.storehouse import record_views
 from ..output import Output
 from ..params import (
     ARCHS, DURATION, FILTER_HELP, STATUSES, VERSIONS, archive_layout_option, entry_filter, env_from_option,
-    json_option, resolve_root, size_filters, timeout_option,
+    json_option, new_tree_option, resolve_root, size_filters, timeout_option,
 )
 from ..serving import build_plan, machine_of, request_from, serving_options
 from ..transferring import dry_run_lines
@@ -106,10 +106,11 @@ def _selected(store, layout, refs, plan, kw, filters: dict, fingerprint):
 @click.option("--dry-run", is_flag=True,
               help="Fetch, verify and judge every bundle as the pull does; print what it would pull, change nothing, "
                    "and exit as it would.")
+@new_tree_option
 @timeout_option
 @json_option
 def pull_cmd(url, refs, layout, status, older_than, larger_than, smaller_than, env_from, force, only_compatible,
-             any_env, dry_run, as_json, **kw):
+             any_env, dry_run, new_tree, as_json, **kw):
     """Fetch entries from a store, verify each bundle's sha256, and import them all or none.
 
     Name them by ID, or by the serving flags (--model/--model-path and the server's flags:
@@ -124,7 +125,7 @@ def pull_cmd(url, refs, layout, status, older_than, larger_than, smaller_than, e
         raise UsageError("--only-compatible leaves out what --any-env takes: give one")
     store = Store(url)
     fingerprint = Fingerprint.load(env_from) if env_from else None
-    root = resolve_root(kw["cache_dir"], must_exist=False, layout=layout)
+    root = resolve_root(kw["cache_dir"], must_exist=False, layout=layout, writes=True, new_tree=new_tree)
     plan = _plan_from_serving_flags(layout, refs, kw, fingerprint, root)
     if plan is not None and not plan.autotunes:
         out.note("the server would not autotune with these flags: nothing to pull")
