@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune_cache import registry
+from autotune_cache.autotuner.jit_modules import ModulePlan, module_plan
 from autotune_cache.autotuner.recipe import OpRecipe
 from autotune_cache.plan.config_source import ConfigSource
 from autotune_cache.plan.resolution import Resolution
@@ -123,6 +124,12 @@ class TuningPlan:
         return (f"{self.engine.title} enters its autotune pass (" + "; ".join(r.reasons) + "), but none of the "
                 "calls it makes there has tactics to tune for this model: its file holds no tactics",)
 
+    def kernel_modules(self) -> ModulePlan:
+        """The FlashInfer kernel modules a warm of this plan loads, each prebuilt, cached here or
+        to be compiled (``autotuner/jit_modules.py``): a fresh machine's first warm is mostly that."""
+        return module_plan((o.recipe.api for w in self.workloads for o in w.ops), self.flashinfer_version,
+                           self.resolution.arch)
+
     @property
     def layout_obj(self):
         return registry.get_layout(self.layout)
@@ -191,6 +198,7 @@ class TuningPlan:
             "reasons": list(r.reasons),
             "notes": list(r.notes + self.notes),
             "max_tokens_override": self.max_tokens_override,
+            "kernel_modules": self.kernel_modules().to_dict() if self.autotunes else None,
             "workloads": [{**w.to_dict(), "ops": [o.to_dict() | {"from": self.provenance(o.recipe)} for o in w.ops]}
                           for w in self.workloads],
             "profiles": self.profiles,

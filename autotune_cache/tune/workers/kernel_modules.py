@@ -15,8 +15,16 @@ Worker-only (imports FlashInfer); the parent reads the events (``session/timings
 
 from __future__ import annotations
 
+import importlib
+import os
+import threading
 import time
 from typing import Callable
+
+from autotune_cache.autotuner.jit_modules import SPECS, module_plan
+
+#: The name prefix of the threads ``prebuild`` starts (their loads are reported as op "prebuild").
+PREBUILD = "prebuild"
 
 #: Where reports go, and who holds an op now: set by each ``watch`` (a served worker's sessions
 #: each bring their own worker; the wrapper is installed once per process).
@@ -57,7 +65,42 @@ def watch(emit: Callable[..., None], op_in_hand: Callable[[], str | None]) -> No
         try:
             return original(self)
         finally:
-            _listener["emit"]("module", module=name, how=how, seconds=round(time.perf_counter() - t, 3),
-                              op=_listener["op"]())
+            op = PREBUILD if threading.current_thread().name.startswith(PREBUILD) else _listener["op"]()
+            _listener["emit"]("module", module=name, how=how, seconds=round(time.perf_counter() - t, 3), op=op)
 
     JitSpec.build_and_load = build_and_load
+
+
+def prebuild(apis, version: str, arch: str) -> list[str]:
+    """Start compiling, each in a thread of its own, the modules these APIs load that this machine
+    has neither prebuilt nor cached (``autotuner/jit_modules.py``): FlashInfer builds a module when
+    an op first asks for it, one after another (the autotuner's own ``trtllm_utils`` only at the
+    first profile); started together they overlap each other and the layer builds. An op that
+    asks for a module being built waits on FlashInfer's own lock; a build that fails here is left
+    to the op's call, which reports it. The names started."""
+    started: list[str] = []
+    if os.environ.get("FI_AUTOTUNE_PREBUILD") == "0":  # benchmarks/first_warm.py's side-by-side
+        return started
+    for need in module_plan(apis, version, arch).needs:
+        if need.state != "compile" or need.name not in SPECS:
+            continue
+        module, _, fn = SPECS[need.name].partition(":")
+
+        def build(module=module, fn=fn):
+            try:
+                getattr(importlib.import_module(module), fn)().build_and_load()
+            except Exception:  # noqa: BLE001 - the op's own first call builds it again and says why
+                pass
+
+        threading.Thread(target=build, name=f"{PREBUILD}-{need.name}", daemon=True).start()
+        started.append(need.name)
+    return started
+
+
+def prebuild_on(device, apis) -> list[str]:
+    """``prebuild`` for the GPU ``device`` and the FlashInfer installed here."""
+    import flashinfer
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return prebuild(apis, flashinfer.__version__, f"sm{major}{minor}")

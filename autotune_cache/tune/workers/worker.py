@@ -18,9 +18,8 @@ Each op's results go to the op's own FlashInfer cache file in the work dir (Flas
 it atomically, merged with what is on disk), and each saved bucket is appended to a done file,
 so an interrupted warm resumes where it stopped. In careful mode a task op is one *tune* of an
 op (several share one layer, ``"layer"``), and each done line also records which keys the
-tune stored for that bucket and under which slot (``quality.SlotRecord``). Every event carries ``t`` (epoch seconds) so
-the parent can lay the workers' phases on one time line.
-"""
+tune stored for that bucket and under which slot (``quality.SlotRecord``). Every event carries
+``t`` (epoch seconds) so the parent can lay the workers' phases on one time line."""
 
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 from flashinfer.autotuner import AutoTuner, autotune  # noqa: E402
 
-from autotune_cache.tune.workers.kernel_modules import watch as watch_kernel_modules  # noqa: E402
+from autotune_cache.tune.workers.kernel_modules import prebuild_on, watch as watch_kernel_modules  # noqa: E402
 from autotune_cache.tune.workers.lm_head import lm_head_stub  # noqa: E402
 from autotune_cache.tune.careful.quality import DEFAULT_TOP_K  # noqa: E402
 from autotune_cache.tune.careful.race import race  # noqa: E402
@@ -216,6 +215,7 @@ class Worker:
         self.pending: list[str] = []
         self.last_save = time.perf_counter()
         watch_kernel_modules(emit, lambda: self.op_in_hand)
+        self.prebuilding = prebuild_on(device, [t["op"]["api"] for t in task["ops"]])
 
     def checkpoint(self, i: int) -> None:
         """FlashInfer writes the file atomically, merged with what is already on disk; the done
