@@ -24,7 +24,8 @@ from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.check_report import CheckReport, checkable
 from autotune_cache.tree.layout import CacheLayout, EntryId
 from autotune_cache.tree.nearest import Candidate, nearest_difference_to
-from autotune_cache.tree.scanner.scan import scan_cache
+from autotune_cache.tree.scanner.scan import scan_cache, scan_entry
+from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store.store import Store
 
 def nearest_difference(plan: TuningPlan, layout: CacheLayout, candidates: list[Candidate]) -> str | None:
@@ -144,6 +145,20 @@ def check_tree(plan: TuningPlan, layout: CacheLayout, report: CheckReport, finge
         except OSError:
             continue
     check_files(plan, layout, report, files, fingerprint)
+    shipped_as_is(plan, layout, report)
+
+
+def shipped_as_is(plan: TuningPlan, layout: CacheLayout, report: CheckReport) -> None:
+    """A live tree's entry the engine reads but ``export`` and ``push`` skip (no manifest: written
+    by the engine itself; or incomplete): a warning, never a miss - the engine here uses it - but
+    a gate run on this tree would not have checked what an image built by ``export`` holds."""
+    entry = scan_entry(layout, plan.key_dir, plan.entry_id)
+    if entry.status == EntryStatus.COMPLETE:
+        return
+    why = ("it has no fi-autotune manifest (written by the engine itself)" if entry.status == EntryStatus.UNVERIFIED
+           else f"it is {entry.status}")
+    report.warnings.append(f"{plan.entry_id}: {why}: `export` and `push` skip it, so an image built from this tree "
+                           "lacks it; run `check` on the extracted bundle to gate what ships")
 
 
 def check_store(plan: TuningPlan, layout: CacheLayout, report: CheckReport, fingerprint: Fingerprint | None,

@@ -259,7 +259,10 @@ check_env_option = click.option(
 )
 
 FILTER_HELP = {
-    "model": "Only entries whose model path contains this (case-insensitive; entries without a manifest have none).",
+    "model": "Only entries served as this model path, exactly as plan, check and pull take --model "
+             "(zai-org/GLM-5.1 is not zai-org/GLM-5.1-FP8; entries without a manifest have none).",
+    "model_glob": "Only entries whose model path matches this shell pattern, any case: * ? [..] "
+                  "('*GLM-5.1*' takes GLM-5.1 and GLM-5.1-FP8; quote it from the shell).",
     "versions": "Only these FlashInfer versions (comma-separated or repeated), matched exactly: 0.7.2 is not "
                 "0.7.2.post1 (ls names the versions the tree holds when none matches).",
     "arch": "Only these archs, e.g. sm90,sm100 (comma-separated or repeated, any case).",
@@ -277,6 +280,7 @@ def filter_options(fn):
     """The filters ``ls``, ``prune`` and ``export`` share."""
     options = [
         click.option("--model", default=None, help=FILTER_HELP["model"]),
+        click.option("--model-glob", default=None, metavar="PATTERN", help=FILTER_HELP["model_glob"]),
         click.option("--flashinfer-version", "versions", multiple=True, type=VERSIONS, help=FILTER_HELP["versions"]),
         click.option("--arch", multiple=True, type=ARCHS, help=FILTER_HELP["arch"]),
         click.option("--status", multiple=True, type=STATUSES, help=FILTER_HELP["status"]),
@@ -304,8 +308,10 @@ def size_filters(fn):
 
 
 def entry_filter(model, versions, arch, status, older_than, unused_for, other_versions_than=None, *,
-                 larger_than: str | None = None, smaller_than: str | None = None) -> EntryFilter:
+                 larger_than: str | None = None, smaller_than: str | None = None,
+                 model_glob: str | None = None) -> EntryFilter:
     return EntryFilter(
+        model_glob=model_glob or None,
         larger_than=None if larger_than is None else parse_size(larger_than),
         smaller_than=None if smaller_than is None else parse_size(smaller_than),
         model=model or None,
@@ -316,6 +322,19 @@ def entry_filter(model, versions, arch, status, older_than, unused_for, other_ve
         unused_for=unused_for,
         other_versions_than=other_versions_than,
     )
+
+
+def model_hint(asked: str | None, models) -> str | None:
+    """"--model matches exactly" when ``asked`` selected nothing but other models contain it (the
+    old substring meaning): the pattern that would take them, never taken on a guess."""
+    if not asked:
+        return None
+    near = sorted({m for m in models if m and m != asked and asked.lower() in m.lower()})
+    if not near:
+        return None
+    shown = ", ".join(near[:3]) + (f" (+{len(near) - 3})" if len(near) > 3 else "")
+    return f"--model matches the model path exactly; {shown} only contain{'s' if len(near) == 1 else ''} " \
+           f"{asked!r}: --model-glob '*{asked}*' selects by pattern"
 
 
 def staleness_fingerprint(env_from: str | None, check_env: bool, flt: EntryFilter, out):

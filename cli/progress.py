@@ -43,3 +43,51 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class TransferProgress:
+    """Bytes moved by ``push`` and ``pull``: one bar on stderr where stderr is a terminal and the
+    output is for people (as hf, docker and uv do); nothing in a pipe, a log, or with ``--json``."""
+
+    def __init__(self, enabled: bool, total: int, verb: str):
+        self.bar = None
+        if enabled and total > 0 and sys.stderr.isatty():
+            try:
+                from tqdm import tqdm  # huggingface_hub's dependency, as warm's bar
+            except ImportError:  # no bar, the transfer all the same
+                return
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=verb, file=sys.stderr,
+                            leave=False, dynamic_ncols=True)
+
+    def advance(self, n: int, what: str = "") -> None:
+        if self.bar is not None:
+            if what:
+                self.bar.set_postfix_str(what[-40:], refresh=False)
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.refresh()  # the last count drawn once (updates in between are throttled), then cleared
+            self.bar.close()
+            self.bar = None
+
+    def counting(self, pairs):
+        """``(entry, bundle)`` pairs, each counted once the consumer asks for the next one (its
+        upload is done by then); closed after the last."""
+        try:
+            for entry, data in pairs:
+                yield entry, data
+                self.advance(len(data or b""), str(entry.id))
+        finally:
+            self.close()
+
+    def fetching(self, store) -> None:
+        """Count every bundle ``store`` fetches from now on."""
+        fetch = store.fetch
+
+        def counted(rec):
+            data = fetch(rec)
+            self.advance(len(data), str(rec.id))
+            return data
+
+        store.fetch = counted

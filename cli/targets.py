@@ -25,6 +25,8 @@ from autotune_cache.tune.workers.gpus import detect_gpu_uuids
 from autotune_cache.tune.session.publish import writable_store
 from autotune_cache.tune.session.session import FleetRunResult, WarmOptions, run_fleet
 
+from autotune_cache.humanize import plural
+
 from .output import Output
 from .progress import Progress
 from .serving import build_plan
@@ -60,7 +62,9 @@ def target_options(target: Target) -> tuple[ServingOptions, WarmGroup, dict]:
         names = [o.name for o in other.cli_options if o.name in fields or o.name.replace("_", "-") in fields]
         if other is not engine and names:
             raise UsageError(f"{target.source}: {names[0]} goes with layouts: [{other.layouts[0].name}]")
-    return ServingOptions.from_fields(fields, target.source, also_known=("layouts", "name")), groups[0], own
+    # the unknown-field message lists every field a target takes: every engine's own ones too
+    engine_fields = tuple(o.name for e in registry.engines() for o in e.cli_options)
+    return ServingOptions.from_fields(fields, target.source, also_known=("layouts", "name", *engine_fields)), groups[0], own
 
 
 def reject_serving_flags(ctx: click.Context, allowed: tuple[str, ...] = ("cache_dir", "arch")) -> None:
@@ -235,11 +239,17 @@ def plan_targets(out, fleet: Fleet, store_url: str | None) -> None:
                   [[w["target"] if w["worker"] == "target" else f"{w['target']} {w['worker']}",
                     w["id"] if w["autotunes"] else "-", str(w["profiles"] if w["autotunes"] else 0), w["coverage"]]
                    for w in data["workers"]])
-        alone, merged = data["profiles_one_by_one"], data["profiles_merged"]
+        # what warm will tune: the entries not already covered where it writes (it skips those)
+        todo = [i for i, w in zip(fleet_items(fleet.members), data["workers"])
+                if w["autotunes"] and not w["coverage"].startswith("covered")]
+        covered = sum(1 for w in data["workers"] if w["autotunes"] and w["coverage"].startswith("covered"))
+        work = merge_work(todo)
+        alone, merged = sum(i.profiles for i in todo), work.profiles()
         saved = f", {1 - merged / alone:.0%} less" if alone else ""
-        tuned = sum(1 for w in data["workers"] if w["autotunes"])
-        out.line(f"{tuned} entries to tune: {alone} profiles one by one, {merged} once identical calls are "
-                 f"merged ({data['distinct_calls']} distinct calls{saved})")
+        out.line(f"{plural(len(todo), 'entry', 'entries')} to tune: {alone} profiles one by one, {merged} once identical "
+                 f"calls are merged ({len(work.ops)} distinct calls{saved})"
+                 + (f"; {covered} already covered (warm skips {'it' if covered == 1 else 'them'} unless --force)"
+                    if covered else ""))
 
     out.emit(human=human, data=data)
     report_errors(out, fleet.errors)

@@ -75,7 +75,23 @@ def dry_run_lines(out: Output, verb: str, rows: list[tuple[str, int]], where: st
              f"{past} {where}; nothing was changed (--dry-run)")
 
 
-def dry_run_listing(out: Output, verb: str, rows: list[tuple[str, int]], where: str) -> None:
-    """``--dry-run`` of push, pull, export and import: what would move, nothing changed."""
-    out.emit(human=lambda: dry_run_lines(out, verb, rows, where), data={"dry_run": True, "where": where, "entries": [{"id": i, "size": n} for i, n in rows]},
-             ids=[i for i, _ in rows])
+def dry_run_extras(rows: list[tuple[str, int]] | None, where, keeps_entries: bool = True) -> dict:
+    """What a dry run's JSON adds to the run's own object: ``where`` and ``sizes`` (each entry that
+    would move, with its bytes); ``import`` and ``push`` also keep format /1's dry-run ``entries``
+    (the same listing) for its readers - ``export``'s ``entries`` is the run's list of ids. A real
+    run adds nothing (``rows`` None)."""
+    if rows is None:
+        return {}
+    listing = [{"id": i, "size": n} for i, n in rows]
+    return {"where": str(where), "sizes": listing, **({} if keeps_entries is False else {"entries": listing})}
+
+
+class NullWriter:
+    """A sink that counts: ``export --dry-run`` writes the very archive, to nowhere."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        return len(data)

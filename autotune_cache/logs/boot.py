@@ -36,6 +36,7 @@ class Session:
     cut_bars: list[str] = field(default_factory=list)  # ops of this rank's bars cut short or garbled
     saw_shared_bars: bool = False  # bars of unknown rank were printed while this was open
     ran_dummy_pass: bool = False  # vLLM: "Running FlashInfer autotune with N tokens" (no cache hit)
+    saved_new: bool = False  # FlashInfer saved configs it had just tuned to this pass's file ("N new")
     hits: list[str] = field(default_factory=list)
     loaded: int | None = None
     other_env: str | None = None
@@ -44,7 +45,8 @@ class Session:
 
     @property
     def tuned(self) -> bool:
-        return bool(self.bars) or bool(self.cut_bars) or self.saw_shared_bars or self.ran_dummy_pass
+        return (bool(self.bars) or bool(self.cut_bars) or self.saw_shared_bars or self.ran_dummy_pass
+                or self.saved_new)
 
 
 @dataclass
@@ -76,11 +78,28 @@ def tp_group(rank: str) -> str:
 
 
 def _parse_args(text: str) -> dict | None:
+    """A logged ``repr`` of a dict of arguments: SGLang's ``server_args=`` (literals only) or
+    vLLM's ``non-default args:`` (whose values may be objects' reprs, ``KernelConfig(...)``):
+    each key whose value is a literal is kept, the others are left out."""
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
+        value = None
+    if isinstance(value, dict):
+        return value
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except (SyntaxError, MemoryError, RecursionError, ValueError):
         return None
-    return value if isinstance(value, dict) else None
+    if not isinstance(tree, ast.Dict):
+        return None
+    out = {}
+    for k, v in zip(tree.keys, tree.values):
+        try:
+            out[ast.literal_eval(k)] = ast.literal_eval(v)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+    return out
 
 
 def _open(server: Server, ev: Event, path: str | None, **kw) -> Session:
@@ -99,9 +118,52 @@ def _session_for_path(server: Server, path: str) -> Session | None:
     m = _VLLM_RANK_FILE.search(path)
     for s in reversed(server.sessions()):  # vLLM logs rank 0's path; the others' differ in the name only
         if m and s.engine == "vllm" and (s.path is None or PurePosixPath(s.path).parent == PurePosixPath(path).parent):
-            if s.rank.endswith(f"TP{m[2]}") or s.rank == f"rank{m[2]}" or (m[2] == "0" and len(server.ranks) == 1):
+            if s.rank == vllm_rank_label(server, int(m[1]), int(m[2])) or (m[2] == "0" and len(server.ranks) == 1):
                 return s
     return None
+
+
+_WORKER_TOKEN = re.compile(r"_(DP|PP|PCP|TP|DCP|EP)(\d+)")
+
+
+def _worker_tokens(label: str) -> dict[str, int]:
+    """``Worker_DP1_TP3_EP3`` -> ``{"DP": 1, "TP": 3, "EP": 3}`` (vLLM's worker process names,
+    multiproc_executor.py:1214-1227)."""
+    return {k: int(v) for k, v in _WORKER_TOKEN.findall(label)} if label.startswith("Worker") else {}
+
+
+def vllm_tp_size(server: Server) -> int | None:
+    """The server's TP size: as its ``non-default args`` state it, else as its workers' names
+    show it where they show PP stages too; None where it is not known (no pipeline stages
+    shown: a world rank is then the TP rank)."""
+    args = server.server_args or {}
+    tp = args.get("tensor_parallel_size")
+    if isinstance(tp, int) and not isinstance(tp, bool) and tp > 0:
+        return tp
+    tokens = [_worker_tokens(r) for r in server.ranks]
+    if any("PP" in t for t in tokens):
+        return 1 + max(t.get("TP", 0) for t in tokens)
+    return None
+
+
+def vllm_rank_label(server: Server, dp: int, rank: int) -> str:
+    """The name vLLM gives the worker that reads ``autotune_configs_dp{dp}_rank{rank}.json``
+    (its rank in the engine's world group: PP stage x TP size + TP rank), so a rank is one label
+    whether its lines or only its file are seen: the worker's own name where it spoke, else the
+    name vLLM gives it, shaped like its siblings' (``Worker_TP1``, ``Worker_TP1_EP1``)."""
+    tp_size = vllm_tp_size(server)
+    pp, tp = divmod(rank, tp_size) if tp_size else (0, rank)
+    tp_size = tp_size or 1 + max(rank, *(_worker_tokens(r).get("TP", 0) for r in server.ranks))
+    named = [r for r in server.ranks if _worker_tokens(r)]
+    for r in named:
+        t = _worker_tokens(r)
+        if t.get("DP", dp) == dp and t.get("PP", 0) == pp and t.get("TP", 0) == tp:
+            return r
+    shape = _worker_tokens(named[0]) if named else {"TP": 0}
+    parts = {"DP": dp, "PP": pp, "TP": tp, "EP": dp * tp_size + tp}
+    label = "Worker" + "".join(f"_{k}{parts[k]}" for k in ("DP", "PP", "TP", "EP")
+                               if k in shape or (k == "DP" and dp) or (k == "PP" and pp))
+    return label if label != "Worker" else ("Worker_TP0" if not named and rank == 0 else f"Worker_{rank}")
 
 
 def _current(server: Server) -> Session | None:
@@ -156,7 +218,7 @@ def _flashinfer(server: Server, ev: Event) -> None:
         return
     target = _session_for_path(server, f["path"]) if "path" in f else _current(server)
     if target is None and "path" in f and (m := _VLLM_RANK_FILE.search(f["path"])):
-        rank = next((r for r in server.ranks if r.endswith(f"TP{m[2]}")), f"rank{m[2]}")
+        rank = vllm_rank_label(server, int(m[1]), int(m[2]))
         target = Session(rank, f["path"], "vllm", round=len(server.ranks.get(rank, [])))
         server.ranks.setdefault(rank, []).append(target)
     if kind == "flashinfer.attached":
@@ -171,6 +233,8 @@ def _flashinfer(server: Server, ev: Event) -> None:
         target.loaded = int(f["n"])
     elif kind == "flashinfer.other_env":
         target.other_env = f["diff"]
+    elif kind == "flashinfer.saved" and int(f["new"]) > 0:
+        target.saved_new = True
     elif kind == "flashinfer.preloaded":
         target.preloaded = (int(f["n"]), int(f["total"]))
 
@@ -190,8 +254,10 @@ def _engine_line(server: Server, ev: Event) -> None:
             sessions[-1].complete, sessions[-1].ended = True, ev.ts
     elif kind == "sglang.server_args":
         server.server_args = _parse_args(f["args"])
-    elif kind == "vllm.version":
-        server.version = f["version"]
+    elif kind in ("vllm.version", "vllm.server_version", "vllm.logo_version"):
+        server.version = server.version or f["version"]
+    elif kind == "vllm.args":
+        server.server_args = _parse_args(f["args"])
     elif kind == "vllm.cache_file":
         _vllm_open(server, ev, f["path"])
     elif kind == "vllm.managed":
@@ -237,6 +303,34 @@ def _finish(server: Server) -> None:
             s.complete = True
     if server.engine == "vllm":
         _spread_vllm(server)
+        if vllm_world_size(server) > 1:
+            _unattribute_bars(server)
+
+
+def vllm_world_size(server: Server) -> int:
+    """How many ranks of a vLLM server tune: its workers seen (by name or by file), or as many as
+    its ``non-default args`` state (TP x PP x DP), whichever is more."""
+    args = server.server_args or {}
+    sizes = [args.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")]
+    world = 1
+    for n in sizes:
+        world *= n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+    return max(world, len(server.ranks))
+
+
+def _unattribute_bars(server: Server) -> None:
+    """A bar carries no rank and vLLM's ranks tune in step: bars read while one worker's session
+    was the only one open (the others had not spoken yet) were any worker's. They are the
+    server's, as on SGLang, not one rank's (whose time would add up every rank's bar)."""
+    for s in server.sessions():
+        if s.bars or s.cut_bars:
+            server.shared_bars.extend(s.bars)
+            server.shared_cut.extend(s.cut_bars)
+            s.bars, s.cut_bars = [], []
+            s.saw_shared_bars = True
+    if server.shared_bars or server.shared_cut:
+        for s in server.sessions():
+            s.saw_shared_bars = s.saw_shared_bars or s.ran_dummy_pass or s.saved_new
 
 
 def _spread_vllm(server: Server) -> None:

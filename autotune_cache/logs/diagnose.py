@@ -13,10 +13,12 @@ from datetime import datetime
 from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import summarize_ops
-from autotune_cache.logs.boot import Server, Session, assemble
+from autotune_cache.logs.boot import Server, Session, assemble, vllm_world_size
 from autotune_cache.logs.formats import UNDERSTOOD
 from autotune_cache.logs.reader import LogText, read_log
-from autotune_cache.logs.trees import Located, Trees, explain_sglang_key, locate, root_of, server_key_fields
+from autotune_cache.logs import fix as fixes
+from autotune_cache.logs.trees import Located, Trees, explain_sglang, locate, root_of, server_key_fields
+from autotune_cache.tree.nearest import same_key_elsewhere
 from autotune_cache.tree.status import EntryStatus
 
 #: cause kinds, for ``--json`` and scripts
@@ -66,6 +68,23 @@ def _shared(ops: list[dict]) -> list[dict]:
     return list(by_op.values())
 
 
+def lockstep_seconds(ops: list[dict], ranks: int) -> int:
+    """How long the server spent in bars that name no rank: ``ranks`` ranks tune in step, each
+    printing its own bar, so the bars of one op are divided among them, never added up (4 ranks
+    x 54 s is 54 s, not 216). Where one rank is all the log shows, identical bars (the same op,
+    profiles, count and time) are copies from ranks that did not speak. Per op: at least its
+    longest bar."""
+    by_op: dict[tuple, list[dict]] = {}
+    for o in ops:
+        by_op.setdefault((o["op"], o["profiles"]), []).append(o)
+    total = 0
+    for bars in by_op.values():
+        secs = [b["seconds"] or 0 for b in bars]
+        copies = ranks if ranks > 1 else max(Counter((b["done"], b["seconds"]) for b in bars).values())
+        total += max(max(secs), round(sum(secs) / copies))
+    return total
+
+
 def _elapsed(a: str | None, b: str | None) -> int | None:
     for fmt in ("%Y-%m-%d %H:%M:%S", "%m-%d %H:%M:%S"):
         try:
@@ -110,12 +129,12 @@ def _absent_cause(s: Session, server: Server, trees: Trees, loc: Located) -> tup
             return OTHER_ENV, (f"no store for the server's environment ({loc.id.name}) in {root}: ours is for "
                                f"another environment ({', '.join(others[:3])}); tune in the serving image")
         return NO_ENTRY, f"no store {loc.id} in {root}"
-    why = (explain_sglang_key(trees, loc, server_key_fields(server.server_args)) if loc.layout.name == "sglang"
-           else None)
+    why, _fields = (explain_sglang(trees, loc, server_key_fields(server.server_args)) if loc.layout.name == "sglang"
+                    else (None, None))
     if why is None and loc.layout.name != "sglang":
         same = [c for c in trees.candidates(loc.layout) if c.id.name == loc.id.name]
         why = (f"the nearest entry, {same[0].id}, differs in FlashInfer version or arch" if same else
-               "vLLM's config hash differs (only vLLM computes it: warm with the server's own --config-hash)")
+               "vLLM's config hash differs (only vLLM computes it: warm with the server's own --vllm-config-hash)")
     return NO_ENTRY, f"no entry {loc.id} in {root}" + (f": {why}" if why else " (and no other entry to compare with)")
 
 
@@ -162,6 +181,55 @@ def _cause(s: Session, server: Server, trees: Trees, ops: list[dict]) -> tuple[s
     return _present_cause(s, loc, entry, ops)
 
 
+def _fix(s: Session, server: Server, trees: Trees, kind: str | None, loc: Located | None,
+         store: str | None) -> fixes.Fix | None:
+    """The command that makes this pass's next boot a hit, and where to run it."""
+    if kind in (None, TRUNCATED):
+        return None
+    if kind == REUSE_OFF:
+        return fixes.Fix("unset SGLANG_FLASHINFER_AUTOTUNE_CACHE", "in the server's environment, then restart it")
+    root = root_of(s.path, loc) if loc and s.path else None
+    engine = server.engine if server.engine in ("sglang", "vllm") else None
+    has_tree = loc is not None and trees.info(loc.layout) is not None
+    entry = trees.entry(loc) if has_tree else None
+    vhash = loc.id.name if loc is not None and loc.layout.name == "vllm" else None
+    fields, where = None, None
+    if kind == NO_ENTRY and has_tree:
+        same = same_key_elsewhere(loc.id, loc.layout, trees.candidates(loc.layout))
+        if same is not None:
+            fields = same[0].key_fields
+            there = dict(same[1])
+            if "arch" in there:
+                where = f"on a {there['arch'][1]} GPU, in the serving image"
+            else:
+                where = f"in the serving image, with FlashInfer {there['flashinfer_version'][1]}"
+        elif loc.layout.name == "sglang":
+            fields = explain_sglang(trees, loc, server_key_fields(server.server_args))[1]
+    warm = fixes.warm(engine, server.server_args, fields, root, vhash, store)
+    if kind == DIVERGED:
+        if entry is not None and entry.status is EntryStatus.COMPLETE:
+            return fixes.Fix(fixes.export_import(str(entry.id), engine, root, loc.layout.name),
+                             "export here, import where the server's tree is built")
+        return fixes.Fix(warm, "in the serving image")
+    if kind == OTHER_ENV:
+        return fixes.Fix(warm, "in the serving image (FlashInfer keeps a tuning for the environment it was made in)")
+    if kind == NOT_COVERED:
+        if entry is not None and s.loaded is None and not s.hits and root and root != str(trees.root(loc.layout)):
+            return fixes.Fix(fixes.export_import(str(entry.id), engine, root, loc.layout.name),
+                             "if the server's tree lacks our entry (the log shows no load of it)")
+        cmd = fixes.server_command(engine, server.server_args)
+        return fixes.Fix("fi-autotune check --strict --env-from env.json -- "
+                         + (fixes.shell(cmd) if cmd else "<the server's command>"),
+                         "env.json from `fi-autotune env --json` in the serving image; a bucket it does not "
+                         "name is a planner bug: report it with this log")
+    if kind == NO_ENTRY and store and loc is not None:
+        return fixes.Fix(fixes.pull(store, str(loc.id), root),
+                         f"where the server's tree is built; if {store} lacks it: {warm}")
+    if kind in (NO_ENTRY, UNKNOWN) and loc is not None:
+        return fixes.Fix(warm, where or "in the serving image")
+    return None
+
+
 def _cache_state(s: Session, kind: str | None, entry_present: bool | None) -> str:
     if s.reuse_disabled:
         return "disabled"
@@ -178,7 +246,7 @@ def _cache_state(s: Session, kind: str | None, entry_present: bool | None) -> st
     return "unknown" if not s.tuned else "missed"
 
 
-def _session_dict(s: Session, server: Server, trees: Trees, shared_ops: list[dict]) -> dict:
+def _session_dict(s: Session, server: Server, trees: Trees, shared_ops: list[dict], store: str | None = None) -> dict:
     """``shared_ops``: the server's rank-less bars as ops, read once per server (not per session:
     a log of many passes would read them once per pass)."""
     ops = _ops(s.bars)
@@ -197,28 +265,33 @@ def _session_dict(s: Session, server: Server, trees: Trees, shared_ops: list[dic
         "cache": _cache_state(s, kind, entry is not None if in_tree else None),
         "tuned": ops, "tuned_elsewhere": s.saw_shared_bars, "dummy_pass": s.ran_dummy_pass,
         "tuned_unreadable": sorted(set(s.cut_bars)),
-        "tuning_seconds": sum(o["seconds"] for o in ops),
+        "tuning_seconds": lockstep_seconds(ops, 1) if s.engine == "vllm" else sum(o["seconds"] for o in ops),
         "duration_seconds": _elapsed(s.started, s.ended), "complete": s.complete,
         "hits": sorted(set(s.hits)), "loaded_configs": s.loaded,
         "preloaded": list(s.preloaded) if s.preloaded else None,
         "cause_kind": kind, "cause": cause,
+        "fix": fix.to_dict() if (fix := _fix(s, server, trees, kind, loc, store)) else None,
     }
 
 
-def _server_dict(server: Server, trees: Trees) -> dict:
+def _server_dict(server: Server, trees: Trees, store: str | None = None) -> dict:
     shared_ops = _ops(server.shared_bars)
-    ranks = [{"rank": rank, "sessions": [_session_dict(s, server, trees, shared_ops) for s in sessions]}
+    ranks = [{"rank": rank, "sessions": [_session_dict(s, server, trees, shared_ops, store) for s in sessions]}
              for rank, sessions in sorted(server.ranks.items(), key=lambda kv: _rank_order(kv[0]))]
     shared = _shared(shared_ops)
     own = max((sum(x["tuning_seconds"] for x in r["sessions"]) for r in ranks), default=0)
     causes = Counter(x["cause"] for r in ranks for x in r["sessions"] if x["cause"])
+    fix_of = {}
+    for x in (x for r in ranks for x in r["sessions"] if x["cause"]):
+        fix_of.setdefault(x["cause"], x["fix"])
     tuned = bool(shared) or bool(server.shared_cut) or any(x["cause"] for r in ranks for x in r["sessions"]) or \
         any(x["tuned"] or x["dummy_pass"] or x["tuned_unreadable"] for r in ranks for x in r["sessions"])
     return {
         "server": server.name, "engine": server.engine, "version": server.version, "ranks": ranks,
         "shared_tuning": shared, "shared_unreadable": sorted(set(server.shared_cut)),
-        "tuning_seconds": own + sum(o["seconds"] for o in shared),
-        "tuned": tuned, "causes": [{"cause": c, "ranks": n} for c, n in causes.most_common()],
+        "tuning_seconds": own + lockstep_seconds(shared_ops, max(len(ranks), vllm_world_size(server)
+                                                                 if server.engine == "vllm" else 1)),
+        "tuned": tuned, "causes": [{"cause": c, "ranks": n, "fix": fix_of[c]} for c, n in causes.most_common()],
     }
 
 
@@ -244,7 +317,7 @@ def _version_warnings(servers: dict[str, Server], report: DoctorReport) -> None:
                                "lines that changed since are not read")
 
 
-def diagnose(logs: list[tuple[str, str]], roots: list[Path]) -> DoctorReport:
+def diagnose(logs: list[tuple[str, str]], roots: list[Path], store: str | None = None) -> DoctorReport:
     """Read ``logs`` ((name, text) pairs) and explain every server's boot against our trees."""
     report = DoctorReport()
     servers: dict[str, Server] = {}
@@ -261,5 +334,5 @@ def diagnose(logs: list[tuple[str, str]], roots: list[Path]) -> DoctorReport:
             report.warnings.append(f"{server.name}: {server.engine or 'the engine'} did not autotune at startup "
                                    "(no autotune line in the log)")
     _version_warnings(servers, report)
-    report.servers = [_server_dict(s, trees) for s in servers.values() if s.ranks or s.shared_bars or s.shared_cut]
+    report.servers = [_server_dict(s, trees, store) for s in servers.values() if s.ranks or s.shared_bars or s.shared_cut]
     return report

@@ -83,6 +83,7 @@ _SG = "sglang/srt/model_executor/runner/flashinfer_autotune.py"
 _AT = "flashinfer/autotuner/autotuner.py"
 _AC = "flashinfer/autotune_cache.py"
 _VW = "vllm/model_executor/warmup/kernel_warmup.py"
+_ST = "vllm/entrypoints/common/startup.py"
 
 MESSAGES: tuple[LineFormat, ...] = (
     _f("sglang.cache", "sglang", f"{_SG}:304", rf"^Running FlashInfer autotune with cache: {_TO_EOL}"),
@@ -115,6 +116,14 @@ MESSAGES: tuple[LineFormat, ...] = (
     _f("flashinfer.preloaded", "flashinfer", f"{_AC}:529",
        r"^\[Autotuner\]: Preloaded (?P<n>\d+)/(?P<total>\d+) managed cache entries into memory"),
     _f("vllm.version", "vllm", "vllm/v1/engine/core.py:140", r"^Initializing a V1 LLM engine \(v(?P<version>[^)\s]+)\)"),
+    # The API server's first line (log_version_and_model): plain where the logo is off or no
+    # formatter is known, else a four-line logo whose second line ends "version X". vLLM's
+    # NewLineFormatter writes each line of it behind the record's own prefix, so it is a line here.
+    _f("vllm.server_version", "vllm", f"{_ST}:18,38",
+       r"^vLLM server version (?P<version>[^,\s]+), serving model "),
+    _f("vllm.logo_version", "vllm", f"{_ST}:22,38",
+       r"^ ?▄▄ ▄█ █ +█ +█ ▀▄▀ █ +version (?P<version>\S+)\s*$"),
+    _f("vllm.args", "vllm", f"{_ST}:96", r"^non-default args: (?P<args>\{.*\})\s*$"),
     _f("vllm.cache_file", "vllm", f"{_VW}:497",
        r"^Using FlashInfer autotune cache file: " + _upto("path", _PASS, "+")),
     _f("vllm.managed", "vllm", f"{_VW}:486",

@@ -97,7 +97,9 @@ def _line_events(name: str, lineno: int, text: str) -> list[Event]:
         collector = text[: starts[0].start()].split("\r")[0]
         events = _bars(name, where, text, collector)
         text = text[starts[-1].end():]  # an engine line may follow the last bar on the same line
-    text = text.rsplit("\r", 1)[-1]
+    # the last redraw of a \r-rewritten line; vLLM's NewLineFormatter ends each line of a
+    # multi-line message in "\r" ("\r\n" + the prefix): that line is read, not dropped
+    text = text.rstrip("\r").rsplit("\r", 1)[-1]
     for engine, _source, prefix in PREFIXES:
         m = prefix.search(text)
         if m is None:

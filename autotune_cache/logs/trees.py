@@ -15,7 +15,8 @@ from pathlib import Path, PurePosixPath
 from autotune_cache.plan.entry_key import DEFAULT_SCHEMA, KeyFields, get_schema
 from autotune_cache.registry import layouts
 from autotune_cache.tree.layout import CacheLayout, EntryId, NameKind
-from autotune_cache.tree.nearest import Candidate, field_differences, nearest_difference_to
+from autotune_cache.tree.nearest import (Candidate, dir_differences, field_differences, nearest_difference_to,
+                                         same_key_elsewhere)
 from autotune_cache.tree.records import CacheEntry, CacheInfo
 from autotune_cache.tree.scanner.scan import scan_cache
 
@@ -100,11 +101,19 @@ def _mutations(fields: KeyFields, known: dict):
 
 
 def explain_sglang_key(trees: Trees, loc: Located, server_fields: dict) -> str | None:
-    """Why the server's key is not ours, in check's words: an entry whose key fields, changed in
-    one field, hash to the server's key (that field is the difference, exactly); else the
-    nearest entry by the fields the log states (``server_args``); else one of another version
-    or arch with the same key."""
+    return explain_sglang(trees, loc, server_fields)[0]
+
+
+def explain_sglang(trees: Trees, loc: Located, server_fields: dict) -> tuple[str | None, KeyFields | None]:
+    """Why the server's key is not ours (and the server's key fields, where an entry shows
+    them), in check's words, ranked by what would make the hit:
+    first an entry of the server's own key under another FlashInfer version or arch directory
+    (every key field matches: only the directory differs); then an entry whose key fields,
+    changed in one field, hash to the server's key (that field is the difference, exactly);
+    else the nearest entry by the fields the log states (``server_args``)."""
     candidates = trees.candidates(loc.layout)
+    if (same := same_key_elsewhere(loc.id, loc.layout, candidates)) is not None:
+        return f"the nearest entry, {same[0].id}, differs in {dir_differences(same[1])}", same[0].key_fields
     want_key = loc.id.name
     for c in candidates:
         if c.key_fields is None:
@@ -115,8 +124,8 @@ def explain_sglang_key(trees: Trees, loc: Located, server_fields: dict) -> str |
                 diffs = field_differences(c.key_fields.to_dict(), changed.to_dict())
                 what = ("its speculative draft worker, whose entry is missing" if name == "is_draft"
                         else "; ".join(diffs[:3]))
-                return f"the nearest entry, {c.id}, differs in {what}"
-    return nearest_difference_to(loc.id, server_fields or None, loc.layout, candidates)
+                return f"the nearest entry, {c.id}, differs in {what}", changed
+    return nearest_difference_to(loc.id, server_fields or None, loc.layout, candidates), None
 
 
 def server_key_fields(args: dict | None) -> dict:

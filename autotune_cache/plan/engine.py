@@ -101,6 +101,11 @@ class Engine(ABC):
         engine without a reader of its own reads the command as the default engine does."""
         return self._spelling_owner().parse_serving_command(tokens)
 
+    def command_from_logged_args(self, args: dict | None) -> list[str] | None:
+        """The serving command whose parse gives ``args``, the arguments the server logged at
+        startup (``doctor``'s fix: ``warm -- <that command>``); None where this engine logs none."""
+        return None
+
     def check_option_values(self, values: dict) -> None:
         """Serving option values (``plan.options`` names -> values) the engine's own parser would
         reject are a usage error (a typo such as ``--attention-backend flashinfr``), not a plan

@@ -7,6 +7,7 @@ last; within a class ``--max-size`` goes by last use, ``--keep-latest`` keeps th
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,7 +22,8 @@ from autotune_cache.tree.status import EntryStatus
 class EntryFilter:
     """The filters ``ls``, ``prune`` and ``export`` share; every given one must match."""
 
-    model: str | None = None  # substring of the model path, case-insensitive
+    model: str | None = None  # the model path, exactly (as plan, check and pull take --model)
+    model_glob: str | None = None  # a shell pattern over the model path, case-insensitive (--model-glob)
     flashinfer_versions: tuple[str, ...] = ()
     archs: tuple[str, ...] = ()
     statuses: tuple[EntryStatus, ...] = ()
@@ -33,7 +35,7 @@ class EntryFilter:
 
     @property
     def empty(self) -> bool:
-        return not (self.model or self.flashinfer_versions or self.archs or self.statuses or self.older_than
+        return not (self.model or self.model_glob or self.flashinfer_versions or self.archs or self.statuses or self.older_than
                     or self.unused_for or self.other_versions_than or self.larger_than is not None
                     or self.smaller_than is not None)
 
@@ -41,9 +43,13 @@ class EntryFilter:
         """Why ``e`` matches (for the WHY column), or None when it does not."""
         why = []
         if self.model is not None:
-            if e.model is None or self.model.lower() not in e.model.lower():
+            if e.model != self.model:  # exact: GLM-5.1 is not GLM-5.1-FP8 (a delete must not take both)
                 return None
             why.append(f"model {e.model}")
+        if self.model_glob is not None:
+            if e.model is None or not fnmatch.fnmatchcase(e.model.lower(), self.model_glob.lower()):
+                return None
+            why.append(f"model {e.model} ~ {self.model_glob}")
         if self.flashinfer_versions:
             if e.flashinfer_version not in self.flashinfer_versions:
                 return None

@@ -9,6 +9,7 @@ import click
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.registry import get_layout
 from autotune_cache.tree.convert import conversion_target, convert_choices, convert_entry, converts_to
+from autotune_cache.tree.layout import RootChoice
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 
@@ -39,7 +40,7 @@ class ConvertTarget(click.ParamType):
               help="The layout to write the same tactics into.")
 @click.option("--to", "to_root", default=None,
               help="Root of the target layout (default: its engine's own: $FLASHINFER_AUTOTUNE_CACHE_DIR, else "
-                   "~/.cache/flashinfer/autotune).")
+                   "~/.cache/flashinfer/autotune - not under --cache-dir or $SGLANG_CACHE_DIR; the output names it).")
 @cache_dir_option
 @json_option
 def convert_cmd(refs, target, to_root, cache_dir, as_json):
@@ -56,7 +57,13 @@ def convert_cmd(refs, target, to_root, cache_dir, as_json):
     root = resolve_root(cache_dir, must_exist=True)
     info = scan_cache(root.path)
     entries = info.resolve(refs)
-    dest = Path(to_root) if to_root else into.default_root().path
+    choice = RootChoice(Path(to_root), "--to") if to_root else into.default_root()
+    dest = choice.path
+    # the destination is the target engine's own root, never --cache-dir's nor $SGLANG_CACHE_DIR's: said
+    # first (stderr), so a store written under ~/.cache while the tree lives elsewhere is no surprise
+    beside = "" if to_root or dest.is_relative_to(root.path) else f", not under {root.describe()}: {target} has its own root"
+    out.note(f"writing {target} entries under {dest} (from {choice.source}){beside}"
+             + ("" if to_root else "; --to ROOT writes elsewhere"))
     results = []
     for e in entries:
         if e.status != EntryStatus.COMPLETE or not converts_to(e, target):
@@ -73,5 +80,6 @@ def convert_cmd(refs, target, to_root, cache_dir, as_json):
             out.line(f"{e.id} -> {r.env_dir}: {r.written} entries written, {r.unchanged} unchanged"
                      + (f", {r.without_key_fields} without key_fields (served lazily)" if r.without_key_fields else ""))
 
-    out.emit(human=human, data=[{"entry": str(e.id), **r.to_dict()} for e, r in results],
+    out.emit(human=human, data=[{"entry": str(e.id), **r.to_dict(), "root": str(dest), "root_source": choice.source}
+                                for e, r in results],
              ids=[f"{target}:{r.env_hash}" for _, r in results])

@@ -134,7 +134,9 @@ def diff_cmd(a, b, cache_dir, measure, runs, exit_code, show_all, as_json):
 
     A and B are each an entry id (under --cache-dir), an entry directory, a rank file, a cache
     tree root, or a store URL (s3://, gs://, file://, https://). Trees and stores are compared
-    entry by entry (paired by id); an entry or a file against another entry or file.
+    entry by entry (paired by id); an entry id against a tree or store, against its entry of that id
+    (`diff ID s3://bucket/caches`: the entry and its published copy); an entry or a file against
+    another entry or file.
     """
     try:
         _diff(a, b, cache_dir, measure, runs, exit_code, show_all, as_json)
@@ -149,8 +151,12 @@ def _diff(a, b, cache_dir, measure, runs, exit_code, show_all, as_json) -> None:
     with tempfile.TemporaryDirectory(prefix="fi-autotune-diff-") as tmp:
         la, ua, by_a = load_side(a, cache_dir, Path(tmp))
         lb, ub, by_b = load_side(b, cache_dir, Path(tmp))
-    if by_a != by_b:
-        raise UsageError("compare a tree or store with a tree or store, and an entry or file with an entry or file")
+    if by_a != by_b:  # an entry id against a tree or store: against its entry of that id
+        if by_a:
+            la, ua = _same_entry(la, ua, ub[0], b)
+        else:
+            lb, ub = _same_entry(lb, ub, ua[0], a)
+        by_a = False
     report = diff_units(la, lb, ua, ub, by_id=by_a)
     measured = []
     if measure and not report.identical:
@@ -168,6 +174,18 @@ def _diff(a, b, cache_dir, measure, runs, exit_code, show_all, as_json) -> None:
     out.emit(human=human, data=lambda: {**report.to_dict(), **({"measured": measured} if measure else {})})
     if exit_code and not report.identical:
         raise click.exceptions.Exit(int(ExitCode.FAILURE))
+
+
+def _same_entry(label: str, units: list[CacheUnit], one: CacheUnit, one_text: str) -> tuple[str, list[CacheUnit]]:
+    """Of a tree's or store's ``units``, the entry of ``one``'s id (``diff ID s3://bucket/caches``: an
+    entry against its published copy); an entry dir or a file has no id to pair by."""
+    if Path(one_text).exists():
+        raise UsageError("compare a tree or store with a tree, a store or an entry id (its entry of that id), and an "
+                         "entry dir or file with an entry or file")
+    match = [u for u in units if u.label == one.label]
+    if not match:
+        raise FiAutotuneError(f"{label} holds no entry {one.label} (it holds {len(units)})")
+    return f"{label} {one.label}", match
 
 
 def _f(x) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 import click
@@ -44,29 +45,113 @@ def _read(name: str) -> tuple[str, str]:
     return ("-" if name == "-" else name), data.decode("utf-8", errors="replace")
 
 
-def _human(out: Output, report: DoctorReport) -> None:
+#: The human view's width: the table, the causes and the fixes fit it (the details: ``-v``, ``--json``).
+WIDTH = 100
+
+
+def _short_entry(entry: str | None, width: int = 36) -> str:
+    """An entry id, its key cut to fit (a vLLM key is 64 hex digits): ``vllm:0.7.2.post1/90a/3f1c0e8a9b7d…``."""
+    if not entry or len(entry) <= width:
+        return entry or "-"
+    head, _, key = entry.rpartition("/")
+    keep = max(8, width - len(head) - 2)
+    return f"{head}/{key[:keep]}…" if head else entry[: width - 1] + "…"
+
+
+def _tuned_cell(s: dict, verbose: bool) -> str:
+    ops = _per_op(s["tuned"])
+    unreadable = [f"{op} (bars cut or garbled)" for op in s["tuned_unreadable"]]
+    if verbose:
+        tuned = ", ".join([*ops, *unreadable])
+    elif s["tuned"] or unreadable:
+        n = len({o["op"] for o in s["tuned"]} | set(s["tuned_unreadable"]))
+        tuned = (f"{n} op{'s' if n > 1 else ''}, {sum(o['seconds'] or 0 for o in s['tuned']):g} s"
+                 if len(", ".join(ops)) > 30 or unreadable else ", ".join(ops))
+    else:
+        tuned = ""
+    if not tuned and s["tuned_elsewhere"]:
+        tuned = "yes (bars carry no rank)" if verbose else "yes (see below)"
+    return tuned or "-"
+
+
+def _rows(server: dict, verbose: bool) -> list[list[str]]:
+    rows = []
+    for rank in server["ranks"]:
+        for s in rank["sessions"]:
+            present = s["in_tree"]
+            ours = "-" if present is None else (present["status"] if present["present"] else "absent")
+            where = s["entry"] or s["cache_path"] or "-"
+            took = f"{s['duration_seconds']} s" if s["duration_seconds"] is not None else "-"
+            if verbose:
+                rows.append([rank["rank"], s["cache"], where + (f" (in tree: {ours})" if present else ""),
+                             _tuned_cell(s, True), took])
+            else:
+                rows.append([rank["rank"], s["cache"], _short_entry(where), ours, _tuned_cell(s, False), took])
+    if verbose:
+        return rows
+    merged: list[list[str]] = []  # ranks whose every other column is the same: one row
+    count = []
+    for row in rows:
+        if merged and merged[-1][1:] == row[1:]:
+            count[-1] += 1
+            continue
+        merged.append(row)
+        count.append(1)
+    return [[f"{r[0]} (+{n - 1})" if n > 1 else r[0], *r[1:]] for r, n in zip(merged, count)]
+
+
+def _fit(rows: list[list[str]], headers: list[str], width: int) -> list[list[str]]:
+    """Cut the widest column's cells (with an ellipsis) until the table fits ``width``."""
+    rows = [list(r) for r in rows]
+    while True:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+        if sum(widths) + 2 * (len(widths) - 1) <= width:
+            return rows
+        i = max(range(len(widths)), key=widths.__getitem__)
+        cut = widths[i] - (sum(widths) + 2 * (len(widths) - 1) - width)
+        cut = max(cut, len(headers[i]), 4)
+        if cut >= widths[i]:
+            return rows
+        for r in rows:
+            if len(r[i]) > cut:
+                r[i] = r[i][: cut - 1] + "…"
+
+
+def _wrap(text: str, first: str, rest: str = "      ") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False,
+                         break_long_words=False) or [first.rstrip()]
+
+
+def _wrap_command(command: str, indent: str = "      ") -> list[str]:
+    """A command over several lines, each ending in `` \\`` but the last, to paste as it is."""
+    lines, cur = [], indent
+    words: list[str] = []
+    for word in command.split(" "):  # a flag and its value stay on one line
+        if words and words[-1].startswith("-") and not word.startswith("-") and words[-1] != "--":
+            words[-1] += " " + word
+        else:
+            words.append(word)
+    for word in words:
+        if cur.strip() and len(cur) + 1 + len(word) + 2 > WIDTH:
+            lines.append(cur + " \\")
+            cur = indent + "  " + word
+        else:
+            cur = (cur + " " + word) if cur.strip() else cur + word
+    return [*lines, cur]
+
+
+def _human(out: Output, report: DoctorReport, verbose: bool = False) -> None:
     for server in report.servers:
         head = f"{server['server']}: {server['engine'] or 'engine unknown'}"
         head += f" {server['version']}" if server["version"] else ""
         verdict = (f"tuned at startup, about {server['tuning_seconds']} s" if server["tuned"]
                    else "nothing tuned at startup")
         out.line(f"{head} - {verdict}")
-        rows = []
-        for rank in server["ranks"]:
-            for s in rank["sessions"]:
-                tuned = ", ".join(_per_op(s["tuned"]))
-                if s["tuned_unreadable"]:
-                    tuned = ", ".join([*filter(None, [tuned]), *(f"{op} (bars cut or garbled)"
-                                                            for op in s["tuned_unreadable"])])
-                if not tuned and s["tuned_elsewhere"]:
-                    tuned = "yes (bars carry no rank)"
-                where = s["entry"] or s["cache_path"] or "-"
-                present = s["in_tree"]
-                if present is not None:
-                    where += " (in tree: " + (present["status"] if present["present"] else "absent") + ")"
-                took = f"{s['duration_seconds']} s" if s["duration_seconds"] is not None else "-"
-                rows.append([rank["rank"], s["cache"], where, tuned or "-", took])
-        out.table(["rank", "cache", "entry", "tuned", "pass took"], rows, fit=["pass took", "tuned"])
+        if verbose:
+            out.table(["rank", "cache", "entry", "tuned", "pass took"], _rows(server, True), fit=["pass took", "tuned"])
+        else:
+            headers = ["rank", "cache", "entry", "ours", "tuned", "took"]
+            out.table(headers, _fit(_rows(server, False), headers, WIDTH))
         for o in server["shared_tuning"]:
             out.line(f"  tuned: {o['op']} {o['done']}/{o['profiles']} profiles in {o['seconds']} s "
                      f"({o['bars']} bar{'s' if o['bars'] > 1 else ''}; a bar names no rank)")
@@ -74,7 +159,13 @@ def _human(out: Output, report: DoctorReport) -> None:
             out.line(f"  tuned: {', '.join(server['shared_unreadable'])} (bars cut or garbled: how far, unknown; "
                      "a bar names no rank)")
         for c in server["causes"]:
-            out.line(f"  cause ({c['ranks']} pass{'es' if c['ranks'] > 1 else ''}): {c['cause']}")
+            lines = _wrap(c["cause"], f"  cause ({c['ranks']} pass{'es' if c['ranks'] > 1 else ''}): ", "    ")
+            fix = c.get("fix")
+            if fix:
+                lines += _wrap(f"fix{' (' + fix['where'] + ')' if fix['where'] else ''}:", "  ", "    ")
+                lines += _wrap_command(fix["command"], "      ")
+            for line in lines:
+                out.line(line)
         out.line()
 
 
@@ -83,8 +174,12 @@ def _human(out: Output, report: DoctorReport) -> None:
 @click.option("--cache-dir", "cache_dirs", multiple=True, type=click.Path(file_okay=False),
               help="A tree to find the logged cache paths in (repeatable: an SGLang root, a vLLM root, a "
                    "FlashInfer store root); default: each engine's own root here.")
+@click.option("--store", metavar="URL", default=None,
+              help="The store the servers' trees are pulled from: a missing entry's fix is then "
+                   "`fi-autotune pull URL ID` (the store is not contacted).")
+@click.option("-v", "--verbose", is_flag=True, help="The table in full: whole entry ids, each op tuned, one row a rank.")
 @json_option
-def doctor_cmd(logs, cache_dirs, as_json):
+def doctor_cmd(logs, cache_dirs, store, verbose, as_json):
     """Read SGLang / vLLM / FlashInfer startup logs: per server and rank, the cache read, what was
     tuned at boot, how long, and why.
 
@@ -100,12 +195,12 @@ def doctor_cmd(logs, cache_dirs, as_json):
     """
     out = Output(as_json)
     texts = [_read(name) for name in logs]
-    report = diagnose(texts, [Path(d) for d in cache_dirs])
+    report = diagnose(texts, [Path(d) for d in cache_dirs], store)
     if not report.servers and all(w.endswith("no line of SGLang, vLLM or FlashInfer in it") for w in report.warnings):
         raise UsageError("no log given holds a line of SGLang, vLLM or FlashInfer: is it a server's startup log?")
     for w in report.warnings:
         out.warn(w)
-    out.emit(human=lambda: _human(out, report), data=report.to_dict())
+    out.emit(human=lambda: _human(out, report, verbose), data=report.to_dict())
     if report.tuned:
         raise click.exceptions.Exit(int(ExitCode.FAILURE))
 

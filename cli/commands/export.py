@@ -12,7 +12,7 @@ from autotune_cache.tree.store.export import export_entries, export_to_file
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.scanner.scan import scan_cache
 
-from ..transferring import FdWriter, dry_run_listing, exportable
+from ..transferring import FdWriter, NullWriter, dry_run_extras, dry_run_lines, exportable
 from ..output import Output
 from ..params import archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root
 
@@ -28,7 +28,7 @@ from ..params import archive_layout_option, cache_dir_option, entry_filter, filt
                    "unverified ones (no manifest counts their rank files).")
 @click.option("--dry-run", is_flag=True, help="Print which entries would be exported; write nothing.")
 @json_option
-def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, older_than, unused_for, include_incomplete,
+def export_cmd(refs, output, cache_dir, layout, model, model_glob, versions, arch, status, older_than, unused_for, include_incomplete,
                dry_run, as_json):
     """Pack complete entries (all, or the named ones, or those the filters select) into a
     reproducible .tar.gz: the same entries always give the same bytes (Docker layer caching)."""
@@ -42,16 +42,16 @@ def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, o
         raise UsageError(f"output directory {str(out_path.parent)!r} does not exist")
     info = scan_cache(root.path, layout)
     entries = info.resolve(refs) if refs else list(info.entries)
-    flt = entry_filter(model, versions, arch, status, older_than, unused_for)
+    flt = entry_filter(model, versions, arch, status, older_than, unused_for, model_glob=model_glob)
     now = time.time()
     entries = [e for e in entries if flt.reasons(e, now) is not None]
     chosen = exportable(out, entries, include_incomplete, verb="exporting")
     if not chosen:
         raise FiAutotuneError("nothing to export")
-    if dry_run:
-        return dry_run_listing(out, "export", [(str(e.id), e.size_on_disk) for e in chosen],
-                               "stdout" if to_stdout else str(out_path))
-    if to_stdout:
+    where = "stdout" if to_stdout else str(out_path)
+    if dry_run:  # the very archive, written to nowhere: the run's object, exact to its size
+        result = export_entries(layout, chosen, NullWriter())
+    elif to_stdout:
         try:
             sys.stdout.flush()
             result = export_entries(layout, chosen, FdWriter(sys.stdout.fileno()))
@@ -66,7 +66,9 @@ def export_cmd(refs, output, cache_dir, layout, model, versions, arch, status, o
         out.note(f"skipped {entry_id}: deleted or replaced while exporting")
     for entry_id in result.empty:
         out.note(f"skipped {entry_id}: it holds no rank file (nothing to export)")
-    where = "stdout" if to_stdout else str(out_path)
+    rows = [(str(e.id), e.size_on_disk) for e in chosen if str(e.id) in result.entries] if dry_run else None
     summary = f"Exported {len(result.entries)} {'entry' if len(result.entries) == 1 else 'entries'} " \
               f"({len(result.members)} files, {result.size} bytes) to {where}"
-    out.emit(human=lambda: out.line(summary), data={"archive": where, **result.to_dict()})
+    out.emit(human=(lambda: dry_run_lines(out, "export", rows, where)) if dry_run else (lambda: out.line(summary)),
+             data={"archive": where, **result.to_dict(), "dry_run": dry_run,
+                   **dry_run_extras(rows, where, keeps_entries=False)}, ids=list(result.entries))

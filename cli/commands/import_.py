@@ -10,7 +10,7 @@ import click
 from autotune_cache.tree.store.archive import import_archive
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 
-from ..transferring import dry_run_listing, planned_import
+from ..transferring import dry_run_extras, dry_run_lines, planned_import
 from ..output import Output
 from ..params import archive_layout_option, cache_dir_option, json_option, new_tree_option, resolve_root
 
@@ -41,11 +41,10 @@ def import_cmd(archive, cache_dir, layout, force, dry_run, new_tree, as_json):
         except OSError as e:
             raise FiAutotuneError(f"cannot read {archive}: {e.strerror or e}") from None
         label = archive
+    rows = None
     try:
         if dry_run:
             rows, result = planned_import(layout, root.path, stream, label, force)
-            if not result.refused:
-                return dry_run_listing(out, "import", rows, str(root.path))
         else:
             result = import_archive(layout, root.path, stream, label, force=force)
     finally:
@@ -57,13 +56,20 @@ def import_cmd(archive, cache_dir, layout, force, dry_run, new_tree, as_json):
         out.warn(f"{entry_id} is incomplete ({what}): engines re-tune every rank of it")
 
     def human() -> None:
+        if dry_run:
+            for entry_id in result.unchanged:
+                out.note(f"unchanged {entry_id}: already there")
+            if not result.refused:
+                dry_run_lines(out, "import", rows, str(root.path))
+            return
         for entry_id in result.imported:
             out.line(f"imported   {entry_id}")
         for entry_id in result.unchanged:
             out.line(f"unchanged  {entry_id}")
 
-    if not dry_run:
-        out.emit(human=human, data=result.to_dict(), ids=list(result.imported))
+    # A dry run prints the run's own object (``dry_run`` true) and exits as the run would.
+    out.emit(human=human, data={**result.to_dict(), "dry_run": dry_run, **dry_run_extras(rows, root.path)},
+             ids=list(result.imported))
     for entry_id, why in result.refused:
         out.error(f"{entry_id}: {why}")
     if result.refused:

@@ -23,7 +23,7 @@ from autotune_cache.tree.store.storesweep import survey
 
 from ..output import Mode, Output
 from ..params import (
-    flatten, resolve_root, size_filters, cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
+    flatten, model_hint, resolve_root, size_filters, cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
     quiet_option, staleness_fingerprint, timeout_option, trees,
 )
 
@@ -59,9 +59,10 @@ Columns:
             expert parallel 1; pp2 when pipelined; ep? = not recorded (no manifest)
   RANKS     rank files present / expected
   MODIFIED  last write; USED: last read by an engine (access time; 'unknown' on noatime mounts)
-  STATUS    complete, incomplete (ranks missing), diverged (rank files of one TP group differ: SGLang
-            deletes and re-tunes), corrupt, stale (the fingerprint's FlashInfer would ignore it),
-            unreadable
+  STATUS    complete, unverified (no manifest: written by the engine itself; its rank count is
+            only inferred from the files present), incomplete (ranks missing), diverged (rank files
+            of one TP group differ: SGLang deletes and re-tunes), corrupt, stale (the fingerprint's
+            FlashInfer would ignore it), unreadable
 
 \b
 With -q or --json and the default order (--sort id), entries are written as they are scanned:
@@ -105,13 +106,16 @@ class _Totals:
     in_tree: int = 0  # before the filters: an empty answer is not an empty tree
     foreign: list = field(default_factory=list)
     versions_left_out: set = field(default_factory=set)  # of the entries --flashinfer-version left out
+    models_left_out: set = field(default_factory=set)  # models --model (exact) left out that contain it
     times: TimeSpan = field(default_factory=TimeSpan)  # of those listed: can their USED be trusted?
 
     def count(self, s: dict | None) -> bool:
         self.in_tree += 1
-        if s is None or OTHER_VERSION in s:
-            if s is not None:
+        if s is None or OTHER_VERSION in s or OTHER_MODEL in s:
+            if s is not None and OTHER_VERSION in s:
                 self.versions_left_out.add(s[OTHER_VERSION])
+            if s is not None and OTHER_MODEL in s:
+                self.models_left_out.add(s[OTHER_MODEL])
             return False
         self.entries += 1
         self.times.add(s["last_used"], s["last_modified"])
@@ -131,6 +135,8 @@ class _Totals:
 #: What ``pick`` returns for an entry ``--flashinfer-version`` left out: its version, so an empty
 #: answer can name the versions the tree does hold (``0.7.2`` asked, ``0.7.2.post1`` there).
 OTHER_VERSION = "other_version"
+#: ... and for an entry ``--model`` (exact) left out whose model contains it: that model.
+OTHER_MODEL = "other_model"
 
 
 def version_hint(asked: tuple[str, ...], totals: _Totals) -> str | None:
@@ -152,6 +158,8 @@ def closing_notes(out: Output, flt, totals: _Totals, targets) -> None:
     """What an empty or misleading listing needs said, on stderr once the walk is done."""
     if hint := version_hint(flt.flashinfer_versions, totals):
         out.note(hint)
+    if not totals.entries and (hint := model_hint(flt.model, totals.models_left_out)):
+        out.note(hint)
     if totals.entries and (doubt := tree_atime_doubt(totals, targets)):  # no USED column, nothing to doubt
         out.note(f"USED is not last use: {doubt}")
 
@@ -164,6 +172,8 @@ def _picker(flt, now: float, full: bool):
             return _summary(e, full)
         if flt.flashinfer_versions and e.flashinfer_version not in flt.flashinfer_versions:
             return {OTHER_VERSION: e.flashinfer_version}
+        if flt.model and e.model and e.model != flt.model and flt.model.lower() in e.model.lower():
+            return {OTHER_MODEL: e.model}
         return None
     return pick
 
@@ -205,13 +215,13 @@ def print_notes(out: Output, notes: dict[str, list[str]]) -> None:
 @timeout_option
 @json_option
 @quiet_option
-def ls_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, larger_than, smaller_than,
+def ls_cmd(store, cache_dir, layouts, model, model_glob, versions, arch, status, older_than, unused_for, larger_than, smaller_than,
            sort, reverse, limit, show_dir, env_from, check_env, as_json, quiet):
     out = Output(as_json, quiet)
     if show_dir:
         return _print_roots(out, cache_dir, layouts)
     flt = entry_filter(model, versions, arch, status, older_than, unused_for, larger_than=larger_than,
-                       smaller_than=smaller_than)
+                       smaller_than=smaller_than, model_glob=model_glob)
     if store is not None:
         return _ls_store(out, store, flt, env_from)
     targets = trees(cache_dir, layouts, every_existing=True)

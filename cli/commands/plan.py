@@ -110,10 +110,13 @@ def _print_body(plan, out: Output) -> None:
                     out.line(f"    {k:<24} {_fmt_kwarg(v)}")
             out.line(f"    buckets ({len(op.buckets)}, max {op.buckets[-1]}): {_compact(op.buckets)}")
             out.line(f"    engine dummy pass looks up {len(op.engine_keys)}: {_compact(op.engine_keys)}"
-                     + (f"; added to the plan: {', '.join(map(str, op.added))}" if op.added else "; all in the plan"))
+                     + (f"; added to the plan: {', '.join(map(str, op.added))}" if op.added else "; all in the plan")
+                     if op.engine_keys else "    engine dummy pass does not call it: its buckets are for the calls of serving")
     written = (f", copied to {len(plan.rank_files)} rank files" if plan.layout_obj.holds_rank_files else
                ", each winner published as its own store entry")
     out.line(f"\nProfiles    {plan.profiles} (op, bucket) profiles to tune" + (written if plan.autotunes else "; warm writes nothing"))
+    if plan.autotunes:
+        out.line(f"Kernels     {plan.kernel_modules().describe()}")
 
 
 def _list_presets(ctx: click.Context, _param, value: bool) -> None:

@@ -19,7 +19,7 @@ from ..deleting import dry_run_option, run_delete, store_at, yes_option
 from ..output import PROG, Output
 from ..params import (
     cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
-    keep_latest_version, quiet_option, size_filters, staleness_fingerprint, timeout_option, trees,
+    keep_latest_version, model_hint, quiet_option, size_filters, staleness_fingerprint, timeout_option, trees,
 )
 
 
@@ -53,7 +53,7 @@ from ..params import (
 @timeout_option
 @json_option
 @quiet_option
-def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_than, unused_for, larger_than, smaller_than,
+def prune_cmd(store, cache_dir, layouts, model, model_glob, versions, arch, status, older_than, unused_for, larger_than, smaller_than,
               other_versions, keep_latest, missing_ok, max_size, env_from, check_env, dry_run, yes, as_json, quiet):
     """Delete entries matching every given filter, and leftovers of interrupted writes; with
     STORE_URL (s3://, gs://, file://), the store's published entries (--older-than: by push time).
@@ -72,7 +72,7 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
         if keep_latest is not None or other_versions or check_env or max_size is not None:
             raise UsageError("--keep-latest, --max-size, --other-versions and --check-env work on a tree only")
         flt = entry_filter(model, versions, arch, status, older_than, unused_for, larger_than=larger_than,
-                           smaller_than=smaller_than)
+                           smaller_than=smaller_than, model_glob=model_glob)
         fp = Fingerprint.load(env_from) if env_from else None
         return run_delete(plan_store_delete(store_at(store), flt, fingerprint=fp), out, dry_run, yes)
     if len(layouts) > 1 or any(len(v) > 1 for v in layouts):
@@ -92,7 +92,7 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
         if other is None:
             raise UsageError("--other-versions needs flashinfer-python installed to know the current version")
     flt = entry_filter(model, versions, arch, status, older_than, unused_for, other, larger_than=larger_than,
-                       smaller_than=smaller_than)
+                       smaller_than=smaller_than, model_glob=model_glob)
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
     # a writer finishes what killed writers left, once, before it reads (a dry run writes nothing)
     recovered = [] if dry_run else recover_journals(layout, root.path)
@@ -103,4 +103,6 @@ def prune_cmd(store, cache_dir, layouts, model, versions, arch, status, older_th
                         "--env-from's" if env_from else "the installed one")
     plan = plan_prune(info, flt, keep_latest=keep_latest, reader=reader, scan_fingerprint=fingerprint,
                       max_size=budget)
+    if plan.empty and (hint := model_hint(model, (e.model for e in info.entries))):
+        out.note(hint)
     run_delete(plan, out, dry_run, yes, recovered=recovered)

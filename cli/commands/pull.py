@@ -22,6 +22,7 @@ from autotune_cache.tree.store.store import Store
 from autotune_cache.tree.store.storehouse import record_views
 
 from ..output import Output
+from ..progress import TransferProgress
 from ..params import (
     ARCHS, DURATION, FILTER_HELP, STATUSES, VERSIONS, archive_layout_option, entry_filter, env_from_option,
     json_option, new_tree_option, resolve_root, size_filters, timeout_option,
@@ -131,9 +132,12 @@ def pull_cmd(url, refs, layout, status, older_than, larger_than, smaller_than, e
         out.note("the server would not autotune with these flags: nothing to pull")
         out.emit(human=lambda: None, data=_pull_data(store, dry_run, ImportResult(), ()))
         return
+    bar = None
     try:
         filters = {"status": status, "older_than": older_than, "larger_than": larger_than, "smaller_than": smaller_than}
         records = _selected(store, layout, refs, plan, kw, filters, fingerprint)
+        bar = TransferProgress(not as_json, sum(r.size for r in records), "pull")
+        bar.fetching(store)
         pulled = pull(store, layout, root.path, records, fingerprint=fingerprint, any_env=any_env,
                       only_compatible=only_compatible, force=force, dry_run=dry_run,
                       local_gpu=None if fingerprint is not None else _local_gpu_name())
@@ -144,6 +148,8 @@ def pull_cmd(url, refs, layout, status, older_than, larger_than, smaller_than, e
             out.error(f"{rec.id}: {why}")
         raise
     finally:
+        if bar is not None:
+            bar.close()
         for line in store.unreadable:  # index records left out: the others were judged
             out.warn(line)
     _report(out, store, pulled, {str(r.id): r.size for r in records}, dry_run)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
@@ -9,16 +10,17 @@ import click
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.scanner.scan import scan_cache
-from autotune_cache.tree.store.store import Store, bundle_of
+from autotune_cache.tree.store.store import PushResult, Store, bundle_of
 from autotune_cache.tree.store.storehouse import unseal
 from autotune_cache.tree.store.storerecord import is_store_url
 from autotune_cache.tree.store.storesweep import sweep_store
 
 from ..output import Output
+from ..progress import TransferProgress
 from ..params import (
     archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root, timeout_option,
 )
-from ..transferring import dry_run_listing, exportable
+from ..transferring import dry_run_extras, dry_run_lines, exportable
 
 
 def _store_and_refs(args: tuple[str, ...], verb: str) -> tuple[str, tuple[str, ...]]:
@@ -46,7 +48,7 @@ def _store_and_refs(args: tuple[str, ...], verb: str) -> tuple[str, tuple[str, .
 @click.option("--dry-run", is_flag=True, help="Print what would be pushed; change nothing.")
 @timeout_option
 @json_option
-def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than, unused_for, include_incomplete, seal,
+def push_cmd(args, cache_dir, layout, model, model_glob, versions, arch, status, older_than, unused_for, include_incomplete, seal,
              unseal, dry_run, as_json):
     """Publish complete entries (all, the named ones, or those the filters select) to a store:
     `fi-autotune push s3://bucket/caches [ID]...`.
@@ -66,7 +68,7 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
     store.check_writable()
     info = scan_cache(root.path, layout)
     entries = info.resolve(refs) if refs else list(info.entries)
-    flt = entry_filter(model, versions, arch, status, older_than, unused_for)
+    flt = entry_filter(model, versions, arch, status, older_than, unused_for, model_glob=model_glob)
     now = time.time()
     chosen = exportable(out, [e for e in entries if flt.reasons(e, now) is not None], include_incomplete)
     if not dry_run:  # a writer sweeps what killed pushes and deletes left, even with nothing to push
@@ -74,10 +76,14 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
             out.note(note)
     if not chosen:
         raise FiAutotuneError("nothing to push")
-    if dry_run:
-        return dry_run_listing(out, "push", [(str(e.id), e.size_on_disk) for e in chosen], str(store))
-    result = store.push(layout, [(e, bundle_of(layout, e)) for e in chosen], seal=seal)
-    if not seal:  # the bundles our new records replaced (an entry pushed again with other bytes)
+    rows = [(str(e.id), e.size_on_disk) for e in chosen] if dry_run else None
+    if dry_run:  # each bundle made and compared as the push does; nothing is written
+        result = _would_push(store, layout, chosen)
+    else:
+        bundles = [(e, bundle_of(layout, e)) for e in chosen]
+        bar = TransferProgress(not as_json, sum(len(b or b"") for _, b in bundles), "push")
+        result = store.push(layout, bar.counting(bundles), seal=seal)
+    if not seal and not dry_run:  # the bundles our new records replaced (an entry pushed again with other bytes)
         for note in sweep_store(store).notes(store):
             out.note(note)
 
@@ -85,6 +91,10 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
         out.note(f"skipped {entry_id}: deleted or replaced while pushing")
 
     def human() -> None:
+        if dry_run:
+            for entry_id in result.unchanged:
+                out.note(f"unchanged {entry_id}: already there")
+            return dry_run_lines(out, "push", [r for r in rows if r[0] in result.pushed], str(store))
         for entry_id in result.pushed:
             out.line(f"pushed     {entry_id}")
         for entry_id in result.unchanged:
@@ -92,7 +102,28 @@ def push_cmd(args, cache_dir, layout, model, versions, arch, status, older_than,
         out.line(f"{len(result.pushed)} pushed, {len(result.unchanged)} already there, "
                  f"{result.uploaded_bytes} bytes uploaded to {store}" + ("; store sealed read-only" if seal else ""))
 
-    out.emit(human=human, data={"store": str(store), **result.to_dict(), "sealed": seal}, ids=list(result.pushed))
+    out.emit(human=human, data={"store": str(store), **result.to_dict(), "sealed": seal,
+                                "dry_run": dry_run, **dry_run_extras(rows, store)}, ids=list(result.pushed))
+
+
+def _would_push(store: Store, layout, chosen) -> PushResult:
+    """What ``store.push`` would do, decided as it decides (a record naming these very bytes, its
+    bundle there: unchanged), with nothing written."""
+    pushed, unchanged, uploaded, vanished = [], [], 0, []
+    there = bool(store.marker())  # no store yet: the push would make it, and every bundle is new
+    for e in chosen:
+        data = bundle_of(layout, e)
+        if data is None:
+            vanished.append(str(e.id))
+            continue
+        sha = hashlib.sha256(data).hexdigest()
+        current = store.record(layout.name, e.id) if there else None
+        if current is not None and current.sha256 == sha and store.fs.exists(store.join(store.bundle_rel(layout.name, e.id, sha))):
+            unchanged.append(str(e.id))
+        else:
+            pushed.append(str(e.id))
+            uploaded += len(data)
+    return PushResult(tuple(pushed), tuple(unchanged), uploaded, tuple(vanished))
 
 
 def _unseal(out: Output, url: str, refs: tuple[str, ...], seal: bool) -> None:

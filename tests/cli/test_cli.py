@@ -132,7 +132,7 @@ def test_ls_table_filters_and_quiet(root):
     assert "H200" in row and "tp8 dp8a ep1" in row
     assert "3 entries, 18 rank files" in proc.stdout and "(3 complete)" in proc.stdout
     assert ids(root, "--arch", "SM90") == [str(b)]
-    assert ids(root, "--arch", "sm90,sm100", "--model", "glm", "--flashinfer-version", "0.7.1") == [str(c)]
+    assert ids(root, "--arch", "sm90,sm100", "--model-glob", "*glm*", "--flashinfer-version", "0.7.1") == [str(c)]
     assert sorted(ids(root, "--flashinfer-version", "0.7.1,0.7.2.post1", "--status", "complete")) == sorted(map(str, (a, b, c)))
     data = run_json("ls", "--sort", "size", "--cache-dir", str(root))
     assert [e["size_on_disk"] for e in data["entries"]] == sorted((e["size_on_disk"] for e in data["entries"]), reverse=True)
@@ -281,7 +281,7 @@ def test_prune_says_why_in_the_users_words(root):
 def test_prune_has_the_ls_filters(root):
     a = write_fake_entry(root)
     b = write_fake_entry(root, fields=default_fields("Qwen/Qwen3-30B-A3B", tp=2, dp=1), arch="sm90")
-    out = run_json("prune", "--model", "qwen", "--arch", "sm90,sm100", "-y", "--cache-dir", str(root))
+    out = run_json("prune", "--model-glob", "*qwen*", "--arch", "sm90,sm100", "-y", "--cache-dir", str(root))
     assert out["result"]["deleted"] == [str(b)]
     assert ids(root) == [str(a)]
 

@@ -192,7 +192,7 @@ def test_usage_errors(tmp_path, root):
     a = write_fake_entry(root)
     write_file(tmp_path / "x.json", configs(m1=1))
     proc = run_cli("diff", str(root), str(tmp_path / "x.json"))
-    assert proc.returncode == 2 and "tree or store with a tree or store" in proc.stderr
+    assert proc.returncode == 2 and "compare a tree or store with a tree, a store or an entry id" in proc.stderr
     proc = run_cli("diff", "0.7.2.post1/sm90/ffffffffffffffff", str(a), "--cache-dir", str(root))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     (tmp_path / "junk.json").write_text("{not json")

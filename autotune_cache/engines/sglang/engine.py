@@ -8,7 +8,8 @@ from pathlib import Path
 from autotune_cache.plan.engine import Engine, ServingCommandReading
 from autotune_cache.engines.sglang.layout import LAYOUT
 from autotune_cache.engines.sglang.planner import make_plan
-from autotune_cache.engines.sglang.serving_command import PROGRAMS, check_option_values, flag_table, parse_serving_command
+from autotune_cache.engines.sglang.serving_command import (PROGRAMS, check_option_values, command_from_logged_args,
+                                                           flag_table, parse_serving_command)
 from autotune_cache.engines.sglang.key_schemas import SCHEMAS, pick_schema
 from autotune_cache.plan.entry_key import get_schema
 from autotune_cache.plan.request import TuneRequest
@@ -49,6 +50,9 @@ class SGLang(Engine):
         cmd.check_refused()
         return ServingCommandReading(cmd.serving_kwargs(), tuple(cmd.notes), tuple(cmd.ignored),
                                      tuple(cmd.not_understood))
+
+    def command_from_logged_args(self, args: dict | None) -> list[str] | None:
+        return command_from_logged_args(args)
 
     def check_option_values(self, values: dict) -> None:
         """Against the choices of SGLang 0.5.23's own parser."""

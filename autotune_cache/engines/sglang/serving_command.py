@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from autotune_cache.engines.logged_args import flag_words, spelling, wanted
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.launcher import split_command
 from autotune_cache.plan.options import SERVING_OPTIONS
@@ -327,3 +328,19 @@ def parse_serving_command(argv: list[str] | tuple[str, ...]) -> ServingCommand:
     if "model_path" not in cmd.values:
         raise UsageError("serving command: no --model-path")
     return cmd
+
+
+def command_from_logged_args(args: dict | None) -> list[str] | None:
+    """``python -m sglang.launch_server --model-path ... --tp-size 4 ...`` from ``server_args``."""
+    if not args or not isinstance(args.get("model_path"), str):
+        return None
+    by_dest = {f.dest: f for f in flag_table().values()}
+    words = [*LAUNCH_SERVER.split(), "--model-path", args["model_path"]]
+    for dest in MODELLED:
+        value = args.get(dest)
+        if dest == "model_path" or dest not in by_dest or not wanted(dest, value):
+            continue
+        if by_dest[dest].takes == 0 and value is not True:
+            continue
+        words += flag_words(spelling(by_dest[dest].options, dest), value)
+    return words

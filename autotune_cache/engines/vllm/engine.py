@@ -7,7 +7,8 @@ from pathlib import Path
 from autotune_cache.plan.engine import Engine, ServingCommandReading
 from autotune_cache.plan.launcher import split_command
 from autotune_cache.engines.vllm.serving_command import (CHOICE_OPTIONS as VLLM_CHOICE_OPTIONS, PROGRAMS,
-                                                          check_option_values, parse_serving_command)
+                                                          check_option_values, command_from_logged_args,
+                                                          parse_serving_command)
 from autotune_cache.engines.vllm.layout import DIR_LAYOUT, LAYOUT, OVERRIDE_ENV, VllmDirLayout, VllmManagedStore, single_rank
 from autotune_cache.engines.vllm.planner import VLLM_CHECKED, make_vllm_plan, other_config_refusal
 from autotune_cache.engines.vllm.target import VllmTarget, parse_config_hash, printed_levels
@@ -42,6 +43,9 @@ class Vllm(Engine):
         cmd.check_refused()
         return ServingCommandReading(cmd.serving_kwargs(), tuple(cmd.notes), tuple(cmd.ignored),
                                      tuple(cmd.not_understood), layout=cmd.layout)
+
+    def command_from_logged_args(self, args: dict | None) -> list[str] | None:
+        return command_from_logged_args(args)
 
     def check_option_values(self, values: dict) -> None:
         """The options a vLLM flag sets (``--moe-runner-backend`` is vLLM's ``--moe-backend``) against

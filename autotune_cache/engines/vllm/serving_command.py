@@ -26,6 +26,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from autotune_cache.engines.logged_args import flag_words, spelling, wanted
 from autotune_cache.errors import UsageError
 from autotune_cache.engines.vllm.parser import (API_SERVER, FLAG_TABLE, MODELLED, PROGRAMS, SERVE, Flag, argparser,
                                                 flexible_args, environment_table, flag_table, human_readable_int)
@@ -228,3 +229,21 @@ def parse_serving_command(cmd: PastedCommand) -> VllmCommand:
         else:
             out.not_understood.append(f"{text} ({_WHY.get(flag.effect, _WHY['unknown'])})")
     return out
+
+
+def command_from_logged_args(args: dict | None) -> list[str] | None:
+    """``vllm serve MODEL --tensor-parallel-size 4 ...`` from vLLM's ``non-default args``."""
+    model = (args or {}).get("model_tag") or (args or {}).get("model")
+    if not isinstance(model, str):
+        return None
+    table = flag_table()
+    words = ["vllm", "serve", model]
+    for dest in MODELLED:
+        value, flag = args.get(dest), table.get(dest)
+        if flag is None or not wanted(dest, value) or isinstance(value, dict):
+            continue
+        if flag.takes == 0 and value is not True:
+            continue
+        words += flag_words(spelling(tuple(o for o in flag.options if o.startswith("--")) or flag.options, dest),
+                             value)
+    return words
