@@ -149,6 +149,8 @@ def load_targets(path: str | Path) -> list[Target]:
             data = json.loads(text)
         except ValueError as e:
             raise UsageError(f"{label}: not valid JSON ({e})") from None
+        except RecursionError:  # [[[[... nested deeper than any targets file (hostile_files.py)
+            raise UsageError(f"{label}: nested too deep to be a targets file") from None
     else:
         import yaml
 
@@ -156,6 +158,8 @@ def load_targets(path: str | Path) -> list[Target]:
             data = yaml.safe_load(text)  # JSON is YAML too
         except yaml.YAMLError as e:
             raise UsageError(f"{label}: not valid YAML ({str(e).splitlines()[0]})") from None
+        except RecursionError:
+            raise UsageError(f"{label}: nested too deep to be a targets file") from None
     return parse_targets(data, label, base)
 
 

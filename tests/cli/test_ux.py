@@ -334,3 +334,13 @@ def test_ls_footer_says_the_filters_matched_nothing_not_that_nothing_is_cached(r
     (root / "empty").mkdir()
     empty = run_cli("ls", "--older-than", "1w", "--cache-dir", str(root / "empty")).stdout
     assert "(nothing cached)" in empty
+
+
+@pytest.mark.parametrize("name", ["targets.json", "targets.yaml"])
+def test_a_targets_file_nested_too_deep_is_one_line_not_an_internal_error(tmp_path, name):
+    """benchmarks/hostile_files.py found it: JSON nested 200,000 deep overflowed the parser's stack."""
+    f = tmp_path / name
+    f.write_text("[" * 200_000 + "]" * 200_000)
+    proc = run_cli("check", "--targets", str(f), "--arch", "sm90")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"fi-autotune: error: {name}: nested too deep to be a targets file", proc.stderr

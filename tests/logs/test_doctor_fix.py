@@ -22,6 +22,7 @@ from devtools.synthetic import write_fake_entry
 from tests.oracle.engine_logs import ARGS, GEMM1, QWEN, VL, VL_DATE, VROOT, Log, key, sglang_pass
 
 from ..conftest import run_cli
+from .test_doctor import doctor, sessions
 
 TP4 = KeyFields(**{**QWEN.to_dict(), "tp": 4, "skip_ops": ()})
 VHASH = "9e1c0e8a9b7d6c5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e"
@@ -34,16 +35,6 @@ LOGO = ("\n       █     █     █▄   ▄█\n"
         "   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀\n")
 PLAIN = "vLLM server version %s, serving model %s"
 ANSI_LOGO = LOGO.replace("▄▄ ▄█", "\x1b[93m▄▄\x1b[0m \x1b[94m▄█\x1b[0m").replace("version %s", "version \x1b[1m%s\x1b[0m")
-
-
-def doctor(*args: str, code: int) -> dict:
-    proc = run_cli("doctor", *args, "--json")
-    assert proc.returncode == code, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def sessions(report: dict) -> list[dict]:
-    return [s for server in report["servers"] for r in server["ranks"] for s in r["sessions"]]
 
 
 class VllmLog(Log):
