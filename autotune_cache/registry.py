@@ -4,7 +4,7 @@ In the manner of fsspec's ``known_implementations``: each engine is named here b
 path of its object (``"package.module:ATTRIBUTE"``), imported the first time someone asks for
 it. The registry therefore sits on the lowest floor of the package - it imports no engine - and
 everything above (the tree scanner, the planner, the CLI) asks it for an engine or a layout
-instead of comparing names. Adding an engine is one module (an ``engines.base.Engine``) plus one
+instead of comparing names. Adding an engine is one module (a ``plan.engine.Engine``) plus one
 line below, or ``register_engine`` at run time (what the tests' stand-in engine does).
 """
 
@@ -23,7 +23,7 @@ class KnownLayout(Protocol):
 
 
 class KnownEngine(Protocol):
-    """What the registry reads of an engine (an ``engines.base.Engine``, which this floor does
+    """What the registry reads of an engine (a ``plan.engine.Engine``, which this floor does
     not import: the engines sit above everything that asks the registry)."""
 
     name: str

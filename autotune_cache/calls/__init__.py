@@ -1,2 +1,2 @@
-"""FlashInfer calls more than one engine makes, as recipes (floor 3, beside tree/): neutral
+"""FlashInfer calls more than one engine makes, as recipes: neutral
 ground, so that no engine's package imports another's."""

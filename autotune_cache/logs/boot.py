@@ -59,8 +59,6 @@ class Server:
     shared_cut: list[str] = field(default_factory=list)  # ops of rank-less bars cut short or garbled
     server_args: dict | None = None
     dropped_rounds: set[tuple[str, int]] = field(default_factory=set)  # (TP group, round)
-    managed_env_dir: str | None = None
-    last_ts: str | None = None
     lines: int = 0
 
     def open_sessions(self) -> list[Session]:
@@ -222,7 +220,6 @@ def _flashinfer(server: Server, ev: Event) -> None:
         target = Session(rank, f["path"], "vllm", round=len(server.ranks.get(rank, [])))
         server.ranks.setdefault(rank, []).append(target)
     if kind == "flashinfer.attached":
-        server.managed_env_dir = f["env_dir"]
         if target is not None and target.managed:
             target.path = f["env_dir"]
     if target is None:
@@ -279,8 +276,6 @@ def assemble(servers: dict[str, Server], events: list[Event]) -> None:
     for ev in events:
         server = servers.setdefault(ev.server, Server(ev.server))
         server.lines += 1
-        if ev.ts:
-            server.last_ts = ev.ts
         if ev.engine in ("sglang", "vllm") and server.engine in (None, "flashinfer") and ev.kind != "other":
             server.engine = ev.engine
         if ev.kind in ("flashinfer.bar", "flashinfer.bar_cut"):

@@ -229,11 +229,6 @@ def _abandon_chunk(started: tuple) -> None:
             os.waitpid(pid, 0)
 
 
-def _map_chunk(run: Callable[[list], list[T]], entry_dirs: list, jobs: int, digests: DigestIndex | None) -> list[T]:
-    """``run(entry_dirs)``, split over ``jobs`` forked processes when that pays, in order."""
-    return _finish_chunk(run, _start_chunk(run, entry_dirs, jobs, digests), digests)
-
-
 def list_entry_dirs_into(layout: CacheLayout, root: Path, findings: list[Finding]) -> list:
     """``list_entry_dirs``, its findings added to ``findings``."""
     dirs, found = list_entry_dirs(layout, root)

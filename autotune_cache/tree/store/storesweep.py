@@ -66,9 +66,6 @@ class Orphan:
     mtime: float | None  # None: the store does not say (never old enough)
     record_rel: str  # where its entry's record would be
 
-    def age(self, now: float) -> float | None:
-        return None if self.mtime is None else now - self.mtime
-
 
 @dataclass(frozen=True)
 class Tombstone:
@@ -149,7 +146,6 @@ class Swept:
     freed: int = 0
     temps: int = 0
     kept_young: int = 0  # orphans a live or recent writer may still be publishing
-    finished_deletes: int = 0
 
     def notes(self, store) -> list[str]:
         """What a writer says it swept (one line each)."""
@@ -277,7 +273,7 @@ def sweep_store(store: Store, own: str | None = None) -> Swept:
         return Swept(removed, freed, temps)
     remains = survey(store, tidy=True)
     now = time.time()
-    kept = finished = 0
+    kept = 0
     root = store.root + "/"
     for o in remains.orphans:
         if not remains.may_go(o.mtime, now):
@@ -290,12 +286,12 @@ def sweep_store(store: Store, own: str | None = None) -> Swept:
             gone = remains.may_go(t.mtime, now)  # a delete killed before its record went: stale
         else:
             gone = t.bundle is None or not store.fs.exists(root + t.bundle)
-        if gone and _rm(store, root + t.rel):
-            finished += not t.record_present
+        if gone:
+            _rm(store, root + t.rel)
     for summary in remains.summaries:  # after the tombstones: while any goes, this still says it all
         if root + summary.rel != own and remains.may_go(summary.mtime, now):
             _rm(store, root + summary.rel)
-    return Swept(removed, freed, temps, kept, finished)
+    return Swept(removed, freed, temps, kept)
 
 
 def _still_orphan(store: Store, o: Orphan) -> bool:
