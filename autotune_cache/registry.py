@@ -17,7 +17,7 @@ from autotune_cache.errors import UsageError
 
 
 class KnownLayout(Protocol):
-    """What the registry reads of a layout (a ``tree.layout.CacheLayout``)."""
+    """What the registry reads of a layout (a ``tree.layouts.base.CacheLayout``)."""
 
     name: str
 
@@ -32,7 +32,7 @@ class KnownEngine(Protocol):
 #: name -> "module:attribute" of the engine object. The first is the default engine.
 KNOWN_ENGINES: dict[str, str] = {
     "sglang": "autotune_cache.engines.sglang.engine:ENGINE",
-    "flashinfer-v2": "autotune_cache.managed_store.source:ENGINE",
+    "flashinfer-v2": "autotune_cache.tree.layouts.flashinfer_v2.source:ENGINE",
     "vllm": "autotune_cache.engines.vllm.engine:ENGINE",
 }
 _BUILTIN_ENGINES = dict(KNOWN_ENGINES)
@@ -43,7 +43,7 @@ _BUILTIN_ENGINES = dict(KNOWN_ENGINES)
 #: imported without its engine's planner. The first is the default layout (the default engine's first).
 KNOWN_LAYOUTS: dict[str, tuple[str, str]] = {
     "sglang": ("sglang", "autotune_cache.engines.sglang.layout:LAYOUT"),
-    "flashinfer-v2": ("flashinfer-v2", "autotune_cache.managed_store.layout:LAYOUT"),
+    "flashinfer-v2": ("flashinfer-v2", "autotune_cache.tree.layouts.flashinfer_v2.layout:LAYOUT"),
     "vllm": ("vllm", "autotune_cache.engines.vllm.layout:LAYOUT"),
     "vllm-dir": ("vllm", "autotune_cache.engines.vllm.layout:DIR_LAYOUT"),
 }

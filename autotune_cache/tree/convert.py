@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autotune_cache.errors import UsageError
 from autotune_cache.registry import get_layout, layouts
-from autotune_cache.tree.layout import CacheLayout
+from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.records import CacheEntry
 
 

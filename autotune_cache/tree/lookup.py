@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from autotune_cache.registry import layouts
-from autotune_cache.tree.layout import CacheLayout
+from autotune_cache.tree.layouts.base import CacheLayout
 
 
 def other_layout_id(layout: CacheLayout, text: str) -> str | None:

@@ -16,8 +16,8 @@ from autotune_cache.errors import AmbiguousEntry, FiAutotuneError
 from autotune_cache.humanize import format_age, format_size
 from autotune_cache.plan.topology import Topology
 from autotune_cache.registry import get_layout
-from autotune_cache.tree.layout import CacheLayout, EntryId
-from autotune_cache.tree.layout_memo import memo_of
+from autotune_cache.tree.layouts.base import CacheLayout, EntryId
+from autotune_cache.tree.layouts.memo import memo_of
 from autotune_cache.tree.lookup import wrong_tree_hint
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.tree.refs import exact_ref

@@ -46,7 +46,7 @@ FLOORS = (
     ("autotune_cache.plan", "plan", 2),
     ("autotune_cache.tree", "tree", 3),
     ("autotune_cache.calls", "calls", 3),
-    ("autotune_cache.managed_store", "managed_store", 4),
+    ("autotune_cache.tree.layouts.flashinfer_v2", "managed_store", 4),
     ("autotune_cache.engines", "engines", 5),
     ("autotune_cache.tune", "tune", 6),
     ("autotune_cache.check", "check", 6),

@@ -13,7 +13,7 @@ from pathlib import Path
 from autotune_cache.plan.engine import Engine
 from autotune_cache.engines.sglang.layout import SGLangLayout
 from autotune_cache.engines.sglang.planner import make_plan
-from autotune_cache.tree.layout import RootChoice, env_root
+from autotune_cache.tree.layouts.base import RootChoice, env_root
 
 
 class ToyLayout(SGLangLayout):

@@ -74,7 +74,7 @@ import sys
 #: imported only when such a command runs), the engines the registry names (imported by the first
 #: command that plans, lists or checks: about 0.2 CPU-s a run), and what an S3 command imports.
 PRELOAD = ("click", "fi_autotune_cli.entry", "fi_autotune_cli.main", "autotune_cache.engines.sglang.engine",
-           "autotune_cache.engines.vllm.engine", "autotune_cache.managed_store.source")
+           "autotune_cache.engines.vllm.engine", "autotune_cache.tree.layouts.flashinfer_v2.source")
 PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session", "autotune_cache.tree.store.s3")
 
 #: what tests/support/zygote_client.py passes on to the command

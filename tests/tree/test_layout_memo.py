@@ -1,4 +1,4 @@
-"""The per-layout memos (``tree/layout_memo.py``) that ``ls`` asks instead of the layout: each
+"""The per-layout memos (``tree/layouts/memo.py``) that ``ls`` asks instead of the layout: each
 answer must be the layout's own, for every registered layout, including a topology error; and
 a tree of unique names must not grow them without bound."""
 
@@ -8,8 +8,8 @@ import pytest
 
 from autotune_cache.plan.topology import Topology, TopologyError
 from autotune_cache.registry import layouts
-from autotune_cache.tree import layout_memo
-from autotune_cache.tree.layout_memo import MAX_MEMO, LayoutMemo, memo_of
+from autotune_cache.tree.layouts import memo as layout_memo
+from autotune_cache.tree.layouts.memo import MAX_MEMO, LayoutMemo, memo_of
 
 NAMES = ("rank_tp0_pp0_dp0.json", "rank_tp1_pp0_dp0.json", "rank_tp1_pp0_dp1.json", "fi-autotune.manifest.json",
          ".fi-autotune.x.tmp", "runs", "README", "rank_0_0.json", "rank_dp0_0.json", "rank_tp99999999_pp0_dp0.json")

@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 
 from autotune_cache.plan.topology import RankName, Topology
-from autotune_cache.tree.layout import MANIFEST_NAME, TEMP_FILE_RE, Level, NameKind, RootChoice, env_root
-from autotune_cache.tree.rank_layout import RankFileLayout
+from autotune_cache.tree.layouts.base import MANIFEST_NAME, TEMP_FILE_RE, Level, NameKind, RootChoice, env_root
+from autotune_cache.tree.layouts.rank_files import RankFileLayout
 from autotune_cache.autotuner.arch import ARCH_RE
 from autotune_cache.autotuner.installed import VERSION_RE
 

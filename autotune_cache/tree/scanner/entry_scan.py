@@ -17,10 +17,10 @@ from stat import S_ISDIR, S_ISREG
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.rankfile import RankFile, read_regular_file
 from autotune_cache.plan.topology import MAX_RANK_FILES, Topology
-from autotune_cache.tree.layout_memo import memo_of
+from autotune_cache.tree.layouts.memo import memo_of
 from autotune_cache.tree.scanner.digestindex import DigestIndex, entry_key
 from autotune_cache.tree.crashsafe.dirs import dir_size, list_dir
-from autotune_cache.tree.layout import MANIFEST_NAME, CacheLayout, EntryId, NameKind
+from autotune_cache.tree.layouts.base import MANIFEST_NAME, CacheLayout, EntryId, NameKind
 from autotune_cache.autotuner.installed import VERSION_RE
 from autotune_cache.tree.manifest import Manifest, NewerManifest
 from autotune_cache.tree.records import CacheEntry, Finding, finding_for

@@ -25,7 +25,7 @@ from autotune_cache.registry import default_layout
 from autotune_cache.tree.scanner.atime import policy_for
 from autotune_cache.tree.scanner.digestindex import DigestIndex
 from autotune_cache.tree.scanner.entry_scan import scan_entry
-from autotune_cache.tree.layout import CacheLayout
+from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
 from autotune_cache.tree.scanner.walk import iter_entry_dirs, list_entry_dirs
 

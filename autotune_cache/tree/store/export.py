@@ -25,7 +25,7 @@ from typing import BinaryIO
 
 from autotune_cache.autotuner.rankfile import read_regular_file
 from autotune_cache.tree.crashsafe.faults import crashpoint
-from autotune_cache.tree.layout import CacheLayout, NameKind
+from autotune_cache.tree.layouts.base import CacheLayout, NameKind
 from autotune_cache.tree.records import CacheEntry
 
 

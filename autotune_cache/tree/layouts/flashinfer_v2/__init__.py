@@ -2,4 +2,4 @@
 an engine's. Its on-disk format (``format``), bundles (``bundle``), conversion from a rank-file
 entry (``convert``), its tree layout (``layout``) and the object the registry names it by
 (``source``: it plans nothing; SGLang's entries convert into it, a single-rank vLLM reads it).
-Above the tree it is written with, below the engines that use it."""
+In the layouts wing: below the engines that use it."""

@@ -1,7 +1,7 @@
 """A tree of rank-file entries (SGLang's, vLLM's per-rank files): what the layouts that hold them
 answer about a plan's entry - what is there, how a warm writes it, how ``verify`` replays it and
 how ``check`` reads it. FlashInfer's managed store answers the same questions its own way
-(``managed_store/layout.py``); ``CacheLayout`` declares them, so each new kind must decide.
+(``tree/layouts/flashinfer_v2/layout.py``); ``CacheLayout`` declares them, so each new kind must decide.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.tree.scanner.entry_scan import scan_entry
-from autotune_cache.tree.layout import CacheLayout, Existing, Replay
+from autotune_cache.tree.layouts.base import CacheLayout, Existing, Replay
 from autotune_cache.tree.manifest import Manifest, utc_now_iso
 from autotune_cache.tree.writer import commit_entry, other_gpu_refusal, replace_policy
 

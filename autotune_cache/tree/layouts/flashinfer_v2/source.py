@@ -4,7 +4,7 @@ from another engine's tuned entry, read by any engine that enters ``autotune_v2`
 from __future__ import annotations
 
 from autotune_cache.plan.engine import Engine
-from autotune_cache.managed_store.layout import LAYOUT
+from autotune_cache.tree.layouts.flashinfer_v2.layout import LAYOUT
 
 
 class FlashInferV2(Engine):
