@@ -8,7 +8,8 @@ from autotune_cache.version import __version__
 from autotune_cache.errors import EntryLocked, ExitCode, FiAutotuneError, UsageError
 from autotune_cache.plan.entry_key import KeyFields, KeySchema, get_schema, key_schemas
 from autotune_cache.registry import default_layout, get_layout, layouts
-from autotune_cache.tree.layouts.base import CacheLayout, EntryId
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
 from autotune_cache.tune.workers.lm_head import lm_head_stub, lm_head_stubbed
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.tree.scanner.scan import CacheEntry, CacheInfo, scan_cache

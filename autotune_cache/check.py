@@ -22,7 +22,8 @@ from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes, 
 from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.plan.tuning import TuningPlan
 from autotune_cache.tree.check_report import CheckReport, checkable
-from autotune_cache.tree.layouts.base import CacheLayout, EntryId
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
 from autotune_cache.tree.nearest import Candidate, nearest_difference_to
 from autotune_cache.tree.scanner.scan import scan_cache, scan_entry
 from autotune_cache.tree.status import EntryStatus

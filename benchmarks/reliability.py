@@ -103,7 +103,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from autotune_cache.registry import default_layout  # noqa: E402
-from autotune_cache.tree.layouts.base import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE  # noqa: E402
+from autotune_cache.tree.layouts.own_names import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE  # noqa: E402
 from autotune_cache.tree.manifest import Manifest  # noqa: E402
 from autotune_cache.autotuner.rankfile import parse_cache_bytes  # noqa: E402
 from tests.standins.fault_cli import crash_at  # noqa: E402

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from autotune_cache.plan.entry_key import KeyFields  # noqa: E402
 from autotune_cache.registry import default_layout  # noqa: E402
-from autotune_cache.tree.layouts.base import MANIFEST_NAME  # noqa: E402
+from autotune_cache.tree.layouts.own_names import MANIFEST_NAME  # noqa: E402
 from autotune_cache.tree.manifest import RankRecord  # noqa: E402
 from devtools.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs, make_manifest  # noqa: E402
 from autotune_cache.plan.topology import Topology  # noqa: E402

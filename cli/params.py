@@ -14,7 +14,8 @@ from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, Fingerprint, 
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.autotuner.arch import ARCH_RE
 from autotune_cache.autotuner.installed import VERSION_RE, installed_flashinfer_version
-from autotune_cache.tree.layouts.base import CacheLayout, RootChoice
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import RootChoice
 from autotune_cache.tree.lookup import trees_below
 from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.store.storeio import DEFAULT_TIMEOUT, TIMEOUT_ENV, set_store_timeout

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from autotune_cache.plan.entry_key import KeyFields, get_schema
 from autotune_cache.registry import default_layout
-from autotune_cache.tree.layouts.base import EntryId
+from autotune_cache.tree.layouts.values import EntryId
 from autotune_cache.tree.manifest import Manifest, utc_now_iso
 from autotune_cache.autotuner.rankfile import cache_file_bytes
 from autotune_cache.engines.vllm.layout import VllmRankName

@@ -14,7 +14,8 @@ from pathlib import Path, PurePosixPath
 
 from autotune_cache.plan.entry_key import DEFAULT_SCHEMA, KeyFields, get_schema
 from autotune_cache.registry import layouts
-from autotune_cache.tree.layouts.base import CacheLayout, EntryId, NameKind
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId, NameKind
 from autotune_cache.tree.nearest import (Candidate, dir_differences, field_differences, nearest_difference_to,
                                          same_key_elsewhere)
 from autotune_cache.tree.records import CacheEntry, CacheInfo

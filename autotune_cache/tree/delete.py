@@ -27,7 +27,9 @@ from autotune_cache.tree.crashsafe.atomic import fsync_dir, remove_our_temps
 from autotune_cache.tree.crashsafe.dirs import list_dir, remove_empty_parents, remove_tree
 from autotune_cache.tree.scanner.entry_scan import scan_entry
 from autotune_cache.tree.crashsafe.faults import crashpoint
-from autotune_cache.tree.layouts.base import OUR_PREFIX, CacheLayout, EntryId, trash_name
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
+from autotune_cache.tree.layouts.own_names import OUR_PREFIX, trash_name
 from autotune_cache.tree.crashsafe.locks import entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
 from autotune_cache.tree.crashsafe.recovery import (deleted_by_dead, remove_leftover, sweep_leftovers,

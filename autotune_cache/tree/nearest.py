@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune_cache.plan.entry_key import KeyFields
-from autotune_cache.tree.layouts.base import CacheLayout, EntryId
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
 
 KEY_FIELD_LABELS = {
     "model_path": "model path (the server's --model-path: a hub id and a local path are different keys)",

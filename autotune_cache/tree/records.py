@@ -16,7 +16,8 @@ from autotune_cache.errors import AmbiguousEntry, FiAutotuneError
 from autotune_cache.humanize import format_age, format_size
 from autotune_cache.plan.topology import Topology
 from autotune_cache.registry import get_layout
-from autotune_cache.tree.layouts.base import CacheLayout, EntryId
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
 from autotune_cache.tree.layouts.memo import memo_of
 from autotune_cache.tree.lookup import wrong_tree_hint
 from autotune_cache.tree.manifest import Manifest

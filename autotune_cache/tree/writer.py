@@ -11,7 +11,8 @@ from pathlib import Path
 import os
 
 from autotune_cache.errors import FiAutotuneError, os_error_message
-from autotune_cache.tree.layouts.base import CacheLayout, EntryId
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.tree.scanner.scan import scan_entry
 from autotune_cache.tree.crashsafe.txn import Check, CommitResult, StagedEntry, Transaction

@@ -15,7 +15,7 @@ from autotune_cache import registry
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.check import CheckReport, run_check
 from autotune_cache.errors import ExitCode, UsageError
-from autotune_cache.tree.layouts.base import DEFAULT_LAYOUT_NAME
+from autotune_cache.tree.layouts.values import DEFAULT_LAYOUT_NAME
 
 from ..output import Output
 from ..params import LayoutName, env_from_option, json_option, targets_option, timeout_option

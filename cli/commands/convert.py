@@ -9,7 +9,7 @@ import click
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.registry import get_layout
 from autotune_cache.tree.convert import conversion_target, convert_choices, convert_entry, converts_to
-from autotune_cache.tree.layouts.base import RootChoice
+from autotune_cache.tree.layouts.values import RootChoice
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 

@@ -12,7 +12,8 @@ from autotune_cache.tree.diff import CacheUnit, DiffReport, describe_value, diff
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.autotuner.fingerprint import FIELDS
 from autotune_cache.registry import default_layout, layouts
-from autotune_cache.tree.layouts.base import MANIFEST_NAME, NameKind
+from autotune_cache.tree.layouts.values import NameKind
+from autotune_cache.tree.layouts.own_names import MANIFEST_NAME
 from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
 from autotune_cache.tree.store.archive import import_archives
 from autotune_cache.tree.manifest import Manifest

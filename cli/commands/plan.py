@@ -7,7 +7,7 @@ import click
 
 from autotune_cache.autotuner.recipe import T, encode
 from autotune_cache.plan.config_source import preset_ids
-from autotune_cache.tree.layouts.base import DEFAULT_LAYOUT_NAME
+from autotune_cache.tree.layouts.values import DEFAULT_LAYOUT_NAME
 from autotune_cache.errors import FiAutotuneError, UsageError
 
 from ..output import Output

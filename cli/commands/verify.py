@@ -15,7 +15,7 @@ import click
 from autotune_cache import registry
 from autotune_cache.autotuner.fingerprint import this_host
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
-from autotune_cache.tree.layouts.base import DEFAULT_LAYOUT_NAME
+from autotune_cache.tree.layouts.values import DEFAULT_LAYOUT_NAME
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tune.session.recorded import request_of
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from autotune_cache.plan.engine import Engine
 from autotune_cache.engines.sglang.layout import SGLangLayout
 from autotune_cache.engines.sglang.planner import make_plan
-from autotune_cache.tree.layouts.base import RootChoice, env_root
+from autotune_cache.tree.layouts.base import env_root
+from autotune_cache.tree.layouts.values import RootChoice
 
 
 class ToyLayout(SGLangLayout):

@@ -13,7 +13,7 @@ import pytest
 from autotune_cache import registry
 from autotune_cache.engines.vllm.layout import VllmRankName
 from autotune_cache.plan.topology import RankName
-from autotune_cache.tree.layouts.base import STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
+from autotune_cache.tree.layouts.own_names import STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from devtools.synthetic import entry_path, write_fake_entry
 
 from ..conftest import run_cli

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.registry import default_layout, get_layout
-from autotune_cache.tree.layouts.base import DEFAULT_LAYOUT_NAME as DEFAULT_LAYOUT, EntryId, NameKind
-from autotune_cache.tree.layouts.base import MANIFEST_NAME
+from autotune_cache.tree.layouts.values import DEFAULT_LAYOUT_NAME as DEFAULT_LAYOUT, EntryId, NameKind
+from autotune_cache.tree.layouts.own_names import MANIFEST_NAME
 from autotune_cache.autotuner.arch import arch_from_capability
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.topology import MAX_PARALLEL, RankName, Topology, TopologyError

@@ -13,7 +13,7 @@ from pathlib import Path
 import filelock
 
 from autotune_cache.registry import default_layout
-from autotune_cache.tree.layouts.base import LOCKS_DIRNAME, TRASH_DIR_RE, trash_name
+from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME, TRASH_DIR_RE, trash_name
 from devtools.synthetic import default_fields, entry_path, write_fake_entry
 
 from ..standins.fault_cli import crash_at

@@ -21,7 +21,7 @@ import pytest
 
 from autotune_cache.registry import default_layout
 from autotune_cache.tree.crashsafe import faults
-from autotune_cache.tree.layouts.base import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
+from autotune_cache.tree.layouts.own_names import MANIFEST_NAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from autotune_cache.tree.manifest import Manifest
 from autotune_cache.autotuner.rankfile import parse_cache_bytes
 from autotune_cache.tree.scanner.scan import scan_cache

@@ -17,7 +17,7 @@ from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry, write_vllm_entry
 from autotune_cache.registry import get_layout
-from autotune_cache.tree.layouts.base import MANIFEST_NAME as MANIFEST
+from autotune_cache.tree.layouts.own_names import MANIFEST_NAME as MANIFEST
 from autotune_cache.plan.topology import Topology
 
 from ..conftest import REPO, unprivileged

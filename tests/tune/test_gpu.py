@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.registry import default_layout
-from autotune_cache.tree.layouts.base import MANIFEST_NAME
+from autotune_cache.tree.layouts.own_names import MANIFEST_NAME
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS
 from autotune_cache.autotuner.recipe import OpRecipe
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from autotune_cache.errors import EntryLocked, FiAutotuneError, os_error_message
 from autotune_cache.tree.crashsafe.faults import crashpoint, exchange_allowed
-from autotune_cache.tree.layouts.base import OUR_PREFIX
+from autotune_cache.tree.layouts.own_names import OUR_PREFIX
 
 if TYPE_CHECKING:  # filelock is imported where a lock is taken: ls never takes one (12 ms)
     import filelock

@@ -16,7 +16,9 @@ from typing import Callable, Iterator
 
 from autotune_cache.errors import FiAutotuneError, os_error_message
 from autotune_cache.tree.crashsafe.atomic import ensure_tree_dirs, file_lock, peek_lock, retry_vanished_dir, try_lock
-from autotune_cache.tree.layouts.base import LOCKS_DIRNAME, CacheLayout, EntryId
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
+from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME
 
 _OWNER: dict = {"pid": None, "held": {}}
 

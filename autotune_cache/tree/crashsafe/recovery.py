@@ -22,7 +22,9 @@ from pathlib import Path
 
 from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, ensure_tree_dirs, fsync_dir
 from autotune_cache.tree.crashsafe.dirs import remove_tree
-from autotune_cache.tree.layouts.base import OUR_PREFIX, STAGE_DIR_RE, TRASH_DIR_RE, CacheLayout, EntryId
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
+from autotune_cache.tree.layouts.own_names import OUR_PREFIX, STAGE_DIR_RE, TRASH_DIR_RE
 from autotune_cache.tree.crashsafe.locks import dead_owner, entry_lock
 from autotune_cache.tree.records import CacheInfo, Finding
 from autotune_cache.tree.refs import exact_ref

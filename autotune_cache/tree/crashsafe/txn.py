@@ -46,7 +46,9 @@ from autotune_cache.errors import FiAutotuneError, os_error_message
 from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, deferred_signals, ensure_tree_dirs, fsync_dir, write_new_file
 from autotune_cache.tree.crashsafe.dirs import first_missing, remove_dir_chain, remove_empty_parents, remove_tree
 from autotune_cache.tree.crashsafe.faults import crashpoint
-from autotune_cache.tree.layouts.base import LOCKS_DIRNAME, MANIFEST_NAME, CacheLayout, EntryId, stage_name, trash_name
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
+from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME, MANIFEST_NAME, stage_name, trash_name
 from autotune_cache.tree.crashsafe.locks import entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.manifest import Manifest, RankRecord
 from autotune_cache.tree.crashsafe.recovery import JOURNAL_FORMAT, recover_journals, remove_dead_siblings, sweep_leftovers

@@ -15,7 +15,8 @@ Bounded: a hostile tree of unique names must not grow memory with the tree, so p
 from __future__ import annotations
 
 from autotune_cache.plan.topology import Topology, TopologyError
-from autotune_cache.tree.layouts.base import CacheLayout, NameKind
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import NameKind
 
 #: Keys one memo holds at most (per layout and question).
 MAX_MEMO = 4096

@@ -13,7 +13,8 @@ from pathlib import Path
 from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.tree.scanner.entry_scan import scan_entry
-from autotune_cache.tree.layouts.base import CacheLayout, Existing, Replay
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import Existing, Replay
 from autotune_cache.tree.manifest import Manifest, utc_now_iso
 from autotune_cache.tree.writer import commit_entry, other_gpu_refusal, replace_policy
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from autotune_cache.registry import default_layout
 from autotune_cache.safeopen import FileRefused, open_checked_fd
-from autotune_cache.tree.layouts.base import OUR_PREFIX
+from autotune_cache.tree.layouts.own_names import OUR_PREFIX
 
 FORMAT = 3
 MAGIC = b"FIDIGX\x00\x03"

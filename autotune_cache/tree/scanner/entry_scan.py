@@ -20,7 +20,9 @@ from autotune_cache.plan.topology import MAX_RANK_FILES, Topology
 from autotune_cache.tree.layouts.memo import memo_of
 from autotune_cache.tree.scanner.digestindex import DigestIndex, entry_key
 from autotune_cache.tree.crashsafe.dirs import dir_size, list_dir
-from autotune_cache.tree.layouts.base import MANIFEST_NAME, CacheLayout, EntryId, NameKind
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId, NameKind
+from autotune_cache.tree.layouts.own_names import MANIFEST_NAME
 from autotune_cache.autotuner.installed import VERSION_RE
 from autotune_cache.tree.manifest import Manifest, NewerManifest
 from autotune_cache.tree.records import CacheEntry, Finding, finding_for

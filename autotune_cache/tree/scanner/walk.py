@@ -11,8 +11,9 @@ from typing import Iterator
 
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.tree.crashsafe.dirs import dir_size, list_dir
-from autotune_cache.tree.layouts.base import (JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE,
-                                        CacheLayout, EntryId)
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
+from autotune_cache.tree.layouts.own_names import JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from autotune_cache.tree.records import Finding, finding_for
 
 

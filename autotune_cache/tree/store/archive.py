@@ -19,8 +19,9 @@ from typing import BinaryIO, Callable
 from autotune_cache.errors import FiAutotuneError, os_error_message
 from autotune_cache.plan.entry_key import key_schemas
 from autotune_cache.registry import layouts
-from autotune_cache.tree.layouts.base import (JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE, CacheLayout,
-                                        EntryId, NameKind)
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId, NameKind
+from autotune_cache.tree.layouts.own_names import JOURNAL_DIRNAME, LOCKS_DIRNAME, STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from autotune_cache.tree.manifest import Manifest, NewerManifest
 from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, parse_cache_bytes
 from autotune_cache.tree.scanner.entry_scan import manifest_names_other_entry

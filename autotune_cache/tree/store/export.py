@@ -25,7 +25,8 @@ from typing import BinaryIO
 
 from autotune_cache.autotuner.rankfile import read_regular_file
 from autotune_cache.tree.crashsafe.faults import crashpoint
-from autotune_cache.tree.layouts.base import CacheLayout, NameKind
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import NameKind
 from autotune_cache.tree.records import CacheEntry
 
 

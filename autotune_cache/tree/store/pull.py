@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.store.archive import ImportPlan, ImportResult, import_archives
-from autotune_cache.tree.layouts.base import CacheLayout, EntryId
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
 from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.store.store import Store
 from autotune_cache.tree.store.storerecord import StoreError, StoreRecord

@@ -38,7 +38,8 @@ from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.store.export import export_entries
 from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes
 from autotune_cache.tree.crashsafe.faults import crashpoint
-from autotune_cache.tree.layouts.base import CacheLayout, EntryId
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId
 from autotune_cache.tree.crashsafe.locks import hold_owner_lock, release_owner_lock
 from autotune_cache.tree.store.storeio import (HTTP_PROTOCOLS, LISTING_BYTES, TIMEOUT_ENV, DeadlinePassed, TooLarge, bounded,
                                                is_timeout, read_capped, store_timeout, timeout_options)

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.registry import get_layout
-from autotune_cache.tree.layouts.base import EntryId
+from autotune_cache.tree.layouts.values import EntryId
 
 RECORD_FORMAT = 1
 #: Largest index record we accept from a store (read with this cap, then parsed).

@@ -34,7 +34,8 @@ from datetime import datetime
 from pathlib import Path
 
 from autotune_cache.tree.delete import STALE_TEMP_AGE_S
-from autotune_cache.tree.layouts.base import LOCKS_DIRNAME, EntryId
+from autotune_cache.tree.layouts.values import EntryId
+from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME
 from autotune_cache.tree.crashsafe.locks import dead_owner, other_owner_alive
 from autotune_cache.tree.store.store import TEMP_PREFIX, TOMBSTONES, Store, is_missing
 from autotune_cache.tree.store.storeio import LISTING_BYTES, bounded, env_seconds

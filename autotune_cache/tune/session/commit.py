@@ -4,7 +4,7 @@ or tuned again), and the entry written from the tuned rank files in one step."""
 from __future__ import annotations
 
 from autotune_cache.plan.tuning import TuningPlan
-from autotune_cache.tree.layouts.base import Existing
+from autotune_cache.tree.layouts.values import Existing
 from autotune_cache.tune.workers.gpus import GpuInfo
 
 

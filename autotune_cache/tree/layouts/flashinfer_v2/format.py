@@ -31,7 +31,7 @@ from pathlib import Path
 from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, ensure_tree_dirs, fsync_dir, remove_our_temps
 from autotune_cache.tree.crashsafe.dirs import remove_tree
 from autotune_cache.tree.crashsafe.faults import crashpoint
-from autotune_cache.tree.layouts.base import stage_name
+from autotune_cache.tree.layouts.own_names import stage_name
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.autotuner.lookup_keys import encode_key_fields, parse_key
 from autotune_cache.autotuner.fingerprint import FIELDS

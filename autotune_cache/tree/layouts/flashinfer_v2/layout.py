@@ -24,8 +24,9 @@ from autotune_cache.tree.layouts.flashinfer_v2.format import (ENTRIES, MANIFEST,
 from autotune_cache.plan.topology import Topology
 from autotune_cache.errors import UsageError
 from autotune_cache.tree.check_report import checkable
-from autotune_cache.tree.layouts.base import (TEMP_FILE_RE, CacheLayout, EntryId, Existing, Level, Misplaced, NameKind, Replay,
-                                       RootChoice)
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import EntryId, Existing, Level, Misplaced, NameKind, Replay, RootChoice
+from autotune_cache.tree.layouts.own_names import TEMP_FILE_RE
 from autotune_cache.tree.records import CacheEntry, Finding, finding_for
 from autotune_cache.tree.status import EntryStatus
 
