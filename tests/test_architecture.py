@@ -69,6 +69,12 @@ def test_engines_are_reached_only_through_the_registry(graph):
     _assert_none("imports across the engine seam", ig.seam_violations(graph))
 
 
+def test_no_code_outside_the_layouts_asks_a_layouts_kind(graph):
+    """Issue 46: callers ask the layout (``entry_configs``, ``entry_ops``, ``where_rows``...), never
+    which kind it is; only the layouts wing and ``engines/<name>/layout.py`` know kinds."""
+    _assert_none("layout kinds read outside the layouts", ig.layout_kind_reads(graph))
+
+
 def test_no_package_folder_is_crowded(graph):
     _assert_none(f"package folders over {ig.MAX_FOLDER_MODULES} modules", ig.crowded_folders(graph))
 
@@ -112,6 +118,12 @@ SYNTHETIC = {
     "autotune_cache/engines/requests.py": "from autotune_cache.engines.alpha import engine\n",
     **{f"autotune_cache/crowd/m{i}.py": "" for i in range(16)},
     "autotune_cache/crowd/__init__.py": "",
+    "autotune_cache/tree/layouts/__init__.py": "",
+    "autotune_cache/tree/layouts/base.py": "class CacheLayout:\n    holds_rank_files = True\n",
+    "autotune_cache/tune/kinds.py": (
+        "def a(lay, CacheLayout):\n"
+        "    return lay.holds_rank_files or isinstance(lay, (int, CacheLayout)) or lay.writes == 'x'\n"
+    ),
     "cli/__init__.py": "",
     "cli/main.py": "from fi_autotune_cli.cmd import run\nfrom autotune_cache.tune.run import go\n",
     "cli/cmd.py": "from .main import go\nrun = go\n",
@@ -157,6 +169,13 @@ def test_checker_finds_imports_across_the_engine_seam(synthetic):
         "autotune_cache/engines/requests.py:1: autotune_cache.engines.requests imports "
         "autotune_cache.engines.alpha.engine, inside autotune_cache.engines.alpha",
     ]
+
+
+def test_checker_finds_layout_kinds_read_outside_the_layouts(synthetic):
+    assert ig.layout_kind_reads(synthetic) == [
+        "autotune_cache/tune/kinds.py:2: reads .holds_rank_files",
+        "autotune_cache/tune/kinds.py:2: isinstance(..., CacheLayout)",
+        "autotune_cache/tune/kinds.py:2: compares .writes"]
 
 
 def test_checker_finds_crowded_folders(synthetic):

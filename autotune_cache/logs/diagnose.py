@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from autotune_cache.autotuner.rankfile import summarize_ops
 from autotune_cache.logs.boot import Server, Session, assemble, vllm_world_size
 from autotune_cache.logs.formats import UNDERSTOOD
 from autotune_cache.logs.reader import LogText, read_log
@@ -94,18 +93,6 @@ def _elapsed(a: str | None, b: str | None) -> int | None:
     return None
 
 
-def _entry_ops(entry, file: str | None) -> dict[str, int]:
-    """op -> buckets in the entry's rank file (the one the server read, else the first)."""
-    files = [rf for rf in entry.rank_files if rf.error is None]
-    rf = next((r for r in files if r.name == file), files[0] if files else None)
-    if rf is None:
-        return {}
-    try:
-        return {s.custom_op: s.buckets for s in summarize_ops(rf.load())}
-    except (OSError, ValueError):
-        return {}
-
-
 def _diverged_cause(s: Session, server: Server, trees: Trees, loc: Located | None) -> str:
     line = "the TP ranks' cache files differed, so SGLang deleted them and tuned from scratch"
     entry = trees.entry(loc) if loc else None
@@ -142,7 +129,8 @@ def _present_cause(s: Session, loc: Located, entry, ops: list[dict]) -> tuple[st
     if entry.status is not EntryStatus.COMPLETE and entry.status is not EntryStatus.UNVERIFIED:
         kind = DIVERGED if entry.status is EntryStatus.DIVERGED else UNKNOWN
         return kind, f"our entry {entry.id} is {entry.status.value}: " + "; ".join(entry.problems[:2])
-    have = _entry_ops(entry, loc.file) if loc.layout.holds_rank_files else None
+    ops_held = loc.layout.entry_ops(entry.rank_files, prefer=loc.file)
+    have = None if ops_held is None else {s.custom_op: s.buckets for s in ops_held}
     tuned = list(dict.fromkeys(o["op"] for o in ops))
     if have is not None:
         missing = [op for op in tuned if op not in have]

@@ -44,7 +44,7 @@ def locate(path: str) -> Located | None:
                 continue
             if name is not None and lay.classify(name, False) is not NameKind.DATA:
                 continue
-            if name is None and lay.holds_rank_files:
+            if name is None and not lay.logged_dir_is_entry:
                 continue  # a directory names an entry only in a store of one file per key
             return Located(lay, found[0], name)
     return None

@@ -160,7 +160,7 @@ class TuningPlan:
         store: one file per winner under ``key_dir``/entries/), or None when nothing is tuned."""
         if not self.autotunes:
             return None
-        return "rank_files" if self.layout_obj.holds_rank_files else "store_entries"
+        return self.layout_obj.writes
 
     @property
     def rank_files(self) -> list[str]:

@@ -137,7 +137,7 @@ class CacheEntry:
         """Tuned keys: a rank file's (each holds them all), or, where each file is one key
         (FlashInfer's managed store), the count of readable entries."""
         counts = [rf.num_configs for rf in self.rank_files if rf.error is None]
-        return sum(counts) if not get_layout(self.id.layout).holds_rank_files else max(counts, default=0)
+        return get_layout(self.id.layout).entry_configs(counts)
 
     @property
     def ep(self) -> int | None:
@@ -161,7 +161,7 @@ class CacheEntry:
         present = sum(map(names.__contains__, expected))
         ranks = f"{present}/?" if inferred else (f"{present}/{len(expected)}" if expected else "-")
         counts = [rf.num_configs for rf in ok]
-        configs = max(counts, default=0) if memo.layout.holds_rank_files else sum(counts)
+        configs = memo.layout.entry_configs(counts)
         parallel = memo.parallel(self.topology, m.key_fields.ep if m else None, inferred)
         return self.gpu_short, parallel, ranks, str(configs)
 

@@ -137,7 +137,7 @@ def _human_one(out: Output, checks) -> None:
         if report.ok and not report.autotunes:
             out.line(f"OK: {who}{'; '.join(m.plan.reasons)}")
         elif report.ok:
-            files = f"{report.rank_files} rank files, " if m.plan.layout_obj.holds_rank_files else ""
+            files = m.plan.layout_obj.checked_words(report.rank_files)
             out.line(f"OK: {who}{report.where}: {files}{report.keys_checked} startup lookups, all present")
         elif len(report.misses) > n_unknown:
             out.line(f"{len(report.misses)} miss(es): {who}the engine would tune at startup")

@@ -50,7 +50,7 @@ def _read_file(p: Path, text: str) -> dict:
 
 #: Layouts whose entries are flat dirs of rank files (FlashInfer's v2 store is compared by
 #: converting an entry to it, not here).
-FLAT_LAYOUTS = tuple(layout for layout in layouts().values() if layout.holds_rank_files)
+FLAT_LAYOUTS = tuple(layout for layout in layouts().values() if layout.diffs_entries)
 
 
 def _unit_of_dir(path: Path) -> CacheUnit | None:

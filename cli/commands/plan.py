@@ -54,13 +54,9 @@ def print_plan(plan, out: Output) -> None:
                  f"(moe_tp={r.moe_tp_size}, moe_ep={r.moe_ep_size})")
     for label, text in plan.engine.describe(plan):
         out.line(f"{label:<11} {text}")
-    if plan.autotunes and not plan.layout_obj.holds_rank_files:  # FlashInfer's managed store
-        out.line(f"Store dir   {_store_dir(plan)}")
-        out.line(f"Entries     {sum(len(op.lookups()) for w in plan.workloads for op in w.ops)} lookups, one file "
-                 "each under entries/")
-    elif plan.autotunes:
-        out.line(f"Key dir     {plan.key_dir}")
-        out.line(f"Rank files  {len(plan.rank_files)}: {_compact(plan.rank_files)}")
+    if plan.autotunes:
+        for label, text in plan.layout_obj.where_rows(plan, _compact):
+            out.line(f"{label:<11} {text}")
     elif r.autotunes:
         out.line("Key dir     none needed: the server's autotune pass has nothing to tune")
     else:
@@ -75,17 +71,10 @@ def print_plan(plan, out: Output) -> None:
     _print_body(plan, out)
 
 
-def _store_dir(plan) -> str:
-    return str(plan.key_dir) if plan.bound else f"{plan.key_dir}/<the tuning GPU's environment hash>"
-
-
 def _workload_title(plan, i: int, w) -> str:
-    """Who gets the workload's winners: the rank files that share it, or FlashInfer's managed store."""
+    """Who gets the workload's winners, as the plan's layout says it."""
     spans = ", ".join(f"{a}-{b - 1}" for a, b in w.stages)
-    if plan.layout_obj.holds_rank_files:
-        return f"Workload {i}: {len(w.ranks)} rank(s) share it (layers {spans}): {_compact(w.ranks)}"
-    return (f"Workload {i} (layers {spans}): each winner written to FlashInfer's managed store, "
-            f"{_store_dir(plan)}/entries/ (no rank file)")
+    return plan.layout_obj.workload_title(plan, i, spans, w.ranks, _compact)
 
 
 def _print_body(plan, out: Output) -> None:
@@ -112,8 +101,7 @@ def _print_body(plan, out: Output) -> None:
             out.line(f"    engine dummy pass looks up {len(op.engine_keys)}: {_compact(op.engine_keys)}"
                      + (f"; added to the plan: {', '.join(map(str, op.added))}" if op.added else "; all in the plan")
                      if op.engine_keys else "    engine dummy pass does not call it: its buckets are for the calls of serving")
-    written = (f", copied to {len(plan.rank_files)} rank files" if plan.layout_obj.holds_rank_files else
-               ", each winner published as its own store entry")
+    written = plan.layout_obj.written_words(plan)
     out.line(f"\nProfiles    {plan.profiles} (op, bucket) profiles to tune" + (written if plan.autotunes else "; warm writes nothing"))
     if plan.autotunes:
         out.line(f"Kernels     {plan.kernel_modules().describe()}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from autotune_cache.autotuner.rankfile import summarize_ops
 from autotune_cache.registry import get_layout
 from autotune_cache.tune.careful.quality import selection_summary
 from autotune_cache.tree.scanner.scan import CacheEntry
@@ -26,15 +25,7 @@ def entry_view(e: CacheEntry, ops) -> dict:
 
 
 def _ops_of(e: CacheEntry):
-    if not get_layout(e.layout).holds_rank_files:
-        return []  # one key per file: listed by show --json
-    for rf in e.rank_files:
-        if rf.ok:
-            try:
-                return summarize_ops(rf.load())
-            except (OSError, ValueError):
-                continue
-    return []
+    return get_layout(e.layout).entry_ops(e.rank_files) or []  # none: one key per file, listed by --json
 
 
 @click.command("show")

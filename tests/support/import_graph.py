@@ -345,6 +345,40 @@ RULES = {
 }
 
 
+#: The layout classes whose kind a caller could test instead of asking the layout (issue 46).
+LAYOUT_KINDS = frozenset({"CacheLayout", "RankFileLayout", "FlashInferV2Layout", "SGLangLayout", "VllmLayout",
+                          "VllmDirLayout", "VllmManagedStore"})
+#: Attributes that would say a layout's kind: the old flag, and ``writes`` compared.
+KIND_ATTRIBUTES = frozenset({"holds_rank_files"})
+
+
+def owns_layouts(module: str) -> bool:
+    """The layouts wing, and each engine's own ``layout`` module, may know layouts' kinds."""
+    return module.startswith("autotune_cache.tree.layouts") or (
+        module.startswith("autotune_cache.engines.") and module.endswith(".layout"))
+
+
+def layout_kind_reads(g: Graph) -> list[str]:
+    """Code outside the layouts that asks which kind a layout is (``isinstance`` against a layout
+    class, the ``holds_rank_files`` flag, or ``.writes`` compared) instead of asking the layout."""
+    out = []
+    for module, path in sorted(g.files.items()):
+        if owns_layouts(module):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in KIND_ATTRIBUTES:
+                out.append(f"{g.where(module, node.lineno)}: reads .{node.attr}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+                  and len(node.args) == 2):
+                names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                if names & LAYOUT_KINDS:
+                    out.append(f"{g.where(module, node.lineno)}: isinstance(..., {', '.join(sorted(names & LAYOUT_KINDS))})")
+            elif isinstance(node, ast.Compare) and any(
+                    isinstance(x, ast.Attribute) and x.attr == "writes" for x in [node.left, *node.comparators]):
+                out.append(f"{g.where(module, node.lineno)}: compares .writes")
+    return out
+
+
 def main(argv: list[str]) -> int:
     g = read_graph(Path(argv[0]) if argv else Path(__file__).resolve().parents[2])
     print(f"modules {len(g.files)}, import edges {len({(i.src, i.target) for i in g.edges})}")

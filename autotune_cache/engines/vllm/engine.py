@@ -95,12 +95,8 @@ class Vllm(Engine):
     def describe(self, plan: TuningPlan) -> list[tuple[str, str]]:
         n = plan.resolution.chunked_prefill_size
         tuning = f"autotune(tuning_buckets=get_hybrid_num_tokens_buckets({n}), round_up=True)"
-        if not plan.layout_obj.holds_rank_files:  # a single rank: FlashInfer's managed store
-            return [("Tuning pass", f"vLLM's {tuning} inside autotune_v2(mode=\"tune\", cache_root=<root>): every "
-                                    "lookup the store serves is not profiled"),
-                    ("Key", plan.key or "the tuning GPU's environment hash (FlashInfer's manifest.json; warm binds it)")]
-        return [("Tuning pass", f"vLLM's {tuning}; vLLM loads the files and skips it when every rank has one"),
-                ("Key", f"{plan.key}  ({plan.key_string})")]
+        layout = self.plan_layout(plan.request) if plan.request is not None else LAYOUT
+        return layout.tuning_pass(plan, tuning)  # the ranks' files, or a single rank's managed store
 
 
 ENGINE = Vllm()

@@ -90,6 +90,11 @@ def arch_dir(arch: str) -> str:
 class VllmLayout(RankFileLayout):
     name = "vllm"
     engine = "vLLM"
+
+    def tuning_pass(self, plan, tuning: str) -> list[tuple[str, str]]:
+        """``plan``'s rows on vLLM's startup pass into this tree (``Vllm.describe``)."""
+        return [("Tuning pass", f"vLLM's {tuning}; vLLM loads the files and skips it when every rank has one"),
+                ("Key", f"{plan.key}  ({plan.key_string})")]
     description = ("vLLM 0.33 (multi-rank): $VLLM_CACHE_ROOT/flashinfer_autotune_cache/<version>/<arch dir>/<config hash>/"
                    "autotune_configs_dp*_rank*.json")
     levels = (
@@ -213,6 +218,12 @@ class VllmManagedStore(FlashInferV2Layout):
     FlashInfer's own default root. The same tree as the ``flashinfer-v2`` layout (whose name it
     keeps): only the root a plan goes under without ``--cache-dir`` differs. ``override_only``:
     for ``--layout vllm-dir``, whose server sets the variable (unset here: no root at all)."""
+
+    def tuning_pass(self, plan, tuning: str) -> list[tuple[str, str]]:
+        """``plan``'s rows on a single-rank vLLM's startup pass into the store (``Vllm.describe``)."""
+        return [("Tuning pass", f"vLLM's {tuning} inside autotune_v2(mode=\"tune\", cache_root=<root>): every "
+                                "lookup the store serves is not profiled"),
+                ("Key", plan.key or "the tuning GPU's environment hash (FlashInfer's manifest.json; warm binds it)")]
 
     def __init__(self, override_only: bool = False) -> None:
         self.override_only = override_only

@@ -41,9 +41,14 @@ class CacheLayout(ABC):
     data_dirs: ClassVar[tuple[str, ...]] = ()
     #: Names directly in ``base(root)`` that belong to another layout sharing the directory.
     skip_names: ClassVar[frozenset[str]] = frozenset()
-    #: Data files are FlashInfer autotuner caches (op -> bucket -> tactic), whose tuned ops
-    #: ``show`` can summarize; False where each file holds one key (FlashInfer's managed store).
-    holds_rank_files: ClassVar[bool] = True
+    #: What a warm writes, as ``plan --json`` names it (``writes``): "rank_files", "store_entries".
+    writes: ClassVar[str]
+    #: A directory a server's log names is an entry (a store of one file per key, whose entry is
+    #: a directory), not only a file in one.
+    logged_dir_is_entry: ClassVar[bool] = False
+    #: ``diff`` reads this layout's entries as directories of whole cache files (FlashInfer's
+    #: managed store is compared by converting an entry into it instead).
+    diffs_entries: ClassVar[bool] = True
     #: fi-autotune derives this layout's entry key from the serving flags (``pull --model ...``
     #: names an entry); False where only the engine can compute it (vLLM's config hash).
     key_from_serving_flags: ClassVar[bool] = False
@@ -110,6 +115,42 @@ class CacheLayout(ABC):
     def check_entry(self, plan, report, fingerprint, root: Path | None, store_url: str | None, files) -> None:
         """``check`` of ``plan``'s entry as this layout's engine reads it, into ``report`` (a
         ``check_report.CheckReport``); ``files``: the checks of rank files in a tree or store."""
+
+    # --- what an entry's files hold, and how a plan's entry is told: each kind its own way ---
+
+    @abstractmethod
+    def entry_configs(self, counts: list[int]) -> int:
+        """An entry's tuned keys, from the keys in each of its readable files."""
+
+    @abstractmethod
+    def entry_ops(self, files: list, prefer: str | None = None) -> list | None:
+        """The ops an entry tuned (``rankfile.OpSummary``), from its readable file named
+        ``prefer``, else the first; None where each file holds one key, not an op's buckets."""
+
+    @abstractmethod
+    def written_files(self, names: list[str]) -> list[str]:
+        """Of the files a warm hands over, those ``warm --json`` names as written (``rank_files``)."""
+
+    @abstractmethod
+    def where_rows(self, plan, compact) -> list[tuple[str, str]]:
+        """``plan``'s rows saying where a warm writes (label, text); ``compact`` shortens a list."""
+
+    @abstractmethod
+    def workload_title(self, plan, i: int, spans: str, ranks: tuple[str, ...], compact) -> str:
+        """``plan``'s title line of workload ``i`` (layers ``spans``): who gets its winners."""
+
+    @abstractmethod
+    def written_words(self, plan) -> str:
+        """What follows "N profiles to tune" in ``plan``: where each winner goes."""
+
+    @abstractmethod
+    def checked_words(self, files: int) -> str:
+        """What ``check`` says it read besides the lookups ("4 rank files, ", or nothing)."""
+
+    @abstractmethod
+    def complete_words(self, quality: str | None) -> str:
+        """What follows "already complete" when a warm finds the entry done (``quality``: the
+        mode it was tuned in; None: by the engine or an older warm)."""
 
     @abstractmethod
     def base_parts(self) -> tuple[str, ...]:

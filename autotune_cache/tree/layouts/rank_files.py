@@ -10,7 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
-from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
+from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file, summarize_ops
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.tree.scanner.entry_scan import scan_entry
 from autotune_cache.tree.layouts.base import CacheLayout
@@ -21,6 +21,38 @@ from autotune_cache.tree.writer import commit_entry, other_gpu_refusal, replace_
 
 class RankFileLayout(CacheLayout):
     """Entries of one rank file per rank plus our manifest, written whole by a transaction."""
+
+    writes = "rank_files"
+
+    def entry_configs(self, counts: list[int]) -> int:
+        return max(counts, default=0)  # each rank file holds them all
+
+    def entry_ops(self, files: list, prefer: str | None = None) -> list | None:
+        ok = [rf for rf in files if rf.error is None]
+        for rf in sorted(ok, key=lambda r: r.name != prefer):
+            try:
+                return summarize_ops(rf.load())
+            except (OSError, ValueError):
+                continue
+        return []
+
+    def written_files(self, names: list[str]) -> list[str]:
+        return sorted(names)
+
+    def where_rows(self, plan, compact) -> list[tuple[str, str]]:
+        return [("Key dir", str(plan.key_dir)), ("Rank files", f"{len(plan.rank_files)}: {compact(plan.rank_files)}")]
+
+    def workload_title(self, plan, i: int, spans: str, ranks: tuple[str, ...], compact) -> str:
+        return f"Workload {i}: {len(ranks)} rank(s) share it (layers {spans}): {compact(ranks)}"
+
+    def written_words(self, plan) -> str:
+        return f", copied to {len(plan.rank_files)} rank files"
+
+    def checked_words(self, files: int) -> str:
+        return f"{files} rank files, "
+
+    def complete_words(self, quality: str | None) -> str:
+        return f", tuned in {quality} mode" if quality else ", tuned by the engine or an older warm"
 
     def existing(self, plan, gpu_name: str | None) -> Existing:
         """Refused when another GPU model's (or, says the engine, another configuration's);

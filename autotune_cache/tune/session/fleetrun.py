@@ -184,7 +184,7 @@ class FleetRun:
         except FiAutotuneError as e:
             raise FiAutotuneError(f"{e} (the tuned buckets are kept in {self.dirs[0]})") from None
         item.status = "written"
-        item.rank_files = sorted(rank_bytes) if item.plan.layout_obj.holds_rank_files else []
+        item.rank_files = item.plan.layout_obj.written_files(list(rank_bytes))
         item.selection = selection_summary(selection) if careful else {}
 
     def _commit_item(self, item) -> None:

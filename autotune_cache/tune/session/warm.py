@@ -52,12 +52,9 @@ def _kept(item: FleetItem, quality: QualitySettings | None) -> WarmResult:
     if item.status == "failed":
         raise FiAutotuneError(f"{plan.entry_id} {existing.refusal}")
     was = existing.quality
-    how = f"in {was} mode" if was else "by the engine or an older warm"
-    if not plan.layout_obj.holds_rank_files:
-        how = "(every lookup of the startup pass has its entry in FlashInfer's managed store)"
     again = "carefully " if quality is not None and quality.careful and was != "careful" else ""
-    return WarmResult("complete", str(plan.key_dir), message=f"already complete{'' if how.startswith('(') else ', tuned'} {how} (use --force to tune "
-                      f"it again {again}and replace it)")
+    return WarmResult("complete", str(plan.key_dir), message=f"already complete{plan.layout_obj.complete_words(was)} "
+                      f"(use --force to tune it again {again}and replace it)")
 
 
 def warm(

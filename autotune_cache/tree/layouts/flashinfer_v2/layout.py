@@ -43,7 +43,39 @@ class FlashInferV2Layout(CacheLayout):
     levels = (Level("env_hash", "environment hash", ENV_RE),)
     #: Bundled as on disk (``bundle.py``), merged entry by entry on import (FlashInfer writes here too).
     data_dirs = (ENTRIES,)
-    holds_rank_files = False  # one key per file: listed by show --json
+    writes = "store_entries"
+    logged_dir_is_entry = True  # an environment dir of one file per key
+    diffs_entries = False
+
+    def entry_configs(self, counts: list[int]) -> int:
+        return sum(counts)  # one key per file
+
+    def entry_ops(self, files: list, prefer: str | None = None) -> list | None:
+        return None  # one key per file: listed by show --json
+
+    def written_files(self, names: list[str]) -> list[str]:
+        return []  # each winner is published as its own store entry
+
+    @staticmethod
+    def _store_dir(plan) -> str:
+        return str(plan.key_dir) if plan.bound else f"{plan.key_dir}/<the tuning GPU's environment hash>"
+
+    def where_rows(self, plan, compact) -> list[tuple[str, str]]:
+        lookups = sum(len(op.lookups()) for w in plan.workloads for op in w.ops)
+        return [("Store dir", self._store_dir(plan)), ("Entries", f"{lookups} lookups, one file each under entries/")]
+
+    def workload_title(self, plan, i: int, spans: str, ranks: tuple[str, ...], compact) -> str:
+        return (f"Workload {i} (layers {spans}): each winner written to FlashInfer's managed store, "
+                f"{self._store_dir(plan)}/entries/ (no rank file)")
+
+    def written_words(self, plan) -> str:
+        return ", each winner published as its own store entry"
+
+    def checked_words(self, files: int) -> str:
+        return ""
+
+    def complete_words(self, quality: str | None) -> str:
+        return " (every lookup of the startup pass has its entry in FlashInfer's managed store)"
 
     def default_root(self) -> RootChoice:
         path, source = default_root()
