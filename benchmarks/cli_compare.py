@@ -154,6 +154,8 @@ def build_fixtures(old: Side, kind: str, dest: Path) -> None:
         sh([old.bin / "fi-autotune", "export", "-o", dest / "tree.tar.gz", "--cache-dir", dest / "tree"], cwd=dest, env=env)
         sh([old.bin / "fi-autotune", "push", f"file://{dest}/store", "--cache-dir", dest / "tree"], cwd=dest, env=env)
     elif kind == "warm":
+        # the stand-in GPUs are the launcher's: no CUDA_VISIBLE_DEVICES="" hiding them from --gpus
+        env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
         sh([*py, old.root / (BEFORE_33[FAKE_GPU_CLI] if moved else FAKE_GPU_CLI), "warm", *WARM_ARGS, "--cache-dir", dest / "warm"], cwd=old.root, env=env)
 
 

@@ -9,7 +9,7 @@ garbage; plus served workers' ``state.json`` as each of those. Counted per case:
 exit within the deadline: killed), an *unbounded read* (the process's peak RSS over 512 MiB,
 read per process from ``wait4``), an *internal error* (a traceback or "internal error" in its
 output) and whether it ended in one line with a non-zero status where it must refuse. Stores
-with slow headers and bodies are tests/tree/test_store_deadlines.py's (a server per case).
+with slow headers and bodies are tests/tree/store/test_store_deadlines.py's (a server per case).
 """
 
 from __future__ import annotations

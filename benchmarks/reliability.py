@@ -1,7 +1,7 @@
 """Reliability trials of the tree and store commands, counted: real processes, real kills, real files.
 
     python benchmarks/reliability.py                  # the tree trials: >= 100 kills, >= 50 rounds
-    python benchmarks/reliability.py --short          # what CI runs (tests/tree/test_stress.py)
+    python benchmarks/reliability.py --short          # what CI runs (tests/tree/crashsafe/test_stress.py)
     python benchmarks/reliability.py --long           # every attack (about 25 min on 2 cores)
     python benchmarks/reliability.py --long --quick   # a few points of each family (development)
     python benchmarks/reliability.py --long --only "exact syscall kills: rm,HTTP"   # rows by substring

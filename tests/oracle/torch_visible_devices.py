@@ -1,5 +1,5 @@
 """Record how torch reads CUDA_VISIBLE_DEVICES (its ``_parse_visible_devices`` and the UUID matching of
-``_transform_uuid_to_ordinals``) for a list of masks, as the golden tests/tune/test_gpus_visible.py holds
+``_transform_uuid_to_ordinals``) for a list of masks, as the golden tests/tune/workers/test_gpus_visible.py holds
 fi-autotune's own reading to. Runs on CPU; re-record after a torch upgrade:
 
     python tests/oracle/torch_visible_devices.py   # writes tests/data/torch-visible-devices.json

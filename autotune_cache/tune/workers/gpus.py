@@ -45,7 +45,7 @@ def _leading_int(text: str) -> int:
 def mask_entries(env_value: str | None) -> list[str] | None:
     """The entries of a ``CUDA_VISIBLE_DEVICES`` value CUDA reads (None: unset, every GPU). Needs no
     driver: what ``--gpus N`` is checked against before any worker starts. CUDA's rules, as torch
-    reads them (``torch.cuda._parse_visible_devices``, compared in tests/tune/test_gpus_visible.py):
+    reads them (``torch.cuda._parse_visible_devices``, compared in tests/tune/workers/test_gpus_visible.py):
     a list of ``GPU-`` UUID prefixes or of ``MIG-`` instances when the value starts so, read up to the
     first entry without that prefix; else of indices, each the integer its entry starts with, read up
     to the first entry that has none or a negative one (``0,2,-1,1`` shows 0 and 2); a repeated entry

@@ -15,7 +15,7 @@ from autotune_cache.tune.careful.exhaustive import (bootstrap, center, relative_
                                                      table)
 from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS, QualitySettings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _noisy(mu: float, n: int, rel: float, seed: int) -> list[float]:

@@ -16,9 +16,9 @@ from autotune_cache.registry import default_layout
 from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME, TRASH_DIR_RE, trash_name
 from devtools.synthetic import default_fields, entry_path, write_fake_entry
 
-from ..standins.fault_cli import crash_at
+from tests.standins.fault_cli import crash_at
 
-from ..conftest import run_cli, run_json
+from tests.conftest import run_cli, run_json
 
 SG = default_layout()
 

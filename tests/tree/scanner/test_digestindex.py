@@ -31,7 +31,7 @@ from autotune_cache.tree.scanner.scan import iter_entries, scan_cache
 from autotune_cache.tree.status import EntryStatus
 from devtools.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs, make_manifest
 
-from ..conftest import REPO
+from tests.conftest import REPO
 
 BUCKETS = (1, 2, 4)
 
@@ -171,7 +171,7 @@ CORRUPTIONS = {
 def test_a_corrupt_index_is_ignored_and_rebuilt_never_trusted(root, how):
     """A whole ``ls`` (a real process) over a damaged index file answers exactly as without one,
     and leaves a whole index behind."""
-    from ..conftest import run_cli
+    from tests.conftest import run_cli
 
     engine_tree(root, 3)
     env = {"XDG_CACHE_HOME": os.environ["XDG_CACHE_HOME"]}
@@ -300,7 +300,7 @@ def test_no_collection_runs_while_a_stream_is_scanned_and_the_collector_comes_ba
 def test_an_index_path_that_is_no_regular_file_is_ignored_without_blocking(root, what):
     """A FIFO in the index's place (a plain ``open`` waits for a writer for ever), a link to
     ``/dev/zero``, a directory: ``ls`` (a real process, under a deadline) lists as without an index."""
-    from ..conftest import run_cli
+    from tests.conftest import run_cli
 
     engine_tree(root, 2)
     env = {"XDG_CACHE_HOME": os.environ["XDG_CACHE_HOME"]}

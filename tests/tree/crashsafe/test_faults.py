@@ -14,9 +14,9 @@ import pytest
 
 from devtools.synthetic import default_fields, write_fake_entry
 
-from ..standins.fault_cli import crash_at
-from ..conftest import run_cli
-from .test_reliability import finish_with_a_writer, leftovers, listed, seeded_archive
+from tests.standins.fault_cli import crash_at
+from tests.conftest import run_cli
+from tests.tree.crashsafe.test_reliability import finish_with_a_writer, leftovers, listed, seeded_archive
 
 #: what once turned fault injection on; now nothing reads them
 OLD_VARIABLES = {"FI_AUTOTUNE_CRASH_AT": "txn.journaled", "FI_AUTOTUNE_NO_EXCHANGE": "1"}

@@ -47,7 +47,7 @@ def test_visible_follows_cudas_rules(env, want):
     assert visible(MACHINE, env) == [MACHINE[i] for i in want]
 
 
-GOLDEN = json.loads((Path(__file__).resolve().parents[1] / "data" / "torch-visible-devices.json").read_text())
+GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "data" / "torch-visible-devices.json").read_text())
 
 
 @pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: repr(c["mask"]))
@@ -135,6 +135,6 @@ def test_warm_with_more_gpus_than_visible_is_a_usage_error(smi, tmp_path):
     for gpus, msg in (("2", "--gpus 2: CUDA_VISIBLE_DEVICES=2 shows this command 1 GPU(s)"),):
         p = subprocess.run([sys.executable, "-m", "fi_autotune_cli", "warm", "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2",
                             "--gpus", gpus, "--cache-dir", str(root)], capture_output=True, text=True, env=env,
-                           cwd=Path(__file__).resolve().parents[2], timeout=120)
+                           cwd=Path(__file__).resolve().parents[3], timeout=120)
         assert p.returncode == 2 and p.stderr.strip() == f"fi-autotune: error: {msg}", p.stderr
         assert "Traceback" not in p.stderr and not root.exists()

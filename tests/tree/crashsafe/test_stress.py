@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ..conftest import REPO
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow  # about 2 minutes on 2 cores: CI runs it (.ci/run), the README's command does not
 

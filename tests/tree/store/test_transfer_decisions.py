@@ -13,9 +13,9 @@ import pytest
 
 from devtools.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry, write_vllm_entry
 
-from ..conftest import run_cli, run_cli_unprivileged
-from ..engines.test_v2_bundles import V2, env_dir as v2_env_dir, store_root as v2_root, tree as v2_tree  # noqa: F401
-from .test_pull_verify import store  # noqa: F401 - the store fixture (file:// and S3)
+from tests.conftest import run_cli, run_cli_unprivileged
+from tests.engines.test_v2_bundles import V2, env_dir as v2_env_dir, store_root as v2_root, tree as v2_tree  # noqa: F401
+from tests.tree.store.test_pull_verify import store  # noqa: F401 - the store fixture (file:// and S3)
 
 H100 = {"gpu": "NVIDIA H100 80GB HBM3"}
 

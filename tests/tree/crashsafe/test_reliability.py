@@ -28,8 +28,8 @@ from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 from devtools.synthetic import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
 
-from ..standins.fault_cli import crash_at
-from ..conftest import REPO, run_cli, run_cli_unprivileged, run_json
+from tests.standins.fault_cli import crash_at
+from tests.conftest import REPO, run_cli, run_cli_unprivileged, run_json
 
 SG = default_layout()
 

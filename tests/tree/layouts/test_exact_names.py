@@ -16,7 +16,7 @@ from autotune_cache.plan.topology import RankName
 from autotune_cache.tree.layouts.own_names import STAGE_DIR_RE, TEMP_FILE_RE, TRASH_DIR_RE
 from devtools.synthetic import entry_path, write_fake_entry
 
-from ..conftest import run_cli
+from tests.conftest import run_cli
 
 SAMPLES = ("0.7.2.post1", "sm90", "sm100", "90a", "100a_90a", "0123456789abcdef", "ab" * 32)
 

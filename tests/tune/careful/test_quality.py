@@ -21,7 +21,7 @@ from autotune_cache.tune.workers.gpus import GpuInfo
 from autotune_cache.tune.workers.pool import WorkerPool
 from autotune_cache.tune.session.warm import warm
 
-from ..conftest import REPO
+from tests.conftest import REPO
 
 POLICY = ["l2_cache_policy", "hot"]
 K1 = "('gemm1', 'CutlassRunner', ((64, 2048),), ())"
@@ -255,7 +255,7 @@ def test_show_reports_how_each_tactic_was_chosen(plan, monkeypatch):
 
 
 def test_threshold_must_be_a_number():
-    from ..conftest import run_cli
+    from tests.conftest import run_cli
 
     cands = [Candidate({K1: (K1, ["R", 4])}, (0,)), Candidate({K1: (K1, ["R", -1])}, default=True)]
     with pytest.raises(ValueError, match="finite"):

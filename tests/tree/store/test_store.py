@@ -16,9 +16,9 @@ import pytest
 
 from devtools.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
 
-from ..standins.fault_cli import crash_at
-from ..support.servers import SECRET, free_port as _free_port, wait_for as _wait_for
-from ..conftest import REPO, run_cli
+from tests.standins.fault_cli import crash_at
+from tests.support.servers import SECRET, free_port as _free_port, wait_for as _wait_for
+from tests.conftest import REPO, run_cli
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")

@@ -20,7 +20,7 @@ from autotune_cache.registry import get_layout
 from autotune_cache.tree.layouts.own_names import MANIFEST_NAME as MANIFEST
 from autotune_cache.plan.topology import Topology
 
-from ..conftest import REPO, unprivileged
+from tests.conftest import REPO, unprivileged
 
 SG = default_layout()
 

@@ -18,10 +18,10 @@ from autotune_cache.tree.store.store import Store
 from autotune_cache.tree.store.storehouse import plan_store_delete
 from devtools.synthetic import default_fields, write_fake_entry
 
-from ..standins.fault_cli import crash_at
-from ..conftest import run_cli
-from .test_pull_verify import StoreFiles, cli, store  # noqa: F401 - the store fixture (file:// and S3)
-from .test_store_limits import HangingServer
+from tests.standins.fault_cli import crash_at
+from tests.conftest import run_cli
+from tests.tree.store.test_pull_verify import StoreFiles, cli, store  # noqa: F401 - the store fixture (file:// and S3)
+from tests.tree.store.test_store_limits import HangingServer
 
 
 def keys(store: StoreFiles) -> list[str]:

@@ -18,8 +18,8 @@ import pytest
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.targets import MAX_TARGETS, assign, load_targets, parse_shard, parse_targets, shard_from_env
 
-from ..support.fake_gpus import FAKE_GPU_CLI, gpu_env, run_gpu_cli
-from ..conftest import REPO, run_cli
+from tests.support.fake_gpus import FAKE_GPU_CLI, gpu_env, run_gpu_cli
+from tests.conftest import REPO, run_cli
 
 TARGETS = """\
 defaults:

@@ -14,8 +14,8 @@ import pytest
 
 from devtools.synthetic import DEFAULT_METADATA, default_fields, write_fake_entry
 
-from ..support.servers import SECRET
-from ..conftest import run_cli
+from tests.support.servers import SECRET
+from tests.conftest import run_cli
 
 H100 = "NVIDIA H100 80GB HBM3"
 

@@ -24,7 +24,7 @@ from autotune_cache.tune.workers.gpus import GpuInfo
 from autotune_cache.tune.workers.pool import WorkerPool
 from autotune_cache.tune.session.warm import warm
 
-from ..conftest import REPO
+from tests.conftest import REPO
 
 FAKE = [sys.executable, str(REPO / "tests" / "standins" / "fake_worker.py")]
 H200 = GpuInfo(2, "sm90", ("NVIDIA H200", "NVIDIA H200"))

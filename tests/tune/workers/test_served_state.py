@@ -15,7 +15,7 @@ import pytest
 
 from autotune_cache.tune.workers.servedstate import PID_MAX, ServedPool, StateError
 from tests.support.fake_gpus import gpu_env, run_gpu_cli
-from tests.tune.test_served import served  # noqa: F401 - the fixture
+from tests.tune.workers.test_served import served  # noqa: F401 - the fixture
 
 #: Far above what reading a state file takes; far below "for ever".
 DEADLINE_S = 60

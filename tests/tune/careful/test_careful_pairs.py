@@ -15,7 +15,7 @@ from autotune_cache.tune.careful.careful import MAX_PAIRS, RacePlan, pair_candid
 from autotune_cache.tune.careful.quality import Candidate, QualitySettings, default_candidate
 from autotune_cache.tree.scanner.scan import scan_cache
 
-from .test_quality import K1, K2, POLICY, careful, entries_of, plan  # noqa: F401 - plan is a fixture
+from tests.tune.careful.test_quality import K1, K2, POLICY, careful, entries_of, plan  # noqa: F401 - plan is a fixture
 
 K3 = "('gemm3', 'CutlassRunner', ((64, 512),), ())"
 

@@ -13,7 +13,7 @@ import pytest
 
 from autotune_cache.autotuner.recipe import OpRecipe
 
-from ..conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli
 
 POLICY = ["l2_cache_policy", "hot"]
 

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from tests.support.fake_gpus import FAKE_GPU_CLI, REPO, gpu_env, run_gpu_cli
-from tests.tune.test_served import QWEN, SCHEMA, served, warm, warm_until_a_bucket_is_saved  # noqa: F401 - the fixture
+from tests.tune.workers.test_served import QWEN, SCHEMA, served, warm, warm_until_a_bucket_is_saved  # noqa: F401 - the fixture
 
 FAKE_WORKER = REPO / "tests" / "standins" / "fake_worker.py"
 

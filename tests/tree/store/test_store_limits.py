@@ -17,9 +17,9 @@ from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.store.store import Store, bundle_of
 from devtools.synthetic import default_fields, write_fake_entry
 
-from ..conftest import REPO, run_cli
-from ..support.servers import LoopbackServer
-from .test_pull_verify import pushed, store  # noqa: F401 - the store fixture (file:// and S3)
+from tests.conftest import REPO, run_cli
+from tests.support.servers import LoopbackServer
+from tests.tree.store.test_pull_verify import pushed, store  # noqa: F401 - the store fixture (file:// and S3)
 
 
 def HangingServer(trickle: bool = False, gap: float = 3.0) -> LoopbackServer:  # noqa: N802 - a server's name

@@ -17,7 +17,7 @@ from autotune_cache.tune.careful.workdir import merge_cache_files
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.autotuner.rankfile import cache_file_bytes
 
-from ..support.lazy import importorskip_lazily
+from tests.support.lazy import importorskip_lazily
 
 # Imported by the first test that uses them, not while collecting (tests/support/lazy.py); without
 # torch the module is skipped here, at collection, as before. The skeleton imports torch.

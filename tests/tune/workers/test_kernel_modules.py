@@ -122,7 +122,7 @@ import threading  # noqa: E402
 
 from autotune_cache.autotuner import jit_modules as jm  # noqa: E402
 
-from ..conftest import run_json  # noqa: E402
+from tests.conftest import run_json  # noqa: E402
 
 DENSE = ["--model", "nvidia/Llama-3.1-70B-Instruct-FP8", "--tp", "4", "--arch", "sm90"]
 

@@ -13,8 +13,8 @@ import pytest
 
 from autotune_cache.tree.store.storeio import MIN_RATE, deadline
 
-from ..conftest import run_cli
-from ..support.servers import LoopbackServer
+from tests.conftest import run_cli
+from tests.support.servers import LoopbackServer
 
 TIMEOUT = 2.0  # issue 44 timed `ls http://... --timeout 2` against 0.5 s gaps: each read is alive
 #: The marker's cap (store.py's MAX_MARKER_BYTES) is what ``ls`` reads first: its deadline.
