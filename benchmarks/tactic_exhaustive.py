@@ -21,7 +21,7 @@ For one workload, on one GPU, in one run:
    call against every slot at its best.
 
 Writes ``--out/tactic_exhaustive_<workload>.json`` (after every bucket: an interrupted run keeps what it
-measured) and prints the table (``autotune_cache.tune.careful.exhaustive``). ``--report FILE`` re-prints it.
+measured) and prints the table (``autotune_cache.tune.careful.settle``). ``--report FILE`` re-prints it.
 
     python benchmarks/tactic_exhaustive.py --workload moe-bf16 --out $OUT
     python benchmarks/tactic_exhaustive.py --report docs/results/tactic_exhaustive_moe-bf16.json.gz
@@ -45,8 +45,10 @@ T0 = time.perf_counter()
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from autotune_cache.tune.careful.exhaustive import (  # noqa: E402
-    KINDS, relative_iqr, summarize, table)
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from autotune_cache.tune.careful.settle import relative_iqr  # noqa: E402
+from exhaustive_report import KINDS, summarize, table  # noqa: E402
 from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS  # noqa: E402
 
 WORKLOADS = {
@@ -256,7 +258,7 @@ def sweep_slot(race, layer, bucket: int, graph: bool, slot: dict, fixed: dict, w
     samples, errors, used_graph, settled = r["samples_ms"], r["errors"], r["graph"], r["settle"]
     draws = r.get("samples_draw") or [None] * len(samples)
     rounds, top = settled["rounds"], settled["top"]
-    meds = r["medians_ms"]  # exhaustive.center: with input draws, the mean of each draw's median
+    meds = r["medians_ms"]  # settle.center: with input draws, the mean of each draw's median
     best = min(top, key=lambda i: (meds[i], i)) if top else None
     ranking = sorted((i for i in range(len(cands)) if math.isfinite(meds[i])), key=lambda i: meds[i])
     return {

@@ -18,7 +18,7 @@ from autotune_cache.engines.selection import warm_groups
 from autotune_cache.errors import UsageError
 from autotune_cache.tune.session.fleet import FleetItem
 from autotune_cache.tune.session.fleetrun import DEALS
-from autotune_cache.tune.careful.exhaustive import KEEP
+from autotune_cache.tune.careful.settle import KEEP
 from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS, DEFAULT_THRESHOLD, MAX_ROUNDS, QualitySettings
 from autotune_cache.tune.session.session import WarmOptions, WarmRun, run_warm
 from autotune_cache.tune.session.publish import writable_store

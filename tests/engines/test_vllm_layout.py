@@ -303,7 +303,7 @@ def test_two_layouts_in_one_root_keep_their_own_digest_index(tmp_path):
     the records it used, so a shared index file would lose the other layout's every time."""
     import os as _os
 
-    from autotune_cache.tree.scanner.digestindex import DigestIndex, entry_key
+    from autotune_cache.tree.scanner.digestindex import DigestIndex, stats_digest
     from autotune_cache.tree.scanner.scan import scan_cache
     from devtools.synthetic import entry_path, write_fake_entry
 
@@ -314,5 +314,5 @@ def test_two_layouts_in_one_root_keep_their_own_digest_index(tmp_path):
     scan_cache(root, get_layout("vllm"))
     sglang_files = sorted((p.name, _os.stat(p)) for p in entry_path(root, eid).iterdir() if p.name.startswith("rank_"))
     index = DigestIndex.for_root(root, "sglang")
-    assert sglang_files and index.get_entry(entry_key(sglang_files), len(sglang_files)) is not None
+    assert sglang_files and index.get_entry(stats_digest(sglang_files), len(sglang_files)) is not None
     assert len(DigestIndex.for_root(root, "vllm")) == 1  # its one entry, both files the same bytes

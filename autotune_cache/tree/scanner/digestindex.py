@@ -4,7 +4,7 @@ Engine-written entries have no fi-autotune manifest, so without help ``ls`` read
 every rank file every time (800,000 files for a 100,000-entry tree). This index remembers, per
 entry, what reading its files gave (per file: sha256, config count, ``_metadata``), keyed by
 everything ``stat`` says about each of them: name, device, inode, size, mtime and ctime (a 128-bit
-BLAKE2b of them all, ``entry_key``: an entry one of whose files' stat differs is read again, whole).
+BLAKE2b of them all, ``stats_digest``: an entry one of whose files' stat differs is read again, whole).
 It sees what ``stat`` sees: any ``write``, ``truncate`` or rename changes a file's ctime, even one
 that puts its mtime back. It cannot see a write through a shared memory map, which changes the
 bytes without updating ctime or mtime (Linux updates them at most at the first write to a clean
@@ -72,9 +72,9 @@ def stat_key(st: os.stat_result) -> bytes:
 _KEYS: dict[int, struct.Struct] = {}
 
 
-def entry_key(files) -> bytes:
-    """The key of an entry's data files: ``files``, (name, stat) in the entry's order. Their
-    count, names and ``stat_key``s, hashed (fixed-size fields after a count: unambiguous)."""
+def stats_digest(files) -> bytes:
+    """The index's key: a digest of ``files``, (name, stat) in the entry's order - their count,
+    names and ``stat_key``s (fixed-size fields after a count: unambiguous)."""
     n = len(files)
     keys = _KEYS.get(n) or struct.Struct("<" + "QQqqq" * n)
     if n <= 64:  # at most 64 formats kept (an entry holds at most MAX_RANK_FILES data files)
@@ -87,7 +87,7 @@ def entry_key(files) -> bytes:
 
 
 class DigestIndex:
-    """Per-entry records (sha256, configs, metadata of each file) by ``entry_key``; learns in
+    """Per-entry records (sha256, configs, metadata of each file) by ``stats_digest``; learns in
     memory, saves on demand."""
 
     def __init__(self, path: Path | None = None, root: str = ""):
@@ -115,7 +115,7 @@ class DigestIndex:
 
     # reading -----------------------------------------------------------------------------------
     def get_entry(self, key: bytes, count: int) -> tuple | None:
-        """What the files of the entry whose ``entry_key`` is ``key`` hold, one (sha256, configs,
+        """What the files of the entry whose ``stats_digest`` is ``key`` hold, one (sha256, configs,
         metadata) per file (``count`` of them), or None when unknown."""
         known = self.learned.get(key)
         if known is not None:

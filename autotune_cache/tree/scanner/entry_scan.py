@@ -18,7 +18,7 @@ from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.rankfile import RankFile, read_regular_file
 from autotune_cache.plan.topology import MAX_RANK_FILES, Topology
 from autotune_cache.tree.layouts.memo import memo_of
-from autotune_cache.tree.scanner.digestindex import DigestIndex, entry_key
+from autotune_cache.tree.scanner.digestindex import DigestIndex, stats_digest
 from autotune_cache.tree.crashsafe.dirs import dir_size, list_dir
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import EntryId, NameKind
@@ -78,7 +78,7 @@ def _read_entry_files(path: Path, files: list[tuple[str, os.stat_result]], diges
     files exactly as ``stat`` shows them now (one lookup per entry), else read (and learned)."""
     key = None
     if digests is not None:
-        key = entry_key(files)
+        key = stats_digest(files)
         known = digests.get_entry(key, len(files))
         if known is not None:
             # tuple.__new__ with every field: RankFile's generated __new__ is a Python frame per file

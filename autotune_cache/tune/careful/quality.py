@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from autotune_cache.autotuner.rankfile import parse_file_key
-from autotune_cache.tune.careful.exhaustive import KEEP
+from autotune_cache.tune.careful.settle import KEEP
 
 #: Keep FlashInfer's default unless a tuned tactic is at least this much faster (median vs median).
 #: Others use 3-4% (tokenspeed#1338: 4%), for one noisy startup measurement. Here the default is
@@ -37,7 +37,7 @@ from autotune_cache.tune.careful.exhaustive import KEEP
 DEFAULT_THRESHOLD = 0.01
 
 #: Token-input draws (a MoE's routing, the activations) every race rotates over, one per round, each
-#: draw's runs kept apart (``exhaustive.center``). Why: on Mixtral-8x7B TP2 at 1024 tokens gemm1
+#: draw's runs kept apart (``settle.center``). Why: on Mixtral-8x7B TP2 at 1024 tokens gemm1
 #: tactic 33 was as fast as 32 for some draws and 4-12% slower for others, so a race over one draw
 #: crowned 33 in careful's worker and the reference crowned 32; with 4 draws on both sides careful
 #: matched the reference at every (op, bucket) of 1024-8192 tokens (docs/quality.md).
@@ -268,9 +268,9 @@ DEFAULT_TOP_K = 64
 #: best pair's values ranked 5th and 6th by slot in the first race of 8 runners-up.
 DEFAULT_PAIR_K = 4
 
-#: A race's screen: every candidate this many rounds, then those within ``exhaustive.KEEP`` (3%)
-#: of the fastest - at least ``exhaustive.KEEP_MIN`` - go on to ``race_rounds`` and then in
-#: batches of ``BATCH_ROUNDS`` until the bootstrap settles the fastest (``exhaustive.settle``)
+#: A race's screen: every candidate this many rounds, then those within ``settle.KEEP`` (3%)
+#: of the fastest - at least ``settle.KEEP_MIN`` - go on to ``race_rounds`` and then in
+#: batches of ``BATCH_ROUNDS`` until the bootstrap settles the fastest (``settle.settle``)
 #: or ``MAX_ROUNDS``. The exhaustive reference's own sweep uses the same rule.
 SCREEN_ROUNDS = 20
 BATCH_ROUNDS = 50

@@ -14,7 +14,7 @@ cache file (``AutoTuner.load_configs``), not forced through private hooks:
 Candidates are interleaved in a new random order every round, so drift (clocks, temperature,
 other tenants) hits all alike; with ``cold_l2`` a 2x-L2 buffer is zeroed before every timed run
 (untimed), as between layers the weights come from HBM. The median of each candidate's runs is
-its time (with rotating input draws, the mean of each draw's median: ``exhaustive.center``).
+its time (with rotating input draws, the mean of each draw's median: ``settle.center``).
 Needs torch, flashinfer and a GPU; imported by the worker only.
 """
 
@@ -26,7 +26,7 @@ import random
 from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import cache_file_bytes
-from autotune_cache.tune.careful.exhaustive import CONFIDENCE, KEEP, KEEP_MIN, center, relative_iqr, settle
+from autotune_cache.tune.careful.settle import CONFIDENCE, KEEP, KEEP_MIN, center, relative_iqr, settle
 
 
 class _Candidates:
@@ -149,7 +149,7 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
          screen_rounds: int = 0, batch_rounds: int = 50, max_rounds: int = 0, keep: float = KEEP,
          keep_min: int = KEEP_MIN, confidence: float = CONFIDENCE, input_draws: int = 1) -> dict:
     """Every candidate ``rounds`` timed runs; or, with ``screen_rounds``, a screen of every candidate
-    and the close ones raced on until the fastest is settled (``exhaustive.settle``: at least
+    and the close ones raced on until the fastest is settled (``settle.settle``: at least
     ``rounds``, at most ``max_rounds``), the graphs captured once for the whole race."""
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
@@ -157,7 +157,7 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
     device = torch.device("cuda", torch.cuda.current_device())
     n = len(assignments)
     # Every candidate sees every draw: a screened-out one keeps only its screen, and a time over fewer
-    # draws than another's is not comparable (exhaustive.center), so no more draws than the screen has rounds.
+    # draws than another's is not comparable (settle.center), so no more draws than the screen has rounds.
     input_draws = max(1, min(input_draws, screen_rounds if screen_rounds > 0 else rounds))
     c = _Candidates(AutoTuner.get(), layer, bucket, assignments, metadata, workdir, input_draws)
     with autotune(False):
@@ -180,7 +180,7 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
             samples, draws = _timed_rounds(torch, c, live, graphs, flush, delay, rounds, warmup, seed)
     c.remove()
     tags = draws or [None] * n
-    # "medians_ms": the name the manifests and every reader know; with draws, exhaustive.center's mean of medians
+    # "medians_ms": the name the manifests and every reader know; with draws, settle.center's mean of medians
     out = {"bucket": bucket, "medians_ms": [center(s, t) for s, t in zip(samples, tags)],
            "relative_iqr": [relative_iqr(s, t) for s, t in zip(samples, tags)], "runs": [len(s) for s in samples],
            "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2), "input_draws": max(1, len(c.draws)),

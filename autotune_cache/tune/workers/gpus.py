@@ -8,6 +8,7 @@ import subprocess
 from dataclasses import dataclass
 
 from autotune_cache.autotuner.arch import arch_from_capability
+from autotune_cache.errors import UsageError
 from autotune_cache.plan.topology import normalize_gpu_uuid
 
 
@@ -70,6 +71,19 @@ def mask_entries(env_value: str | None) -> list[str] | None:
             break
         ints.append(i)
     return [str(i) for i in ints]
+
+
+def devices(n: int) -> list[str]:
+    """Worker ``w``'s CUDA_VISIBLE_DEVICES: the w-th visible device (``pool.WorkerPool``). A usage
+    error when the variable lists fewer than ``n`` (``--gpus`` starts the workers before the GPUs are
+    counted, so this is the first place to see it)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    found = mask_entries(visible)
+    if found is None:
+        return [str(i) for i in range(n)]
+    if len(found) < n:
+        raise UsageError(f"--gpus {n}: CUDA_VISIBLE_DEVICES={visible} shows this command {len(found)} GPU(s)")
+    return found[:n]
 
 
 def visible(physical: list[Gpu], env_value: str | None) -> list[Gpu]:

@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 from autotune_cache.tune.workers.served import Use
-from autotune_cache.tune.workers.served import devices as served_devices
+from autotune_cache.tune.workers.gpus import devices as worker_devices
 
 #: The real worker (``worker.py``); a GPU-less CI passes a stand-in's command instead (``machine.Machine``).
 WORKER_ARGV = (sys.executable, "-m", "autotune_cache.tune.workers.worker")
@@ -30,7 +30,7 @@ class WorkerPool:
     def __init__(self, n: int, argv: "list[str] | tuple[str, ...] | None" = None, *, served: "Use | None" = None):
         argv = list(argv or WORKER_ARGV)
         self.served, self.note = (served, None) if served is not None and served.sockets else (None, served and served.note)
-        devices = served_devices(n) if self.served is None else []  # a usage error before any process starts
+        devices = worker_devices(n) if self.served is None else []  # a usage error before any process starts
         self.procs: list[subprocess.Popen] = []
         self.logs = []
         for w in range(n):

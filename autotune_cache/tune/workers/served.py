@@ -31,8 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterator
 
-from autotune_cache.errors import UsageError
-from autotune_cache.tune.workers.gpus import mask_entries
+from autotune_cache.tune.workers.gpus import devices
 from autotune_cache.tune.workers.servedstate import (ServedPool, ServedWorker, StateError, make_runtime_dir,
                                                      remove_runtime_dir, state_dir)
 
@@ -84,19 +83,6 @@ def fingerprint(worker_argv: list[str] | tuple[str, ...]) -> dict:
         "versions": {d: _version(d) for d in ("torch", "flashinfer-python", "fi-autotune")},
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES},
     }
-
-
-def devices(n: int) -> list[str]:
-    """Worker ``w``'s CUDA_VISIBLE_DEVICES: the w-th visible device (``pool.WorkerPool`` too). A usage
-    error when the variable lists fewer than ``n`` (``--gpus`` starts the workers before the GPUs are
-    counted, so this is the first place to see it)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    found = mask_entries(visible)
-    if found is None:
-        return [str(i) for i in range(n)]
-    if len(found) < n:
-        raise UsageError(f"--gpus {n}: CUDA_VISIBLE_DEVICES={visible} shows this command {len(found)} GPU(s)")
-    return found[:n]
 
 
 @dataclass

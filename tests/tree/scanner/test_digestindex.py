@@ -243,14 +243,14 @@ def test_rank_files_from_the_index_are_the_ones_read_from_disk(root, monkeypatch
 
 
 def test_entry_key_is_count_names_and_each_stat_key(root):
-    """``entry_key`` packs every file's stat at once; the bytes hashed must stay what the index
+    """``stats_digest`` packs every file's stat at once; the bytes hashed must stay what the index
     on disk was written with: the count, the names, and each file's ``stat_key`` in order."""
     kdir = engine_tree(root, 1, tp=4)[0]
     files = sorted((f.name, f.stat(follow_symlinks=False)) for f in os.scandir(kdir))
     spelled = hashlib.blake2b(len(files).to_bytes(4, "little") + "\0".join(n for n, _ in files).encode() + b"\0"
                               + b"".join(di.stat_key(st) for _, st in files), digest_size=di.KEY_BYTES).digest()
-    assert len(files) == 4 and di.entry_key(files) == spelled
-    assert di.entry_key(files[:3]) != spelled
+    assert len(files) == 4 and di.stats_digest(files) == spelled
+    assert di.stats_digest(files[:3]) != spelled
 
 
 def test_a_scanned_entry_is_the_dataclass_built_the_usual_way(root):

@@ -1,5 +1,6 @@
-"""The exhaustive tactic reference's CPU logic (autotune_cache.tune.careful.exhaustive) and the benchmark's
-enumeration hooks (benchmarks/tactic_exhaustive.py) on a stand-in autotuner; the GPU run is marked."""
+"""Careful's stop rule (autotune_cache.tune.careful.settle), the exhaustive reference's report
+(benchmarks/exhaustive_report.py) and the benchmark's enumeration hooks
+(benchmarks/tactic_exhaustive.py) on a stand-in autotuner; the GPU run is marked."""
 
 from __future__ import annotations
 
@@ -11,11 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.tune.careful.exhaustive import (bootstrap, center, relative_iqr, settle, shortlist, stable, summarize,
-                                                     table)
+from autotune_cache.tune.careful.settle import bootstrap, center, relative_iqr, settle, shortlist, stable
 from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS, QualitySettings
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def _report():
+    """The benchmark's report module (benchmarks/exhaustive_report.py), loaded from its file."""
+    spec = importlib.util.spec_from_file_location("exhaustive_report", REPO / "benchmarks" / "exhaustive_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+summarize, table = _report().summarize, _report().table
 
 
 def _noisy(mu: float, n: int, rel: float, seed: int) -> list[float]:

@@ -19,7 +19,7 @@ import pytest
 from autotune_cache.errors import UsageError
 from autotune_cache.tune.workers import gpus as gpus_mod
 from autotune_cache.tune.workers.gpus import Gpu, detect_gpu_uuids, detect_gpus, mask_entries, visible
-from autotune_cache.tune.workers.served import devices
+from autotune_cache.tune.workers.gpus import devices
 
 U = ["GPU-0a1b2c3d-0000-4000-8000-000000000000", "GPU-0a1b9999-0000-4000-8000-000000000001",
      "GPU-7f000000-0000-4000-8000-000000000002", "GPU-8e000000-0000-4000-8000-000000000003"]
