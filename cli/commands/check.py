@@ -16,13 +16,14 @@ from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.check import CheckReport, run_check
 from autotune_cache.errors import ExitCode, UsageError
 from autotune_cache.tree.layouts.values import DEFAULT_LAYOUT_NAME
+from autotune_cache.tune.session.fleetplan import (COMMAND_LINE, FleetError, FleetMember, load_fleet, member_fields,
+                                                  shared_entries)
 
 from ..output import Output
 from ..params import LayoutName, env_from_option, json_option, targets_option, timeout_option
 from ..serving import (build_plan, engine_options, fold_serving_command, request_from, serving_command_argument,
                       serving_options)
-from ..targets import (COMMAND_LINE, FleetError, FleetMember, load_fleet, member_fields, reject_serving_flags,
-                         report_errors, shared_entries)
+from ..targets import plan_under, reject_serving_flags, report_errors
 
 
 def _readers() -> list[str]:
@@ -63,7 +64,7 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         reject_serving_flags(ctx)
         # --cache-dir and --env-from apply to every target, as to its own check; targets that are one
         # entry are each checked (once where their plans are the same) and reported under each name
-        fleet = load_fleet(targets_file, kw["cache_dir"], kw["arch"], fingerprint=fingerprint, shared_ok=True)
+        fleet = load_fleet(targets_file, plan_under(kw["cache_dir"]), kw["arch"], fingerprint=fingerprint, shared_ok=True)
         members, errors, named, unknown_flags = fleet.members, list(fleet.errors), True, ()
     else:
         kw, layout_name = fold_serving_command(ctx, kw, out, "layout_name")

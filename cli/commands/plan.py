@@ -9,12 +9,13 @@ from autotune_cache.autotuner.recipe import T, encode
 from autotune_cache.plan.config_source import preset_ids
 from autotune_cache.tree.layouts.values import DEFAULT_LAYOUT_NAME
 from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.tune.session.fleetplan import COMMAND_LINE, FleetMember, load_fleet, plan_data
 
 from ..output import Output
 from ..params import LayoutName, json_option, shard_option, targets_option
 from ..serving import (build_plan, engine_options, fold_serving_command, planned_layouts, request_from,
                       serving_command_argument, serving_options)
-from ..targets import COMMAND_LINE, FleetMember, load_fleet, plan_data, plan_targets, reject_serving_flags
+from ..targets import plan_targets, plan_under, reject_serving_flags
 
 
 def _fmt_kwarg(value) -> str:
@@ -140,7 +141,7 @@ def plan_cmd(ctx, layout, targets_file, shard, store_url, as_json, **kw):
     out = Output(as_json)
     if targets_file:
         reject_serving_flags(ctx)
-        plan_targets(out, load_fleet(targets_file, kw["cache_dir"], kw["arch"], shard), store_url)
+        plan_targets(out, load_fleet(targets_file, plan_under(kw["cache_dir"]), kw["arch"], shard), store_url)
         return
     if shard or store_url:
         raise UsageError("--shard and --store go with --targets")
