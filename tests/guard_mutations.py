@@ -606,7 +606,7 @@ MUTATIONS = [
     ("34: ls's name memos stop learning past their bound (a tree of unique names)", "autotune_cache/tree/layouts/memo.py",
      "            if len(self._topologies) < MAX_MEMO:\n", "            if True:\n",
      "tests/tree/layouts/test_layout_memo.py::test_unique_names_stop_being_learned_past_the_bound"),
-    ("34: ls's shared row cells stop growing past their bound", "cli/commands/ls.py",
+    ("34: ls's shared row cells stop growing past their bound", "autotune_cache/tree/listing.py",
      "if len(_CELLS) < MAX_CELLS else cells))", "if True else cells))",
      "tests/cli/test_ls_stream.py::test_row_cells_are_shared_up_to_a_bound_and_read_the_same_past_it"),
     ("34: an entry built without its __init__ still needs every field", "autotune_cache/tree/records.py",

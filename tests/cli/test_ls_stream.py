@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from autotune_cache.tree.scanner.scan import scan_cache
-from cli.commands import ls as ls_mod
+from autotune_cache.tree import listing as ls_mod
 from cli.output import Output
 from devtools.synthetic import default_fields, write_fake_entry
 
@@ -127,11 +127,11 @@ def test_row_cells_are_shared_up_to_a_bound_and_read_the_same_past_it(tmp_path, 
         write_fake_entry(root, fields=default_fields(model=f"org/m{i}"))
     entries = scan_cache(root).entries
     monkeypatch.setattr(ls_mod, "_CELLS", {})
-    free = [ls_mod._summary(e, False)["row"] for e in entries]
+    free = [ls_mod.summary(e, False)["row"] for e in entries]
     assert free[0][1] is free[1][1]  # "sglang": one object
     monkeypatch.setattr(ls_mod, "_CELLS", {})
-    first = [ls_mod._summary(e, False)["row"] for e in entries[:2]]
+    first = [ls_mod.summary(e, False)["row"] for e in entries[:2]]
     monkeypatch.setattr(ls_mod, "MAX_CELLS", len(ls_mod._CELLS))
     grown = len(ls_mod._CELLS)
-    past = [ls_mod._summary(e, False)["row"] for e in entries[2:]]  # new MODEL cells: org/m2, org/m3
+    past = [ls_mod.summary(e, False)["row"] for e in entries[2:]]  # new MODEL cells: org/m2, org/m3
     assert first + past == free and len(ls_mod._CELLS) == grown
