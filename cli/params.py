@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import click
 
-from autotune_cache.errors import RootMissing, UsageError
-from autotune_cache.humanize import Duration, parse_duration, parse_size
-from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, Fingerprint, fingerprint_for_staleness, is_known
+from autotune_cache.errors import UsageError
+from autotune_cache.humanize import Duration, parse_duration
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.autotuner.arch import ARCH_RE
-from autotune_cache.autotuner.installed import VERSION_RE, installed_flashinfer_version
-from autotune_cache.tree.layouts.base import CacheLayout
-from autotune_cache.tree.layouts.values import RootChoice
-from autotune_cache.tree.lookup import trees_below
-from autotune_cache.tree.select import EntryFilter
+from autotune_cache.autotuner.installed import VERSION_RE
 from autotune_cache.tree.store.storeio import DEFAULT_TIMEOUT, TIMEOUT_ENV, set_store_timeout
 from autotune_cache.tree.status import EntryStatus
-
-from .output import PROG
 
 
 class DurationType(click.ParamType):
@@ -93,68 +84,6 @@ def flatten(values) -> tuple:
     return tuple(out)
 
 
-#: What each process has said once already (a command may resolve its root more than once).
-_SAID: set[str] = set()
-#: Roots ``--new-tree`` named in this process: a new tree is meant there, so nothing more is said.
-_NEW_TREES: set[str] = set()
-
-
-def _say_once(text: str) -> None:
-    if text not in _SAID:
-        _SAID.add(text)
-        click.echo(f"{PROG}: {text}", err=True)
-
-
-def _no_tree_here(root: Path, below: list[Path]) -> str:
-    named = " or ".join(map(str, below[:3])) + (f" (or {len(below) - 3} more)" if len(below) > 3 else "")
-    return f"no cache tree at {root}; did you mean {named}?"
-
-
-def _tilde_hint(choice: RootChoice) -> None:
-    """A root from a variable that starts with ``~``: the engine takes it verbatim (SGLang does not
-    expand it: it reads ``./~/...`` relative to where it starts), and so does fi-autotune."""
-    if choice.source.startswith("$") and str(choice.path).startswith("~"):
-        _say_once(f"warning: {choice.source} is {str(choice.path)!r}: the engine does not expand '~' there "
-                  f"(it reads a directory named '~' under its working directory), nor does fi-autotune; "
-                  f"set it to an absolute path such as {os.path.expanduser(str(choice.path))}")
-
-
-def resolve_root(cache_dir: str | None, *, must_exist: bool, layout: CacheLayout | None = None,
-                 writes: bool = False, new_tree: bool = False) -> RootChoice:
-    """``--cache-dir`` or the engine's own root. A path that is a file is a usage error, and so is
-    a ``--cache-dir`` inside a tree or holding a nested one (the layout says: ``misplaced_root``),
-    which would read as empty and be written into where no engine reads; a root that does not
-    exist is an error for commands that read (exit 1), naming where it came from.
-
-    A root that holds no tree while a directory one or two levels below it holds one (``opt``
-    given for ``opt/sglang-cache``): a note for a reader, and for a writer (``writes``: ``import``,
-    ``pull``) a usage error naming that directory, unless ``new_tree`` (``--new-tree``) says a new
-    tree there is meant."""
-    layout = layout or default_layout()
-    if cache_dir is None and not layout.configured():
-        raise UsageError(f"the {layout.name} layout's root is {layout.default_root().source}, which is not set "
-                         "here: set it or give --cache-dir")
-    choice = RootChoice(Path(cache_dir), "--cache-dir") if cache_dir is not None else layout.default_root()
-    root = choice.path
-    _tilde_hint(choice)
-    misplaced = layout.misplaced_root(root) if cache_dir is not None else None
-    if misplaced is not None:
-        raise UsageError(f"--cache-dir {root} is {misplaced.what}: {misplaced.fix}")
-    if root.exists() and not root.is_dir():
-        raise UsageError(f"cache root {str(root)!r} (from {choice.source}) exists and is not a directory")
-    if must_exist and not root.exists():
-        raise RootMissing(f"cache root {root} does not exist (from {choice.source})")
-    if new_tree:
-        _NEW_TREES.add(os.path.abspath(root))
-    below = [] if os.path.abspath(root) in _NEW_TREES else trees_below(root, layout)
-    if below and writes:
-        raise UsageError(_no_tree_here(root, below) + f" (give {'that' if len(below) == 1 else 'one'} as "
-                         f"--cache-dir, or --new-tree to start a new tree at {root})")
-    if below:
-        _say_once("note: " + _no_tree_here(root, below))
-    return choice
-
-
 class LayoutName(click.ParamType):
     """A layout name, checked against the registry when the command runs (an engine registered
     after the CLI was imported is known too)."""
@@ -192,37 +121,6 @@ archive_layout_option = click.option(
 )
 
 
-def trees(cache_dir: str | None, layouts, *, every_existing: bool = False) -> list[tuple[CacheLayout, RootChoice]]:
-    """The (layout, root) pairs a command works on. ``--cache-dir`` is one layout's root (sglang
-    unless ``--layout`` says which); otherwise each layout's own root. With ``every_existing``
-    (``ls`` without ``--layout``), every layout whose root exists - an error if none does."""
-    names = flatten(layouts)
-    if cache_dir is not None:
-        if len(names) > 1:
-            raise UsageError("--cache-dir is one layout's root: give one --layout with it")
-        layout = get_layout(names[0]) if names else default_layout()
-        return [(layout, resolve_root(cache_dir, must_exist=True, layout=layout))]
-    if names:
-        return [(get_layout(n), resolve_root(None, must_exist=True, layout=get_layout(n))) for n in names]
-    if not every_existing:
-        return [(default_layout(), resolve_root(None, must_exist=True))]
-    found, missing = [], []
-    for layout in known_layouts().values():
-        if not layout.configured():
-            continue
-        choice = layout.default_root()
-        _tilde_hint(choice)
-        if choice.path.is_dir():
-            found.append((layout, choice))
-        else:
-            missing.append(choice)
-    if not found:
-        first, *rest = missing
-        raise RootMissing(f"cache root {first.path} does not exist (from {first.source})"
-                              + "".join(f"; nor does {c.path} (from {c.source})" for c in rest))
-    return found
-
-
 cache_dir_option = click.option(
     "--cache-dir",
     type=click.Path(file_okay=True, dir_okay=True),
@@ -258,110 +156,6 @@ check_env_option = click.option(
     help="Judge staleness against this host's FlashInfer and GPU (imports flashinfer; a host without a GPU "
          "cannot stand for a serving environment: use --env-from).",
 )
-
-FILTER_HELP = {
-    "model": "Only entries served as this model path, exactly as plan, check and pull take --model "
-             "(zai-org/GLM-5.1 is not zai-org/GLM-5.1-FP8; entries without a manifest have none).",
-    "model_glob": "Only entries whose model path matches this shell pattern, any case: * ? [..] "
-                  "('*GLM-5.1*' takes GLM-5.1 and GLM-5.1-FP8; quote it from the shell).",
-    "versions": "Only these FlashInfer versions (comma-separated or repeated), matched exactly: 0.7.2 is not "
-                "0.7.2.post1 (ls names the versions the tree holds when none matches).",
-    "arch": "Only these archs, e.g. sm90,sm100 (comma-separated or repeated, any case).",
-    "status": "Only these statuses: " + ", ".join(EntryStatus.names()) + " (comma-separated or repeated).",
-    "older_than": "Only entries not modified for this long: a number with s, m, h, d or w, any case, or "
-                  "their long forms (30d, 12h, 90min, 2 weeks); a bare number is refused.",
-    "unused_for": "Only entries no engine has read for this long, from access times (30d). Where the "
-                  "filesystem keeps no access times (noatime mounts), or a copy left them (every entry read within "
-                  "seconds: rsync, a restore), last use is unknown and nothing is selected, with a note; "
-                  "relatime (the Linux default) is exact to a day.",
-}
-
-
-def filter_options(fn):
-    """The filters ``ls``, ``prune`` and ``export`` share."""
-    options = [
-        click.option("--model", default=None, help=FILTER_HELP["model"]),
-        click.option("--model-glob", default=None, metavar="PATTERN", help=FILTER_HELP["model_glob"]),
-        click.option("--flashinfer-version", "versions", multiple=True, type=VERSIONS, help=FILTER_HELP["versions"]),
-        click.option("--arch", multiple=True, type=ARCHS, help=FILTER_HELP["arch"]),
-        click.option("--status", multiple=True, type=STATUSES, help=FILTER_HELP["status"]),
-        click.option("--older-than", type=DURATION, default=None, help=FILTER_HELP["older_than"]),
-        click.option("--unused-for", type=DURATION, default=None, help=FILTER_HELP["unused_for"]),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-size_filter_options = [
-    click.option("--larger-than", default=None, metavar="SIZE",
-                 help="Entries taking more than SIZE on disk (50M, 1G, 10GiB; a unit is required, any case), "
-                      "as docker's and hf's size filters."),
-    click.option("--smaller-than", default=None, metavar="SIZE", help="Entries taking less than SIZE on disk."),
-]
-
-
-def size_filters(fn):
-    """``--larger-than``/``--smaller-than`` (``ls``, ``prune``): sizes parsed by ``humanize.parse_size``."""
-    for option in reversed(size_filter_options):
-        fn = option(fn)
-    return fn
-
-
-def entry_filter(model, versions, arch, status, older_than, unused_for, other_versions_than=None, *,
-                 larger_than: str | None = None, smaller_than: str | None = None,
-                 model_glob: str | None = None) -> EntryFilter:
-    return EntryFilter(
-        model_glob=model_glob or None,
-        larger_than=None if larger_than is None else parse_size(larger_than),
-        smaller_than=None if smaller_than is None else parse_size(smaller_than),
-        model=model or None,
-        flashinfer_versions=flatten(versions),
-        archs=flatten(arch),
-        statuses=tuple(EntryStatus(s) for s in flatten(status)),
-        older_than=older_than,
-        unused_for=unused_for,
-        other_versions_than=other_versions_than,
-    )
-
-
-def model_hint(asked: str | None, models) -> str | None:
-    """"--model matches exactly" when ``asked`` selected nothing but other models contain it (the
-    old substring meaning): the pattern that would take them, never taken on a guess."""
-    if not asked:
-        return None
-    near = sorted({m for m in models if m and m != asked and asked.lower() in m.lower()})
-    if not near:
-        return None
-    shown = ", ".join(near[:3]) + (f" (+{len(near) - 3})" if len(near) > 3 else "")
-    return f"--model matches the model path exactly; {shown} only contain{'s' if len(near) == 1 else ''} " \
-           f"{asked!r}: --model-glob '*{asked}*' selects by pattern"
-
-
-def staleness_fingerprint(env_from: str | None, check_env: bool, flt: EntryFilter, out):
-    """The fingerprint to judge staleness against, or None (with a note saying why).
-
-    ``--env-from`` wins; ``--check-env`` or ``--status stale`` mean this host, which must have a
-    GPU: a host without one is no serving environment, so nothing is called stale there.
-    """
-    wants_stale = EntryStatus.STALE in flt.statuses
-    if not (env_from or check_env or wants_stale):
-        return None
-    fp = fingerprint_for_staleness(env_from, required=wants_stale)
-    if fp is None:
-        out.warn(NO_GPU_STALENESS)
-    return fp
-
-
-def keep_latest_version(env_from: str | None) -> str | None:
-    """The FlashInfer version ``prune --keep-latest`` keeps first: the serving image's
-    (``--env-from``), else the one installed here, read from package metadata (no import)."""
-    if env_from:
-        value = Fingerprint.load(env_from).fields.get("flashinfer_version")
-    else:
-        value = installed_flashinfer_version()
-    return value if isinstance(value, str) and is_known(value) and VERSION_RE.match(value) else None
-
 
 targets_option = click.option(
     "--targets", "targets_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,

@@ -9,9 +9,8 @@ from autotune_cache.tree.crashsafe.recovery import recover_journals
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.refs import exact_ref
 
-from .params import (
-    flatten, trees,
-)
+from .params import flatten
+from .roots import trees
 
 
 def scan_trees(cache_dir, layouts, refs, fingerprint=None, gone=None, recovered: list[str] | None = None):

@@ -22,7 +22,8 @@ from autotune_cache.tune.workers.gpus import detect_gpu_uuids
 from autotune_cache.tune.workers.machine import THIS_MACHINE, Machine
 
 from .output import Output
-from .params import POSITIVE, cache_dir_option, resolve_root
+from .params import POSITIVE, cache_dir_option
+from .roots import resolve_root
 
 
 def _click_option(option: Option):

@@ -14,7 +14,8 @@ from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
 
 from ..output import Output
-from ..params import cache_dir_option, json_option, resolve_root
+from ..params import cache_dir_option, json_option
+from ..roots import resolve_root
 
 
 class ConvertTarget(click.ParamType):

@@ -14,7 +14,9 @@ from autotune_cache.tree.scanner.scan import scan_cache
 
 from ..transferring import FdWriter, NullWriter, dry_run_extras, dry_run_lines, exportable
 from ..output import Output
-from ..params import archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root
+from ..filters import entry_filter, filter_options
+from ..params import archive_layout_option, cache_dir_option, json_option
+from ..roots import resolve_root
 
 
 @click.command("export")

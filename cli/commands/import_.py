@@ -12,7 +12,8 @@ from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 
 from ..transferring import dry_run_extras, dry_run_lines, planned_import
 from ..output import Output
-from ..params import archive_layout_option, cache_dir_option, json_option, new_tree_option, resolve_root
+from ..params import archive_layout_option, cache_dir_option, json_option, new_tree_option
+from ..roots import resolve_root
 
 
 @click.command("import")

@@ -13,7 +13,8 @@ from autotune_cache.autotuner.arch import ARCH_RE
 from autotune_cache.plan.topology import Topology, TopologyError
 
 from ..output import Output
-from ..params import POSITIVE, cache_dir_option, json_option, quiet_option, resolve_root
+from ..params import POSITIVE, cache_dir_option, json_option, quiet_option
+from ..roots import resolve_root
 
 
 @click.command("key")

@@ -21,10 +21,9 @@ from autotune_cache.tree.store.storehouse import record_views, require_store_fil
 from autotune_cache.tree.store.storesweep import survey
 
 from ..output import Mode, Output
-from ..params import (
-    flatten, model_hint, resolve_root, size_filters, cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
-    quiet_option, staleness_fingerprint, timeout_option, trees,
-)
+from ..filters import model_hint, size_filters, entry_filter, filter_options, staleness_fingerprint
+from ..params import flatten, cache_dir_option, check_env_option, env_from_option, json_option, layout_option, quiet_option, timeout_option
+from ..roots import resolve_root, trees
 
 HEADERS = ["ID", "LAYOUT", "MODEL", "GPU", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "USED", "STATUS"]
 

@@ -17,10 +17,9 @@ from autotune_cache.tree.crashsafe.recovery import recover_journals
 
 from ..deleting import dry_run_option, run_delete, store_at, yes_option
 from ..output import PROG, Output
-from ..params import (
-    cache_dir_option, check_env_option, entry_filter, env_from_option, filter_options, json_option, layout_option,
-    keep_latest_version, model_hint, quiet_option, size_filters, staleness_fingerprint, timeout_option, trees,
-)
+from ..filters import entry_filter, filter_options, keep_latest_version, model_hint, size_filters, staleness_fingerprint
+from ..params import cache_dir_option, check_env_option, env_from_option, json_option, layout_option, quiet_option, timeout_option
+from ..roots import trees
 
 
 @click.command("prune")

@@ -23,10 +23,9 @@ from autotune_cache.tree.store.storehouse import record_views
 
 from ..output import Output
 from ..progress import TransferProgress
-from ..params import (
-    ARCHS, DURATION, FILTER_HELP, STATUSES, VERSIONS, archive_layout_option, entry_filter, env_from_option,
-    json_option, new_tree_option, resolve_root, size_filters, timeout_option,
-)
+from ..filters import FILTER_HELP, entry_filter, size_filters
+from ..params import ARCHS, DURATION, STATUSES, VERSIONS, archive_layout_option, env_from_option, json_option, new_tree_option, timeout_option
+from ..roots import resolve_root
 from ..serving import build_plan, machine_of, request_from, serving_options
 from ..transferring import dry_run_lines
 

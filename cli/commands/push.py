@@ -17,9 +17,9 @@ from autotune_cache.tree.store.storesweep import sweep_store
 
 from ..output import Output
 from ..progress import TransferProgress
-from ..params import (
-    archive_layout_option, cache_dir_option, entry_filter, filter_options, json_option, resolve_root, timeout_option,
-)
+from ..filters import entry_filter, filter_options
+from ..params import archive_layout_option, cache_dir_option, json_option, timeout_option
+from ..roots import resolve_root
 from ..transferring import dry_run_extras, dry_run_lines, exportable
 
 

@@ -10,9 +10,8 @@ from autotune_cache.tree.scanner.scan import CacheEntry
 
 from ..output import Output
 from ..scanning import scan_trees
-from ..params import (
-    cache_dir_option, check_env_option, entry_filter, env_from_option, json_option, layout_option, staleness_fingerprint,
-)
+from ..filters import entry_filter, staleness_fingerprint
+from ..params import cache_dir_option, check_env_option, env_from_option, json_option, layout_option
 
 
 def entry_view(e: CacheEntry, ops) -> dict:

@@ -20,7 +20,8 @@ from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tune.session.recorded import request_of
 
 from ..output import Output
-from ..params import LayoutName, json_option, resolve_root
+from ..params import LayoutName, json_option
+from ..roots import resolve_root
 from ..serving import build_plan, engine_options, planned_layouts, request_from, serving_options
 
 

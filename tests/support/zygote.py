@@ -36,7 +36,7 @@ its own). Found by tracing every ``os.environ`` access while the zygote imports 
 is caught, not assumed away):
 
 - our package: ``fi_autotune_cli.params`` builds ``--layout``'s help at import by asking every
-  layout's ``default_root()`` (cli/params.py ``layout_option``), which reads ``SGLANG_CACHE_DIR``,
+  layout's ``default_root()`` (cli/params.py ``layout_option``, cli/roots.py), which reads ``SGLANG_CACHE_DIR``,
   ``FLASHINFER_AUTOTUNE_CACHE_DIR``, ``FLASHINFER_WORKSPACE_BASE``, ``VLLM_CACHE_ROOT``,
   ``XDG_CACHE_HOME``, ``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` and ``HOME``. The help keeps only
   each root's *source* (``$SGLANG_CACHE_DIR`` or "the default ~/.cache/sglang"), which depends
