@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import tempfile
 from pathlib import Path
 
 import click
 
 from autotune_cache.tree.diff import CacheUnit, DiffReport, describe_value, diff_units
+from autotune_cache.tree.diff_sides import read_cache_file, store_units, tree_units, unit_of_dir, unit_of_entry
 from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.autotuner.fingerprint import FIELDS
-from autotune_cache.registry import default_layout, layouts
-from autotune_cache.tree.layouts.values import NameKind
-from autotune_cache.tree.layouts.own_names import MANIFEST_NAME
-from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
-from autotune_cache.tree.store.archive import import_archives
-from autotune_cache.tree.manifest import Manifest
-from autotune_cache.tree.scanner.scan import scan_cache
-from autotune_cache.tree.store.store import Store
+from autotune_cache.registry import default_layout
 from autotune_cache.tree.store.storerecord import is_store_url
 from autotune_cache.tune.session.recorded import request_of
 
@@ -28,70 +21,21 @@ from ..serving import build_plan
 from ..scanning import scan_trees
 
 
-def _unit_of_entry(e) -> CacheUnit:
-    """An entry's rank files; one that cannot be read is noted (and makes the sides differ), not
-    fatal: the rest of a tree is still compared."""
-    files, notes = {}, []
-    for rf in e.rank_files:
-        try:
-            files[rf.name] = rf.load()
-        except (OSError, ValueError) as err:
-            notes.append(f"{e.id}/{rf.name} is unreadable ({err})")
-    return CacheUnit(str(e.id), files, e.manifest, notes=tuple(notes))
-
-
-def _read_file(p: Path, text: str) -> dict:
-    try:
-        # A file named on the command line may be a symlink (read where it points).
-        return parse_cache_bytes(read_regular_file(p.resolve()))
-    except (OSError, ValueError) as err:
-        raise FiAutotuneError(f"{text}: not a readable FlashInfer cache file ({err})") from None
-
-
-#: Layouts whose entries are flat dirs of rank files (FlashInfer's v2 store is compared by
-#: converting an entry to it, not here).
-FLAT_LAYOUTS = tuple(layout for layout in layouts().values() if layout.diffs_entries)
-
-
-def _unit_of_dir(path: Path) -> CacheUnit | None:
-    """An entry directory read as it is (not under a tree we scan): its rank files, its manifest.
-    Whose it is (SGLang's ``rank_*.json``, vLLM's ``autotune_configs_*.json``) the names say."""
-    names = [(p, p.is_dir()) for p in sorted(path.iterdir())]
-    layout = next((lo for lo in FLAT_LAYOUTS if any(lo.classify(p.name, d) is NameKind.DATA for p, d in names)),
-                  default_layout())
-    files, manifest = {}, None
-    for p, is_dir in names:
-        kind = layout.classify(p.name, is_dir)
-        if kind is NameKind.DATA:
-            files[p.name] = _read_file(p, str(p))
-        elif kind is NameKind.MANIFEST and p.name == MANIFEST_NAME:
-            try:
-                manifest = Manifest.from_bytes(read_regular_file(p))
-            except (OSError, ValueError):
-                manifest = None
-    return CacheUnit(str(path), files, manifest) if files else None
-
-
-def _tree_units(root: Path) -> list[CacheUnit]:
-    """Every entry of every flat layout under ``root`` (an SGLang root, a vLLM root, ...)."""
-    return [_unit_of_entry(e) for layout in FLAT_LAYOUTS for e in scan_cache(root, layout).entries]
-
-
 def load_side(text: str, cache_dir: str | None, scratch: Path) -> tuple[str, list[CacheUnit], bool]:
     """(label, units, by_id): a store URL or a tree root (by_id: its entries, paired by id), or
     an entry id, an entry directory or one rank file (one unit)."""
     if not text.strip():
         raise UsageError("an empty argument names no cache")
     if is_store_url(text) and not Path(text).exists():
-        return _store_side(text, scratch)
+        return store_units(text, scratch)
     p = Path(text)
     if p.is_file():
-        return text, [CacheUnit(text, {p.name: _read_file(p, text)}, is_file=True)], False
+        return text, [CacheUnit(text, {p.name: read_cache_file(p, text)}, is_file=True)], False
     if p.is_dir():
-        unit = _unit_of_dir(p)
+        unit = unit_of_dir(p)
         if unit is not None:
             return text, [unit], False
-        units = _tree_units(p)
+        units = tree_units(p)
         if not units:
             raise FiAutotuneError(f"{text}: neither an entry directory nor a cache tree with entries")
         return text, units, True
@@ -100,19 +44,7 @@ def load_side(text: str, cache_dir: str | None, scratch: Path) -> tuple[str, lis
     found = scan_trees(cache_dir, (), [text])
     if len(found) != 1:
         raise UsageError(f"{text!r} names {len(found)} entries; give one id")
-    return text, [_unit_of_entry(found[0][0])], False
-
-
-def _store_side(url: str, scratch: Path) -> tuple[str, list[CacheUnit], bool]:
-    """A store, pulled into a scratch tree through the same verified import as ``pull``."""
-    store = Store(url)
-    root = scratch / f"store{len(list(scratch.iterdir()))}"
-    root.mkdir()
-    for layout in FLAT_LAYOUTS:
-        records = store.records(layout.name)
-        if records:
-            import_archives(layout, root, [(io.BytesIO(store.fetch(r)), f"{store} {r.id}") for r in records])
-    return str(store), _tree_units(root), True
+    return text, [unit_of_entry(found[0][0])], False
 
 
 @click.command("diff")
