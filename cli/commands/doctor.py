@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 
 import click
@@ -13,6 +12,7 @@ from autotune_cache.logs.diagnose import DoctorReport, diagnose
 from autotune_cache.safeopen import FileRefused, FileTooLarge, open_bounded
 
 from ..output import Output
+from ..textfit import fit_columns, short_entry, wrap_command, wrap_text
 from ..params import json_option
 
 #: A log larger than this is refused rather than read into memory (a day of a busy server's
@@ -49,15 +49,6 @@ def _read(name: str) -> tuple[str, str]:
 WIDTH = 100
 
 
-def _short_entry(entry: str | None, width: int = 36) -> str:
-    """An entry id, its key cut to fit (a vLLM key is 64 hex digits): ``vllm:0.7.2.post1/90a/3f1c0e8a9b7d…``."""
-    if not entry or len(entry) <= width:
-        return entry or "-"
-    head, _, key = entry.rpartition("/")
-    keep = max(8, width - len(head) - 2)
-    return f"{head}/{key[:keep]}…" if head else entry[: width - 1] + "…"
-
-
 def _tuned_cell(s: dict, verbose: bool) -> str:
     ops = _per_op(s["tuned"])
     unreadable = [f"{op} (bars cut or garbled)" for op in s["tuned_unreadable"]]
@@ -86,7 +77,7 @@ def _rows(server: dict, verbose: bool) -> list[list[str]]:
                 rows.append([rank["rank"], s["cache"], where + (f" (in tree: {ours})" if present else ""),
                              _tuned_cell(s, True), took])
             else:
-                rows.append([rank["rank"], s["cache"], _short_entry(where), ours, _tuned_cell(s, False), took])
+                rows.append([rank["rank"], s["cache"], short_entry(where), ours, _tuned_cell(s, False), took])
     if verbose:
         return rows
     merged: list[list[str]] = []  # ranks whose every other column is the same: one row
@@ -100,46 +91,6 @@ def _rows(server: dict, verbose: bool) -> list[list[str]]:
     return [[f"{r[0]} (+{n - 1})" if n > 1 else r[0], *r[1:]] for r, n in zip(merged, count)]
 
 
-def _fit(rows: list[list[str]], headers: list[str], width: int) -> list[list[str]]:
-    """Cut the widest column's cells (with an ellipsis) until the table fits ``width``."""
-    rows = [list(r) for r in rows]
-    while True:
-        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-        if sum(widths) + 2 * (len(widths) - 1) <= width:
-            return rows
-        i = max(range(len(widths)), key=widths.__getitem__)
-        cut = widths[i] - (sum(widths) + 2 * (len(widths) - 1) - width)
-        cut = max(cut, len(headers[i]), 4)
-        if cut >= widths[i]:
-            return rows
-        for r in rows:
-            if len(r[i]) > cut:
-                r[i] = r[i][: cut - 1] + "…"
-
-
-def _wrap(text: str, first: str, rest: str = "      ") -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False,
-                         break_long_words=False) or [first.rstrip()]
-
-
-def _wrap_command(command: str, indent: str = "      ") -> list[str]:
-    """A command over several lines, each ending in `` \\`` but the last, to paste as it is."""
-    lines, cur = [], indent
-    words: list[str] = []
-    for word in command.split(" "):  # a flag and its value stay on one line
-        if words and words[-1].startswith("-") and not word.startswith("-") and words[-1] != "--":
-            words[-1] += " " + word
-        else:
-            words.append(word)
-    for word in words:
-        if cur.strip() and len(cur) + 1 + len(word) + 2 > WIDTH:
-            lines.append(cur + " \\")
-            cur = indent + "  " + word
-        else:
-            cur = (cur + " " + word) if cur.strip() else cur + word
-    return [*lines, cur]
-
-
 def _human(out: Output, report: DoctorReport, verbose: bool = False) -> None:
     for server in report.servers:
         head = f"{server['server']}: {server['engine'] or 'engine unknown'}"
@@ -151,7 +102,7 @@ def _human(out: Output, report: DoctorReport, verbose: bool = False) -> None:
             out.table(["rank", "cache", "entry", "tuned", "pass took"], _rows(server, True), fit=["pass took", "tuned"])
         else:
             headers = ["rank", "cache", "entry", "ours", "tuned", "took"]
-            out.table(headers, _fit(_rows(server, False), headers, WIDTH))
+            out.table(headers, fit_columns(_rows(server, False), headers, WIDTH))
         for o in server["shared_tuning"]:
             out.line(f"  tuned: {o['op']} {o['done']}/{o['profiles']} profiles in {o['seconds']} s "
                      f"({o['bars']} bar{'s' if o['bars'] > 1 else ''}; a bar names no rank)")
@@ -159,11 +110,11 @@ def _human(out: Output, report: DoctorReport, verbose: bool = False) -> None:
             out.line(f"  tuned: {', '.join(server['shared_unreadable'])} (bars cut or garbled: how far, unknown; "
                      "a bar names no rank)")
         for c in server["causes"]:
-            lines = _wrap(c["cause"], f"  cause ({c['ranks']} pass{'es' if c['ranks'] > 1 else ''}): ", "    ")
+            lines = wrap_text(c["cause"], f"  cause ({c['ranks']} pass{'es' if c['ranks'] > 1 else ''}): ", "    ")
             fix = c.get("fix")
             if fix:
-                lines += _wrap(f"fix{' (' + fix['where'] + ')' if fix['where'] else ''}:", "  ", "    ")
-                lines += _wrap_command(fix["command"], "      ")
+                lines += wrap_text(f"fix{' (' + fix['where'] + ')' if fix['where'] else ''}:", "  ", "    ")
+                lines += wrap_command(fix["command"], "      ")
             for line in lines:
                 out.line(line)
         out.line()
