@@ -10,17 +10,13 @@ import time
 
 import click
 
-from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.humanize import format_size, plural
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.tree.listing import SORTS, Totals, picker, tree_atime_doubt, version_hint
 from autotune_cache.tree.scanner.scan import iter_entries
-from autotune_cache.tree.status import EntryStatus
-from autotune_cache.tree.store.store import Store
-from autotune_cache.tree.store.storehouse import record_views, require_store_filters
-from autotune_cache.tree.store.storesweep import survey
 
 from ..output import Mode, Output
+from ..storeview import ls_store
 from ..filters import model_hint, size_filters, entry_filter, filter_options, staleness_fingerprint
 from ..params import flatten, cache_dir_option, check_env_option, env_from_option, json_option, layout_option, quiet_option, timeout_option
 from ..roots import resolve_root, trees
@@ -112,7 +108,7 @@ def ls_cmd(store, cache_dir, layouts, model, model_glob, versions, arch, status,
     flt = entry_filter(model, versions, arch, status, older_than, unused_for, larger_than=larger_than,
                        smaller_than=smaller_than, model_glob=model_glob)
     if store is not None:
-        return _ls_store(out, store, flt, env_from)
+        return ls_store(out, store, flt, env_from)
     targets = trees(cache_dir, layouts, every_existing=True)
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
     now = time.time()
@@ -194,46 +190,3 @@ def _print_roots(out: Output, cache_dir, layouts) -> None:
     out.emit(human=human, ids=[str(r.path) for _, r in roots],
              data={"roots": [{"layout": n, "path": str(r.path), "source": r.source, "exists": r.path.is_dir()}
                              for n, r in roots]})
-
-
-STORE_HEADERS = ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "SIZE", "PUSHED", "SHA256", "STATUS"]
-
-
-def _ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
-    """``ls URL``: the entries published in a store (from its index records), filtered as the
-    tree's are (``--older-than``: by push time), each with a status as ``ls`` gives one."""
-    require_store_filters(flt)
-    store = Store(url)
-    records = store.records()
-    for line in store.unreadable:  # one bad record is named, the others list
-        out.warn(line)
-    now = time.time()
-    fp = Fingerprint.load(env_from) if env_from else None
-    views = sorted((v for v in record_views(records, fp) if flt.reasons(v, now) is not None), key=lambda v: str(v.id))
-    remains = survey(store, records)  # counted, never swept: ls only reads
-
-    def human() -> None:
-        def parallel(r) -> str:
-            t = r.topology or {}
-            if not t:
-                return "-"
-            dp = f" dp{t['dp']}{'a' if t.get('dp_attention') else 'r'}" if t.get("dp", 1) > 1 else ""
-            return f"tp{t['tp']}{dp} ep{r.ep if r.ep is not None else '?'}"
-
-        if views:
-            out.table(STORE_HEADERS, [[str(v.id), v.model or "-", v.gpu_short, parallel(v.record), str(v.record.rank_files),
-                                       v.size_on_disk_str, v.record.pushed or "-", v.record.sha256[:12], v.status.value]
-                                      for v in views])
-        by_status = ", ".join(f"{n} {s}" for s in EntryStatus.names()
-                              if (n := sum(1 for v in views if v.status.value == s)))
-        out.line(f"\n{plural(len(views), 'entry', 'entries')} in {store}" + (f" ({by_status})" if by_status else ""))
-        if remains.orphans:
-            out.line(f"{plural(len(remains.orphans), 'bundle')} no index record names ({format_size(sum(o.size for o in remains.orphans))}, "
-                     f"left by an interrupted push or delete): {remains.sweepable(now)} go with the next push, rm or prune")
-
-    out.emit(human=human, ids=[str(v.id) for v in views],
-             data=lambda: {"store": str(store), "entries": [{**v.to_dict(), "stale": v.status == EntryStatus.STALE}
-                                                            for v in views],
-                           "unreadable": list(store.unreadable), "remains": remains.to_dict(now)})
-
-
