@@ -50,7 +50,8 @@ SPECS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class ModuleNeed:
-    """One module a warm will load: ``prebuilt``, ``cached`` (built here before) or ``compile``."""
+    """One module a warm will load: ``prebuilt``, ``cached`` (built here before), ``compile``, or
+    ``unknown`` (``FLASHINFER_CUDA_ARCH_LIST`` is not one FlashInfer would take)."""
 
     name: str
     state: str
@@ -92,23 +93,29 @@ class ModulePlan:
         return "; ".join(parts)
 
 
-def _arch_dir(arch: str) -> str:
+def _arch_dir(arch: str) -> str | None:
     """FlashInfer's workspace arch directory: ``FLASHINFER_CUDA_ARCH_LIST`` as it normalises it,
-    else the plan's arch (``sm90`` -> ``90a``; 9.x and 10+ take the ``a`` suffix)."""
+    else the plan's arch (``sm90`` -> ``90a``; 9.x and 10+ take the ``a`` suffix). None for a list
+    FlashInfer itself would refuse (``9.0`` pairs only): where it builds is then unknown."""
     listed = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
     if listed:
         out = []
         for item in sorted(listed.split()):
             major, _, minor = item.partition(".")
+            if not major.isdigit() or not minor[:1].isdigit():
+                return None
             out.append(major + (minor if minor[-1:].isalpha() or int(major) < 9 else minor + "a"))
         return "_".join(out)
     digits = arch.removeprefix("sm")
     return digits + ("a" if int(digits[:-1] or 0) >= 9 else "")
 
 
-def jit_library(name: str, version: str, arch: str) -> Path:
+def jit_library(name: str, version: str, arch: str) -> Path | None:
+    arch_dir = _arch_dir(arch)
+    if arch_dir is None:
+        return None
     base = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home())
-    return base / ".cache" / "flashinfer" / version / _arch_dir(arch) / "cached_ops" / name / f"{name}.so"
+    return base / ".cache" / "flashinfer" / version / arch_dir / "cached_ops" / name / f"{name}.so"
 
 
 def aot_library(name: str) -> Path | None:
@@ -122,7 +129,10 @@ def state_of(name: str, version: str, arch: str) -> str:
     aot = aot_library(name)
     if aot is not None and aot.exists():
         return "prebuilt"
-    return "cached" if jit_library(name, version, arch).exists() else "compile"
+    lib = jit_library(name, version, arch)
+    if lib is None:
+        return "unknown"
+    return "cached" if lib.exists() else "compile"
 
 
 def module_plan(apis, version: str, arch: str) -> ModulePlan:

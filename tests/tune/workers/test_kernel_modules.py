@@ -122,7 +122,7 @@ import threading  # noqa: E402
 
 from autotune_cache.autotuner import jit_modules as jm  # noqa: E402
 
-from tests.conftest import run_json  # noqa: E402
+from tests.conftest import run_cli, run_json  # noqa: E402
 
 DENSE = ["--model", "nvidia/Llama-3.1-70B-Instruct-FP8", "--tp", "4", "--arch", "sm90"]
 
@@ -222,3 +222,13 @@ def test_prebuild_starts_what_must_be_compiled_in_threads_and_reports_it_as_preb
         t.join(10)
     assert [(e["module"], e["how"], e["op"]) for e in events] == [("gemm", "compiled", "prebuild")]
     assert specs["gemm"].builds == 1 and "trtllm_utils" not in specs
+
+
+def test_an_arch_list_flashinfer_would_refuse_makes_the_state_unknown_not_a_crash(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "junk")
+    plan = jm.module_plan(["flashinfer.bmm_fp8"], "0.7.2.post1", "sm90")
+    assert {n.name: n.state for n in plan.needs} == {"trtllm_utils": "unknown", "gemm": "unknown"}
+    assert plan.compile_s == 0 and "gemm (unknown)" in plan.describe()
+    proc = run_cli("plan", *DENSE, env={"FLASHINFER_WORKSPACE_BASE": str(tmp_path), "FLASHINFER_CUDA_ARCH_LIST": "junk"})
+    assert proc.returncode == 0 and "Kernels     trtllm_utils (unknown), gemm (unknown)" in proc.stdout, proc.stderr
