@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from warm_vs_engine import run_ranks, run_warm  # noqa: E402
+from warm_vs_engine import engine_plan, run_ranks, run_warm  # noqa: E402
 
 WORKLOADS = {
     # The README's warm example, as written (a TP4 target; on fewer GPUs its profiles are split over them).
@@ -62,9 +62,6 @@ def measure(workloads: list[str], gpus: int, engine: bool, out: Path | None) -> 
     import torch
     import flashinfer
 
-    from autotune_cache.engines.sglang.planner import make_plan
-    from autotune_cache.plan.flags import ServerFlags
-
     results = {"machine": {"gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "cpus": os.cpu_count(),
                            "python": platform.python_version(), "torch": torch.__version__,
                            "flashinfer": flashinfer.__version__},
@@ -81,9 +78,7 @@ def measure(workloads: list[str], gpus: int, engine: bool, out: Path | None) -> 
             print(f"[{name}] warm {run}: {row[run]['wall_s']:.1f} s (JIT {row[run]['jit_s']:.1f} s, compiling "
                   f"{row[run]['compiling_s']} s)", flush=True)
         if engine:
-            flags = dict(zip(args[2::2], args[3::2]))
-            plan = make_plan(args[1], ServerFlags(tp=int(flags["--tp"]), moe_runner_backend=flags.get("--moe-runner-backend", "auto")),
-                             "sm90", cache_root=work / f"{name}-plan", flashinfer_version=flashinfer.__version__).to_dict()
+            plan = engine_plan(args, work / f"{name}-plan", flashinfer.__version__)
             plan_path = work / f"{name}.plan.json"
             plan_path.write_text(json.dumps(plan))
             ews = work / f"{name}-engine-ws"

@@ -102,14 +102,22 @@ def run_ranks(plan_path: Path, mode: str, n: int, cache: str | None = None) -> d
             "floor_gpu_s": sum(o["floor_s"] for o in outs), "tuned": sum(o["tuned"] for o in outs), "ranks": outs}
 
 
+def engine_plan(args: list[str], cache_root: Path, flashinfer_version: str) -> dict:
+    """The SGLang plan of a workload's warm arguments, as JSON: what engine_rank.py replays."""
+    from autotune_cache.engines.sglang.planner import make_plan
+    from autotune_cache.plan.flags import ServerFlags
+
+    flags = dict(zip(args[2::2], args[3::2]))
+    return make_plan(args[1], ServerFlags(tp=int(flags["--tp"]), moe_runner_backend=flags.get("--moe-runner-backend", "auto")),
+                     "sm90", cache_root=cache_root, flashinfer_version=flashinfer_version).to_dict()
+
+
 def stats(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def measure(gpu_counts: list[int], repeat: int, workloads: list[str], startup_pass: bool = True, out: Path | None = None,
             tp: int = TARGET_TP) -> dict:
-    from autotune_cache.engines.sglang.planner import make_plan
-    from autotune_cache.plan.flags import ServerFlags
     import torch
 
     available = torch.cuda.device_count()
@@ -122,9 +130,7 @@ def measure(gpu_counts: list[int], repeat: int, workloads: list[str], startup_pa
     work = Path(tempfile.mkdtemp(prefix="fi-bench-"))
     for name in workloads:
         args = with_tp(WORKLOADS[name], tp)
-        flags = dict(zip(args[2::2], args[3::2]))
-        plan = make_plan(args[1], ServerFlags(tp=int(flags["--tp"]), moe_runner_backend=flags.get("--moe-runner-backend", "auto")),
-                         "sm90", cache_root=work / name, flashinfer_version=flashinfer.__version__).to_dict()
+        plan = engine_plan(args, work / name, flashinfer.__version__)
         plan_path = work / f"{name}.plan.json"
         plan_path.write_text(json.dumps(plan))
         print(f"[{name}] pre-run (builds any kernel module once; not measured)", flush=True)
