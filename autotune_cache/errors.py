@@ -55,6 +55,22 @@ class Interrupted(FiAutotuneError):
     exit_code = ExitCode.INTERRUPTED
 
 
+def is_interrupt(exc: BaseException) -> bool:
+    """True when ``exc`` is a ``KeyboardInterrupt`` or has one in its cause/context chain: a Ctrl-C
+    in disguise. Python wraps some exceptions raised inside class creation - on 3.11 an interrupt
+    landing in a dataclass field's ``__set_name__`` while a command's module loads comes out as
+    ``RuntimeError("Error calling __set_name__ ...")`` - and that is still the user's Ctrl-C
+    (exit 130, one line), not a bug of ours."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def os_error_message(e: OSError, path: object | None = None) -> str:
     """``cannot write /x/y: No space left on device`` - the path and the reason, nothing else."""
     where = path if path is not None else (e.filename if e.filename is not None else "")

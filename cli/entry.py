@@ -1,15 +1,19 @@
 """The console entry point, kept apart from ``main`` so that a Ctrl-C while the CLI is still
 importing (click, the package: the first ~0.1 s) exits 130 with one line like one later on,
-instead of a ``KeyboardInterrupt`` traceback from an import. This module imports nothing of
-ours but ``main``, inside the guard; ``sys`` is already loaded by the interpreter."""
+instead of a ``KeyboardInterrupt`` traceback from an import (or an interrupt Python wrapped in
+another exception, see ``errors.is_interrupt``). This module imports nothing of ours but
+``errors`` and ``main``, inside the guard; ``sys`` is already loaded by the interpreter."""
 
 from __future__ import annotations
 
 import sys
 
 try:
+    from autotune_cache.errors import is_interrupt
     from .main import console_main
-except KeyboardInterrupt:
+except BaseException as e:  # noqa: BLE001 - only an interrupt is handled; the rest re-raised
+    if not (isinstance(e, KeyboardInterrupt) or ("is_interrupt" in globals() and is_interrupt(e))):
+        raise
     sys.stderr.write("fi-autotune: interrupted\n")
     sys.stderr.flush()
     raise SystemExit(130) from None

@@ -14,7 +14,7 @@ import traceback
 import click
 
 from autotune_cache import __version__
-from autotune_cache.errors import ExitCode, FiAutotuneError, Interrupted, os_error_message
+from autotune_cache.errors import ExitCode, FiAutotuneError, Interrupted, is_interrupt, os_error_message
 
 from .output import PROG
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None, obj: object = None) -> int:
         # Click turns a Ctrl-C inside a command into Abort (from the KeyboardInterrupt), and one
         # at a confirmation prompt into Abort (from nothing): both are an interruption (130). At a
         # prompt nothing has been changed yet; mid-command every step done was committed whole.
-        interrupted = isinstance(e.__cause__, KeyboardInterrupt)
+        interrupted = e.__cause__ is not None and is_interrupt(e.__cause__)
         click.echo(f"{PROG}: " + ("interrupted" if interrupted else "aborted: nothing was changed"), err=True)
         return int(ExitCode.INTERRUPTED)
     except click.ClickException as e:
@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None, obj: object = None) -> int:
     except OSError as e:
         return _fail(os_error_message(e), ExitCode.FAILURE, debug)
     except Exception as e:  # noqa: BLE001 - a bug; one line unless asked
+        if is_interrupt(e):  # a Ctrl-C that Python wrapped (during a class's creation, say)
+            click.echo(f"{PROG}: interrupted", err=True)
+            return int(ExitCode.INTERRUPTED)
         return _fail(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
                      ExitCode.FAILURE, debug)
     return rv if isinstance(rv, int) else int(ExitCode.OK)

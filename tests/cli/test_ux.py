@@ -200,6 +200,31 @@ def test_ctrl_c_during_imports_exits_130_with_one_line(root, tmp_path, module, m
     assert "Traceback" not in proc.stderr and proc.stderr.strip() == f"fi-autotune: {message}", proc.stderr
 
 
+_SIGINT_IN_CLASS_HOOK = """
+import dataclasses, os, signal
+_set_name = dataclasses.Field.__set_name__
+def _hook(self, owner, name):
+    if owner.__name__ == os.environ.get("UX_SIGINT_IN_CLASS"):
+        dataclasses.Field.__set_name__ = _set_name
+        os.kill(os.getpid(), signal.SIGINT)
+    return _set_name(self, owner, name)
+dataclasses.Field.__set_name__ = _hook
+"""
+
+
+def test_ctrl_c_wrapped_by_python_during_a_class_creation_is_still_an_interrupt(root, tmp_path):
+    """Found by CI's random-delay run below: a Ctrl-C landing in a dataclass field's
+    ``__set_name__`` while a command's module loads reaches us on Python 3.11 as
+    ``RuntimeError("Error calling __set_name__ ...")`` caused by the interrupt, and was reported
+    as "internal error" (exit 1). Here the signal is sent exactly there, every time."""
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(_SIGINT_IN_CLASS_HOOK)
+    env = {"PYTHONPATH": str(tmp_path / "hook"), "UX_SIGINT_IN_CLASS": "CheckReport"}
+    proc = run_cli("ls", "--cache-dir", str(root), env=env, preexec_fn=_as_a_terminal_would)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "fi-autotune: interrupted", proc.stderr
+
+
 def test_ctrl_c_at_any_moment_of_start_up_never_prints_a_traceback(root):
     """Real timing, through the installed ``fi-autotune`` script: SIGINT sent 0 to 300 ms after the
     process starts. Before the interpreter has its handler the signal kills it (-2, silent); once
