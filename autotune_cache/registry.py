@@ -48,6 +48,13 @@ KNOWN_LAYOUTS: dict[str, tuple[str, str]] = {
     "vllm-dir": ("vllm", "autotune_cache.engines.vllm.layout:DIR_LAYOUT"),
 }
 
+#: engine name -> "module:attribute" of its startup log's dialect (``logs.dialect.LogDialect``), the
+#: same object as the engine's ``log_dialect``: ``doctor`` reads logs without the planners.
+KNOWN_LOG_DIALECTS: dict[str, str] = {
+    "sglang": "autotune_cache.engines.sglang.log_lines:DIALECT",
+    "vllm": "autotune_cache.engines.vllm.log_lines:DIALECT",
+}
+
 _loaded: dict[str, KnownEngine] = {}
 #: ``get_layout``'s answers so far (``ls`` asks three times per entry); emptied by any (un)registering.
 _by_name: dict[str, KnownLayout] = {}
@@ -125,6 +132,22 @@ def layouts() -> dict[str, KnownLayout]:
     return out
 
 
+def log_dialects() -> list[Any]:
+    """Every engine's startup-log dialect, in registration order (engines without a log of their
+    own have none). Built-in ones are imported by name; an engine registered at run time hands
+    its own ``log_dialect``."""
+    static = _static_engines()
+    out = []
+    for name in KNOWN_ENGINES:
+        if name in static:
+            dialect = _import(KNOWN_LOG_DIALECTS[name]) if name in KNOWN_LOG_DIALECTS else None
+        else:
+            dialect = getattr(get_engine(name), "log_dialect", None)
+        if dialect is not None:
+            out.append(dialect)
+    return out
+
+
 def get_layout(name: str) -> KnownLayout:
     layout = _by_name.get(name)
     if layout is not None:
@@ -160,6 +183,18 @@ def default_layout() -> KnownLayout:
     if first in _static_engines():
         return get_layout(next(name for name, (engine, _) in KNOWN_LAYOUTS.items() if engine == first))
     return default_engine().layouts[0]
+
+
+def engine_name_of_layout(name: str) -> str | None:
+    """The registry name of the engine a layout is of (a built-in one's without importing its
+    planner); None for a layout no engine registers."""
+    static = _static_engines()
+    if name in KNOWN_LAYOUTS and KNOWN_LAYOUTS[name][0] in static:
+        return KNOWN_LAYOUTS[name][0]
+    for engine_name in KNOWN_ENGINES:
+        if engine_name not in static and any(lay.name == name for lay in get_engine(engine_name).layouts):
+            return engine_name
+    return None
 
 
 def engine_of_layout(name: str) -> KnownEngine:

@@ -75,6 +75,12 @@ def test_no_code_outside_the_layouts_asks_a_layouts_kind(graph):
     _assert_none("layout kinds read outside the layouts", ig.layout_kind_reads(graph))
 
 
+def test_doctor_names_no_engine(graph):
+    """Issue 46: each engine's log lines, rank labels, version line and words are its dialect's
+    (``engines/<name>/log_lines.py``, through the registry); ``logs/`` holds no engine's name."""
+    _assert_none("engine names in logs/", ig.engine_name_literals(graph))
+
+
 def test_no_package_folder_is_crowded(graph):
     _assert_none(f"package folders over {ig.MAX_FOLDER_MODULES} modules", ig.crowded_folders(graph))
 
@@ -123,6 +129,12 @@ SYNTHETIC = {
     "autotune_cache/tune/kinds.py": (
         "def a(lay, CacheLayout):\n"
         "    return lay.holds_rank_files or isinstance(lay, (int, CacheLayout)) or lay.writes == 'x'\n"
+    ),
+    "autotune_cache/logs/__init__.py": "",
+    "autotune_cache/logs/read.py": (
+        '"""Reads Alpha\'s log (a docstring may name it)."""\n'
+        "def kind(engine):\n"
+        "    return engine == 'alpha' or f'{engine}' == 'ALPHA.cache'\n"
     ),
     "cli/__init__.py": "",
     "cli/main.py": "from fi_autotune_cli.cmd import run\nfrom autotune_cache.tune.run import go\n",
@@ -176,6 +188,11 @@ def test_checker_finds_layout_kinds_read_outside_the_layouts(synthetic):
         "autotune_cache/tune/kinds.py:2: reads .holds_rank_files",
         "autotune_cache/tune/kinds.py:2: isinstance(..., CacheLayout)",
         "autotune_cache/tune/kinds.py:2: compares .writes"]
+
+
+def test_checker_finds_engine_names_in_doctors_code_not_its_docstrings(synthetic):
+    found = ig.engine_name_literals(synthetic)
+    assert [f.split(": ", 1)[0] for f in found] == ["autotune_cache/logs/read.py:3"] * 2, found
 
 
 def test_checker_finds_crowded_folders(synthetic):

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from autotune_cache.logs.boot import Server, Session, assemble, vllm_world_size
-from autotune_cache.logs.formats import UNDERSTOOD
+from autotune_cache.logs.boot import Server, Session, assemble, lockstep_ranks
+from autotune_cache.logs.dialect import LogDialect
+from autotune_cache.logs.formats import dialect_of, engine_dialect, labels, layout_dialect, understood
+from autotune_cache.logs.library import LIBRARY
 from autotune_cache.logs.reader import LogText, read_log
 from autotune_cache.logs import fix as fixes
-from autotune_cache.logs.trees import Located, Trees, explain_sglang, locate, root_of, server_key_fields
+from autotune_cache.logs.trees import Located, Trees, locate, root_of
 from autotune_cache.tree.nearest import same_key_elsewhere
 from autotune_cache.tree.status import EntryStatus
 
@@ -35,7 +37,7 @@ class DoctorReport:
         return any(s["tuned"] for s in self.servers)
 
     def to_dict(self) -> dict:
-        return {"tuned": self.tuned, "understood": dict(UNDERSTOOD), "warnings": self.warnings,
+        return {"tuned": self.tuned, "understood": understood(), "warnings": self.warnings,
                 "servers": self.servers}
 
 
@@ -93,18 +95,28 @@ def _elapsed(a: str | None, b: str | None) -> int | None:
     return None
 
 
+def _dialect(name: str | None) -> LogDialect:
+    """The dialect a session or layout's engine speaks (FlashInfer's own where none is known)."""
+    return dialect_of(name) or LIBRARY
+
+
+def _dialect_of_layout(loc: Located) -> LogDialect:
+    """The dialect of the engine whose tree the server's path is in."""
+    return layout_dialect(loc.layout.name) or LIBRARY
+
+
 def _diverged_cause(s: Session, server: Server, trees: Trees, loc: Located | None) -> str:
-    line = "the TP ranks' cache files differed, so SGLang deleted them and tuned from scratch"
+    d = _dialect(s.engine)
+    line = d.diverged
     entry = trees.entry(loc) if loc else None
-    ep = (entry.manifest.key_fields.ep if entry and entry.manifest else None) or \
-        (server.server_args or {}).get("ep_size")
+    ep = (entry.manifest.key_fields.ep if entry and entry.manifest else None) or d.ep_size(server.server_args)
     if entry is not None and entry.status is EntryStatus.COMPLETE:
         line += (f"; ours ({entry.id}) are byte-identical, so the server's files were not all ours "
                  "(one written by the engine itself, or a partial copy)")
     elif entry is not None:
         line += f"; our entry {entry.id} is {entry.status.value}"
-    if isinstance(ep, int) and ep > 1:
-        line += f"; with EP {ep} SGLang's own files differ at every boot (sglang#40320): serve ours"
+    if isinstance(ep, int) and ep > 1 and d.diverged_ep_note:
+        line += "; " + d.diverged_ep_note.format(ep=ep)
     return line
 
 
@@ -116,12 +128,7 @@ def _absent_cause(s: Session, server: Server, trees: Trees, loc: Located) -> tup
             return OTHER_ENV, (f"no store for the server's environment ({loc.id.name}) in {root}: ours is for "
                                f"another environment ({', '.join(others[:3])}); tune in the serving image")
         return NO_ENTRY, f"no store {loc.id} in {root}"
-    why, _fields = (explain_sglang(trees, loc, server_key_fields(server.server_args)) if loc.layout.name == "sglang"
-                    else (None, None))
-    if why is None and loc.layout.name != "sglang":
-        same = [c for c in trees.candidates(loc.layout) if c.id.name == loc.id.name]
-        why = (f"the nearest entry, {same[0].id}, differs in FlashInfer version or arch" if same else
-               "vLLM's config hash differs (only vLLM computes it: warm with the server's own --vllm-config-hash)")
+    why, _fields = _dialect_of_layout(loc).explain_key_miss(trees, loc, server.server_args)
     return NO_ENTRY, f"no entry {loc.id} in {root}" + (f": {why}" if why else " (and no other entry to compare with)")
 
 
@@ -149,7 +156,7 @@ def _cause(s: Session, server: Server, trees: Trees, ops: list[dict]) -> tuple[s
         where = f" (tuning {last['op']}, {last['done']}/{last['profiles']} profiles)" if last else ""
         return TRUNCATED, f"the log ends while {s.rank} was in its autotune pass{where}: cut short, or the server died"
     if s.reuse_disabled:
-        return REUSE_OFF, "SGLANG_FLASHINFER_AUTOTUNE_CACHE=0 turns cache reuse off: every boot tunes from scratch"
+        return REUSE_OFF, _dialect(s.engine).reuse_off[0]
     if not s.tuned:
         return None, None
     loc = locate(s.path) if s.path else None
@@ -175,12 +182,13 @@ def _fix(s: Session, server: Server, trees: Trees, kind: str | None, loc: Locate
     if kind in (None, TRUNCATED):
         return None
     if kind == REUSE_OFF:
-        return fixes.Fix("unset SGLANG_FLASHINFER_AUTOTUNE_CACHE", "in the server's environment, then restart it")
+        return fixes.Fix(_dialect(s.engine).reuse_off[1], "in the server's environment, then restart it")
     root = root_of(s.path, loc) if loc and s.path else None
-    engine = server.engine if server.engine in ("sglang", "vllm") else None
+    engine = engine_dialect(server.engine)
     has_tree = loc is not None and trees.info(loc.layout) is not None
     entry = trees.entry(loc) if has_tree else None
-    vhash = loc.id.name if loc is not None and loc.layout.name == "vllm" else None
+    # a key only the engine computes: the fix carries it (the entry's name) to warm
+    opaque_key = loc.id.name if loc is not None and _dialect_of_layout(loc).key_option else None
     fields, where = None, None
     if kind == NO_ENTRY and has_tree:
         same = same_key_elsewhere(loc.id, loc.layout, trees.candidates(loc.layout))
@@ -191,9 +199,9 @@ def _fix(s: Session, server: Server, trees: Trees, kind: str | None, loc: Locate
                 where = f"on a {there['arch'][1]} GPU, in the serving image"
             else:
                 where = f"in the serving image, with FlashInfer {there['flashinfer_version'][1]}"
-        elif loc.layout.name == "sglang":
-            fields = explain_sglang(trees, loc, server_key_fields(server.server_args))[1]
-    warm = fixes.warm(engine, server.server_args, fields, root, vhash, store)
+        else:
+            fields = _dialect_of_layout(loc).explain_key_miss(trees, loc, server.server_args)[1]
+    warm = fixes.warm(engine, server.server_args, fields, root, opaque_key, store)
     if kind == DIVERGED:
         if entry is not None and entry.status is EntryStatus.COMPLETE:
             return fixes.Fix(fixes.export_import(str(entry.id), engine, root, loc.layout.name),
@@ -253,7 +261,8 @@ def _session_dict(s: Session, server: Server, trees: Trees, shared_ops: list[dic
         "cache": _cache_state(s, kind, entry is not None if in_tree else None),
         "tuned": ops, "tuned_elsewhere": s.saw_shared_bars, "dummy_pass": s.ran_dummy_pass,
         "tuned_unreadable": sorted(set(s.cut_bars)),
-        "tuning_seconds": lockstep_seconds(ops, 1) if s.engine == "vllm" else sum(o["seconds"] for o in ops),
+        "tuning_seconds": (lockstep_seconds(ops, 1) if _dialect(s.engine).ranks_in_lockstep
+                           else sum(o["seconds"] for o in ops)),
         "duration_seconds": _elapsed(s.started, s.ended), "complete": s.complete,
         "hits": sorted(set(s.hits)), "loaded_configs": s.loaded,
         "preloaded": list(s.preloaded) if s.preloaded else None,
@@ -277,8 +286,7 @@ def _server_dict(server: Server, trees: Trees, store: str | None = None) -> dict
     return {
         "server": server.name, "engine": server.engine, "version": server.version, "ranks": ranks,
         "shared_tuning": shared, "shared_unreadable": sorted(set(server.shared_cut)),
-        "tuning_seconds": own + lockstep_seconds(shared_ops, max(len(ranks), vllm_world_size(server)
-                                                                 if server.engine == "vllm" else 1)),
+        "tuning_seconds": own + lockstep_seconds(shared_ops, max(len(ranks), lockstep_ranks(server))),
         "tuned": tuned, "causes": [{"cause": c, "ranks": n, "fix": fix_of[c]} for c, n in causes.most_common()],
     }
 
@@ -291,18 +299,18 @@ def _rank_order(rank: str) -> tuple:
 def _version_warnings(servers: dict[str, Server], report: DoctorReport) -> None:
     seen = set()
     for server in servers.values():
-        if server.engine == "vllm" and server.version and not server.version.startswith(UNDERSTOOD["vllm"]):
-            seen.add(f"vLLM {server.version} (server {server.name})")
+        d = engine_dialect(server.engine)
+        if d is not None and server.version and not server.version.startswith(d.release):
+            seen.add(f"{d.label} {server.version} (server {server.name})")
         for s in server.sessions():
             loc = locate(s.path) if s.path else None
             fields = loc.layout.id_fields(loc.id) if loc else {}
             version = fields.get("flashinfer_version")
-            if version and version != UNDERSTOOD["flashinfer"]:
-                seen.add(f"FlashInfer {version} (server {server.name})")
+            if version and version != LIBRARY.release:
+                seen.add(f"{LIBRARY.label} {version} (server {server.name})")
+    read = labels("and", releases=True)
     for what in sorted(seen):
-        report.warnings.append(f"{what}: the log formats read are those of SGLang {UNDERSTOOD['sglang']}, "
-                               f"vLLM {UNDERSTOOD['vllm']} and FlashInfer {UNDERSTOOD['flashinfer']}; "
-                               "lines that changed since are not read")
+        report.warnings.append(f"{what}: the log formats read are those of {read}; lines that changed since are not read")
 
 
 def diagnose(logs: list[tuple[str, str]], roots: list[Path], store: str | None = None) -> DoctorReport:
@@ -315,7 +323,7 @@ def diagnose(logs: list[tuple[str, str]], roots: list[Path], store: str | None =
         texts.append(parsed)
         assemble(servers, parsed.events)
         if not parsed.events:
-            report.warnings.append(f"{name}: no line of SGLang, vLLM or FlashInfer in it")
+            report.warnings.append(f"{name}: no line of {labels('or')} in it")
     trees = Trees(roots)
     for server in servers.values():
         if not server.ranks and not server.shared_bars and not server.shared_cut:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from autotune_cache import registry
+from autotune_cache.logs.dialect import LogDialect
+from autotune_cache.logs.formats import default_dialect
 from autotune_cache.plan.entry_key import KeyFields
 
-#: The engines' own roots, which ``warm`` and ``import`` use unless told (no ``--cache-dir`` then).
-_DEFAULT_ROOTS = {"sglang": ".cache/sglang", "vllm": ".cache/vllm"}
+
 @dataclass(frozen=True)
 class Fix:
     command: str
@@ -27,16 +28,16 @@ class Fix:
         return {"command": self.command, "where": self.where}
 
 
-def server_command(engine: str | None, args: dict | None) -> list[str] | None:
+def server_command(engine: LogDialect | None, args: dict | None) -> list[str] | None:
     """The serving command that makes ``args`` (as the server logged them), or None where the
     engine is unknown or the log names no model."""
-    if engine is None or engine not in registry.KNOWN_ENGINES:
+    if engine is None or engine.name not in registry.KNOWN_ENGINES:
         return None
-    return registry.get_engine(engine).command_from_logged_args(args)
+    return registry.get_engine(engine.name).command_from_logged_args(args)
 
 
 def warm_options(fields: KeyFields) -> list[str]:
-    """``warm``'s own options for an SGLang key's fields (no serving command in the log)."""
+    """``warm``'s own options for a key's fields (no serving command in the log)."""
     words = ["--model-path", fields.model_path]
     for opt, value, default in (("--tp", fields.tp, 1), ("--pp", fields.pp, 1), ("--dp", fields.attn_dp_size, 1),
                                 ("--ep", fields.ep, 1), ("--quantization", fields.quantization, None),
@@ -50,34 +51,36 @@ def warm_options(fields: KeyFields) -> list[str]:
     return words
 
 
-def root_option(engine: str | None, server_root: str | None) -> list[str]:
-    """``--cache-dir ROOT`` where the server's root is not its engine's default one."""
-    if not server_root or engine not in _DEFAULT_ROOTS:
+def root_option(engine: LogDialect | None, server_root: str | None) -> list[str]:
+    """``--cache-dir ROOT`` where the server's root is not its engine's default one (which
+    ``warm`` and ``import`` use unless told)."""
+    if not server_root or engine is None or not engine.default_root:
         return []
-    return [] if str(PurePosixPath(server_root)).endswith(_DEFAULT_ROOTS[engine]) else ["--cache-dir", server_root]
+    return [] if str(PurePosixPath(server_root)).endswith(engine.default_root) else ["--cache-dir", server_root]
 
 
 def shell(words: list[str]) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-def warm(engine: str | None, args: dict | None, fields: KeyFields | None, server_root: str | None,
-         vllm_hash: str | None = None, store: str | None = None) -> str:
+def warm(engine: LogDialect | None, args: dict | None, fields: KeyFields | None, server_root: str | None,
+         opaque_key: str | None = None, store: str | None = None) -> str:
     """``fi-autotune warm ...`` for the server's own flags, else its key's fields, else a
-    placeholder for them."""
+    placeholder for them. An engine whose key only it computes (``key_option``) is warmed from
+    its own command with that key given, never from fields."""
     head = ["fi-autotune", "warm", *root_option(engine, server_root)]
     if store:
         head += ["--push", store]
     cmd = server_command(engine, args)
-    if engine == "vllm":
-        if vllm_hash:
-            head += ["--vllm-config-hash", vllm_hash]
-        return shell(head) + " -- " + (shell(cmd) if cmd else "vllm serve <the server's flags>")
+    if engine is not None and engine.key_option:
+        if opaque_key:
+            head += [engine.key_option, opaque_key]
+        return shell(head) + " -- " + (shell(cmd) if cmd else engine.command_placeholder)
     if cmd:
         return shell(head) + " -- " + shell(cmd)
     if fields is not None:
         return shell([*head, *warm_options(fields)])
-    return shell(head) + " -- python -m sglang.launch_server <the server's flags>"
+    return shell(head) + " -- " + (engine or default_dialect()).command_placeholder
 
 
 def pull(store: str, entry_id: str, server_root: str | None) -> str:
@@ -85,10 +88,10 @@ def pull(store: str, entry_id: str, server_root: str | None) -> str:
     return shell(["fi-autotune", "pull", store, entry_id, *(["--cache-dir", server_root] if server_root else [])])
 
 
-def export_import(entry_id: str, engine: str | None, server_root: str | None, layout: str) -> str:
+def export_import(entry_id: str, engine: LogDialect | None, server_root: str | None, layout: str) -> str:
     """Our entry, copied whole into the server's tree (run the import where the server's tree is)."""
     archive = "entry.tar.gz"
-    lay = [] if layout == "sglang" else ["--layout", layout]
+    lay = [] if layout == registry.default_layout().name else ["--layout", layout]
     root = ["--cache-dir", server_root] if server_root else []
     return (shell(["fi-autotune", "export", *lay, entry_id, "-o", archive]) + " && "
             + shell(["fi-autotune", "import", *lay, archive, *root, "--force"]))

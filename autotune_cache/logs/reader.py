@@ -14,15 +14,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from autotune_cache.logs.formats import PREFIXES, TQDM_BAR, match_message, seconds
+from autotune_cache.logs.dialect import LogDialect
+from autotune_cache.logs.formats import dialects, match_message
+from autotune_cache.logs.library import BAR_START as _BAR_START, LIBRARY, TQDM_BAR, seconds
 
 #: A collector's timestamp before the engine's line (``kubectl logs --timestamps``, ``docker logs -t``),
 #: with the whitespace around it. The lookbehind starts a match only where a whitespace run starts:
 #: ``sub`` tries every position, and a bare ``\s*`` would rescan a run from each of its characters.
 _OUTER_TS = re.compile(r"(?<!\s)\s*\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s*")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-#: Where a tqdm bar of FlashInfer's autotuner starts (``TQDM_BAR`` whole), and its op as far as it goes.
-_BAR_START = re.compile(r"\[AutoTuner\]: Tuning (?P<op>[^\s|\[\]]*)")
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Event:
 
     source: str  # the log file ("-" for stdin) and line number, for messages
     server: str  # the file, or the collector's prefix that names the pod/container
-    engine: str  # whose prefix the line has: "sglang", "vllm", "flashinfer" (tqdm: "flashinfer")
+    engine: str  # whose prefix the line has: a dialect's name (tqdm's bars: FlashInfer's)
     rank: str | None
     ts: str | None
     kind: str
@@ -55,24 +55,16 @@ def _server_of(name: str, outer: str) -> str:
     return outer or name
 
 
-def _rank_of(engine: str, m: re.Match) -> str | None:
-    if engine == "sglang":
-        return m["rank"].strip() or "-"  # a scheduler without a prefix: one rank (tp 1)
-    if engine == "vllm":
-        return m["proc"]
-    return None
-
-
 def _bar_event(name: str, where: str, outer: str, m: re.Match) -> Event:
     fields = {"op": m["op"], "n": int(m["n"]), "total": int(m["total"]), "seconds": seconds(m["elapsed"]),
               "rate": m["rate"].strip()}
-    return Event(where, _server_of(name, outer), "flashinfer", None, None, "flashinfer.bar", fields)
+    return Event(where, _server_of(name, outer), LIBRARY.name, None, None, "tuner.bar", fields)
 
 
 def _bars(name: str, where: str, text: str, outer: str) -> list[Event]:
     """The bars of a line: tqdm's redraws, the last one of each op wins. A bar cut short (after
     its percentage, by a kill, by another process writing into it) or garbled still shows tuning:
-    its start with no whole bar is a ``flashinfer.bar_cut`` of its op, unless a whole bar of that
+    its start with no whole bar is a ``tuner.bar_cut`` of its op, unless a whole bar of that
     op was read on the line."""
     whole: dict[str, Event] = {}
     cut: dict[str, Event] = {}
@@ -84,11 +76,11 @@ def _bars(name: str, where: str, text: str, outer: str) -> list[Event]:
         for m in _BAR_START.finditer(segment):
             if m.start() not in spans:
                 op = m["op"].rstrip(":") or "?"
-                cut[op] = Event(where, _server_of(name, outer), "flashinfer", None, None, "flashinfer.bar_cut", {"op": op})
+                cut[op] = Event(where, _server_of(name, outer), LIBRARY.name, None, None, "tuner.bar_cut", {"op": op})
     return [*whole.values(), *(e for op, e in cut.items() if op not in whole)]
 
 
-def _line_events(name: str, lineno: int, text: str) -> list[Event]:
+def _line_events(name: str, lineno: int, text: str, known: tuple[LogDialect, ...]) -> list[Event]:
     where = f"{name}:{lineno}"
     events: list[Event] = []
     starts = list(_BAR_START.finditer(text))
@@ -100,14 +92,14 @@ def _line_events(name: str, lineno: int, text: str) -> list[Event]:
     # the last redraw of a \r-rewritten line; vLLM's NewLineFormatter ends each line of a
     # multi-line message in "\r" ("\r\n" + the prefix): that line is read, not dropped
     text = text.rstrip("\r").rsplit("\r", 1)[-1]
-    for engine, _source, prefix in PREFIXES:
-        m = prefix.search(text)
+    for dialect in known:
+        m = dialect.prefix.search(text)
         if m is None:
             continue
         server = _server_of(name, text[: m.start()] if collector is None else collector)
-        found = match_message(engine, text[m.end():])
+        found = match_message(dialect, text[m.end():])
         kind, fields = found if found is not None else ("other", {})
-        return [*events, Event(where, server, engine, _rank_of(engine, m), m["ts"], kind, fields)]
+        return [*events, Event(where, server, dialect.name, dialect.rank_of(m), m["ts"], kind, fields)]
     return events
 
 
@@ -118,6 +110,7 @@ def read_log(name: str, data: str) -> LogText:
     out.ends_mid_line = bool(data) and not data.endswith("\n")
     lines = data.split("\n")
     out.lines = len(lines) - (0 if out.ends_mid_line else 1)
+    known = dialects()
     for i, line in enumerate(lines, 1):
-        out.events.extend(_line_events(name, i, line))
+        out.events.extend(_line_events(name, i, line, known))
     return out

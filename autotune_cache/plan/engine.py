@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, TYPE_CHECKING, ClassVar
 
 from autotune_cache import registry
 from autotune_cache.registry import KnownLayout  # a tree.layout.CacheLayout: the tree sits above this floor
@@ -63,6 +63,9 @@ class Engine(ABC):
     #: The key schemas this engine's releases hash, by name (``plan.entry_key.KeySchema``); all
     #: engines' are found through the registry (``plan.entry_key.key_schemas``).
     key_schemas: ClassVar[dict] = {}
+    #: How ``doctor`` reads this engine's startup log (a ``logs.dialect.LogDialect``); None: it
+    #: has no log of its own (FlashInfer's managed store). ``registry.log_dialects`` lists them.
+    log_dialect: ClassVar[Any] = None
 
     def __str__(self) -> str:
         return self.label

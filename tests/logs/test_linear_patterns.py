@@ -20,7 +20,9 @@ import textwrap
 
 import pytest
 
-from autotune_cache.logs import formats, reader
+from autotune_cache.engines.sglang.log_lines import SGLANG_PREFIX
+from autotune_cache.engines.vllm.log_lines import VLLM_PREFIX
+from autotune_cache.logs import formats, library, reader
 from tests.support.regex_steps import C, P, steps
 
 from ..conftest import REPO
@@ -69,10 +71,10 @@ SAMPLES = {
     "reader.bar_start": "[AutoTuner]: Tuning trtllm::fused_moe::gemm1:  52%",
 }
 
-PATTERNS = {**{f.name: f.pattern for f in formats.MESSAGES},
-            "prefix.sglang": formats.SGLANG_PREFIX, "prefix.vllm": formats.VLLM_PREFIX,
-            "prefix.flashinfer": formats.FLASHINFER_PREFIX, "tqdm": formats.TQDM_BAR,
-            "reader.outer_ts": reader._OUTER_TS, "reader.ansi": reader._ANSI, "reader.bar_start": reader._BAR_START}
+PATTERNS = {**{f.name: f.pattern for d in formats.dialects() for f in d.formats},
+            "prefix.sglang": SGLANG_PREFIX, "prefix.vllm": VLLM_PREFIX,
+            "prefix.flashinfer": library.FLASHINFER_PREFIX, "tqdm": library.TQDM_BAR,
+            "reader.outer_ts": reader._OUTER_TS, "reader.ansi": reader._ANSI, "reader.bar_start": library.BAR_START}
 #: Scanned for every match (``sub``, ``finditer``), not searched once.
 EVERY = {"tqdm", "reader.outer_ts", "reader.ansi", "reader.bar_start"}
 

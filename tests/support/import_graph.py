@@ -47,10 +47,11 @@ FLOORS = (
     ("autotune_cache.tree", "tree", 3),
     ("autotune_cache.calls", "calls", 3),
     ("autotune_cache.tree.layouts.flashinfer_v2", "managed_store", 4),
+    # doctor: it reads every engine's log through the dialects the engines hand it (registry)
+    ("autotune_cache.logs", "logs", 4),
     ("autotune_cache.engines", "engines", 5),
     ("autotune_cache.tune", "tune", 6),
     ("autotune_cache.check", "check", 6),
-    ("autotune_cache.logs", "logs", 6),
     ("autotune_cache", "reexports", 7),  # the package's __init__ only (exact match below)
     ("cli", "cli", 8),
 )
@@ -377,6 +378,42 @@ def layout_kind_reads(g: Graph) -> list[str]:
                     isinstance(x, ast.Attribute) and x.attr == "writes" for x in [node.left, *node.comparators]):
                 out.append(f"{g.where(module, node.lineno)}: compares .writes")
     return out
+
+
+#: The package whose code must name no engine: ``doctor``'s (each engine's lines are its dialect's).
+ENGINE_NEUTRAL = "autotune_cache.logs"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def engine_name_literals(g: Graph) -> list[str]:
+    """Strings in ``ENGINE_NEUTRAL``'s code (not its docstrings) that name an engine - one of the
+    packages under ``engines/`` - in any case: a comparison with an engine's name, an engine's
+    line pattern or its words, which belong in that engine's package."""
+    names = {m.split(".")[2] for m in g.files if m.startswith(ENGINES + ".") and m.count(".") >= 3}
+    out = []
+    for module, path in sorted(g.files.items()):
+        if not (module == ENGINE_NEUTRAL or module.startswith(ENGINE_NEUTRAL + ".")):
+            continue
+        tree = ast.parse(path.read_text())
+        skip = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+                named = sorted(n for n in names if n in node.value.lower())
+                if named:
+                    out.append(f"{g.where(module, node.lineno)}: {node.value[:40]!r} names {', '.join(named)}")
+    return out
+
+
+RULES["engine names in doctor"] = engine_name_literals
 
 
 def main(argv: list[str]) -> int:

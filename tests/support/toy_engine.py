@@ -2,14 +2,17 @@
 ``registry.register_engine`` line in the test that uses it).
 
 It reads SGLang's rank files from a tree of its own (``$TOY_CACHE_DIR/toy-autotune/...``) and
-tunes what SGLang's startup pass tunes; nothing of fi-autotune names it.
+tunes what SGLang's startup pass tunes, and it logs its boot in a dialect of its own (``ToyLines``:
+``doctor`` reads it with nothing else changed); nothing of fi-autotune names it.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
+from autotune_cache.logs.dialect import LogDialect, line_format
 from autotune_cache.plan.engine import Engine
 from autotune_cache.engines.sglang.layout import SGLangLayout
 from autotune_cache.engines.sglang.planner import make_plan
@@ -29,12 +32,33 @@ class ToyLayout(SGLangLayout):
         return ("toy-autotune",)
 
 
+class ToyLines(LogDialect):
+    """``<toy rank=1 12:00:01> toy: autotune reading /srv/toy/toy-autotune/.../rank_tp1_pp0_dp0.json``"""
+
+    name = "toy"
+    label = "Toy"
+    release = "1.0"
+    prefix = re.compile(r"<toy rank=(?P<rank>\d+) (?P<ts>\d\d:\d\d:\d\d)> ")
+    prefix_source = "toy/log.py:1"
+    formats = (
+        line_format("toy.reading", "pass.open", "toy/boot.py:10", r"^toy: autotune reading (?P<path>\S+)$"),
+        line_format("toy.done", "pass.end", "toy/boot.py:20", r"^toy: autotune done$"),
+        line_format("toy.version", "server.version", "toy/boot.py:1", r"^toy: version (?P<version>\S+)$"),
+    )
+    default_root = ".cache/toy"
+    command_placeholder = "toy-serve <the server's flags>"
+
+    def rank_of(self, prefix: re.Match) -> str | None:
+        return f"toy{prefix['rank']}"
+
+
 class Toy(Engine):
     name = "toy"
     label = "Toy"
     title = "Toy 1.0"
 
     layouts = (ToyLayout(),)
+    log_dialect = ToyLines()
 
     def plan(self, request, cache_root: Path):
         r = request

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from autotune_cache.plan.engine import Engine, ServingCommandReading
 from autotune_cache.engines.sglang.layout import LAYOUT
+from autotune_cache.engines.sglang.log_lines import DIALECT
 from autotune_cache.engines.sglang.planner import make_plan
 from autotune_cache.engines.sglang.serving_command import (PROGRAMS, check_option_values, command_from_logged_args,
                                                            flag_table, parse_serving_command)
@@ -24,6 +25,7 @@ class SGLang(Engine):
     programs = PROGRAMS
 
     layouts = (LAYOUT,)
+    log_dialect = DIALECT
     key_schemas = SCHEMAS
 
     def pick_schema(self, schema: str | None, release: str | None) -> tuple[str, str]:

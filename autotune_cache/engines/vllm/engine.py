@@ -10,6 +10,7 @@ from autotune_cache.engines.vllm.serving_command import (CHOICE_OPTIONS as VLLM_
                                                           check_option_values, command_from_logged_args,
                                                           parse_serving_command)
 from autotune_cache.engines.vllm.layout import DIR_LAYOUT, LAYOUT, OVERRIDE_ENV, VllmDirLayout, VllmManagedStore, single_rank
+from autotune_cache.engines.vllm.log_lines import DIALECT
 from autotune_cache.engines.vllm.planner import VLLM_CHECKED, make_vllm_plan, other_config_refusal
 from autotune_cache.engines.vllm.target import VllmTarget, parse_config_hash, printed_levels
 from autotune_cache.autotuner.buckets import hybrid_buckets
@@ -34,6 +35,7 @@ class Vllm(Engine):
     )
 
     layouts = (LAYOUT, DIR_LAYOUT)
+    log_dialect = DIALECT
     programs = PROGRAMS
 
     def parse_serving_command(self, tokens: list[str] | tuple[str, ...]) -> ServingCommandReading:
