@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:  # the types a dialect is handed; nothing here runs them
-    from autotune_cache.logs.boot import Server
     from autotune_cache.logs.trees import Located, Trees
     from autotune_cache.plan.entry_key import KeyFields
+
+
+class Server(Protocol):
+    """What a dialect reads of a server being assembled (``boot.Server``): the ranks seen so far
+    (label -> their passes) and the arguments it logged."""
+
+    ranks: dict
+    server_args: dict | None
 
 #: What an engine's line can mean to ``boot`` (a format's ``event``), and the fields it carries.
 EVENTS = {

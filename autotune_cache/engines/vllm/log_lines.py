@@ -10,12 +10,8 @@ Each format names the file:line in vLLM 0.33.0's wheel where its string is
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
-from autotune_cache.logs.dialect import LineFormat, LogDialect, line_format, upto
-
-if TYPE_CHECKING:
-    from autotune_cache.logs.boot import Server
+from autotune_cache.logs.dialect import LineFormat, LogDialect, Server, line_format, upto
 
 #: ``(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d]
 #: %(message)s``, datefmt ``%m-%d %H:%M:%S`` (vllm/logger.py:28-33); worker names ``Worker_DP0_PP0_TP3_EP3``
