@@ -1,12 +1,10 @@
-"""Which cache root a command works on: ``--cache-dir`` or the engine's own, checked once here -
-a file, a directory inside a tree or holding a nested one, a root one or two levels above the
-tree meant, a ``~`` the engine would not expand - each said in one line (a note, once per
-process, or a usage error for a command that would write where no engine reads)."""
+"""Which cache root a command works on: the library decides (``tree/roots.py``: ``--cache-dir`` or
+the engine's own, checked once there); here each note it returns is said once per process, on
+stderr, and the roots ``--new-tree`` named are remembered for the rest of the process."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import click
 
@@ -14,7 +12,7 @@ from autotune_cache.errors import RootMissing, UsageError
 from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import RootChoice
-from autotune_cache.tree.lookup import trees_below
+from autotune_cache.tree.roots import Rooting, choose_root, tilde_note
 
 from .output import PROG
 from .params import flatten
@@ -26,59 +24,27 @@ _SAID: set[str] = set()
 _NEW_TREES: set[str] = set()
 
 
-def _say_once(text: str) -> None:
+def say_once(text: str) -> None:
+    """A note about a root, on stderr, once per process (the sink the library's planning says into)."""
     if text not in _SAID:
         _SAID.add(text)
         click.echo(f"{PROG}: {text}", err=True)
 
 
-def _no_tree_here(root: Path, below: list[Path]) -> str:
-    named = " or ".join(map(str, below[:3])) + (f" (or {len(below) - 3} more)" if len(below) > 3 else "")
-    return f"no cache tree at {root}; did you mean {named}?"
-
-
-def _tilde_hint(choice: RootChoice) -> None:
-    """A root from a variable that starts with ``~``: the engine takes it verbatim (SGLang does not
-    expand it: it reads ``./~/...`` relative to where it starts), and so does fi-autotune."""
-    if choice.source.startswith("$") and str(choice.path).startswith("~"):
-        _say_once(f"warning: {choice.source} is {str(choice.path)!r}: the engine does not expand '~' there "
-                  f"(it reads a directory named '~' under its working directory), nor does fi-autotune; "
-                  f"set it to an absolute path such as {os.path.expanduser(str(choice.path))}")
+def rooting(cache_dir: str | None) -> Rooting:
+    """How this command's plans are rooted: under ``cache_dir`` (None: each engine's own root),
+    its notes said once per process, the roots ``--new-tree`` named in it remembered."""
+    return Rooting(cache_dir, _NEW_TREES, say_once)
 
 
 def resolve_root(cache_dir: str | None, *, must_exist: bool, layout: CacheLayout | None = None,
                  writes: bool = False, new_tree: bool = False) -> RootChoice:
-    """``--cache-dir`` or the engine's own root. A path that is a file is a usage error, and so is
-    a ``--cache-dir`` inside a tree or holding a nested one (the layout says: ``misplaced_root``),
-    which would read as empty and be written into where no engine reads; a root that does not
-    exist is an error for commands that read (exit 1), naming where it came from.
-
-    A root that holds no tree while a directory one or two levels below it holds one (``opt``
-    given for ``opt/sglang-cache``): a note for a reader, and for a writer (``writes``: ``import``,
-    ``pull``) a usage error naming that directory, unless ``new_tree`` (``--new-tree``) says a new
-    tree there is meant."""
-    layout = layout or default_layout()
-    if cache_dir is None and not layout.configured():
-        raise UsageError(f"the {layout.name} layout's root is {layout.default_root().source}, which is not set "
-                         "here: set it or give --cache-dir")
-    choice = RootChoice(Path(cache_dir), "--cache-dir") if cache_dir is not None else layout.default_root()
-    root = choice.path
-    _tilde_hint(choice)
-    misplaced = layout.misplaced_root(root) if cache_dir is not None else None
-    if misplaced is not None:
-        raise UsageError(f"--cache-dir {root} is {misplaced.what}: {misplaced.fix}")
-    if root.exists() and not root.is_dir():
-        raise UsageError(f"cache root {str(root)!r} (from {choice.source}) exists and is not a directory")
-    if must_exist and not root.exists():
-        raise RootMissing(f"cache root {root} does not exist (from {choice.source})")
+    """``--cache-dir`` or the engine's own root (``tree.roots.choose_root`` says what is wrong with
+    one), its notes said once per process; a root ``new_tree`` names is remembered as one."""
+    choice = choose_root(cache_dir, must_exist=must_exist, layout=layout, writes=writes, new_tree=new_tree,
+                         new_trees=_NEW_TREES, say=say_once)
     if new_tree:
-        _NEW_TREES.add(os.path.abspath(root))
-    below = [] if os.path.abspath(root) in _NEW_TREES else trees_below(root, layout)
-    if below and writes:
-        raise UsageError(_no_tree_here(root, below) + f" (give {'that' if len(below) == 1 else 'one'} as "
-                         f"--cache-dir, or --new-tree to start a new tree at {root})")
-    if below:
-        _say_once("note: " + _no_tree_here(root, below))
+        _NEW_TREES.add(os.path.abspath(choice.path))
     return choice
 
 
@@ -101,7 +67,9 @@ def trees(cache_dir: str | None, layouts, *, every_existing: bool = False) -> li
         if not layout.configured():
             continue
         choice = layout.default_root()
-        _tilde_hint(choice)
+        note = tilde_note(choice)
+        if note:
+            say_once(note)
         if choice.path.is_dir():
             found.append((layout, choice))
         else:

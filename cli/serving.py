@@ -9,21 +9,26 @@ builder. Commands never build requests themselves.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import click
 
 from autotune_cache import registry
 from autotune_cache.engines.requests import build_request, build_requests, read_serving_command
+from autotune_cache.engines.selection import WarmGroup, warm_groups
 from autotune_cache.errors import UsageError
 from autotune_cache.plan.entry_key import key_schemas
 from autotune_cache.plan.options import GIVEN_OPTIONS, Option, ServingOptions
 from autotune_cache.plan.request import TuneRequest
+from autotune_cache.plan.tuning import TuningPlan
+from autotune_cache.tree.roots import Rooting
+from autotune_cache.tune.session.fleetplan import plan_request
 from autotune_cache.tune.workers.gpus import detect_gpu_uuids
 from autotune_cache.tune.workers.machine import THIS_MACHINE, Machine
 
 from .output import Output
 from .params import POSITIVE, cache_dir_option
-from .roots import resolve_root
+from .roots import rooting
 
 
 def _click_option(option: Option):
@@ -123,22 +128,30 @@ def request_from(kw: dict, layout: str | None = None, *, engine_options: bool = 
 
 def requests_from(kw: dict, layouts: list[str]) -> list[TuneRequest]:
     """One request per layout (each another engine's), each engine given only its own options."""
-    return build_requests(ServingOptions.pick(kw), layouts, engine_option_values(dict(kw)),
-                          detect_gpu_uuids=detect_gpu_uuids)
+    own = engine_option_values(dict(kw))
+    return build_requests(ServingOptions.pick(kw), layouts, own, detect_gpu_uuids=detect_gpu_uuids)
 
 
-def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = None):
+@dataclass(frozen=True)
+class WarmRequests:
+    """A warm's serving options read once: the engine groups it writes (``--layout``, else the tree
+    the serving command's server reads), one request each, and how its plans are rooted."""
+
+    groups: list[WarmGroup]
+    requests: list[TuneRequest]
+    rooting: Rooting
+
+
+def warm_requests(ctx: click.Context, kw: dict, out: Output) -> WarmRequests:
+    """``warm``'s options and pasted serving command into its requests, in one step: the serving
+    command folded in (``fold_serving_command``), ``--layout`` checked, one request per engine."""
+    kw, layouts = fold_serving_command(ctx, kw, out, "layouts")
+    roots = rooting(kw["cache_dir"])  # the serving command's environment may name the root
+    groups = warm_groups(layouts)
+    return WarmRequests(groups, requests_from(kw, [g.layout for g in groups]), roots)
+
+
+def build_plan(request: TuneRequest, cache_dir: str | None, arch: str | None = None) -> TuningPlan:
     """The plan for ``request`` under the cache root ``cache_dir`` names (made if missing), else the
-    root of the engine's layout."""
-    if request.arch is None:
-        request = request.with_arch(arch or local_arch())
-    root = resolve_root(cache_dir, must_exist=False, layout=registry.get_engine(request.engine.name).plan_layout(request))
-    return request.plan(root.path)
-
-
-def local_arch() -> str:
-    """This machine's GPU arch (NVML, no CUDA context); a usage error when there is none."""
-    arch = machine_of().detect_gpus().arch
-    if arch is None:
-        raise UsageError("no GPU found to take the target arch from: pass --arch sm90 or --arch sm100")
-    return arch
+    root of the engine's layout (``fleetplan.plan_request``; its notes said once, on stderr)."""
+    return plan_request(request, rooting(cache_dir), arch, machine_of())

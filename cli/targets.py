@@ -18,13 +18,13 @@ from autotune_cache.humanize import plural
 from autotune_cache.plan.options import GIVEN_OPTIONS
 from autotune_cache.tree.store.store import Store
 from autotune_cache.tune.session.fleet import FleetItem, merge_work
-from autotune_cache.tune.session.fleetplan import Fleet, FleetError, fleet_items, load_fleet, plan_data
+from autotune_cache.tune.session.fleetplan import Fleet, FleetError, FleetOrder, fleet_items, plan_data
 from autotune_cache.tune.session.publish import writable_store
 from autotune_cache.tune.session.session import FleetRunResult, WarmOptions, run_fleet
 
 from .output import Output
 from .progress import Progress
-from .serving import build_plan
+from .roots import rooting
 
 
 def reject_serving_flags(ctx: click.Context, allowed: tuple[str, ...] = ("cache_dir", "arch")) -> None:
@@ -37,11 +37,6 @@ def reject_serving_flags(ctx: click.Context, allowed: tuple[str, ...] = ("cache_
         raise UsageError(f"{flags}: with --targets, put target fields in the file (its 'defaults' for all of them)")
     if ctx.params.get("serving_command"):
         raise UsageError("a serving command after -- names one target: not with --targets")
-
-
-def plan_under(cache_dir: str | None):
-    """How a fleet's requests are planned: under ``--cache-dir``, else each engine's own root."""
-    return lambda request: build_plan(request, cache_dir)
 
 
 def report_errors(out: Output, errors: list[FleetError]) -> None:
@@ -85,19 +80,8 @@ def warm_targets(kw: dict, opts: WarmOptions, targets_file: str, shard: str | No
                  out: Output, t0: float) -> None:
     """``warm --targets``: one pool for the whole list; each entry (a target, its draft worker)
     written (then converted and pushed) as soon as its last bucket is done."""
-    fleets: list[Fleet] = []
-
-    def load(info):
-        fleet = load_fleet(targets_file, plan_under(kw["cache_dir"]), info.arch, shard, use_env_shard=True)
-        fleets.append(fleet)
-        for e in fleet.errors:
-            out.error(e.line())
-        if fleet.shard is not None:
-            out.note(f"{fleet.shard.describe()}: {len(fleet.members)} entries of {fleet.total} targets")
-        return fleet_items(fleet.members), fleet.shard
-
-    fleet_command(load, replace(opts, plan_hint="`fi-autotune plan --targets`"), push_url, out, t0,
-                  failed_targets=lambda: [e.target.source for e in (fleets[0].errors if fleets else ())])
+    fleet_command(FleetOrder(rooting(kw["cache_dir"]), targets_file, shard),
+                  replace(opts, plan_hint="`fi-autotune plan --targets`"), push_url, out, t0)
 
 
 def note_pool(out: Output, timings: dict) -> None:
@@ -107,23 +91,24 @@ def note_pool(out: Output, timings: dict) -> None:
         out.note(note)
 
 
-def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0: float,
-                  failed_targets=lambda: []) -> None:
-    """Tune ``load(gpu_info) -> (FleetItems, shard or None)`` on one pool of workers
-    (``tune.session.run_fleet``: each written item converted to the layouts it lists and pushed);
-    report, exit 1 if any failed. Shared by ``warm --targets``, ``warm --layout sglang,vllm``
-    (two targets: one per engine) and speculative decoding (target and draft)."""
+def fleet_command(order: FleetOrder, opts: WarmOptions, push_url: str | None, out: Output, t0: float) -> None:
+    """Tune ``order`` (a targets file, or one command's several entries) on one pool of workers
+    (``tune.session.run_fleet``: planned there once the GPUs are known, each written item converted
+    to the layouts it lists and pushed); report, exit 1 if any failed. Shared by ``warm --targets``,
+    ``warm --layout sglang,vllm`` (two targets: one per engine) and speculative decoding (target
+    and draft)."""
     opts = replace(opts, store=writable_store(push_url))
-    shard: list = [None]
     written = [0]
     count = [0]
 
-    def load_items(info) -> list[FleetItem]:
-        items, shard[0] = load(info)
+    def on_planned(items: list[FleetItem], fleet: Fleet | None) -> None:
         count[0] = len(items)
+        for e in fleet.errors if fleet is not None else ():
+            out.error(e.line())
+        if fleet is not None and fleet.shard is not None:
+            out.note(f"{fleet.shard.describe()}: {len(fleet.members)} entries of {fleet.total} targets")
         if not items:
             out.note("nothing in this shard")
-        return items
 
     def on_committed(item: FleetItem) -> None:
         if item.status != "written":
@@ -134,13 +119,13 @@ def fleet_command(load, opts: WarmOptions, push_url: str | None, out: Output, t0
 
     progress = Progress(out.mode.value == "human")
     try:
-        run = run_fleet(load_items, opts, progress=progress, on_committed=on_committed)
+        run = run_fleet(order, opts, progress=progress, on_planned=on_planned, on_committed=on_committed)
     finally:
         progress.close()  # before main() prints an interruption (exit 130)
     run.result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
     note_pool(out, run.result.timings)
-    _emit_fleet(out, run, opts, shard[0])
-    failed = failed_targets()
+    _emit_fleet(out, run, opts, run.fleet.shard if run.fleet is not None else None)
+    failed = [e.target.source for e in run.fleet.errors] if run.fleet is not None else []
     if failed:  # the file names targets that could not be planned (said before tuning; again here, last)
         out.error(f"not tuned, their fields are wrong: {', '.join(failed)}")
         raise click.exceptions.Exit(int(ExitCode.USAGE))

@@ -15,9 +15,9 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
-    ("45: a fleet's --cache-dir applies to every target, vLLM's too", "cli/targets.py",
-     "    return lambda request: build_plan(request, cache_dir)\n",
-     "    return lambda request: build_plan(request, cache_dir if request.engine.name == 'sglang' else None)\n",
+    ("45: a fleet's --cache-dir applies to every target, vLLM's too", "autotune_cache/tune/session/fleetplan.py",
+     "        plan = plan_request(r, rooting, machine=machine)\n",
+     "        plan = plan_request(r, rooting if r.engine.name == 'sglang' else replace(rooting, cache_dir=None), machine=machine)\n",
      "tests/cli/test_fleet_gate.py::test_two_single_gpu_vllm_targets_in_one_entry_are_each_checked_and_named"),
     ("45: check --targets checks targets that are one entry, never exits on them", "cli/commands/check.py",
      "fingerprint=fingerprint, shared_ok=True)", "fingerprint=fingerprint, shared_ok=False)",
@@ -54,7 +54,7 @@ MUTATIONS = [
     ("45: --model is exact in prune (GLM-5.1 never takes GLM-5.1-FP8)", "autotune_cache/tree/select.py",
      "            if e.model != self.model:", "            if e.model is None or self.model.lower() not in e.model.lower():",
      "tests/cli/test_issue45_ux.py::test_prune_model_takes_that_model_only"),
-    ("45: import never starts a second tree above the one a root holds", "cli/roots.py",
+    ("45: import never starts a second tree above the one a root holds", "autotune_cache/tree/roots.py",
      "    if below and writes:\n", "    if False:\n",
      "tests/cli/test_issue45_ux.py::test_import_into_a_root_above_a_tree_is_refused_naming_it"),
     ("45: check warns of a live-tree entry export would skip", "autotune_cache/check.py",
@@ -505,7 +505,7 @@ MUTATIONS = [
     ("lead: --max-size evicts only what the other filters select", "autotune_cache/tree/select.py",
      "    order = sorted((e for e in entries if eligible(e)),", "    order = sorted((e for e in entries),",
      "tests/cli/test_cli.py::test_prune_max_size_evicts_least_recently_used_until_the_tree_fits"),
-    ('31: a --cache-dir inside a tree is refused, naming the root', 'cli/roots.py',
+    ('31: a --cache-dir inside a tree is refused, naming the root', 'autotune_cache/tree/roots.py',
      '    if misplaced is not None:\n', '    if False:\n',
      'tests/tree/store/test_transfer_decisions.py::test_a_cache_dir_inside_a_tree_is_refused_naming_the_root[1]'),
     ('31: a root holding a tree nested in its own is refused', 'autotune_cache/tree/layouts/base.py',

@@ -21,9 +21,10 @@ from autotune_cache.tune.session.fleetplan import (COMMAND_LINE, FleetError, Fle
 
 from ..output import Output
 from ..params import LayoutName, env_from_option, json_option, targets_option, timeout_option
-from ..serving import (build_plan, engine_options, fold_serving_command, request_from, serving_command_argument,
-                      serving_options)
-from ..targets import plan_under, reject_serving_flags, report_errors
+from ..roots import rooting
+from ..serving import (build_plan, engine_options, fold_serving_command, machine_of, request_from,
+                      serving_command_argument, serving_options)
+from ..targets import reject_serving_flags, report_errors
 
 
 def _readers() -> list[str]:
@@ -64,7 +65,8 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
         reject_serving_flags(ctx)
         # --cache-dir and --env-from apply to every target, as to its own check; targets that are one
         # entry are each checked (once where their plans are the same) and reported under each name
-        fleet = load_fleet(targets_file, plan_under(kw["cache_dir"]), kw["arch"], fingerprint=fingerprint, shared_ok=True)
+        fleet = load_fleet(targets_file, rooting(kw["cache_dir"]), kw["arch"], machine=machine_of(ctx),
+                           fingerprint=fingerprint, shared_ok=True)
         members, errors, named, unknown_flags = fleet.members, list(fleet.errors), True, ()
     else:
         kw, layout_name = fold_serving_command(ctx, kw, out, "layout_name")

@@ -13,9 +13,10 @@ from autotune_cache.tune.session.fleetplan import COMMAND_LINE, FleetMember, loa
 
 from ..output import Output
 from ..params import LayoutName, json_option, shard_option, targets_option
-from ..serving import (build_plan, engine_options, fold_serving_command, planned_layouts, request_from,
-                      serving_command_argument, serving_options)
-from ..targets import plan_targets, plan_under, reject_serving_flags
+from ..roots import rooting
+from ..serving import (build_plan, engine_options, fold_serving_command, machine_of, planned_layouts,
+                      request_from, serving_command_argument, serving_options)
+from ..targets import plan_targets, reject_serving_flags
 
 
 def _fmt_kwarg(value) -> str:
@@ -141,7 +142,8 @@ def plan_cmd(ctx, layout, targets_file, shard, store_url, as_json, **kw):
     out = Output(as_json)
     if targets_file:
         reject_serving_flags(ctx)
-        plan_targets(out, load_fleet(targets_file, plan_under(kw["cache_dir"]), kw["arch"], shard), store_url)
+        fleet = load_fleet(targets_file, rooting(kw["cache_dir"]), kw["arch"], shard, machine=machine_of(ctx))
+        plan_targets(out, fleet, store_url)
         return
     if shard or store_url:
         raise UsageError("--shard and --store go with --targets")

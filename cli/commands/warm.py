@@ -16,7 +16,7 @@ import click
 from autotune_cache import registry
 from autotune_cache.engines.selection import warm_groups
 from autotune_cache.errors import UsageError
-from autotune_cache.tune.session.fleet import FleetItem
+from autotune_cache.tune.session.fleetplan import FleetOrder
 from autotune_cache.tune.session.fleetrun import DEALS
 from autotune_cache.tune.careful.settle import KEEP
 from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS, DEFAULT_THRESHOLD, MAX_ROUNDS, QualitySettings
@@ -26,8 +26,8 @@ from autotune_cache.tune.session.publish import writable_store
 from ..output import Output
 from ..params import json_option, parse_gpus, shard_option, targets_option, timeout_option
 from ..progress import Progress
-from ..serving import (build_plan, engine_option_values, engine_options, fold_serving_command, machine_of,
-                      requests_from, serving_command_argument, serving_options)
+from ..serving import (engine_option_values, engine_options, machine_of, serving_command_argument, serving_options,
+                      warm_requests)
 from ..targets import fleet_command, note_pool, reject_serving_flags, warm_targets
 
 def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | None, race_runs: int) -> QualitySettings:
@@ -102,10 +102,9 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
     if shard:
         raise UsageError("--shard goes with --targets")
     opts = replace(opts, store=writable_store(push_url))
-    kw, layouts = fold_serving_command(ctx, kw, out, "layouts")
-    groups = warm_groups(layouts)
-    requests = requests_from(kw, [g.layout for g in groups])
-    units = [(g, r) for g, request in zip(groups, requests) for r in request.workers()]
+    served = warm_requests(ctx, kw, out)
+    groups = served.groups
+    units = [(g, r) for g, request in zip(groups, served.requests) for r in request.workers()]
     if len(units) > 1:
         # Two engines' calls (they differ in their keys), or a speculative target and its draft
         # worker: one run on one pool of workers, each entry written when its buckets are done.
@@ -114,13 +113,12 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
                              + " or --layout ".join(g.layout for g in groups) if len(groups) > 1 else
                              "--quality careful tunes one entry at a time; with speculative decoding warm writes "
                              "two (target and draft): use --quality quick")
-        warm_units(units, kw, opts, push_url, out, t0)
+        fleet_command(FleetOrder(served.rooting, entries=tuple(units)), opts, push_url, out, t0)
         return
     ((group, request),) = units
     progress = Progress(not as_json)
     try:
-        run = run_warm(lambda info: build_plan(request, kw["cache_dir"], arch=info.arch), opts, layouts=group.layouts,
-                       quality=settings, progress=progress)
+        run = run_warm(request, served.rooting, opts, layouts=group.layouts, quality=settings, progress=progress)
     finally:
         progress.close()  # before main() prints an interruption (exit 130)
     run.result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)
@@ -164,21 +162,6 @@ def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
     out.emit(human=human, data=lambda: {**result.to_dict(), "workers": [worker],
                                         "layouts": {k: v.to_dict() for k, v in extra.items()},
                                         **({"push": pushed.to_dict()} if pushed is not None else {})})
-
-
-def warm_units(units: list, kw: dict, opts: WarmOptions, push_url, out: Output, t0: float) -> None:
-    """Several entries from one command, as a fleet: each (engine group, worker request) one item.
-    ``--cache-dir`` is the root of the first group's tree (the others write to their own)."""
-    several = len({g.layout for g, _ in units}) > 1
-
-    def name(g, r) -> str:
-        return (g.layout + ("" if r.worker == "target" else f" {r.worker}")) if several else r.worker
-
-    def load(info):
-        return [FleetItem(name(g, r), build_plan(r, kw["cache_dir"] if g is units[0][0] else None, arch=info.arch),
-                          g.layouts, worker=r.worker) for g, r in units], None
-
-    fleet_command(load, opts, push_url, out, t0)
 
 
 def describe_summary(s: dict) -> str:

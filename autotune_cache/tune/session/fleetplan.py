@@ -1,13 +1,14 @@
 """A targets file planned: every target's workers (a speculative target's draft too), each with
 its plan, the targets that could not be planned (named, while the others go on), the shard this
 machine takes; and what ``plan --json`` says of them. ``plan``, ``check`` and ``warm --targets``
-hand it a path and how to plan one request (the command's root); the CLI prints what comes back.
+hand it a path and how the command roots its plans (``tree.roots.Rooting``: ``--cache-dir``, and
+where the notes about a root go); the CLI prints what comes back. ``plan_request`` is how any
+command plans one request under its root.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
 
 from autotune_cache import registry
 from autotune_cache.engines.requests import build_request
@@ -16,12 +17,12 @@ from autotune_cache.errors import UsageError
 from autotune_cache.plan.options import ServingOptions, take_options
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.targets import Shard, Target, assign, load_targets, parse_shard, shard_from_env
+from autotune_cache.plan.tuning import TuningPlan
+from autotune_cache.tree.roots import Rooting, choose_root
 from autotune_cache.tree.scanner.scan import scan_entry
 from autotune_cache.tune.session.fleet import FleetItem, merge_work
 from autotune_cache.tune.workers.gpus import detect_gpu_uuids
-
-#: How a command plans one request: under its root (``--cache-dir``, else the engine's own).
-PlanOf = Callable[[TuneRequest], object]
+from autotune_cache.tune.workers.machine import THIS_MACHINE, Machine
 
 
 #: The one target of a command without --targets: its flags (or serving command).
@@ -58,6 +59,27 @@ def target_options(target: Target) -> tuple[ServingOptions, WarmGroup, dict]:
     # the unknown-field message lists every field a target takes: every engine's own ones too
     engine_fields = tuple(o.name for e in registry.engines() for o in e.cli_options)
     return ServingOptions.from_fields(fields, target.source, also_known=("layouts", "name", *engine_fields)), groups[0], own
+
+
+def local_arch(machine: Machine = THIS_MACHINE) -> str:
+    """The machine's GPU arch (NVML, no CUDA context); a usage error when there is none."""
+    arch = machine.detect_gpus().arch
+    if arch is None:
+        raise UsageError("no GPU found to take the target arch from: pass --arch sm90 or --arch sm100")
+    return arch
+
+
+def plan_request(request: TuneRequest, rooting: Rooting, arch: str | None = None,
+                 machine: Machine = THIS_MACHINE) -> TuningPlan:
+    """The plan for ``request`` under the cache root ``rooting.cache_dir`` names (made if missing),
+    else the root of the engine's layout; for the request's arch, else ``arch``, else the
+    machine's GPU's. The notes on the root go to ``rooting.say``."""
+    if request.arch is None:
+        request = request.with_arch(arch or local_arch(machine))
+    layout = registry.get_engine(request.engine.name).plan_layout(request)
+    root = choose_root(rooting.cache_dir, must_exist=False, layout=layout, new_trees=rooting.new_trees,
+                       say=rooting.say)
+    return request.plan(root.path)
 
 
 @dataclass(frozen=True)
@@ -100,7 +122,7 @@ class Fleet:
     total: int  # targets in the whole file
 
 
-def _plan_target(t: Target, plan_of: PlanOf, arch: str | None, fingerprint) -> list[FleetMember]:
+def _plan_target(t: Target, rooting: Rooting, arch: str | None, fingerprint, machine: Machine) -> list[FleetMember]:
     options, group, engine_options = target_options(t)
     if options.arch is None and arch is not None:
         options = options.replace(arch=arch)
@@ -112,7 +134,7 @@ def _plan_target(t: Target, plan_of: PlanOf, arch: str | None, fingerprint) -> l
     for r in request.workers():
         # the command's --cache-dir applies to every target, whatever its engine, as it does to the
         # target's own command; without it each engine's tree is where that engine reads it
-        plan = plan_of(r)
+        plan = plan_request(r, rooting, machine=machine)
         if fingerprint is not None:
             plan = plan.for_environment(fingerprint.fields)
         members.append(FleetMember(t, r.worker, plan, group.layouts))
@@ -129,10 +151,12 @@ def shared_entries(members: list[FleetMember]) -> dict[str, list[FleetMember]]:
     return {str(eid): ms for eid, ms in seen.items() if len(ms) > 1}
 
 
-def load_fleet(path: str, plan_of: PlanOf, arch: str | None, shard: str | None = None,
-               use_env_shard: bool = False, fingerprint=None, shared_ok: bool = False) -> Fleet:
-    """Every target's workers planned, cut to this shard. ``arch``: the command line's --arch or
-    this machine's GPU, for targets that do not name theirs. A target whose fields are wrong is
+def load_fleet(path: str, rooting: Rooting, arch: str | None, shard: str | None = None,
+               use_env_shard: bool = False, fingerprint=None, shared_ok: bool = False,
+               machine: Machine = THIS_MACHINE) -> Fleet:
+    """Every target's workers planned under ``rooting`` (the command's ``--cache-dir`` applies to
+    every target, whatever its engine), cut to this shard. ``arch``: the command line's --arch or
+    the GPU of ``machine``, for targets that do not name theirs. A target whose fields are wrong is
     an error of its own (named ``targets[i]``); the others are planned all the same. Targets that
     are one entry are refused (they would write the same files), unless ``shared_ok`` (``check``:
     it reads them, and reports each target)."""
@@ -141,7 +165,7 @@ def load_fleet(path: str, plan_of: PlanOf, arch: str | None, shard: str | None =
     targets = load_targets(path)
     for t in targets:
         try:
-            members += _plan_target(t, plan_of, arch, fingerprint)
+            members += _plan_target(t, rooting, arch, fingerprint, machine)
         except UsageError as e:
             errors.append(FleetError(t, str(e).removeprefix(f"{t.source}: ")))
     for eid, (first, m, *_) in ({} if shared_ok else shared_entries(members)).items():
@@ -152,6 +176,45 @@ def load_fleet(path: str, plan_of: PlanOf, arch: str | None, shard: str | None =
         owners = assign([m.plan.profiles if m.plan.autotunes else 0 for m in members], chosen.count)
         members = [m for m, s in zip(members, owners) if s == chosen.index]
     return Fleet(members, errors, chosen, len(targets))
+
+
+@dataclass(frozen=True)
+class FleetOrder:
+    """What a warm of several entries plans once its GPUs are known (their arch for whatever names
+    none), under ``rooting``: a targets file's targets (``warm --targets``), cut to ``shard`` (else
+    the environment's), or one command's own entries (``entries``: (engine group, worker request)
+    pairs - both engines' calls, a speculative target and its draft)."""
+
+    rooting: Rooting
+    targets_file: str | None = None
+    shard: str | None = None
+    entries: tuple[tuple[WarmGroup, TuneRequest], ...] = ()
+
+
+def command_items(entries: tuple[tuple[WarmGroup, TuneRequest], ...], rooting: Rooting, arch: str | None,
+                  machine: Machine = THIS_MACHINE) -> list[FleetItem]:
+    """One command's several entries, one item each (named by its layout where two engines' are
+    written, else by its worker). ``--cache-dir`` is the root of the first group's tree (the others
+    write to their own)."""
+    several = len({g.layout for g, _ in entries}) > 1
+    first = entries[0][0]
+
+    def name(g: WarmGroup, r: TuneRequest) -> str:
+        return (g.layout + ("" if r.worker == "target" else f" {r.worker}")) if several else r.worker
+
+    return [FleetItem(name(g, r), plan_request(r, rooting if g is first else replace(rooting, cache_dir=None),
+                                               arch, machine), g.layouts, worker=r.worker) for g, r in entries]
+
+
+def plan_order(order: FleetOrder, arch: str | None,
+               machine: Machine = THIS_MACHINE) -> tuple[list[FleetItem], Fleet | None]:
+    """The items of a fleet order, and the targets file planned (its errors, its shard; None for
+    one command's entries)."""
+    if order.targets_file is not None:
+        fleet = load_fleet(order.targets_file, order.rooting, arch, order.shard, use_env_shard=True,
+                           machine=machine)
+        return fleet_items(fleet.members), fleet
+    return command_items(order.entries, order.rooting, arch, machine), None
 
 
 def coverage(plan, store=None) -> str:

@@ -1,6 +1,7 @@
 """The library side of the ``warm`` command: detect the GPUs (the workers already starting when
 ``--gpus`` says how many), plan for them, tune, then write v2 and push - typed in, a result out.
-The command only builds the requests, calls one of these and prints the result.
+The command only builds the requests, calls one of these and prints the result: the plans are
+made here (``fleetplan.plan_request``), under the root the command's ``Rooting`` names.
 
 ``run_warm`` is one target; ``run_fleet`` is many on one pool (``warm --targets``, both engines'
 calls of ``--layout sglang,vllm``, a speculative target and its draft).
@@ -14,10 +15,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from autotune_cache.errors import FiAutotuneError
+from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.tuning import TuningPlan
+from autotune_cache.tree.roots import Rooting
 from autotune_cache.tree.store.store import Store
 from autotune_cache.tune.session.fleet import FleetItem, FleetResult, warm_fleet
-from autotune_cache.tune.workers.gpus import GpuInfo
+from autotune_cache.tune.session.fleetplan import Fleet, FleetOrder, plan_order, plan_request
 from autotune_cache.tune.workers.machine import THIS_MACHINE, Machine
 from autotune_cache.tune.workers.pool import WorkerPool
 from autotune_cache.tune.session.publish import Published, derived, publish, push_entry, write_derived, written_entry
@@ -71,16 +74,17 @@ def bind_environment(plans: list[TuningPlan], machine: Machine) -> list[TuningPl
     return [p if p.bound else p.for_environment(metadata) for p in plans]
 
 
-def run_warm(load: Callable[[GpuInfo], TuningPlan], opts: WarmOptions, *, layouts: tuple[str, ...] = ("sglang",),
+def run_warm(request: TuneRequest, rooting: Rooting, opts: WarmOptions, *, layouts: tuple[str, ...] = ("sglang",),
              quality: QualitySettings | None = None, progress=None) -> WarmRun:
-    """One target: ``load(gpus)`` gives its plan; written (or found complete), it is also written
-    into the other layouts ``layouts`` lists, and pushed to ``opts.store``."""
+    """One target: ``request`` planned under ``rooting`` once the GPUs are known (their arch where
+    the request names none); written (or found complete), it is also written into the other
+    layouts ``layouts`` lists, and pushed to ``opts.store``."""
     started = time.perf_counter(), time.time()
     early = _EarlyPool(opts)
     try:
         info = opts.machine.usable_gpus(opts.gpus, opts.plan_hint)
         pool = early.start(info.count)
-        plan = bind_environment([load(info)], opts.machine)[0]
+        plan = bind_environment([plan_request(request, rooting, info.arch, opts.machine)], opts.machine)[0]
         result = warm(plan, gpus=opts.gpus, force=opts.force, progress=progress, gpu_info=info, pool=pool,
                       quality=quality, machine=opts.machine, started=started)
     finally:
@@ -95,6 +99,7 @@ class FleetRunResult:
     pushed: list = field(default_factory=list)  # (target, pushed or already there)
     failed_after_writing: list = field(default_factory=list)  # (target, why)
     converted: dict = field(default_factory=dict)  # target -> V2Result.to_dict()
+    fleet: Fleet | None = None  # the targets file planned (its errors, its shard); None: one command's entries
 
     @property
     def failed(self) -> bool:
@@ -150,11 +155,13 @@ class _Publisher:
             t.join()
 
 
-def run_fleet(load: Callable[[GpuInfo], list[FleetItem]], opts: WarmOptions, *, progress=None,
+def run_fleet(order: FleetOrder, opts: WarmOptions, *, progress=None,
+              on_planned: Callable[[list[FleetItem], Fleet | None], None] | None = None,
               on_committed: Callable[[FleetItem], None] | None = None) -> FleetRunResult:
-    """Many targets on one pool: ``load(gpus)`` gives the items; each is handed to
-    ``on_committed`` (the command prints there) as soon as it is written or has failed, then
-    converted to the layouts it lists and pushed; complete ones already there are too."""
+    """Many targets on one pool: ``order`` planned once the GPUs are known (``fleetplan.plan_order``)
+    and handed to ``on_planned`` (the command prints there: the targets that failed, the shard);
+    each item is handed to ``on_committed`` as soon as it is written or has failed, then converted
+    to the layouts it lists and pushed; complete ones already there are too."""
     started = time.perf_counter(), time.time()
     early = _EarlyPool(opts)
     publisher = _Publisher(opts.store)
@@ -170,7 +177,9 @@ def run_fleet(load: Callable[[GpuInfo], list[FleetItem]], opts: WarmOptions, *, 
         # The workers start (Python, torch, FlashInfer, CUDA context: ~4.5 s) while the targets
         # are planned, not after.
         pool = early.start(info.count)
-        items = load(info)
+        items, fleet = plan_order(order, info.arch, opts.machine)
+        if on_planned:
+            on_planned(items, fleet)
         for item, plan in zip(items, bind_environment([i.plan for i in items], opts.machine)):
             item.plan = plan
         result = warm_fleet(items, gpus=opts.gpus, info=info, pool=pool, force=opts.force, progress=progress,
@@ -182,4 +191,4 @@ def run_fleet(load: Callable[[GpuInfo], list[FleetItem]], opts: WarmOptions, *, 
         if item.status == "complete":
             publisher.publish(item, beside=False)
     publisher.join()
-    return FleetRunResult(result, publisher.pushed, publisher.failed, publisher.converted)
+    return FleetRunResult(result, publisher.pushed, publisher.failed, publisher.converted, fleet)
