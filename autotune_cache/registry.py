@@ -32,18 +32,20 @@ class KnownEngine(Protocol):
 #: name -> "module:attribute" of the engine object. The first is the default engine.
 KNOWN_ENGINES: dict[str, str] = {
     "sglang": "autotune_cache.engines.sglang.engine:ENGINE",
-    "flashinfer-v2": "autotune_cache.tree.layouts.flashinfer_v2.source:ENGINE",
     "vllm": "autotune_cache.engines.vllm.engine:ENGINE",
 }
 _BUILTIN_ENGINES = dict(KNOWN_ENGINES)
 
 #: layout name -> (its engine, "module:attribute" of the layout object that engine hands out: the
-#: same object, tests/test_registry.py holds the two tables together). The tree commands (``ls``,
-#: ``show``, ``rm``, ``prune``, ``export``, ``import``) need layouts only: named here, a layout is
-#: imported without its engine's planner. The first is the default layout (the default engine's first).
-KNOWN_LAYOUTS: dict[str, tuple[str, str]] = {
+#: same object, tests/engines/test_engine_seam.py holds the two tables together). The tree commands
+#: (``ls``, ``show``, ``rm``, ``prune``, ``export``, ``import``) need layouts only: named here, a layout
+#: is imported without its engine's planner. The first is the default layout (the default engine's
+#: first). A layout of no engine (None): FlashInfer's own managed store, which no engine tunes for -
+#: it is written from an engine's tuned entry (``CacheLayout.convert_targets``) and read by any
+#: engine that enters ``autotune_v2``.
+KNOWN_LAYOUTS: dict[str, tuple[str | None, str]] = {
     "sglang": ("sglang", "autotune_cache.engines.sglang.layout:LAYOUT"),
-    "flashinfer-v2": ("flashinfer-v2", "autotune_cache.tree.layouts.flashinfer_v2.layout:LAYOUT"),
+    "flashinfer-v2": (None, "autotune_cache.tree.layouts.flashinfer_v2.layout:LAYOUT"),
     "vllm": ("vllm", "autotune_cache.engines.vllm.layout:LAYOUT"),
     "vllm-dir": ("vllm", "autotune_cache.engines.vllm.layout:DIR_LAYOUT"),
 }
@@ -116,7 +118,7 @@ def layouts() -> dict[str, KnownLayout]:
     out: dict[str, KnownLayout] = {}
     static = _static_engines()
     for name, (engine_name, path) in KNOWN_LAYOUTS.items():
-        if engine_name not in static:  # replaced or removed at run time: its object says
+        if engine_name is not None and engine_name not in static:  # replaced or removed at run time
             continue
         layout = _by_name.get(name) or _import(path)
         if layout.name != name:
@@ -189,7 +191,7 @@ def engine_name_of_layout(name: str) -> str | None:
     """The registry name of the engine a layout is of (a built-in one's without importing its
     planner); None for a layout no engine registers."""
     static = _static_engines()
-    if name in KNOWN_LAYOUTS and KNOWN_LAYOUTS[name][0] in static:
+    if name in KNOWN_LAYOUTS and (KNOWN_LAYOUTS[name][0] is None or KNOWN_LAYOUTS[name][0] in static):
         return KNOWN_LAYOUTS[name][0]
     for engine_name in KNOWN_ENGINES:
         if engine_name not in static and any(lay.name == name for lay in get_engine(engine_name).layouts):
@@ -197,8 +199,12 @@ def engine_name_of_layout(name: str) -> str | None:
     return None
 
 
-def engine_of_layout(name: str) -> KnownEngine:
+def engine_of_layout(name: str) -> KnownEngine | None:
+    """The engine whose tree a layout is; None for a layout of no engine (FlashInfer's managed
+    store). An unknown layout is a usage error."""
     for engine in engines():
         if any(layout.name == name for layout in engine.layouts):
             return engine
+    if name in layouts():
+        return None
     raise UsageError(f"unknown layout {name!r}; known: {', '.join(sorted(layouts()))}")

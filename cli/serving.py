@@ -68,7 +68,7 @@ def engine_option_values(kw: dict) -> dict:
 
 def planned_layouts() -> list[str]:
     """The layouts of the engines fi-autotune plans for (``--layout`` of plan)."""
-    return [layout.name for engine in registry.engines() if engine.plans for layout in engine.layouts]
+    return [layout.name for engine in registry.engines() for layout in engine.layouts]
 
 
 serving_command_argument = click.argument("serving_command", nargs=-1, type=click.UNPROCESSED,
@@ -91,7 +91,7 @@ def fold_serving_command(ctx: click.Context, kw: dict, out: Output, layout_param
     if given_layout:
         for name in (x.strip() for x in str(layout).split(",") if x.strip()):
             owner = registry.engine_of_layout(name)
-            if owner.plans and owner is not engine:
+            if owner is not None and owner is not engine:
                 raise UsageError(f"--layout {name} is {owner.label}'s tree, but the serving command starts "
                                  f"{engine.label} ({engine.title} reads {', '.join(x.name for x in engine.layouts)})")
     else:

@@ -141,7 +141,7 @@ MUTATIONS = [
      "        if False:\n            known =",
      "tests/engines/test_vllm_servecmd.py::test_any_other_program_is_refused_naming_those_read"),
     ("43: a vLLM command is not planned into SGLang's tree", "cli/serving.py",
-     "            if owner.plans and owner is not engine:", "            if False:",
+     "            if owner is not None and owner is not engine:", "            if False:",
      "tests/engines/test_vllm_servecmd.py::test_a_vllm_command_with_sglangs_layout_is_refused"),
     ("43: the api_server's positional model (which vLLM ignores) is refused",
      "autotune_cache/engines/vllm/serving_command.py",

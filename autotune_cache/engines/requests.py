@@ -38,9 +38,12 @@ def gpu_uuids_of(value: str | tuple | None, detect: Callable[[], list[str]] | No
 
 def build_request(options: ServingOptions, *, layout: str | None = None, engine_options: dict | None = None,
                   detect_gpu_uuids: Callable[[], list[str]] | None = None) -> TuneRequest:
-    """The request for ``options``, for the engine whose tree ``layout`` is (default: the default
-    engine's); ``engine_options``: that engine's own options (name -> value or None)."""
-    engine = registry.engine_of_layout(layout) if layout else registry.default_engine()
+    """The request for ``options``, for the engine whose tree ``layout`` is (default, and for a layout
+    of no engine - FlashInfer's managed store, written from the default engine's calls: the
+    default engine's); ``engine_options``: that engine's own options (name -> value or None)."""
+    engine = registry.engine_of_layout(layout) if layout else None
+    if engine is None:
+        engine, layout = registry.default_engine(), None
     engine.check_option_values(options.__dict__)
     model = options.model or options.model_path
     if model is None:
@@ -60,7 +63,7 @@ def build_requests(options: ServingOptions, layouts: list[str], engine_options: 
     """One request per layout (each of another engine), each engine given its own options only;
     an option no engine of ``layouts`` takes is refused as ``build_request`` refuses it."""
     given = {k: v for k, v in (engine_options or {}).items() if v is not None}
-    engines = [registry.engine_of_layout(x) for x in layouts]
+    engines = [registry.engine_of_layout(x) or registry.default_engine() for x in layouts]
     taken = {o.name for e in engines for o in e.cli_options}
     engines[0].refuse_foreign_options({k: v for k, v in given.items() if k not in taken})
     return [build_request(options, layout=x, detect_gpu_uuids=detect_gpu_uuids,
@@ -77,7 +80,7 @@ def read_serving_command(argv: "list[str] | tuple[str, ...]", layout: str | None
     cmd = split_command(argv)
     if cmd.program is None:
         owner = registry.engine_of_layout(layout) if layout else None
-        engine = owner if owner is not None and owner.plans else registry.default_engine()
+        engine = owner or registry.default_engine()
     else:
         engine = next((e for e in registry.engines() if cmd.program in e.programs), None)
         if engine is None:

@@ -1,9 +1,8 @@
 """Which trees one ``warm`` writes, and which engine tunes for each: ``--layout sglang,flashinfer-v2,vllm``.
 
-Each engine that plans tunes its own calls (vLLM's differ from SGLang's in their keys), into one
-of its layouts; a layout of an engine that does not plan (FlashInfer's managed store) is written
-from a tuned entry whose layout converts into it (``CacheLayout.convert_targets``). Asked of the
-registry, never by name.
+Each engine tunes its own calls (vLLM's differ from SGLang's in their keys), into one of its
+layouts; a layout of no engine (FlashInfer's managed store) is written from a tuned entry whose
+layout converts into it (``CacheLayout.convert_targets``). Asked of the registry, never by name.
 """
 
 from __future__ import annotations
@@ -29,14 +28,14 @@ class WarmGroup:
 
 
 def _sources(name: str) -> list[str]:
-    """The layouts of planning engines whose entries convert into the layout ``name``."""
-    return [x.name for e in registry.engines() if e.plans for x in e.layouts if name in x.convert_targets]
+    """The engines' layouts whose entries convert into the layout ``name``."""
+    return [x.name for e in registry.engines() for x in e.layouts if name in x.convert_targets]
 
 
 def warm_layouts() -> list[str]:
-    """Every layout a warm can write: the planning engines', and those written from them."""
-    return [layout.name for engine in registry.engines() for layout in engine.layouts
-            if engine.plans or _sources(layout.name)]
+    """Every layout a warm can write: the engines', and those written from them."""
+    return [name for name in registry.layouts()
+            if registry.engine_name_of_layout(name) is not None or _sources(name)]
 
 
 def warm_groups(text: str) -> list[WarmGroup]:
@@ -45,25 +44,18 @@ def warm_groups(text: str) -> list[WarmGroup]:
     known = warm_layouts()
     if not wanted or any(x not in known for x in wanted):
         raise UsageError(f"--layout {text!r}: warm writes {', '.join(known)} (comma-separated)")
-    by_engine: dict[str, list[str]] = {}
-    for name in wanted:
-        by_engine.setdefault(registry.engine_of_layout(name).name, []).append(name)
     groups: list[WarmGroup] = []
-    derived: dict[str, list[str]] = {}
     for engine in registry.engines():
-        names = by_engine.get(engine.name)
-        if not names:
-            continue
-        if engine.plans:
-            if len(names) > 1:
-                raise UsageError(f"--layout: {' or '.join(names)} ({engine.label} reads one of them), not both")
+        names = [x for x in wanted if registry.engine_name_of_layout(x) == engine.name]
+        if len(names) > 1:
+            raise UsageError(f"--layout: {' or '.join(names)} ({engine.label} reads one of them), not both")
+        if names:
             groups.append(WarmGroup(engine, names[0]))
-        else:
-            for name in names:
-                sources = _sources(name)
-                chosen = [x for x in wanted if x in sources]
-                if not chosen:
-                    raise UsageError(f"--layout {name} is written from the {sources[0]} tuning: "
-                                     f"--layout {sources[0]},{name}")
-                derived.setdefault(chosen[0], []).append(name)
+    derived: dict[str, list[str]] = {}
+    for name in (x for x in wanted if registry.engine_name_of_layout(x) is None):
+        sources = _sources(name)
+        chosen = [x for x in wanted if x in sources]
+        if not chosen:
+            raise UsageError(f"--layout {name} is written from the {sources[0]} tuning: --layout {sources[0]},{name}")
+        derived.setdefault(chosen[0], []).append(name)
     return [WarmGroup(g.engine, g.layout, tuple(derived.get(g.layout, ()))) for g in groups]

@@ -49,9 +49,6 @@ class Engine(ABC):
     #: For messages: the engine (``SGLang``), and which version's behaviour fi-autotune reproduces.
     label: ClassVar[str]
     title: ClassVar[str]
-    #: Whether fi-autotune plans and tunes for this engine (FlashInfer's managed store is only
-    #: ever written from another engine's tuned entry).
-    plans: ClassVar[bool] = True
     #: Whether ``check`` can say if this engine will find an entry (``check --layout``).
     checks: ClassVar[bool] = False
     #: The programs that start this engine's server, as ``plan.launcher.split_command`` normalizes

@@ -89,7 +89,7 @@ class TuningPlan:
         request's - a single-rank vLLM writes FlashInfer's managed store, yet its calls are vLLM's."""
         if self.request is not None:
             return registry.get_engine(self.request.engine.name)
-        return registry.engine_of_layout(self.layout)
+        return registry.engine_of_layout(self.layout) or registry.default_engine()
 
     @property
     def bound(self) -> bool:

@@ -28,7 +28,9 @@ from ..targets import reject_serving_flags, report_errors
 
 
 def _readers() -> list[str]:
-    return [layout.name for engine in registry.engines() if engine.checks for layout in engine.layouts]
+    """The layouts ``check`` reads: every engine's that checks, and FlashInfer's managed store."""
+    return [name for name in registry.layouts()
+            if (engine := registry.engine_of_layout(name)) is None or engine.checks]
 
 
 @click.command("check")
@@ -71,10 +73,9 @@ def check_cmd(ctx, store_url, layout_name, env_from, strict, targets_file, as_js
     else:
         kw, layout_name = fold_serving_command(ctx, kw, out, "layout_name")
         reader = registry.get_layout(layout_name)
-        # A planning engine's layout names the engine whose calls are checked; a store's (FlashInfer's
-        # managed store) is read with the default engine's.
-        engine_layout = layout_name if registry.engine_of_layout(layout_name).plans else None
-        request = request_from(kw, engine_layout).for_target(fingerprint)
+        # An engine's layout names the engine whose calls are checked; a layout of no engine's
+        # (FlashInfer's managed store) is read with the default engine's (``build_request``).
+        request = request_from(kw, layout_name).for_target(fingerprint)
         members = [FleetMember(COMMAND_LINE, r.worker, build_plan(r, kw["cache_dir"]), ()) for r in request.workers()]
         errors, named, unknown_flags = [], False, tuple(kw.get("not_understood") or ())
     checks = []

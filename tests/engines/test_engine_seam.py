@@ -88,10 +88,32 @@ def test_the_layout_table_names_the_very_objects_the_engines_hand_out():
     """``registry.KNOWN_LAYOUTS`` (what the tree commands import, without the planners) and each
     built-in engine's ``layouts``: the same names, the same objects, in the same order."""
     from_engines = [(e.name, layout) for e in registry.engines() for layout in e.layouts]
-    from_table = [(engine, registry.get_layout(name)) for name, (engine, _) in registry.KNOWN_LAYOUTS.items()]
+    from_table = [(engine, registry.get_layout(name)) for name, (engine, _) in registry.KNOWN_LAYOUTS.items()
+                  if engine is not None]
     assert [(e, lay.name) for e, lay in from_engines] == [(e, lay.name) for e, lay in from_table]
     assert all(a is b for (_, a), (_, b) in zip(from_engines, from_table))
     assert registry.default_layout() is registry.default_engine().layouts[0]
+
+
+def test_flashinfers_managed_store_is_a_layout_of_no_engine():
+    """Issue 46: FlashInfer's own store is registered as a layout, not as an engine that plans
+    nothing: no engine owns it, warm writes it from an engine's entry that converts into it, and
+    check reads it with the default engine's calls."""
+    from autotune_cache.engines.requests import build_request
+    from autotune_cache.engines.selection import warm_groups, warm_layouts
+    from autotune_cache.plan.options import ServingOptions
+
+    assert "flashinfer-v2" not in registry.KNOWN_ENGINES and "flashinfer-v2" in registry.layouts()
+    assert registry.engine_of_layout("flashinfer-v2") is None and registry.engine_name_of_layout("flashinfer-v2") is None
+    assert warm_layouts() == ["sglang", "flashinfer-v2", "vllm", "vllm-dir"]
+    (group,) = warm_groups("sglang,flashinfer-v2")
+    assert (group.engine.name, group.layout, group.also) == ("sglang", "sglang", ("flashinfer-v2",))
+    with pytest.raises(UsageError, match="written from the sglang tuning"):
+        warm_groups("flashinfer-v2")
+    request = build_request(ServingOptions(model="Qwen/Qwen3-30B-A3B"), layout="flashinfer-v2")
+    assert request.engine.name == registry.default_engine().name
+    with pytest.raises(UsageError, match="unknown layout"):
+        registry.engine_of_layout("no-such-layout")
 
 
 def test_the_tree_commands_import_no_planner(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from autotune_cache import registry
+from autotune_cache.engines.requests import read_serving_command
 from autotune_cache.plan.engine import Engine
 from autotune_cache.errors import UsageError
 
@@ -45,7 +46,7 @@ def test_a_flag_that_matters_is_refused_by_the_reader():
         registry.default_engine().parse_serving_command(["--model-path", "m", "--enable-waterfill"])
 
 
-@pytest.mark.parametrize("name", ["sglang", "vllm", "flashinfer-v2"])
+@pytest.mark.parametrize("name", ["sglang", "vllm"])
 def test_every_engine_checks_the_options_as_sglang_spells_them(name):
     """The options are spelled as SGLang's flags whatever the engine, so their values are checked as
     SGLang's - except where the option sets one of the engine's own flags (vLLM: --moe-backend)."""
@@ -56,9 +57,11 @@ def test_every_engine_checks_the_options_as_sglang_spells_them(name):
 
 
 def test_flags_alone_are_read_by_the_engine_that_reads_them():
-    for name in ("sglang", "flashinfer-v2"):
-        reading = registry.get_engine(name).parse_serving_command(["--model-path", "m", "--tp", "4"])
-        assert reading.options == {"model_path": "m", "tp": 4}
+    reading = registry.get_engine("sglang").parse_serving_command(["--model-path", "m", "--tp", "4"])
+    assert reading.options == {"model_path": "m", "tp": 4}
+    # FlashInfer's managed store is a layout of no engine: flags alone with it are the default engine's
+    engine, reading = read_serving_command(["--model-path", "m", "--tp", "4"], "flashinfer-v2")
+    assert engine is registry.default_engine() and reading.options == {"model_path": "m", "tp": 4}
     reading = registry.get_engine("vllm").parse_serving_command(["--model", "m", "-tp", "4"])
     assert (reading.options, reading.layout) == ({"model_path": "m", "tp": 4}, "vllm")
 
