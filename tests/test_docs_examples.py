@@ -22,7 +22,8 @@ import pytest
 
 from devtools.synthetic import DEFAULT_METADATA, write_fake_entry, write_plan_entry
 
-from .conftest import REPO
+from .conftest import REPO, run_cli
+from .support.zygotes import cli_on_path
 
 GPU = "needs a GPU (tunes, replays or times kernels)"
 S3 = "needs an S3 bucket and credentials (a store on the network)"
@@ -166,16 +167,14 @@ def sandbox(tmp_path_factory):
     tree = home / "sglang-cache"
     tree.mkdir()
     write_fake_entry(tree)
-    plan = subprocess.run([sys.executable, "-m", "fi_autotune_cli", "plan", "--model", "Qwen/Qwen3-30B-A3B", "--tp",
-                           "2", "--moe-runner-backend", "flashinfer_cutlass", "--arch", "sm90", "--flashinfer-version",
-                           "0.7.2.post1", "--cache-dir", str(tree), "--json"], capture_output=True, text=True, cwd=REPO)
+    plan = run_cli("plan", "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass",
+                   "--arch", "sm90", "--flashinfer-version", "0.7.2.post1", "--cache-dir", str(tree), "--json")
     request = json.loads(plan.stdout)["workers"][0]["request"]
     assert write_plan_entry(TuneRequest.from_dict(request).plan(tree)).__str__() == QWEN_ID
     # and the one the README's warm writes for a server started from a local copy (--model-path /models/...)
-    plan = subprocess.run([sys.executable, "-m", "fi_autotune_cli", "plan", "--model", "Qwen/Qwen3-30B-A3B", "--model-path",
-                           "/models/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass", "--arch",
-                           "sm90", "--flashinfer-version", "0.7.2.post1", "--cache-dir", str(tree), "--json"],
-                          capture_output=True, text=True, cwd=REPO)
+    plan = run_cli("plan", "--model", "Qwen/Qwen3-30B-A3B", "--model-path", "/models/Qwen3-30B-A3B", "--tp", "2",
+                   "--moe-runner-backend", "flashinfer_cutlass", "--arch", "sm90", "--flashinfer-version", "0.7.2.post1",
+                   "--cache-dir", str(tree), "--json")
     write_plan_entry(TuneRequest.from_dict(json.loads(plan.stdout)["workers"][0]["request"]).plan(tree))
     (home / "env.json").write_text(json.dumps({"fingerprint": DEFAULT_METADATA, "arch": "sm90"}))
     (home / "artifact").mkdir()
@@ -194,11 +193,14 @@ def sandbox(tmp_path_factory):
 
 @pytest.mark.parametrize("example", list(RUN))
 def test_example_runs_as_written(sandbox, example):
+    """The example with bash; its ``fi-autotune`` is the installed console script, each run a process
+    forked by the test process's CLI fork server (``cli_on_path``) instead of a fresh interpreter."""
     home, env = sandbox
-    if example.startswith("shipped="):  # its archive from the step before
-        subprocess.run(["fi-autotune", "export", "-o", "caches.tgz", "--cache-dir", "./sglang-cache"], cwd=home,
-                       env=env, capture_output=True, check=True)
-    proc = subprocess.run(["bash", "-c", example], cwd=home, env=env, capture_output=True, text=True, timeout=60)
+    with cli_on_path(env) as env:
+        if example.startswith("shipped="):  # its archive from the step before
+            subprocess.run(["fi-autotune", "export", "-o", "caches.tgz", "--cache-dir", "./sglang-cache"], cwd=home,
+                           env=env, capture_output=True, check=True)
+        proc = subprocess.run(["bash", "-c", example], cwd=home, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == RUN[example], f"{example}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
 
 
@@ -207,11 +209,11 @@ def test_store_example_runs_as_written(sandbox, s3, example):
     """The store examples against a real S3 server: the bucket holds the sandbox's tree (pushed
     first), ``s3://bucket/caches`` and ``$STORE`` name it."""
     home, env = sandbox
-    env = {**env, **s3["env"], "STORE": s3["url"]}
-    subprocess.run(["fi-autotune", "push", s3["url"], "--cache-dir", "./sglang-cache"], cwd=home, env=env,
-                   capture_output=True, check=True, timeout=120)
-    proc = subprocess.run(["bash", "-c", example.replace("s3://bucket/caches", s3["url"])], cwd=home, env=env,
-                          capture_output=True, text=True, timeout=120)
+    with cli_on_path({**env, **s3["env"], "STORE": s3["url"]}) as env:  # as test_example_runs_as_written
+        subprocess.run(["fi-autotune", "push", s3["url"], "--cache-dir", "./sglang-cache"], cwd=home, env=env,
+                       capture_output=True, check=True, timeout=120)
+        proc = subprocess.run(["bash", "-c", example.replace("s3://bucket/caches", s3["url"])], cwd=home, env=env,
+                              capture_output=True, text=True, timeout=120)
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode == RUN_S3[example], f"{example}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     if example.startswith("fi-autotune check"):  # fleet.md's two Qwen targets found, the three others missed

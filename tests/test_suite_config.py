@@ -4,6 +4,7 @@ built once per group). pytest 9.2 with xdist 3.8.0 silently spread a group over 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -195,3 +196,40 @@ def test_the_fault_launcher_runs_in_the_zygote_and_dies_where_asked(tmp_path):
         assert killed.returncode == -signal.SIGKILL and killed.via_zygote is not fresh, killed.stderr
         left[fresh] = sorted(p.parent.name for p in dest.rglob("*.json") if p.parent.name == ".fi-autotune-journal")
     assert left[False] == left[True] == [".fi-autotune-journal"]
+
+
+def test_fi_autotune_on_a_shells_path_is_the_console_script(tmp_path):
+    """``zygotes.cli_on_path`` (the recipes' and docs examples' shells): the shell's ``fi-autotune`` is
+    the installed console script forked by a zygote, and prints and exits as that script run fresh;
+    a command whose environment differs from the zygote's in what it read at import (another class
+    of ``$SGLANG_CACHE_DIR``, exported by the shell) is refused by the zygote and runs fresh."""
+    import os
+
+    from .support import zygotes
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the installed fi-autotune
+    absent = str(tmp_path / "absent")
+    script = (f"fi-autotune ls --bogus; echo rc=$?; fi-autotune --version; fi-autotune ls --cache-dir {absent}; "
+              f"echo rc=$?; SGLANG_CACHE_DIR= fi-autotune ls --help; echo rc=$?\n")
+    fresh = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    with zygotes.cli_on_path(env) as shell_env:
+        found = subprocess.run(["bash", "-c", "type -p fi-autotune"], env=shell_env, capture_output=True, text=True)
+        assert found.stdout.strip() != shutil.which("fi-autotune", path=env["PATH"]), found.stdout
+        z = subprocess.run(["bash", "-c", script], env=shell_env, capture_output=True, text=True, timeout=120)
+    assert (z.returncode, z.stdout, z.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert z.stdout.count("rc=") == 3 and "rc=2" in z.stdout and "rc=1" in z.stdout, z.stdout
+    # the zygote itself: it takes a request in its own environment, refuses one that differs at import
+    taken = []
+    for extra in ({}, {"SGLANG_CACHE_DIR": ""}):
+        zyg = zygotes.POOL.zygote_for(env)
+        marker_r, marker_w = os.pipe()
+        try:
+            p = subprocess.run([*zygotes.client_argv(zyg, marker_w), "--version"], env={**env, **extra},
+                               capture_output=True, text=True, pass_fds=(marker_w,), timeout=60)
+        finally:
+            zygotes.POOL.done(zyg)
+            os.close(marker_w)
+        taken.append((p.returncode, os.read(marker_r, 1)))
+        os.close(marker_r)
+    assert taken == [(0, b"S"), (197, b"")], taken  # 197: zygote_client.NOT_STARTED (run_cli: fresh)

@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from ..conftest import REPO
+from ..support.zygotes import cli_on_path
 
 README = REPO / "README.md"
 DEPLOY = REPO / "docs" / "deploy.md"
@@ -44,7 +45,7 @@ README_STORE = "s3://bucket/caches"
 
 SHELL_BLOCK_RE = re.compile(r"```bash\n(.*?)```", re.S)
 RECIPE_RE = re.compile(r"^# recipe: (?P<name>[\w-]+) (?P<step>\d+)/(?P<steps>\d+) \((?P<where>[^)]*)\)\n")
-STANDIN = ('fi-autotune() { case "$1" in env|warm) "$FI_PY" -m tests.standins.deploy_steps "$@";; '
+STANDIN = ('fi-autotune() { case "$1" in env|warm) PYTHONPATH="$FI_REPO" "$FI_PY" -m tests.standins.deploy_steps "$@";; '
            '*) command fi-autotune "$@";; esac; }\n')
 
 
@@ -105,9 +106,12 @@ def test_every_gate_after_an_export_checks_the_extracted_bundle(doc):
 # -- running them ---------------------------------------------------------------------------------
 
 def _env(s3: dict, work: Path) -> dict:
+    """The recipe shell's environment; the stand-in's PYTHONPATH (tests.standins) is its own, not the
+    recipe's (STANDIN), so that the recipe's other ``fi-autotune`` lines can be forked by the test
+    process's CLI fork server (``cli_on_path``: the installed console script, a real process each)."""
     bindir = str(Path(sys.executable).parent)
-    return {**os.environ, **s3["env"], "STORE": s3["url"], "FI_PY": sys.executable,
-            "PATH": f"{bindir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
+    return {**os.environ, **s3["env"], "STORE": s3["url"], "FI_PY": sys.executable, "FI_REPO": str(REPO),
+            "PATH": f"{bindir}:{os.environ['PATH']}",
             "SGLANG_CACHE_DIR": str(work / "gpu-box-cache"),  # the GPU box's engine root; the build uses ./sglang-cache
             "TMPDIR": str(work)}  # the recipes' `mktemp -d` (the extracted bundle) stays in the test's own directory
 
@@ -115,16 +119,16 @@ def _env(s3: dict, work: Path) -> dict:
 def run_recipe(name: str, s3: dict, work: Path) -> subprocess.CompletedProcess:
     """Every block of the recipe, in order, as written (``set -euo pipefail``: a failing line fails
     the block, as a failing ``RUN`` or CI step fails the build); the first failing block's result."""
-    env = _env(s3, work)
     out, err = [], []
     proc = None
-    for gpu, block in RECIPES[name]:
-        script = "set -euo pipefail\n" + (STANDIN if gpu else "") + block.replace(README_STORE, s3["url"])
-        proc = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=600)
-        out.append(proc.stdout)
-        err.append(proc.stderr)
-        if proc.returncode:
-            break
+    with cli_on_path(_env(s3, work)) as env:
+        for gpu, block in RECIPES[name]:
+            script = "set -euo pipefail\n" + (STANDIN if gpu else "") + block.replace(README_STORE, s3["url"])
+            proc = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+            out.append(proc.stdout)
+            err.append(proc.stderr)
+            if proc.returncode:
+                break
     return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(out), "".join(err))
 
 
@@ -134,7 +138,7 @@ def engine_written(name: str, s3: dict, work: Path) -> str:
     Returns the entry's id."""
     scratch = work / "engine-scratch"
     proc = subprocess.run([sys.executable, "-m", "tests.standins.deploy_steps", "warm", *warm_args(RECIPES[name]),
-                           "--cache-dir", str(scratch)], cwd=REPO, env=_env(s3, work),
+                           "--cache-dir", str(scratch)], cwd=REPO, env={**_env(s3, work), "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     base = scratch / "flashinfer" / "autotune"
@@ -195,9 +199,9 @@ def test_check_on_the_live_tree_still_means_the_engine_uses_it(s3, tmp_path):
     gate = next(ln for ln in block.splitlines() if "check --strict" in ln)
     live = re.sub(r'--cache-dir "\$shipped"', "--cache-dir ./sglang-cache", gate)
     assert live != gate
-    env = _env(s3, tmp_path)
-    proc = subprocess.run(["bash", "-c", STANDIN + "fi-autotune env --json > env.json\n" + live], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+    with cli_on_path(_env(s3, tmp_path)) as env:
+        proc = subprocess.run(["bash", "-c", STANDIN + "fi-autotune env --json > env.json\n" + live], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("OK: "), proc.stdout
     warnings = [ln for ln in proc.stderr.splitlines() if "`export` and `push` skip it" in ln]

@@ -74,7 +74,7 @@ import sys
 #: imported only when such a command runs), the engines the registry names (imported by the first
 #: command that plans, lists or checks: about 0.2 CPU-s a run), and what an S3 command imports.
 PRELOAD = ("click", "fi_autotune_cli.entry", "fi_autotune_cli.main", "autotune_cache.engines.sglang.engine",
-           "autotune_cache.engines.vllm.engine", "autotune_cache.tree.layouts.flashinfer_v2.source")
+           "autotune_cache.engines.vllm.engine", "autotune_cache.tree.layouts.flashinfer_v2.layout")
 PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session", "autotune_cache.tree.store.s3")
 
 #: what tests/support/zygote_client.py passes on to the command
@@ -287,6 +287,7 @@ def parse_request(data: bytes) -> dict:
 
 def serve() -> None:
     path, ready_fd, parent_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    start_env = dict(os.environ)  # what this zygote's imports read (before any child replaces it)
     signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the test run ends it through parent_fd
     try:
@@ -301,6 +302,12 @@ def serve() -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
+    # A request whose environment differs from this zygote's in what the imports read is refused
+    # (no fork: the client exits NOT_STARTED and the caller runs the command fresh). run_cli only
+    # sends matching requests (tests/support/zygotes.py picks the zygote by this signature); a
+    # ``fi-autotune`` on a shell's PATH (zygotes.cli_on_path) sends whatever the shell exports.
+    reads = IMPORT_TIME_READS | SOURCE_ONLY
+    own = signature(start_env, reads)
     os.write(ready_fd, ("ready " + json.dumps(sorted(IMPORT_TIME_READS)) + "\n").encode())
     os.close(ready_fd)
     sel = selectors.DefaultSelector()
@@ -334,6 +341,11 @@ def serve() -> None:
                 try:
                     request, fds = receive(conn)
                 except (OSError, ValueError):
+                    conn.close()
+                    continue
+                if signature(request["env"], reads) != own:
+                    for fd in fds:
+                        os.close(fd)
                     conn.close()
                     continue
                 others = [c["conn"] for c in conns.values()]

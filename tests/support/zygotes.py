@@ -9,6 +9,7 @@ variables differ from this process's, too many distinct environments, a zygote t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -197,3 +198,42 @@ def popen(args, *, env: dict, cwd, **kw) -> subprocess.Popen:
     finally:
         POOL.done(z)  # (a test of the zygote: nothing evicts it meanwhile)
         os.close(marker)
+
+
+#: ``fi-autotune`` on a shell's PATH, forked by a zygote (cli_on_path): the installed console script
+#: run as ``python SCRIPT ARGS`` in a zygote child; where the zygote does not take the command (gone,
+#: or the shell exported an environment whose import-time reads differ), that console script, fresh.
+SHIM = """#!/bin/sh
+marker="{dir}/started.$$"
+: > "$marker"
+"{python}" -I -S "{client}" "{socket}" 9 "{script}" -- "$@" 9>>"$marker"
+rc=$?
+if [ -s "$marker" ]; then rm -f "$marker"; exit $rc; fi
+rm -f "$marker"
+exec "{script}" "$@"
+"""
+
+
+@contextlib.contextmanager
+def cli_on_path(env: dict):
+    """``env`` with a ``fi-autotune`` first on its ``PATH`` whose commands a zygote forks (the shell
+    recipes and the docs' examples run that command dozens of times, each a fresh interpreter
+    otherwise): the same console script (``.venv/bin/fi-autotune``, its ``sys.argv[0]`` and
+    ``sys.path[0]``), a real process with the shell's fds, environment and working directory.
+    ``env`` unchanged where no zygote serves it (its ``PYTHON*`` variables, ``FIA_TEST_FRESH_CLI=1``)
+    or the console script is not installed beside this interpreter."""
+    script = Path(sys.executable).parent / "fi-autotune"
+    z = POOL.zygote_for(env) if script.is_file() else None
+    if z is None:
+        yield env
+        return
+    bindir = Path(tempfile.mkdtemp(prefix="bin-", dir=POOL.dir))
+    try:
+        shim = bindir / "fi-autotune"
+        shim.write_text(SHIM.format(dir=bindir, python=sys.executable, client=CLIENT, socket=z.socket_path,
+                                    script=script))
+        shim.chmod(0o755)
+        yield {**env, "PATH": f"{bindir}{os.pathsep}{env.get('PATH', '')}"}
+    finally:
+        POOL.done(z)  # not stopped (least recently used) while the shell may still use it
+        shutil.rmtree(bindir, ignore_errors=True)
