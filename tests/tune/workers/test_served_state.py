@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune_cache.tune.workers.servedstate import PID_MAX, ServedPool, StateError
+from autotune_cache.tune.workers.servedstate import (PID_MAX, RUNTIME_PREFIX, ServedPool, ServedWorker, StateError,
+                                                      make_runtime_dir, remove_runtime_dir)
 from tests.support.fake_gpus import gpu_env, run_gpu_cli
 from tests.tune.workers.test_served import served  # noqa: F401 - the fixture
 
@@ -144,3 +145,28 @@ def test_stop_never_says_not_running_while_workers_answer_on_their_sockets(serve
         assert all(b"--serve" in Path(f"/proc/{w['pid']}/cmdline").read_bytes() for w in workers)
     finally:
         (base / "state.json").write_text(good)
+
+
+def _runtime_files(d: Path) -> ServedWorker:
+    (d / "fingerprint.json").write_text("{}")
+    (d / "w0.sock").write_text("")
+    return ServedWorker(index=0, pid=999999, socket=str(d / "w0.sock"), device="0", log="/dev/null")
+
+
+@pytest.mark.parametrize("where", ["a directory of the user's", "named like ours, outside the temp dir"])
+def test_removing_a_runtime_dir_leaves_a_directory_this_tool_did_not_make(tmp_path, where):
+    """The last guard before files are unlinked (the state's own checks refuse such a runtime_dir
+    first, so `workers stop` alone cannot show this one): a directory that is not a sockets' dir
+    this tool made keeps the files that share our names, and stays."""
+    d = tmp_path / ("precious" if where.startswith("a directory") else f"{RUNTIME_PREFIX}x")
+    d.mkdir(mode=0o700)
+    worker = _runtime_files(d)
+    remove_runtime_dir(str(d), (worker,))
+    assert sorted(p.name for p in d.iterdir()) == ["fingerprint.json", "w0.sock"]
+
+
+def test_removing_a_runtime_dir_this_tool_made_removes_it_whole():
+    d = Path(make_runtime_dir())
+    worker = _runtime_files(d)
+    remove_runtime_dir(str(d), (worker,))
+    assert not d.exists()
