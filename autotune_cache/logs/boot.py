@@ -234,7 +234,7 @@ def assemble(servers: dict[str, Server], events: list[Event]) -> None:
         elif ev.kind.startswith("tuner."):
             _tuner_line(server, ev, known)
         elif ev.kind != "other":
-            _engine_line(server, ev, by_name[ev.engine])
+            _engine_line(server, ev, by_name.get(ev.engine, LIBRARY))
     for server in servers.values():
         _finish(server, by_name)
 
