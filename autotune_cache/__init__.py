@@ -28,32 +28,7 @@ _EXPORTS = {
     "RankName": "autotune_cache.plan.topology", "Topology": "autotune_cache.plan.topology",
 }
 
-__all__ = [
-    "__version__",
-    "CacheEntry",
-    "CacheInfo",
-    "CacheLayout",
-    "EntryId",
-    "EntryLocked",
-    "EntryStatus",
-    "ExitCode",
-    "FiAutotuneError",
-    "KeyFields",
-    "KeySchema",
-    "LAYOUTS",
-    "Manifest",
-    "RankName",
-    "SCHEMAS",
-    "Topology",
-    "UsageError",
-    "default_layout",
-    "get_layout",
-    "get_schema",
-    "lm_head_stub",
-    "lm_head_stubbed",
-    "layouts",
-    "scan_cache",
-]
+__all__ = sorted(["__version__", "LAYOUTS", "SCHEMAS", *_EXPORTS])
 
 
 def __getattr__(name: str):

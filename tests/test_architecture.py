@@ -219,3 +219,21 @@ def test_every_package_folder_is_installed():
     folders = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "autotune_cache").rglob("__init__.py")}
     assert folders <= listed, sorted(folders - listed)
     assert "fi_autotune_cli" in listed
+
+
+def test_the_packages_public_names_resolve_and_load_only_when_asked():
+    """``autotune_cache``'s names are imported on first use (PEP 562): each one in ``__all__``
+    resolves, and importing ``autotune_cache.errors`` - what the console entry point does first,
+    inside its Ctrl-C guard - runs no other module of ours."""
+    import subprocess
+    import sys
+
+    code = ("import sys, autotune_cache.errors\n"
+            "print(sorted(m for m in sys.modules if m.startswith('autotune_cache')))\n"
+            "import autotune_cache as a\n"
+            "print([n for n in a.__all__ if getattr(a, n, None) is None])\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    loaded, unresolved = p.stdout.splitlines()
+    assert loaded == "['autotune_cache', 'autotune_cache.errors', 'autotune_cache.version']", loaded
+    assert unresolved == "[]"
