@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from autotune_cache.tune.careful.settle import relative_iqr  # noqa: E402
-from exhaustive_report import KINDS, summarize, table  # noqa: E402
+from exhaustive_report import KINDS, repeated_table, summarize, table  # noqa: E402
 from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS  # noqa: E402
 
 WORKLOADS = {
@@ -58,6 +58,14 @@ WORKLOADS = {
                      "label": "Mixtral-8x7B TP2 (flashinfer_cutlass MoE, bf16)"},
     "dense-fp8": {"args": ["--model", "nvidia/Llama-3.1-70B-Instruct-FP8", "--tp", "4"],
                   "label": "Llama-3.1-70B-Instruct-FP8 TP4 (fp8_gemm)"},
+    # issue 47: three layouts careful was not shaped on
+    "moe-bf16-ep": {"args": ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--ep", "2",
+                             "--moe-runner-backend", "flashinfer_cutlass"],
+                    "label": "Qwen3-30B-A3B TP2 EP2 (flashinfer_cutlass MoE, bf16, 64 local experts)"},
+    "dense-fp8-tp8": {"args": ["--model", "nvidia/Llama-3.1-70B-Instruct-FP8", "--tp", "8"],
+                      "label": "Llama-3.1-70B-Instruct-FP8 TP8 (fp8_gemm)"},
+    "glm-bf16-shared": {"args": ["--model", "zai-org/GLM-5.1", "--tp", "8", "--moe-runner-backend", "flashinfer_cutlass"],
+                        "label": "GLM-5.1 TP8 (flashinfer_cutlass MoE, bf16, shared expert fused: 257 experts, top-9)"},
 }
 
 
@@ -292,7 +300,34 @@ def pick_of(cache: dict | None, slot_id: tuple, cands: list[dict]) -> dict:
     return {"key": k, "value": list(v), "label": f"{v[0]}:{v[1]}"}
 
 
-def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result: dict) -> dict:
+def resumed(args) -> tuple[dict, dict, set]:
+    """A previous run (``--resume DIR``) to go on with: its picks' caches (not tuned again: a new tune would
+    be another pick), its result, and the (op, bucket) it measured. Its files are copied to ``--out``."""
+    import shutil
+
+    src = args.resume / f"tactic_exhaustive_{args.workload}.json"
+    if not src.exists():
+        src = src.with_name(src.name + ".gz")
+    result = json.loads(gzip.decompress(src.read_bytes()) if src.suffix == ".gz" else src.read_text())
+    picks = {}
+    for kind, meta in result["picks"].items():
+        cache = args.resume / f"cache_{args.workload}_{kind}.json"
+        if cache.exists():
+            picks[kind] = {**meta, "path": str(cache)}
+    if args.out.resolve() != args.resume.resolve():
+        for f in args.resume.glob(f"*_{args.workload}_*.json"):
+            shutil.copy2(f, args.out / f.name)
+    result.pop("skipped", None)
+    if args.remeasure:  # the same picks, a new reference: how far the reference repeats itself
+        result.update(items=[], layer=[], remeasure_of=str(src))
+    else:
+        result["resumed"] = result.get("resumed", 0) + 1
+    done = {(it["op"], it["bucket"]) for it in result["items"]}
+    log(f"resuming {src}: {len(done)} (op, bucket) measured, picks {sorted(picks)}")
+    return picks, result, done
+
+
+def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result: dict, done: set = frozenset()) -> dict:
     import torch
     from flashinfer.autotuner import autotune
 
@@ -325,7 +360,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
         torch.cuda.synchronize()
         many = len(ops) > 1
         for b in sorted(op["buckets"]):
-            if wanted is not None and b not in wanted:
+            if (wanted is not None and b not in wanted) or (op["id"], b) in done:
                 continue
             if args.deadline_s and time.perf_counter() - T0 > args.deadline_s:
                 result.setdefault("skipped", []).append(f"{op['id']}@{b}")
@@ -485,13 +520,23 @@ def main() -> None:
     ap.add_argument("--confidence", type=float, default=0.95)
     ap.add_argument("--deadline-s", type=float, default=0,
                     help="start no bucket after this many seconds since the script started (the rest are listed as skipped)")
+    ap.add_argument("--resume", type=Path, default=None,
+                    help="a previous run's --out dir: its picks (cache_<workload>_<kind>.json) are reused instead of "
+                         "tuned again, and the (op, bucket) it measured are kept, not measured again")
+    ap.add_argument("--remeasure", action="store_true",
+                    help="with --resume: measure every (op, bucket) again (the same picks, a second reference run)")
     ap.add_argument("--report", type=Path, nargs="*")
     args = ap.parse_args()
     if args.report:
+        runs = []
         for p in args.report:
             r = json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())
             r["summary"] = summarize(r)
             print(table(r))
+            runs.append(r)
+        if len(runs) > 1 and len({r.get("workload") for r in runs}) == 1:  # reference runs of one workload
+            print()
+            print(repeated_table(runs))
         return
     if not args.workload:
         ap.error("--workload or --report")
@@ -502,8 +547,14 @@ def main() -> None:
     plan_path = plan_of(w, work, env)
     kinds = [k for k in args.kinds.split(",") if k]
     t0 = time.perf_counter()
-    picks = tune_kinds(kinds, w, plan_path, work, env, args.repeats)
     out_path = args.out / f"tactic_exhaustive_{args.workload}.json"
+    if args.resume:
+        picks, result, done = resumed(args)
+        measure(args, w, plan_path, picks, out_path, result, done)
+        _write(result, out_path)
+        print(table(result))
+        return
+    picks = tune_kinds(kinds, w, plan_path, work, env, args.repeats)
     result = {"workload": args.workload, "label": w["label"], "date": time.strftime("%Y-%m-%d"),
               "settings": {k: getattr(args, k) for k in ("repeats", "screen_rounds", "batch_rounds", "max_rounds",
                                                          "pick_rounds", "keep", "keep_min", "confidence", "buckets", "input_draws")},

@@ -62,7 +62,7 @@ def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | 
               help="careful: independent tunes per (op, bucket), spread over the GPUs.")
 @click.option("--threshold", type=click.FloatRange(0, 1), default=None, metavar="FRACTION",
               help="careful: keep FlashInfer's default unless a tuned tactic is at least this much faster "
-                   "[default: 0.01, i.e. 1%; docs/quality.md measures why].")
+                   f"[default: {DEFAULT_THRESHOLD}, i.e. {DEFAULT_THRESHOLD:.1%}; docs/quality.md measures why].")
 @click.option("--race-runs", type=click.IntRange(5, 10000), default=50, show_default=True,
               help=f"careful: timed runs at least per candidate that passes a race's screen (those within {KEEP:.0%} of "
                    f"the fastest race on, up to {MAX_ROUNDS} runs, until the fastest is settled).")

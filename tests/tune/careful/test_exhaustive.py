@@ -27,6 +27,7 @@ def _report():
 
 
 summarize, table = _report().summarize, _report().table
+repeated, repeated_table = _report().repeated, _report().repeated_table
 
 
 def _noisy(mu: float, n: int, rel: float, seed: int) -> list[float]:
@@ -249,6 +250,65 @@ def test_summarize_without_picks():
     assert "gemm1" in table({"items": [_row("gemm1", 1, 0.04, {})], "layer": []})
 
 
+def _run(rows, layer=()):
+    return {"workload": "w", "label": "W", "gpu": "H200", "items": rows, "layer": list(layer)}
+
+
+def _h2h_row(slot, bucket, careful, engine=0.0, op="op", labels=("c", "e")):
+    """One (op, bucket, slot): careful's and the engine's gaps to the best, through the head-to-head."""
+    r = _row(slot, bucket, 0.010, {"careful": 0.010, "engine": 0.010}, op=op,
+             h2h={"best": 0.010, "careful": 0.010 * (1 + careful), "engine": 0.010 * (1 + engine)})
+    r["picks"]["careful"]["label"], r["picks"]["engine"]["label"] = labels
+    return r
+
+
+def test_repeated_counts_a_miss_only_where_every_run_puts_it_over():
+    a = _run([_h2h_row("g", 1, 0.015), _h2h_row("g", 2, 0.020), _h2h_row("g", 4, 0.002)])
+    b = _run([_h2h_row("g", 1, 0.004), _h2h_row("g", 2, 0.012), _h2h_row("g", 4, 0.013)])
+    c = repeated([a, b])["kinds"]["careful"]
+    assert c["within_each_run"] == pytest.approx([1 / 3, 1 / 3])  # strict, per run: 1 of 3 each
+    assert c["misses"] == ["g @ 2"] and c["ties"] == 2 and c["within"] == pytest.approx(2 / 3)
+    assert c["worst_gap"] == pytest.approx(0.012) and c["worst_single_run"] == pytest.approx(0.020)
+    assert not c["meets_target"]
+    assert repeated([a, a])["kinds"]["careful"]["misses"] == ["g @ 1", "g @ 2"]  # a run that agrees: no tie
+    with pytest.raises(ValueError):
+        repeated([a])
+
+
+def test_repeated_refuses_runs_of_different_picks():
+    a = _run([_h2h_row("g", 1, 0.0)])
+    b = _run([_h2h_row("g", 1, 0.0, labels=("other", "e"))])
+    with pytest.raises(ValueError, match="different picks"):
+        repeated([a, b])
+
+
+def test_repeated_interaction_tie_needs_the_whole_call_within_in_every_run():
+    """gemm1 over 1% in both runs, gemm2 fine; the kind's whole call at that token count decides."""
+    rows = [_h2h_row("gemm1", 1, 0.019), _h2h_row("gemm2", 1, 0.004)]
+    fast = {"op": "op", "tokens": 1, "best_ms": 0.045, "careful": 0.045 * 0.94, "engine": 0.045 * 1.004}
+    slow = {**fast, "careful": 0.045 * 1.02}
+    c = repeated([_run(rows, [fast]), _run(rows, [fast])])["kinds"]["careful"]
+    assert c["misses"] == [] and c["interaction_ties"] == ["gemm1 @ 1"] and c["within"] == 1.0
+    assert c["slower_than_engine"] == []  # its slot is 1.9% behind the engine's, its whole call 6% ahead
+    c = repeated([_run(rows, [fast]), _run(rows, [slow])])["kinds"]["careful"]
+    assert c["misses"] == ["gemm1 @ 1"] and c["interaction_ties"] == []
+    assert c["slower_than_engine"] == []  # its whole call ahead of the engine's in one run
+    c = repeated([_run(rows, [slow]), _run(rows, [slow])])["kinds"]["careful"]
+    assert c["misses"] == ["gemm1 @ 1"] and c["slower_than_engine"] == ["gemm1 @ 1"]
+    one_slot = [_h2h_row("gemm1", 1, 0.019)]  # a single-slot call: its layer row is no second opinion
+    assert repeated([_run(one_slot, [fast]), _run(one_slot, [fast])])["kinds"]["careful"]["misses"] == ["gemm1 @ 1"]
+
+
+def test_repeated_behind_the_engine_in_every_run():
+    a = _run([_h2h_row("g", 1, 0.008), _h2h_row("g", 2, 0.008), _h2h_row("g", 4, 0.008, labels=("e", "e"))])
+    b = _run([_h2h_row("g", 1, 0.007), _h2h_row("g", 2, 0.003), _h2h_row("g", 4, 0.008, labels=("e", "e"))])
+    s = repeated([a, b])
+    assert s["kinds"]["careful"]["slower_than_engine"] == ["g @ 1"]  # g @ 2 is behind in one run only; g @ 4 is the same pick
+    assert s["kinds"]["engine"]["slower_than_engine"] == []
+    text = repeated_table([a, b])
+    assert "| careful | 100.0% / 100.0% | 100.0% (3/3) | 0 | 0 |" in text and "behind engine g @ 1" in text
+
+
 def _bench():
     spec = importlib.util.spec_from_file_location("tactic_exhaustive", REPO / "benchmarks" / "tactic_exhaustive.py")
     mod = importlib.util.module_from_spec(spec)
@@ -312,6 +372,35 @@ def test_report_mode_prints_a_table(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["tactic_exhaustive.py", "--report", str(p)])
     mod.main()
     assert "| careful | 100.0% (1) |" in capsys.readouterr().out
+    # two reference runs of one workload: each run's table, then what holds in both
+    q = tmp_path / "r2.json"
+    q.write_text(json.dumps(res))
+    monkeypatch.setattr("sys.argv", ["tactic_exhaustive.py", "--report", str(p), str(q)])
+    mod.main()
+    assert "2 reference runs of the same picks" in capsys.readouterr().out
+
+
+def test_resume_reuses_the_picks_and_keeps_what_was_measured(tmp_path):
+    """``--resume DIR``: the picks' caches are the ones the first run tuned (a new tune would be another
+    pick) and the (op, bucket) it measured are skipped; ``--remeasure`` keeps the picks, measures all."""
+    import argparse
+
+    mod = _bench()
+    prev, out = tmp_path / "prev", tmp_path / "out"
+    prev.mkdir()
+    out.mkdir()
+    res = {"workload": "w", "picks": {"careful": {"wall_s": 1.0}, "engine": {"wall_s": 2.0}, "quick": {"wall_s": 3.0}},
+           "items": [{"op": "o", "bucket": 1, "slot": "s"}], "layer": [{"op": "o", "tokens": 1}], "skipped": ["o@2"]}
+    (prev / "tactic_exhaustive_w.json").write_text(json.dumps(res))
+    for kind in ("careful", "engine"):  # quick's cache is missing: it is not a pick of the resumed run
+        (prev / f"cache_w_{kind}.json").write_text("{}")
+    picks, result, done = mod.resumed(argparse.Namespace(resume=prev, workload="w", out=out, remeasure=False))
+    assert sorted(picks) == ["careful", "engine"] and picks["careful"]["path"] == str(prev / "cache_w_careful.json")
+    assert picks["engine"]["wall_s"] == 2.0 and done == {("o", 1)} and "skipped" not in result
+    assert result["resumed"] == 1 and (out / "cache_w_careful.json").exists()
+    picks, result, done = mod.resumed(argparse.Namespace(resume=prev, workload="w", out=out, remeasure=True))
+    assert sorted(picks) == ["careful", "engine"] and done == set() and result["items"] == result["layer"] == []
+    assert result["remeasure_of"].endswith("tactic_exhaustive_w.json")
 
 
 @pytest.mark.gpu
