@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from autotune_cache.tune.careful.settle import relative_iqr  # noqa: E402
-from exhaustive_report import KINDS, repeated_table, summarize, table  # noqa: E402
+from exhaustive_report import KINDS, paired, repeated_table, summarize, table  # noqa: E402
 from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS  # noqa: E402
 
 WORKLOADS = {
@@ -302,7 +302,9 @@ def pick_of(cache: dict | None, slot_id: tuple, cands: list[dict]) -> dict:
 
 def resumed(args) -> tuple[dict, dict, set]:
     """A previous run (``--resume DIR``) to go on with: its picks' caches (not tuned again: a new tune would
-    be another pick), its result, and the (op, bucket) it measured. Its files are copied to ``--out``."""
+    be another pick), its result, and the (op, bucket) it measured. Its files are copied to ``--out``.
+    With ``--remeasure`` the picks are kept and everything is measured again, under this run's settings
+    (the earlier run's are kept under ``remeasure_of``)."""
     import shutil
 
     src = args.resume / f"tactic_exhaustive_{args.workload}.json"
@@ -314,17 +316,27 @@ def resumed(args) -> tuple[dict, dict, set]:
         cache = args.resume / f"cache_{args.workload}_{kind}.json"
         if cache.exists():
             picks[kind] = {**meta, "path": str(cache)}
+    result["picks"] = {k: v for k, v in result["picks"].items() if k in picks}  # what is measured from here on
     if args.out.resolve() != args.resume.resolve():
         for f in args.resume.glob(f"*_{args.workload}_*.json"):
             shutil.copy2(f, args.out / f.name)
     result.pop("skipped", None)
     if args.remeasure:  # the same picks, a new reference: how far the reference repeats itself
-        result.update(items=[], layer=[], remeasure_of=str(src))
+        result["remeasure_of"] = {"path": str(src), "date": result.get("date"), "settings": result.get("settings"),
+                                  "gpu": result.get("gpu")}
+        result.update(items=[], layer=[], date=time.strftime("%Y-%m-%d"), settings=_settings(args))
+        result.pop("measure_s", None)
     else:
         result["resumed"] = result.get("resumed", 0) + 1
+        result["measure_s_earlier"] = result.get("measure_s", 0.0)
     done = {(it["op"], it["bucket"]) for it in result["items"]}
     log(f"resuming {src}: {len(done)} (op, bucket) measured, picks {sorted(picks)}")
     return picks, result, done
+
+
+def _settings(args) -> dict:
+    return {k: getattr(args, k) for k in ("repeats", "screen_rounds", "batch_rounds", "max_rounds", "pick_rounds", "keep",
+                                          "keep_min", "confidence", "buckets", "input_draws")}
 
 
 def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result: dict, done: set = frozenset()) -> dict:
@@ -469,7 +481,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                 for row in rows:
                     row.pop("_slot_id", None)
             result["items"].extend(rows)
-            result["measure_s"] = round(time.perf_counter() - t_start, 1)
+            result["measure_s"] = round(result.get("measure_s_earlier", 0.0) + time.perf_counter() - t_start, 1)
             _write(result, out_path)
             log(f"{op['id']} @ {b}: " + ", ".join(f"{r['slot']} {r['candidates']} tactics best {r['best_label']} "
                                                     f"P={r['p_top1']} rounds={r['rounds']} ({r['seconds']} s)" for r in rows))
@@ -504,7 +516,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workload", choices=sorted(WORKLOADS))
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    ap.add_argument("--kinds", default=",".join(KINDS), help="picks to tune and compare (empty: the reference alone)")
+    ap.add_argument("--kinds", default=None, help=f"picks to tune and compare (default {','.join(KINDS)}; empty: the "
+                                                  "reference alone; not with --resume, whose picks are the earlier run's)")
     ap.add_argument("--repeats", type=int, default=3, help="careful: tunes per (op, bucket)")
     ap.add_argument("--buckets", default="", help="only these buckets (comma-separated)")
     ap.add_argument("--screen-rounds", type=int, default=20)
@@ -534,18 +547,25 @@ def main() -> None:
             r["summary"] = summarize(r)
             print(table(r))
             runs.append(r)
-        if len(runs) > 1 and len({r.get("workload") for r in runs}) == 1:  # reference runs of one workload
+        if len(runs) > 1 and len({r.get("workload") for r in runs}) == 1:  # reference runs of one workload?
+            why = paired(runs)
             print()
-            print(repeated_table(runs))
+            print(repeated_table(runs) if why is None else f"(not read as repeated runs of the same picks: {why})")
         return
     if not args.workload:
         ap.error("--workload or --report")
+    if args.resume and args.kinds is not None:
+        ap.error("--kinds with --resume: the picks are the resumed run's")
+    if args.remeasure and not args.resume:
+        ap.error("--remeasure goes with --resume DIR")
+    if args.remeasure and args.out.resolve() == args.resume.resolve():
+        ap.error("--remeasure into the --resume dir would overwrite the run it measures again: give another --out")
     w = WORKLOADS[args.workload]
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"exh-{args.workload}-"))
     env = {**_cli_env(work), "FI_AUTOTUNE_RACE_INPUTS": str(args.input_draws)}
     plan_path = plan_of(w, work, env)
-    kinds = [k for k in args.kinds.split(",") if k]
+    kinds = [k for k in (",".join(KINDS) if args.kinds is None else args.kinds).split(",") if k]
     t0 = time.perf_counter()
     out_path = args.out / f"tactic_exhaustive_{args.workload}.json"
     if args.resume:
@@ -556,8 +576,7 @@ def main() -> None:
         return
     picks = tune_kinds(kinds, w, plan_path, work, env, args.repeats)
     result = {"workload": args.workload, "label": w["label"], "date": time.strftime("%Y-%m-%d"),
-              "settings": {k: getattr(args, k) for k in ("repeats", "screen_rounds", "batch_rounds", "max_rounds",
-                                                         "pick_rounds", "keep", "keep_min", "confidence", "buckets", "input_draws")},
+              "settings": _settings(args),
               "picks": {k: {kk: vv for kk, vv in v.items() if kk != "path"} for k, v in picks.items()},
               "picks_wall_s": round(time.perf_counter() - t0, 1), "items": [], "layer": []}
     for kind, p in picks.items():

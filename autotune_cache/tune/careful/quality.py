@@ -35,7 +35,7 @@ from autotune_cache.tune.careful.settle import KEEP, TIE
 #: number for "too close to act on". It was 1% until issue 47: on Llama-3.1-70B FP8 TP8 (H200) the
 #: 1% floor kept the default at 24 of 84 buckets, at 3 of them (o_proj @ 1024, gate_up @ 128,
 #: qkv @ 3072) against a tactic careful's race had 0.5-0.96% ahead and two reference runs then
-#: confirmed 0.6-3.4% ahead - where the engine's own pick was the best. Replaying the recorded races
+#: confirmed 0.6-2.7% ahead - where the engine's own pick was the best. Replaying the recorded races
 #: of 6 careful caches at 0.5% (docs/quality.md, "Six workloads"): within 1% of the best 196 -> 197 of
 #: 200 (TP4), 78 -> 77 and 78 -> 80 of 84 (TP8, two reference runs); more than 0.5% behind the
 #: engine's pick 8 -> 4 and 7 -> 2. MoE choices cannot move: their default is >= 2.29x as slow.

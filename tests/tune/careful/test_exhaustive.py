@@ -27,7 +27,7 @@ def _report():
 
 
 summarize, table = _report().summarize, _report().table
-repeated, repeated_table = _report().repeated, _report().repeated_table
+repeated, repeated_table, paired = _report().repeated, _report().repeated_table, _report().paired
 
 
 def _noisy(mu: float, n: int, rel: float, seed: int) -> list[float]:
@@ -268,6 +268,8 @@ def test_repeated_counts_a_miss_only_where_every_run_puts_it_over():
     c = repeated([a, b])["kinds"]["careful"]
     assert c["within_each_run"] == pytest.approx([1 / 3, 1 / 3])  # strict, per run: 1 of 3 each
     assert c["misses"] == ["g @ 2"] and c["ties"] == 2 and c["within"] == pytest.approx(2 / 3)
+    # the runs' best case has a mean-gap figure beside it: g @ 1 (mean 0.95%) passes, g @ 4 (0.75%) too
+    assert c["within_mean"] == pytest.approx(2 / 3)
     assert c["worst_gap"] == pytest.approx(0.012) and c["worst_single_run"] == pytest.approx(0.020)
     assert not c["meets_target"]
     assert repeated([a, a])["kinds"]["careful"]["misses"] == ["g @ 1", "g @ 2"]  # a run that agrees: no tie
@@ -275,28 +277,55 @@ def test_repeated_counts_a_miss_only_where_every_run_puts_it_over():
         repeated([a])
 
 
-def test_repeated_refuses_runs_of_different_picks():
+def test_repeated_refuses_runs_of_different_picks_or_buckets():
     a = _run([_h2h_row("g", 1, 0.0)])
     b = _run([_h2h_row("g", 1, 0.0, labels=("other", "e"))])
     with pytest.raises(ValueError, match="different picks"):
         repeated([a, b])
+    assert "different picks" in paired([a, b]) and paired([a, a]) is None
+    with pytest.raises(ValueError, match="in every run"):  # two halves of one workload's buckets
+        repeated([a, _run([_h2h_row("g", 2, 0.0)])])
 
 
-def test_repeated_interaction_tie_needs_the_whole_call_within_in_every_run():
+def test_repeated_judges_an_item_by_the_runs_that_timed_it():
+    a = _run([_h2h_row("g", 1, 0.05), _h2h_row("g", 2, 0.0)])
+    untimed = _h2h_row("g", 1, 0.0)
+    untimed["head_to_head"] = {"best": None}
+    untimed["picks"]["careful"]["exhaustive_ms"] = None  # run b did not time careful's pick
+    c = repeated([a, _run([untimed, _h2h_row("g", 2, 0.0)])])["kinds"]["careful"]
+    assert c["items"] == 2 and c["misses"] == ["g @ 1"] and c["within_each_run"] == [0.5, 1.0]
+    c = repeated([_run([untimed, _h2h_row("g", 2, 0.0)])] * 2)["kinds"]["careful"]
+    assert c["items"] == 1 and c["unjudged"] == 1
+    nulled = _h2h_row("g", 1, 0.0)
+    nulled["head_to_head"]["careful"] = None  # a non-finite time is saved as null
+    assert repeated([_run([nulled]), _run([nulled])])["kinds"]["careful"]["within"] == 1.0
+
+
+def test_repeated_interaction_tie_needs_the_whole_call_faster_in_every_run():
     """gemm1 over 1% in both runs, gemm2 fine; the kind's whole call at that token count decides."""
     rows = [_h2h_row("gemm1", 1, 0.019), _h2h_row("gemm2", 1, 0.004)]
     fast = {"op": "op", "tokens": 1, "best_ms": 0.045, "careful": 0.045 * 0.94, "engine": 0.045 * 1.004}
+    level = {**fast, "careful": 0.045 * 1.005}  # within 1%, but not faster: inside the whole-call race's noise
     slow = {**fast, "careful": 0.045 * 1.02}
     c = repeated([_run(rows, [fast]), _run(rows, [fast])])["kinds"]["careful"]
     assert c["misses"] == [] and c["interaction_ties"] == ["gemm1 @ 1"] and c["within"] == 1.0
-    assert c["slower_than_engine"] == []  # its slot is 1.9% behind the engine's, its whole call 6% ahead
+    assert c["slower_than_engine"] == [] and c["whole_call_misses"] == []  # its slot 1.9% behind the engine's, its call 6% ahead
+    c = repeated([_run(rows, [level]), _run(rows, [level])])["kinds"]["careful"]
+    assert c["misses"] == ["gemm1 @ 1"] and c["interaction_ties"] == []
     c = repeated([_run(rows, [fast]), _run(rows, [slow])])["kinds"]["careful"]
     assert c["misses"] == ["gemm1 @ 1"] and c["interaction_ties"] == []
     assert c["slower_than_engine"] == []  # its whole call ahead of the engine's in one run
     c = repeated([_run(rows, [slow]), _run(rows, [slow])])["kinds"]["careful"]
     assert c["misses"] == ["gemm1 @ 1"] and c["slower_than_engine"] == ["gemm1 @ 1"]
+    assert c["whole_call_misses"] == ["1 tokens"]  # reported, not folded into the share
     one_slot = [_h2h_row("gemm1", 1, 0.019)]  # a single-slot call: its layer row is no second opinion
     assert repeated([_run(one_slot, [fast]), _run(one_slot, [fast])])["kinds"]["careful"]["misses"] == ["gemm1 @ 1"]
+    # a run that lacks gemm2's row still sees a call of two slots
+    c = repeated([_run(rows, [fast]), _run(rows[:1], [fast])])["kinds"]["careful"]
+    assert c["interaction_ties"] == ["gemm1 @ 1"]
+    # a layer row of another op is not this call's
+    other = {**fast, "op": "other"}
+    assert repeated([_run(rows, [other]), _run(rows, [other])])["kinds"]["careful"]["misses"] == ["gemm1 @ 1"]
 
 
 def test_repeated_behind_the_engine_in_every_run():
@@ -306,7 +335,7 @@ def test_repeated_behind_the_engine_in_every_run():
     assert s["kinds"]["careful"]["slower_than_engine"] == ["g @ 1"]  # g @ 2 is behind in one run only; g @ 4 is the same pick
     assert s["kinds"]["engine"]["slower_than_engine"] == []
     text = repeated_table([a, b])
-    assert "| careful | 100.0% / 100.0% | 100.0% (3/3) | 0 | 0 |" in text and "behind engine g @ 1" in text
+    assert "| careful | 100.0% / 100.0% | 100.0% | 100.0% (3/3) | 0 | 0 | 0 |" in text and "behind engine g @ 1" in text
 
 
 def _bench():
@@ -389,18 +418,46 @@ def test_resume_reuses_the_picks_and_keeps_what_was_measured(tmp_path):
     prev, out = tmp_path / "prev", tmp_path / "out"
     prev.mkdir()
     out.mkdir()
-    res = {"workload": "w", "picks": {"careful": {"wall_s": 1.0}, "engine": {"wall_s": 2.0}, "quick": {"wall_s": 3.0}},
+    res = {"workload": "w", "date": "2026-01-01", "settings": {"pick_rounds": 300}, "measure_s": 50.0,
+           "picks": {"careful": {"wall_s": 1.0}, "engine": {"wall_s": 2.0}, "quick": {"wall_s": 3.0}},
            "items": [{"op": "o", "bucket": 1, "slot": "s"}], "layer": [{"op": "o", "tokens": 1}], "skipped": ["o@2"]}
     (prev / "tactic_exhaustive_w.json").write_text(json.dumps(res))
     for kind in ("careful", "engine"):  # quick's cache is missing: it is not a pick of the resumed run
         (prev / f"cache_w_{kind}.json").write_text("{}")
-    picks, result, done = mod.resumed(argparse.Namespace(resume=prev, workload="w", out=out, remeasure=False))
+    settings = dict(repeats=3, screen_rounds=20, batch_rounds=60, max_rounds=300, pick_rounds=100, keep=0.03,
+                    keep_min=4, confidence=0.95, buckets="", input_draws=4)
+    picks, result, done = mod.resumed(argparse.Namespace(resume=prev, workload="w", out=out, remeasure=False, **settings))
     assert sorted(picks) == ["careful", "engine"] and picks["careful"]["path"] == str(prev / "cache_w_careful.json")
+    assert sorted(result["picks"]) == ["careful", "engine"]  # quick is not measured from here on
     assert picks["engine"]["wall_s"] == 2.0 and done == {("o", 1)} and "skipped" not in result
-    assert result["resumed"] == 1 and (out / "cache_w_careful.json").exists()
-    picks, result, done = mod.resumed(argparse.Namespace(resume=prev, workload="w", out=out, remeasure=True))
+    assert result["resumed"] == 1 and result["measure_s_earlier"] == 50.0 and (out / "cache_w_careful.json").exists()
+    picks, result, done = mod.resumed(argparse.Namespace(resume=prev, workload="w", out=out, remeasure=True, **settings))
     assert sorted(picks) == ["careful", "engine"] and done == set() and result["items"] == result["layer"] == []
-    assert result["remeasure_of"].endswith("tactic_exhaustive_w.json")
+    assert result["remeasure_of"]["path"].endswith("tactic_exhaustive_w.json")
+    assert result["remeasure_of"]["settings"] == {"pick_rounds": 300} and result["settings"]["pick_rounds"] == 100
+    assert result["date"] != "2026-01-01" and "measure_s" not in result
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--workload", "moe-bf16", "--resume", "{prev}", "--kinds", "careful"], "--kinds with --resume"),
+    (["--workload", "moe-bf16", "--resume", "{prev}", "--remeasure", "--out", "{prev}"], "would overwrite"),
+    (["--workload", "moe-bf16", "--remeasure"], "goes with --resume"),
+])
+def test_resume_usage_errors(tmp_path, monkeypatch, capsys, argv, words):
+    mod = _bench()
+    monkeypatch.setattr("sys.argv", ["tactic_exhaustive.py", *(a.format(prev=tmp_path) for a in argv)])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_report_of_two_runs_of_other_picks_says_so(tmp_path, capsys, monkeypatch):
+    mod = _bench()
+    for name, label in (("a", "c"), ("b", "other")):
+        (tmp_path / f"{name}.json").write_text(json.dumps(_run([_h2h_row("g", 1, 0.0, labels=(label, "e"))])))
+    monkeypatch.setattr("sys.argv", ["tactic_exhaustive.py", "--report", str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    mod.main()
+    assert "not read as repeated runs of the same picks: the runs hold different picks" in capsys.readouterr().out
 
 
 @pytest.mark.gpu
