@@ -241,6 +241,57 @@ def repeated_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def identical_spreads(result: dict) -> list[dict]:
+    """A/A: in each whole-call race (``layer``), the kinds whose caches hold the same assignment as
+    another's (or as every slot at its best) were timed as separate candidates - separate CUDA graphs, or
+    separate cache files for eager calls - of one thing. Their spread (slowest / fastest - 1) is what one
+    race reads between identical candidates: the finest difference it can be trusted with."""
+    by_call: dict[tuple, list[dict]] = {}
+    for it in result.get("items", []):
+        by_call.setdefault((it.get("op"), it["bucket"]), []).append(it)
+    out = []
+    for lr in result.get("layer", []):
+        items = by_call.get((lr.get("op"), lr["tokens"]))
+        if not items or not _finite(lr.get("best_ms")):
+            continue
+        groups: dict[tuple, list[float]] = {}
+        groups.setdefault(tuple(_plain(it.get("best_label")) for it in items), []).append(lr["best_ms"])
+        for kind in KINDS:
+            if _finite(lr.get(kind)):
+                groups.setdefault(tuple(_plain(_label(it, kind)) for it in items), []).append(lr[kind])
+        for ts in groups.values():
+            if len(ts) > 1 and min(ts) > 0:
+                out.append({"spread": max(ts) / min(ts) - 1, "graph": bool(lr.get("graph")), "call_ms": lr["best_ms"],
+                            "candidates": len(ts)})
+    return out
+
+
+def _plain(label: str | None) -> str | None:
+    return None if label is None else label.replace(" (default)", "")
+
+
+#: Whole-call sizes the A/A table is split by (ms): the race's resolution depends on the call's length.
+AA_SIZES = ((0.0, 0.03), (0.03, 0.1), (0.1, math.inf))
+
+
+def aa_table(results: list[dict]) -> str:
+    rows = [s for r in results for s in identical_spreads(r)]
+    lines = [f"A/A: identical candidates in one whole-call race ({len(rows)} groups in {len(results)} result files); "
+             "spread = slowest / fastest - 1",
+             "| mode | whole call | groups | median | p90 | p95 | max |", "|---|---|---|---|---|---|---|"]
+    for graph in (True, False):
+        for lo, hi in AA_SIZES:
+            x = sorted(s["spread"] for s in rows if s["graph"] == graph and lo <= s["call_ms"] < hi)
+            if not x:
+                continue
+            q = lambda p: x[min(len(x) - 1, int(p * len(x)))]  # noqa: E731
+            size = f"< {hi * 1000:.0f} us" if lo == 0 else (f"> {lo * 1000:.0f} us" if math.isinf(hi) else
+                                                            f"{lo * 1000:.0f}-{hi * 1000:.0f} us")
+            lines.append(f"| {'CUDA graph' if graph else 'eager'} | {size} | {len(x)} | {q(0.5):.2%} | {q(0.9):.2%} | "
+                         f"{q(0.95):.2%} | {x[-1]:.2%} |")
+    return "\n".join(lines)
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x:+.2%}"
 

@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from autotune_cache.tune.careful.settle import relative_iqr  # noqa: E402
-from exhaustive_report import KINDS, paired, repeated_table, summarize, table  # noqa: E402
+from exhaustive_report import KINDS, aa_table, paired, repeated_table, summarize, table  # noqa: E402
 from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS  # noqa: E402
 
 WORKLOADS = {
@@ -539,7 +539,11 @@ def main() -> None:
     ap.add_argument("--remeasure", action="store_true",
                     help="with --resume: measure every (op, bucket) again (the same picks, a second reference run)")
     ap.add_argument("--report", type=Path, nargs="*")
+    ap.add_argument("--aa", type=Path, nargs="*", help="result files: how far identical candidates in one race read apart")
     args = ap.parse_args()
+    if args.aa:
+        print(aa_table([json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text()) for p in args.aa]))
+        return
     if args.report:
         runs = []
         for p in args.report:

@@ -28,6 +28,7 @@ def _report():
 
 summarize, table = _report().summarize, _report().table
 repeated, repeated_table, paired = _report().repeated, _report().repeated_table, _report().paired
+identical_spreads, aa_table = _report().identical_spreads, _report().aa_table
 
 
 def _noisy(mu: float, n: int, rel: float, seed: int) -> list[float]:
@@ -326,6 +327,27 @@ def test_repeated_interaction_tie_needs_the_whole_call_faster_in_every_run():
     # a layer row of another op is not this call's
     other = {**fast, "op": "other"}
     assert repeated([_run(rows, [other]), _run(rows, [other])])["kinds"]["careful"]["misses"] == ["gemm1 @ 1"]
+
+
+def test_identical_candidates_in_one_race_give_the_races_own_spread():
+    """A/A: the kinds whose caches hold the reference's best assignment (quick and the engine here) were
+    timed as separate candidates of one thing; careful's other tactic is no part of it."""
+    rows = []
+    for slot in ("gemm1", "gemm2"):
+        r = _row(slot, 2, 0.09, {"quick": 0.09, "careful": 0.09, "engine": 0.09}, op="op", graph=True)
+        r["best_label"] = "MoERunner:21"
+        for kind in ("quick", "engine"):
+            r["picks"][kind]["label"] = "MoERunner:21 (default)" if kind == "engine" else "MoERunner:21"
+        r["picks"]["careful"]["label"] = "MoERunner:19"
+        rows.append(r)
+    layer = [{"op": "op", "tokens": 2, "graph": True, "best_ms": 0.020, "quick": 0.0202, "careful": 0.03, "engine": 0.0201}]
+    (got,) = identical_spreads(_run(rows, layer))
+    assert got["candidates"] == 3 and got["graph"] and got["spread"] == pytest.approx(0.01)
+    eager = [{**layer[0], "graph": False, "best_ms": 0.5, "quick": 0.5005, "engine": 0.5}]
+    assert identical_spreads(_run(rows, eager))[0]["spread"] == pytest.approx(0.001)
+    assert identical_spreads(_run(rows, [{**layer[0], "op": "other"}])) == []  # another call's row
+    text = aa_table([_run(rows, layer), _run(rows, eager)])
+    assert "| CUDA graph | < 30 us | 1 | 1.00% |" in text and "| eager | > 100 us | 1 | 0.10% |" in text
 
 
 def test_repeated_behind_the_engine_in_every_run():
