@@ -164,7 +164,7 @@ def repeated(results: list[dict], within: float = 0.01, limit: float = 0.03, eng
                     and (k[0], k[1]) not in whole_call_misses:
                 whole_call_misses.append((k[0], k[1]))
             per.append({"key": k, "gaps": gaps, "layer": layer, "engine_layer": engine_layer,
-                        "engine": [(_gap(row, kind), _gap(row, "engine")) for _, row in present],
+                        "vs_engine": [(_gap(row, kind), _gap(row, "engine")) for _, row in present],
                         "same_as_engine": _label(present[0][1], kind) == _label(present[0][1], "engine")})
         if not per:
             continue
@@ -176,7 +176,7 @@ def repeated(results: list[dict], within: float = 0.01, limit: float = 0.03, eng
         worst = max(per, key=lambda p: min(p["gaps"]))
         slower = []
         for p in per:
-            pairs = [(g, e) for g, e in p["engine"] if g is not None and e is not None]
+            pairs = [(g, e) for g, e in p["vs_engine"] if g is not None and e is not None]
             if kind != "engine" and not p["same_as_engine"] and pairs and \
                     all(g - e > engine_margin + 1e-9 for g, e in pairs) and not _whole_call_not_behind(p, engine_margin):
                 slower.append(p)
@@ -201,15 +201,6 @@ def repeated(results: list[dict], within: float = 0.01, limit: float = 0.03, eng
         k_["meets_target"] = k_["within"] >= 0.98 and k_["worst_gap"] <= limit + 1e-9
     return {"runs": len(results), "items": len(keys), "within": within, "limit": limit,
             "engine_margin": engine_margin, "kinds": kinds}
-
-
-def paired(results: list[dict]) -> str | None:
-    """Why ``results`` cannot be read as repeated runs of the same picks (None: they can)."""
-    try:
-        repeated(results)
-    except ValueError as e:
-        return str(e)
-    return None
 
 
 def repeated_table(results: list[dict]) -> str:

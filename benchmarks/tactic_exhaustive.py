@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from autotune_cache.tune.careful.settle import relative_iqr  # noqa: E402
-from exhaustive_report import KINDS, aa_table, paired, repeated_table, summarize, table  # noqa: E402
+from exhaustive_report import KINDS, aa_table, repeated_table, summarize, table  # noqa: E402
 from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS  # noqa: E402
 
 WORKLOADS = {
@@ -300,6 +300,16 @@ def pick_of(cache: dict | None, slot_id: tuple, cands: list[dict]) -> dict:
     return {"key": k, "value": list(v), "label": f"{v[0]}:{v[1]}"}
 
 
+def _load(path: Path) -> dict:
+    """A result file as ``_write`` left it, or gzipped as docs/results keeps it."""
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+
+
+def _resume_source(args) -> Path:
+    src = args.resume / f"tactic_exhaustive_{args.workload}.json"
+    return src if src.exists() else src.with_name(src.name + ".gz")
+
+
 def resumed(args) -> tuple[dict, dict, set]:
     """A previous run (``--resume DIR``) to go on with: its picks' caches (not tuned again: a new tune would
     be another pick), its result, and the (op, bucket) it measured. Its files are copied to ``--out``.
@@ -307,10 +317,8 @@ def resumed(args) -> tuple[dict, dict, set]:
     (the earlier run's are kept under ``remeasure_of``)."""
     import shutil
 
-    src = args.resume / f"tactic_exhaustive_{args.workload}.json"
-    if not src.exists():
-        src = src.with_name(src.name + ".gz")
-    result = json.loads(gzip.decompress(src.read_bytes()) if src.suffix == ".gz" else src.read_text())
+    src = _resume_source(args)
+    result = _load(src)
     picks = {}
     for kind, meta in result["picks"].items():
         cache = args.resume / f"cache_{args.workload}_{kind}.json"
@@ -542,19 +550,21 @@ def main() -> None:
     ap.add_argument("--aa", type=Path, nargs="*", help="result files: how far identical candidates in one race read apart")
     args = ap.parse_args()
     if args.aa:
-        print(aa_table([json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text()) for p in args.aa]))
+        print(aa_table([_load(p) for p in args.aa]))
         return
     if args.report:
         runs = []
         for p in args.report:
-            r = json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())
+            r = _load(p)
             r["summary"] = summarize(r)
             print(table(r))
             runs.append(r)
         if len(runs) > 1 and len({r.get("workload") for r in runs}) == 1:  # reference runs of one workload?
-            why = paired(runs)
             print()
-            print(repeated_table(runs) if why is None else f"(not read as repeated runs of the same picks: {why})")
+            try:
+                print(repeated_table(runs))
+            except ValueError as e:
+                print(f"(not read as repeated runs of the same picks: {e})")
         return
     if not args.workload:
         ap.error("--workload or --report")
@@ -562,6 +572,8 @@ def main() -> None:
         ap.error("--kinds with --resume: the picks are the resumed run's")
     if args.remeasure and not args.resume:
         ap.error("--remeasure goes with --resume DIR")
+    if args.resume and not _resume_source(args).is_file():
+        ap.error(f"--resume {args.resume}: no tactic_exhaustive_{args.workload}.json(.gz) there")
     if args.remeasure and args.out.resolve() == args.resume.resolve():
         ap.error("--remeasure into the --resume dir would overwrite the run it measures again: give another --out")
     w = WORKLOADS[args.workload]

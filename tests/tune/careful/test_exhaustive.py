@@ -27,7 +27,7 @@ def _report():
 
 
 summarize, table = _report().summarize, _report().table
-repeated, repeated_table, paired = _report().repeated, _report().repeated_table, _report().paired
+repeated, repeated_table = _report().repeated, _report().repeated_table
 identical_spreads, aa_table = _report().identical_spreads, _report().aa_table
 
 
@@ -283,7 +283,6 @@ def test_repeated_refuses_runs_of_different_picks_or_buckets():
     b = _run([_h2h_row("g", 1, 0.0, labels=("other", "e"))])
     with pytest.raises(ValueError, match="different picks"):
         repeated([a, b])
-    assert "different picks" in paired([a, b]) and paired([a, a]) is None
     with pytest.raises(ValueError, match="in every run"):  # two halves of one workload's buckets
         repeated([a, _run([_h2h_row("g", 2, 0.0)])])
 
@@ -464,9 +463,11 @@ def test_resume_reuses_the_picks_and_keeps_what_was_measured(tmp_path):
     (["--workload", "moe-bf16", "--resume", "{prev}", "--kinds", "careful"], "--kinds with --resume"),
     (["--workload", "moe-bf16", "--resume", "{prev}", "--remeasure", "--out", "{prev}"], "would overwrite"),
     (["--workload", "moe-bf16", "--remeasure"], "goes with --resume"),
+    (["--workload", "moe-bf16", "--resume", "{prev}/nothing-here"], "no tactic_exhaustive_moe-bf16.json"),
 ])
 def test_resume_usage_errors(tmp_path, monkeypatch, capsys, argv, words):
     mod = _bench()
+    (tmp_path / "tactic_exhaustive_moe-bf16.json").write_text("{}")  # a run to resume
     monkeypatch.setattr("sys.argv", ["tactic_exhaustive.py", *(a.format(prev=tmp_path) for a in argv)])
     with pytest.raises(SystemExit) as e:
         mod.main()
