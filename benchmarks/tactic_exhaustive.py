@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from autotune_cache.tune.careful.settle import relative_iqr  # noqa: E402
 from exhaustive_report import KINDS, aa_table, repeated_table, summarize, table  # noqa: E402
-from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS  # noqa: E402
+from autotune_cache.tune.careful.quality import DEFAULT_GRAPH_INSTANCES, DEFAULT_INPUT_DRAWS  # noqa: E402
 
 WORKLOADS = {
     "moe-bf16": {"args": ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass"],
@@ -262,7 +262,7 @@ def sweep_slot(race, layer, bucket: int, graph: bool, slot: dict, fixed: dict, w
     r = race(layer, bucket, assignments, None, rounds=args.screen_rounds, warmup=3, cold_l2=True, graph=graph,
              workdir=work, seed=seed, keep_samples=True, screen_rounds=args.screen_rounds,
              batch_rounds=args.batch_rounds, max_rounds=args.max_rounds, keep=args.keep, keep_min=args.keep_min,
-             confidence=args.confidence, input_draws=args.input_draws)
+             confidence=args.confidence, input_draws=args.input_draws, graph_instances=args.instances)
     samples, errors, used_graph, settled = r["samples_ms"], r["errors"], r["graph"], r["settle"]
     draws = r.get("samples_draw") or [None] * len(samples)
     rounds, top = settled["rounds"], settled["top"]
@@ -344,7 +344,7 @@ def resumed(args) -> tuple[dict, dict, set]:
 
 def _settings(args) -> dict:
     return {k: getattr(args, k) for k in ("repeats", "screen_rounds", "batch_rounds", "max_rounds", "pick_rounds", "keep",
-                                          "keep_min", "confidence", "buckets", "input_draws")}
+                                          "keep_min", "confidence", "buckets", "input_draws", "instances")}
 
 
 def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result: dict, done: set = frozenset()) -> dict:
@@ -450,7 +450,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                     hr, drifts = None, []
                     for attempt in range(H2H_ATTEMPTS):
                         r_ = race(layer, b, assignments, None, rounds=args.pick_rounds, warmup=5, cold_l2=True,
-                                  graph=graph, input_draws=args.input_draws, workdir=work,
+                                  graph=graph, input_draws=args.input_draws, graph_instances=args.instances, workdir=work,
                                   seed=104729 + 31 * b + si + 7 * attempt)
                         # the same assignment as the sweep's best only where the other slots are as the sweep had
                         # them (a MoE's gemm1 is swept before gemm2 found its best): else no drift to judge
@@ -481,7 +481,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                 for kind in labels[1:]:
                     assignments.append(pick_slots(caches[kind], slot_ids))
                 lr = race(layer, b, assignments, None, rounds=args.pick_rounds, warmup=5, cold_l2=True, graph=graph,
-                          input_draws=args.input_draws, workdir=work, seed=15485863 + b)
+                          input_draws=args.input_draws, graph_instances=args.instances, workdir=work, seed=15485863 + b)
                 result["layer"].append({"op": op["id"], "tokens": b, "graph": lr["graph"],
                                         **{("best_ms" if lab == "best" else lab): lr["medians_ms"][j] for j, lab in enumerate(labels)},
                                         "relative_iqr": lr["relative_iqr"]})
@@ -535,6 +535,9 @@ def main() -> None:
     ap.add_argument("--input-draws", type=int, default=DEFAULT_INPUT_DRAWS,
                     help="every race's token inputs rotate over this many draws (careful's FI_AUTOTUNE_RACE_INPUTS "
                          "is set to the same for its warm; default: careful's own)")
+    ap.add_argument("--instances", type=int, default=DEFAULT_GRAPH_INSTANCES,
+                    help="CUDA graphs per candidate in every graph race, each timed every round (careful's "
+                         "FI_AUTOTUNE_GRAPH_INSTANCES is set to the same for its warm; default: careful's own)")
     ap.add_argument("--h2h-next", type=int, default=2, help="the exhaustive race's next N race again with the picks")
     ap.add_argument("--keep", type=float, default=0.03)
     ap.add_argument("--keep-min", type=int, default=4)
@@ -579,7 +582,8 @@ def main() -> None:
     w = WORKLOADS[args.workload]
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"exh-{args.workload}-"))
-    env = {**_cli_env(work), "FI_AUTOTUNE_RACE_INPUTS": str(args.input_draws)}
+    env = {**_cli_env(work), "FI_AUTOTUNE_RACE_INPUTS": str(args.input_draws),
+           "FI_AUTOTUNE_GRAPH_INSTANCES": str(args.instances)}
     plan_path = plan_of(w, work, env)
     kinds = [k for k in (",".join(KINDS) if args.kinds is None else args.kinds).split(",") if k]
     t0 = time.perf_counter()

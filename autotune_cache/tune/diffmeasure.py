@@ -38,7 +38,8 @@ def measure(plan, comparisons: list[tuple[str, Comparison]], *, rounds: int = 50
     lookups = {(op_i, b): op_slots(op, b) for op_i, op in enumerate(ops) for b in op["buckets"]}
     owner = {slot: ib for ib, slots in lookups.items() for slot in slots}
     graph_max = plan.resolution.decode_batch * plan.resolution.attn_dp_size
-    draws = QualitySettings("careful").input_draws  # careful's own (FI_AUTOTUNE_RACE_INPUTS applies here too)
+    careful = QualitySettings("careful")  # careful's own draws and instances (their env variables apply here too)
+    draws, instances = careful.input_draws, careful.graph_instances
     layers: dict[int, OpLayer] = {}
     rows = []
     with tempfile.TemporaryDirectory(prefix="fi-autotune-measure-") as tmp:
@@ -56,7 +57,7 @@ def measure(plan, comparisons: list[tuple[str, Comparison]], *, rounds: int = 50
                         layers[i](1)
                 result = race(layers[i], tokens, [pick_slots(comp.a_configs, slots), pick_slots(comp.b_configs, slots)], None,
                               rounds=rounds, warmup=warmup, cold_l2=cold_l2, graph=tokens <= graph_max,
-                              workdir=Path(tmp), input_draws=draws)
+                              workdir=Path(tmp), input_draws=draws, graph_instances=instances)
                 a, b = result["medians_ms"]
                 rows.append({**row, "a_ms": _ms(a), "b_ms": _ms(b),
                              "b_vs_a": round(b / a - 1, 4) if math.isfinite(a) and math.isfinite(b) and a > 0 else None,

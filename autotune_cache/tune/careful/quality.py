@@ -48,6 +48,13 @@ DEFAULT_THRESHOLD = TIE
 #: matched the reference at every (op, bucket) of 1024-8192 tokens (docs/quality.md).
 DEFAULT_INPUT_DRAWS = 4
 
+#: CUDA graphs of each candidate in a race, every one timed every round, their strata averaged
+#: (``race.py``). Why: at some calls one graph reads up to 0.8% off the others of the same
+#: assignment, 3-4.5x its median's error, and with one graph per candidate careful's race read Llama
+#: FP8 TP4 qkv_proj @ 2's default 1.0% ahead of tactic 1 where every reference race had it 1.2-1.9%
+#: behind (docs/quality.md, "Graph instances"). Three cost careful's TP4 racing 9% more time.
+DEFAULT_GRAPH_INSTANCES = 3
+
 #: FlashInfer's fallback tactic (``runners[0]`` with this tactic when a lookup misses).
 DEFAULT_TACTIC = -1
 
@@ -311,6 +318,9 @@ class QualitySettings:
     pair_k: int = field(default_factory=lambda: _env_int("FI_AUTOTUNE_PAIR_K", DEFAULT_PAIR_K))
     #: Token-input draws a race rotates over, one per round (``race._Candidates``); 1: one draw.
     input_draws: int = field(default_factory=lambda: max(1, _env_int("FI_AUTOTUNE_RACE_INPUTS", DEFAULT_INPUT_DRAWS)))
+    #: CUDA graphs per candidate in a graph race, each timed every round (``race.py``); 1: one graph.
+    graph_instances: int = field(default_factory=lambda: max(1, _env_int("FI_AUTOTUNE_GRAPH_INSTANCES",
+                                                                          DEFAULT_GRAPH_INSTANCES)))
     extra: dict = field(default_factory=dict)
 
     @property
@@ -330,6 +340,8 @@ class QualitySettings:
                      max_rounds=max(self.max_rounds, self.race_rounds))
         if self.input_draws > 1:
             d["input_draws"] = self.input_draws
+        if d["graph"] and self.graph_instances > 1:
+            d["graph_instances"] = self.graph_instances
         return d
 
     def to_dict(self) -> dict:
@@ -338,5 +350,5 @@ class QualitySettings:
             d.update(threshold=self.threshold, race_rounds=self.race_rounds, race_warmup=self.race_warmup,
                      cold_l2=self.cold_l2, graph_max_tokens=self.graph_max_tokens, top_k=self.top_k,
                      pair_k=self.pair_k, screen_rounds=self.screen_rounds, max_rounds=self.max_rounds, keep=KEEP,
-                     input_draws=self.input_draws)
+                     input_draws=self.input_draws, graph_instances=self.graph_instances)
         return d

@@ -11,6 +11,15 @@ cache file (``AutoTuner.load_configs``), not forced through private hooks:
   kernel, as its tuner does) that keeps the host's work for the call out of the window: without
   it, eager medians of 0.2-0.5 ms MoE calls spread by 20-50% (interquartile) on an H200.
 
+Under CUDA graphs each candidate is captured ``graph_instances`` times and every graph is timed
+each round. Why: at some calls one graph has a speed of its own - the same assignment captured
+again (its own memory pool) reads up to 0.8% off, 3-4.5x its median's error, at Llama-3.1-70B FP8
+TP4 qkv_proj @ 2 and GLM-5.1 @ 2 (``benchmarks/race_instances.py``, docs/quality.md "Graph
+instances") - and with one graph per candidate careful's races there read the default 1.0% ahead of
+a tactic every other measurement had 1.2-1.9% ahead of it. The engine's graph is one more instance
+nobody can predict; the mean over several is what it meets on average. Each (input draw, graph) is a
+stratum of ``settle.center``.
+
 Candidates are interleaved in a new random order every round, so drift (clocks, temperature,
 other tenants) hits all alike; with ``cold_l2`` a 2x-L2 buffer is zeroed before every timed run
 (untimed), as between layers the weights come from HBM. The median of each candidate's runs is
@@ -77,10 +86,11 @@ class _Candidates:
             p.unlink(missing_ok=True)
 
 
-def _first_runs(torch, c: _Candidates, n: int, graph: bool) -> tuple[list, list, bool]:
-    """Each candidate run once (a failure or a rejected file rules it out), then captured in a
-    CUDA graph if ``graph``: all candidates as graph replays, or none - timing one as a replay
-    and another with its launch overhead would not compare like with like."""
+def _first_runs(torch, c: _Candidates, n: int, graph: bool, instances: int = 1) -> tuple[list, list, bool]:
+    """Each candidate run once (a failure or a rejected file rules it out), then captured in
+    ``instances`` CUDA graphs if ``graph`` (``graphs[i]``: candidate i's list): all candidates as
+    graph replays, or none - timing one as a replay and another with its launch overhead would not
+    compare like with like."""
     errors: list[str | None] = [None] * n
     graphs: list = [None] * n
     for i in range(n):
@@ -99,7 +109,7 @@ def _first_runs(torch, c: _Candidates, n: int, graph: bool) -> tuple[list, list,
                 continue
             try:
                 c.use(i)
-                graphs[i] = _capture(torch, c.call)
+                graphs[i] = [_capture(torch, c.call) for _ in range(max(1, instances))]
             except Exception:  # noqa: BLE001 - not capturable: every candidate runs eagerly
                 _recover(torch)
                 return errors, [None] * n, False
@@ -108,17 +118,19 @@ def _first_runs(torch, c: _Candidates, n: int, graph: bool) -> tuple[list, list,
 
 def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, delay, rounds: int, warmup: int,
                   seed: int) -> tuple[list[list[float]], list[list[int]] | None]:
-    """Every live candidate once per round, in a new random order each round; the samples (ms) and,
-    with rotating input draws, the draw of each."""
+    """Every live candidate once per round - each of its graph instances once - in a new random order
+    each round; the samples (ms) and, with rotating input draws or several instances, the stratum of
+    each (``draw * instances + instance``: ``settle.center`` takes the mean over strata)."""
     samples: list[list[float]] = [[] for _ in graphs]
     tags: list[list[int]] = [[] for _ in graphs]
+    per = max((len(g) for g in graphs if g is not None), default=1)
     rng = random.Random(seed)
     for r in range(warmup + rounds):
-        order = list(live)
+        order = [(i, k) for i in live for k in range(len(graphs[i]) if graphs[i] is not None else 1)]
         rng.shuffle(order)
         draw = c.inputs_for_round(r)
         events = []
-        for i in order:
+        for i, k in order:
             if graphs[i] is None and not c.use(i):
                 continue
             if flush is not None:
@@ -131,26 +143,28 @@ def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, d
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             if graphs[i] is not None:
-                graphs[i].replay()
+                graphs[i][k].replay()
             else:
                 c.call()
             end.record()
-            events.append((i, start, end))
+            events.append((i, k, start, end))
         torch.cuda.synchronize()
         if r >= warmup:
-            for i, start, end in events:
+            for i, k, start, end in events:
                 samples[i].append(start.elapsed_time(end))
-                tags[i].append(draw)
-    return samples, (tags if c.draws else None)
+                tags[i].append(draw * per + k)
+    return samples, (tags if c.draws or per > 1 else None)
 
 
 def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, rounds: int = 50, warmup: int = 5,
          cold_l2: bool = True, graph: bool = True, workdir: Path, seed: int = 0, keep_samples: bool = False,
          screen_rounds: int = 0, batch_rounds: int = 50, max_rounds: int = 0, keep: float = KEEP,
-         keep_min: int = KEEP_MIN, confidence: float = CONFIDENCE, input_draws: int = 1) -> dict:
-    """Every candidate ``rounds`` timed runs; or, with ``screen_rounds``, a screen of every candidate
+         keep_min: int = KEEP_MIN, confidence: float = CONFIDENCE, input_draws: int = 1,
+         graph_instances: int = 1) -> dict:
+    """Every candidate ``rounds`` timed rounds; or, with ``screen_rounds``, a screen of every candidate
     and the close ones raced on until the fastest is settled (``settle.settle``: at least
-    ``rounds``, at most ``max_rounds``), the graphs captured once for the whole race."""
+    ``rounds``, at most ``max_rounds``), the graphs captured once for the whole race (``graph_instances``
+    of each candidate, each timed every round: ``runs`` counts every timed run)."""
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
 
@@ -161,7 +175,7 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
     input_draws = max(1, min(input_draws, screen_rounds if screen_rounds > 0 else rounds))
     c = _Candidates(AutoTuner.get(), layer, bucket, assignments, metadata, workdir, input_draws)
     with autotune(False):
-        errors, graphs, graph = _first_runs(torch, c, n, graph)
+        errors, graphs, graph = _first_runs(torch, c, n, graph, graph_instances)
         flush = None
         if cold_l2:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
@@ -184,6 +198,7 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
     out = {"bucket": bucket, "medians_ms": [center(s, t) for s, t in zip(samples, tags)],
            "relative_iqr": [relative_iqr(s, t) for s, t in zip(samples, tags)], "runs": [len(s) for s in samples],
            "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2), "input_draws": max(1, len(c.draws)),
+           "graph_instances": max(1, graph_instances) if graph else 1,
            **({"settle": settled} if settled else {})}
     if keep_samples:  # every timed run (ms), for a bootstrap of the ranking (tactic_exhaustive.py)
         out["samples_ms"] = samples

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune_cache.tune.careful.settle import bootstrap, center, relative_iqr, settle, shortlist, stable
-from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS, QualitySettings
+from autotune_cache.tune.careful.quality import DEFAULT_GRAPH_INSTANCES, DEFAULT_INPUT_DRAWS, QualitySettings
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -155,6 +155,28 @@ def test_race_input_draws_from_the_environment(monkeypatch):
     assert QualitySettings("careful").input_draws == 1
     monkeypatch.setenv("FI_AUTOTUNE_RACE_INPUTS", "1")
     assert "input_draws" not in QualitySettings("careful").race_settings(1)
+
+
+def test_graph_races_time_several_graphs_per_candidate_and_eager_races_one(monkeypatch):
+    q = QualitySettings("careful", graph_max_tokens=256)
+    assert q.race_settings(8)["graph_instances"] == DEFAULT_GRAPH_INSTANCES > 1
+    assert "graph_instances" not in q.race_settings(512)  # eager: no graph to capture again
+    assert q.to_dict()["graph_instances"] == DEFAULT_GRAPH_INSTANCES
+    monkeypatch.setenv("FI_AUTOTUNE_GRAPH_INSTANCES", "1")
+    assert "graph_instances" not in QualitySettings("careful", graph_max_tokens=256).race_settings(8)
+    monkeypatch.setenv("FI_AUTOTUNE_GRAPH_INSTANCES", "0")
+    assert QualitySettings("careful").graph_instances == 1
+
+
+def test_graph_instances_are_strata_a_biased_graph_cannot_crown_its_tactic():
+    """Tactic A is 1% faster than B, but B's first graph reads 2% fast (its own memory pool): one
+    graph per candidate crowns B; the mean over three graphs' medians (strata) crowns A."""
+    rng = random.Random(5)
+    a = [[1.00 * (1 + rng.gauss(0, 0.005)) for _ in range(30)] for _ in range(3)]
+    b = [[1.01 * (0.98 if k == 0 else 1.0) * (1 + rng.gauss(0, 0.005)) for _ in range(30)] for k in range(3)]
+    assert center(b[0]) < center(a[0])  # one instance each: the biased graph wins
+    tags = [k for k in range(3) for _ in range(30)]
+    assert center(sum(a, []), tags) < center(sum(b, []), tags)
 
 
 def test_relative_iqr():
@@ -357,6 +379,21 @@ def test_repeated_behind_the_engine_in_every_run():
     assert s["kinds"]["engine"]["slower_than_engine"] == []
     text = repeated_table([a, b])
     assert "| careful | 100.0% / 100.0% | 100.0% | 100.0% (3/3) | 0 | 0 | 0 |" in text and "behind engine g @ 1" in text
+    assert s["kinds"]["careful"]["engine_sweep_disagrees"] == ["g @ 1"]  # these rows' sweeps read the two alike
+
+
+def test_repeated_lists_a_loss_to_the_engine_the_reference_sweep_contradicts():
+    """Head-to-head +0.8% in both runs, but each run's sweep put careful's pick ahead of the engine's:
+    still counted behind, and listed as contradicted. Behind in one run's sweep only: not listed."""
+    runs = []
+    for sweep_careful in ((0.0099, 0.0101), (0.0099, 0.0102)):
+        rows = [_h2h_row("g", 1, 0.008), _h2h_row("g", 2, 0.008)]
+        for r, ms in zip(rows, sweep_careful):
+            r["picks"]["careful"]["exhaustive_ms"], r["picks"]["engine"]["exhaustive_ms"] = ms, 0.0100
+        runs.append(_run(rows))
+    k = repeated(runs)["kinds"]["careful"]
+    assert k["slower_than_engine"] == ["g @ 1", "g @ 2"] and k["engine_sweep_disagrees"] == ["g @ 1"]
+    assert "(of which the runs' own sweeps put within 0.5% of the engine: g @ 1)" in repeated_table(runs)
 
 
 def _bench():
@@ -446,7 +483,7 @@ def test_resume_reuses_the_picks_and_keeps_what_was_measured(tmp_path):
     for kind in ("careful", "engine"):  # quick's cache is missing: it is not a pick of the resumed run
         (prev / f"cache_w_{kind}.json").write_text("{}")
     settings = dict(repeats=3, screen_rounds=20, batch_rounds=60, max_rounds=300, pick_rounds=100, keep=0.03,
-                    keep_min=4, confidence=0.95, buckets="", input_draws=4)
+                    keep_min=4, confidence=0.95, buckets="", input_draws=4, instances=3)
     picks, result, done = mod.resumed(argparse.Namespace(resume=prev, workload="w", out=out, remeasure=False, **settings))
     assert sorted(picks) == ["careful", "engine"] and picks["careful"]["path"] == str(prev / "cache_w_careful.json")
     assert sorted(result["picks"]) == ["careful", "engine"]  # quick is not measured from here on
@@ -517,3 +554,37 @@ def test_rotating_draws_are_timed_apart_on_gpu(tmp_path):
     assert len(rows) == 3
     for r in rows:
         assert all(v is not None and v < 0.08 for v in r["relative_iqr"].values()), r
+
+
+def _race_instances():
+    spec = importlib.util.spec_from_file_location("race_instances", REPO / "benchmarks" / "race_instances.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_race_instances_reads_cases_and_refuses_a_malformed_one():
+    ri = _race_instances()
+    assert ri.parse_case("o_proj@8:default,0") == ("o_proj", 8, ["default", "0"])
+    assert ri.parse_case("experts@2:19+83,21+83") == ("experts", 2, ["19+83", "21+83"])
+    for bad in ("o_proj:default,0", "o_proj@x:1,2", "@8:1,2", "o_proj@8"):
+        with pytest.raises(SystemExit, match="expected op@bucket"):
+            ri.parse_case(bad)
+
+
+def test_race_instances_tells_a_graph_effect_from_sampling_noise():
+    """Instance medians apart by more than their bootstrap errors: the spread, its SD and the errors
+    are what the docs' table compares (a graph with a speed of its own vs noise alone)."""
+    ri = _race_instances()
+    rng = random.Random(3)
+    tight = [[1.0 * (1 + rng.gauss(0, 0.01)) for _ in range(200)] for _ in range(4)]
+    shifted = [[(1.0 + 0.01 * k) * (1 + rng.gauss(0, 0.01)) for _ in range(200)] for k in range(4)]
+    ses = [ri.median_se(x, seed=k) for k, x in enumerate(tight)]
+    assert all(0.0003 < s < 0.003 for s in ses)  # ~1.25 * 1% / sqrt(200)
+    noise = ri.spread_summary([center(x) for x in tight], ses)
+    effect = ri.spread_summary([center(x) for x in shifted], [ri.median_se(x) for x in shifted])
+    assert noise["sd_of_medians_rel"] < 2 * noise["median_se_rel"]
+    assert effect["sd_of_medians_rel"] > 4 * effect["median_se_rel"] and effect["spread"] > 0.02
+    # with draws, the error is of settle.center's mean of per-draw medians
+    two = [1.0] * 50 + [2.0] * 50
+    assert ri.median_se(two, [0] * 50 + [1] * 50) == 0.0
