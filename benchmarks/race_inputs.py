@@ -16,7 +16,6 @@ import argparse
 import importlib.util
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -47,18 +46,10 @@ def main() -> None:
     import torch
     from flashinfer.autotuner import autotune
 
-    from autotune_cache.plan.request import TuneRequest
     from autotune_cache.tune.careful.race import race
-    from autotune_cache.tune.session.work import distinct_ops
     from autotune_cache.tune.workers.skeleton import OpLayer
 
-    work = Path(tempfile.mkdtemp(prefix="race-inputs-"))
-    env = te._cli_env(work)
-    plan_json = json.loads(te.plan_of(te.WORKLOADS[args.workload], work, env).read_text())
-    plan = TuneRequest.from_dict(plan_json["request"]).plan(Path(tempfile.mkdtemp()))
-    ops, _ = distinct_ops(plan)
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
+    plan, ops, dev, work = te.workload_ops(args.workload, "race-inputs-")
     b = args.bucket
     graph = b <= plan.resolution.decode_batch * plan.resolution.attn_dp_size
     rows = []

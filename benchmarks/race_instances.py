@@ -23,7 +23,6 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -88,18 +87,10 @@ def main() -> None:
     import torch
     from flashinfer.autotuner import autotune
 
-    from autotune_cache.plan.request import TuneRequest
     from autotune_cache.tune.careful.race import race
-    from autotune_cache.tune.session.work import distinct_ops
     from autotune_cache.tune.workers.skeleton import OpLayer
 
-    work = Path(tempfile.mkdtemp(prefix="race-instances-"))
-    env = te._cli_env(work)
-    plan_json = json.loads(te.plan_of(te.WORKLOADS[args.workload], work, env).read_text())
-    plan = TuneRequest.from_dict(plan_json["request"]).plan(Path(tempfile.mkdtemp()))
-    ops, _ = distinct_ops(plan)
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
+    plan, ops, dev, work = te.workload_ops(args.workload, "race-instances-")
     graph_max = plan.resolution.decode_batch * plan.resolution.attn_dp_size
     rng = random.Random(args.seed)
     rows = []

@@ -108,6 +108,23 @@ def plan_of(w: dict, work: Path, env: dict) -> Path:
     return path
 
 
+def workload_ops(workload: str, prefix: str):
+    """A workload's plan, its distinct ops, CUDA device 0 (set current) and a work dir: where the race
+    experiments (``race_inputs.py``, ``race_instances.py``) start."""
+    import torch
+
+    from autotune_cache.plan.request import TuneRequest
+    from autotune_cache.tune.session.work import distinct_ops
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    plan_json = json.loads(plan_of(WORKLOADS[workload], work, _cli_env(work)).read_text())
+    plan = TuneRequest.from_dict(plan_json["request"]).plan(Path(tempfile.mkdtemp()))
+    ops, _ = distinct_ops(plan)
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    return plan, ops, dev, work
+
+
 def tune_kinds(kinds: list[str], w: dict, plan_path: Path, work: Path, env: dict, repeats: int) -> dict:
     out = {}
     for kind in kinds:
