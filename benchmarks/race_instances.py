@@ -59,9 +59,10 @@ def parse_case(text: str) -> tuple[str, int, list[str]]:
     gemm1 and gemm2, in that order - as ``19+83,21+83``) -> (op, bucket, tactics)."""
     head, _, tacs = text.partition(":")
     op, _, bucket = head.partition("@")
-    if not op or not bucket.isdigit() or not tacs:
+    tactics = tacs.split(",")
+    if not op or not bucket.isdigit() or len(tactics) < 2 or not all(tactics):
         raise SystemExit(f"race_instances: --case {text!r}: expected op@bucket:tactic,tactic")
-    return op, int(bucket), tacs.split(",")
+    return op, int(bucket), tactics
 
 
 def spread_summary(meds: list[float], ses: list[float]) -> dict:

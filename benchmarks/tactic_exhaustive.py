@@ -359,6 +359,18 @@ def resumed(args) -> tuple[dict, dict, set]:
     return picks, result, done
 
 
+def resume_mismatch(args) -> str | None:
+    """Why ``--resume`` (without ``--remeasure``) cannot go on with the run: it was timed with other
+    input draws or CUDA graphs per candidate, and buckets measured two ways would not compare."""
+    earlier = _load(_resume_source(args)).get("settings") or {}
+    for key, flag in (("instances", "--instances"), ("input_draws", "--input-draws")):
+        had = earlier.get(key, 1)  # a file from before the setting existed ran with one
+        if getattr(args, key) != had:
+            return (f"--resume {args.resume}: that run used {flag} {had}; give {flag} {had} to go on with it, "
+                    "or --remeasure to measure it all again")
+    return None
+
+
 def _settings(args) -> dict:
     return {k: getattr(args, k) for k in ("repeats", "screen_rounds", "batch_rounds", "max_rounds", "pick_rounds", "keep",
                                           "keep_min", "confidence", "buckets", "input_draws", "instances")}
@@ -594,6 +606,8 @@ def main() -> None:
         ap.error("--remeasure goes with --resume DIR")
     if args.resume and not _resume_source(args).is_file():
         ap.error(f"--resume {args.resume}: no tactic_exhaustive_{args.workload}.json(.gz) there")
+    if args.resume and not args.remeasure and (why := resume_mismatch(args)):
+        ap.error(why)
     if args.remeasure and args.out.resolve() == args.resume.resolve():
         ap.error("--remeasure into the --resume dir would overwrite the run it measures again: give another --out")
     w = WORKLOADS[args.workload]

@@ -55,7 +55,7 @@ def load_side(text: str, cache_dir: str | None, scratch: Path) -> tuple[str, lis
 @click.option("--measure", is_flag=True,
               help="On this GPU, time each side's tactics for every (op, bucket) that differs (the entry's "
                    "recorded request gives the layers; needs torch, flashinfer and a GPU).")
-@click.option("--runs", type=click.IntRange(5, 10000), default=50, show_default=True, help="--measure: timed runs per side.")
+@click.option("--runs", type=click.IntRange(5, 10000), default=50, show_default=True, help="--measure: timed rounds per side (a CUDA-graph bucket times each of its graphs every round).")
 @click.option("--exit-code", is_flag=True,
               help="Exit 1 when the caches differ, 0 when not, 2 on any error (as `diff`, `git diff --exit-code`).")
 @timeout_option

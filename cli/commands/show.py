@@ -66,6 +66,11 @@ def _center(draws) -> str:
     return "median"
 
 
+def _graphs(instances) -> str:
+    """How many CUDA graphs of each candidate a graph race timed (recorded since issue 47; one before)."""
+    return f", {instances} graphs of each candidate timed every round" if isinstance(instances, int) and instances > 1 else ""
+
+
 def _show_selection(out: Output, m, buckets: bool) -> None:
     """How each tactic was chosen, from what warm recorded (``extra.selection``)."""
     if m is None:
@@ -86,7 +91,8 @@ def _show_selection(out: Output, m, buckets: bool) -> None:
             f"within {_pct(keep)[1:] if isinstance(keep, (int, float)) else 'a few %'} of the fastest until it is settled"
             if screen else f"{settings.get('race_rounds')} runs each")
     out.line(f"Selection careful: {settings.get('tunes')} tunes per (op, bucket), their tactics raced against the default "
-             f"({runs}, {_center(settings.get('input_draws'))}; CUDA graphs up to {graph} tokens; "
+             f"({runs}, {_center(settings.get('input_draws'))}; CUDA graphs up to {graph} tokens"
+             f"{_graphs(settings.get('graph_instances'))}; "
              f"{'cold' if settings.get('cold_l2') else 'hot'} L2); default kept unless "
              f"{_pct(settings.get('threshold'))[1:]} faster")
     ops = sel.get("ops") if isinstance(sel.get("ops"), dict) else {}

@@ -23,7 +23,8 @@ stratum of ``settle.center``.
 Candidates are interleaved in a new random order every round, so drift (clocks, temperature,
 other tenants) hits all alike; with ``cold_l2`` a 2x-L2 buffer is zeroed before every timed run
 (untimed), as between layers the weights come from HBM. The median of each candidate's runs is
-its time (with rotating input draws, the mean of each draw's median: ``settle.center``).
+its time (with rotating input draws or several graphs, the mean of each stratum's median:
+``settle.center``).
 Needs torch, flashinfer and a GPU; imported by the worker only.
 """
 
@@ -51,6 +52,7 @@ class _Candidates:
     def __init__(self, tuner, layer, bucket: int, assignments: list[dict], metadata: dict | None, workdir: Path,
                  input_draws: int = 1):
         self.tuner, self.layer, self.kwargs = tuner, layer, layer.call_kwargs(bucket)
+        self.graph_fallback: str | None = None  # why a graph race ran eagerly (a capture failed), if it did
         self.draws: list[dict] = []
         if input_draws > 1:
             tensors = {k for k, v in self.kwargs.items() if hasattr(v, "copy_") and k not in layer.static}  # token-shaped
@@ -110,8 +112,9 @@ def _first_runs(torch, c: _Candidates, n: int, graph: bool, instances: int = 1) 
             try:
                 c.use(i)
                 graphs[i] = [_capture(torch, c.call) for _ in range(max(1, instances))]
-            except Exception:  # noqa: BLE001 - not capturable: every candidate runs eagerly
+            except Exception as e:  # noqa: BLE001 - not capturable: every candidate runs eagerly
                 _recover(torch)
+                c.graph_fallback = f"{type(e).__name__}: {str(e)[:200]}"
                 return errors, [None] * n, False
     return errors, graphs, graph
 
@@ -199,6 +202,7 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
            "relative_iqr": [relative_iqr(s, t) for s, t in zip(samples, tags)], "runs": [len(s) for s in samples],
            "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2), "input_draws": max(1, len(c.draws)),
            "graph_instances": max(1, graph_instances) if graph else 1,
+           **({"graph_fallback": c.graph_fallback} if c.graph_fallback else {}),
            **({"settle": settled} if settled else {})}
     if keep_samples:  # every timed run (ms), for a bootstrap of the ranking (tactic_exhaustive.py)
         out["samples_ms"] = samples

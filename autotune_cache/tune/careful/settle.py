@@ -4,11 +4,13 @@ Careful's races (``race.py``) and the exhaustive reference (``benchmarks/tactic_
 every valid (runner, tactic) of every slot at every bucket) both run it. What needs no GPU, so it
 is tested on CPU:
 
-* :func:`center` - a candidate's time from its timed runs: their median, or with rotating input draws
-  the mean over draws of each draw's median;
+* :func:`center` - a candidate's time from its timed runs: their median, or with strata (rotating
+  input draws, several CUDA graphs per candidate: ``race.py`` tags each run) the mean over strata of
+  each stratum's median;
 * :func:`bootstrap` - from every candidate's timed samples, the probability (resampling each
-  candidate's samples with replacement, within each input draw, centers compared) that the observed
-  fastest stays fastest, and that it stays within ``tie`` of the fastest;
+  candidate's samples with replacement, within each stratum, centers compared) that the observed
+  fastest stays fastest, and that it stays within ``tie`` of the fastest. The strata are held fixed:
+  how far another set of graphs would read is not in it (docs/quality.md, "Graph instances");
 * :func:`shortlist` / :func:`stable` - which candidates go on racing after the screen, and when to stop;
 * :func:`settle` - that rule as a race: careful's races (``race.py``) and the benchmark's sweep both run it.
 

@@ -247,6 +247,7 @@ def test_show_reports_how_each_tactic_was_chosen(plan, monkeypatch):
     assert "Selection careful: 3 tunes per (op, bucket)" in out.stdout
     assert "a 20-run screen, then 50-300 runs for those within 3.0% of the fastest" in out.stdout  # from the manifest
     assert "the mean of its medians over 4 input draws" in out.stdout  # the manifest's input_draws
+    assert ", 3 graphs of each candidate timed every round;" in out.stdout  # its graph_instances
     op_row = next(line for line in out.stdout.splitlines() if line.startswith("moe.") and "+10.0%" in line)
     assert op_row.split()[1:6] == ["21", "21", "0", "0", "0"]  # 21 buckets, all tuned, none unanimous
     bucket_rows = [line for line in out.stdout.splitlines() if line.startswith("moe.") and "1/3" in line]
