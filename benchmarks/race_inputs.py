@@ -13,7 +13,6 @@ property of its inputs, and one draw cannot decide it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -21,13 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("tactic_exhaustive", REPO / "benchmarks" / "tactic_exhaustive.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, str(REPO / "benchmarks"))  # siblings by name, as tactic_exhaustive imports exhaustive_report
 
 
 def main() -> None:
@@ -42,7 +35,7 @@ def main() -> None:
                     help="also race with the token inputs rotating over this many draws (race.py's input_draws)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    te = _bench()
+    import tactic_exhaustive as te
     import torch
     from flashinfer.autotuner import autotune
 

@@ -18,7 +18,6 @@ instances per candidate measures what the engine's one graph will meet on averag
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import statistics
@@ -28,13 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("tactic_exhaustive", REPO / "benchmarks" / "tactic_exhaustive.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, str(REPO / "benchmarks"))  # siblings by name, as tactic_exhaustive imports exhaustive_report
 
 
 def median_se(xs: list[float], draws: list[int] | None = None, iters: int = 500, seed: int = 0) -> float:
@@ -84,7 +77,7 @@ def main() -> None:
     ap.add_argument("--input-draws", type=int, default=1, help="token inputs rotating over this many draws (race.py)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    te = _bench()
+    import tactic_exhaustive as te
     import torch
     from flashinfer.autotuner import autotune
 
