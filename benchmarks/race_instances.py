@@ -54,7 +54,7 @@ def parse_case(text: str) -> tuple[str, int, list[str]]:
     op, _, bucket = head.partition("@")
     tactics = tacs.split(",")
     if not op or not bucket.isdigit() or len(tactics) < 2 or not all(tactics):
-        raise SystemExit(f"race_instances: --case {text!r}: expected op@bucket:tactic,tactic")
+        raise ValueError(f"--case {text!r}: expected op@bucket:tactic,tactic")
     return op, int(bucket), tactics
 
 
@@ -77,7 +77,15 @@ def main() -> None:
     ap.add_argument("--input-draws", type=int, default=1, help="token inputs rotating over this many draws (race.py)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    try:  # every case read before any GPU work: a typo in the third is not found after two races
+        cases = [(text, *parse_case(text)) for text in args.case]
+    except ValueError as e:
+        ap.error(str(e))
+    if min(args.instances, args.layers, args.rounds, args.input_draws) < 1:
+        ap.error("--instances, --layers, --rounds and --input-draws take 1 or more")
     import tactic_exhaustive as te
+    if args.workload not in te.WORKLOADS:
+        ap.error(f"--workload {args.workload!r}: one of {', '.join(sorted(te.WORKLOADS))}")
     import torch
     from flashinfer.autotuner import autotune
 
@@ -88,8 +96,7 @@ def main() -> None:
     graph_max = plan.resolution.decode_batch * plan.resolution.attn_dp_size
     rng = random.Random(args.seed)
     rows = []
-    for case in args.case:
-        name, b, tactics = parse_case(case)
+    for case, name, b, tactics in cases:
         op = next((o for o in ops if name in o["id"]), None)
         if op is None:
             raise SystemExit(f"race_instances: no op matching {name!r} in {[o['id'] for o in ops]}")

@@ -572,8 +572,21 @@ def test_race_instances_reads_cases_and_refuses_a_malformed_one():
     assert ri.parse_case("o_proj@8:default,0") == ("o_proj", 8, ["default", "0"])
     assert ri.parse_case("experts@2:19+83,21+83") == ("experts", 2, ["19+83", "21+83"])
     for bad in ("o_proj:default,0", "o_proj@x:1,2", "@8:1,2", "o_proj@8"):
-        with pytest.raises(SystemExit, match="expected op@bucket"):
+        with pytest.raises(ValueError, match="expected op@bucket"):
             ri.parse_case(bad)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--case", "o_proj@8:default"], "expected op@bucket:tactic,tactic"),
+    (["--case", "o_proj@8:default,0", "--instances", "0"], "take 1 or more"),
+    (["--case", "o_proj@8:default,0", "--workload", "nope"], "--workload 'nope': one of"),
+])
+def test_race_instances_refuses_bad_arguments_before_any_gpu_work(monkeypatch, capsys, argv, words):
+    ri = _race_instances()
+    monkeypatch.setattr("sys.argv", ["race_instances.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        ri.main()  # no GPU here: reaching torch would fail another way
+    assert e.value.code == 2 and words in capsys.readouterr().err
 
 
 def test_race_instances_tells_a_graph_effect_from_sampling_noise():
