@@ -13,6 +13,12 @@ instance medians well beyond their errors is a placement effect, and a race that
 instances per candidate measures what the engine's one graph will meet on average.
 
     python benchmarks/race_instances.py --workload dense-fp8-tp8 --case o_proj@8:default,0 --instances 6
+
+``--span N`` races the case at N token counts spread over the bucket's range instead of the bucket
+alone: FlashInfer maps a call's token count up to the next hybrid bucket
+(``map_to_hybrid_bucket_uncapped``), so one entry serves every count in (previous bucket, bucket],
+and a cuBLAS tactic is an index into the algorithm list cuBLASLt gives for the exact count. Whether a
+tactic that wins at the bucket still wins below it is what careful's floor is there for.
 """
 
 from __future__ import annotations
@@ -58,6 +64,18 @@ def parse_case(text: str) -> tuple[str, int, list[str]]:
     return op, int(bucket), tactics
 
 
+def span_counts(bucket: int, span: int) -> list[int]:
+    """``span`` token counts from just above the previous hybrid bucket up to ``bucket``, evenly
+    spaced, the bucket last: the counts whose calls read the bucket's cache entry (careful's own rule)."""
+    from autotune_cache.autotuner.buckets import served_below
+    from autotune_cache.tune.careful.quality import bucket_span
+
+    below = served_below("gemm", bucket)
+    if below is None:
+        raise ValueError(f"{bucket} is not a hybrid bucket")
+    return bucket_span(below, bucket, span)
+
+
 def spread_summary(meds: list[float], ses: list[float]) -> dict:
     """Instance medians of one tactic: their spread, and the spread sampling alone would give."""
     lo, hi = min(meds), max(meds)
@@ -75,14 +93,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--input-draws", type=int, default=1, help="token inputs rotating over this many draws (race.py)")
+    ap.add_argument("--span", type=int, default=1,
+                    help="race at this many token counts over the bucket's range (its entry serves them all)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     try:  # every case read before any GPU work: a typo in the third is not found after two races
         cases = [(text, *parse_case(text)) for text in args.case]
     except ValueError as e:
         ap.error(str(e))
-    if min(args.instances, args.layers, args.rounds, args.input_draws) < 1:
-        ap.error("--instances, --layers, --rounds and --input-draws take 1 or more")
+    if min(args.instances, args.layers, args.rounds, args.input_draws, args.span) < 1:
+        ap.error("--instances, --layers, --rounds, --input-draws and --span take 1 or more")
+    try:
+        counts = {case: span_counts(b, args.span) for case, _, b, _ in cases}
+    except ValueError as e:
+        ap.error(str(e))
     import tactic_exhaustive as te
     if args.workload not in te.WORKLOADS:
         ap.error(f"--workload {args.workload!r}: one of {', '.join(sorted(te.WORKLOADS))}")
@@ -100,61 +124,62 @@ def main() -> None:
         op = next((o for o in ops if name in o["id"]), None)
         if op is None:
             raise SystemExit(f"race_instances: no op matching {name!r} in {[o['id'] for o in ops]}")
-        per_tactic: dict[str, list[tuple[float, float]]] = {t: [] for t in tactics}
-        gaps, copy_gaps = [], []
-        for copy in range(args.layers):
-            pad = torch.empty(rng.randrange(1, 64) << 20, dtype=torch.uint8, device=dev)  # shifts what follows
-            layer = OpLayer(op, dev, seed=0)  # the same values every copy: only the placement differs
-            with autotune(False):
-                layer(1)
-            torch.cuda.synchronize()
-            slots = te.enumerate_slots(torch, layer, b, work)
-            slots.sort(key=lambda s: s["custom_op"])
-            by = [{("default" if "(default)" in c["label"] else str(c["value"][1])): c for c in s["candidates"]}
-                  for s in slots]
-            assignment = {}
-            for t in tactics:
-                parts = t.split("+")
-                if len(parts) != len(slots) or any(x not in by[k] for k, x in enumerate(parts)):
-                    raise SystemExit(f"race_instances: {op['id']} @ {b}: {t!r} is not one tactic per slot of "
-                                     f"{[s['custom_op'] for s in slots]}; they have {[sorted(x) for x in by]}")
-                assignment[t] = {by[k][x]["key"]: by[k][x]["value"] for k, x in enumerate(parts)}
-            assignments = [assignment[t] for _ in range(args.instances) for t in tactics]
-            t0 = time.perf_counter()
-            r = race(layer, b, assignments, None, rounds=args.rounds, warmup=5, cold_l2=True, graph=b <= graph_max,
-                     workdir=work, seed=args.seed * 1000 + copy, keep_samples=True, input_draws=args.input_draws)
-            samples, m = r["samples_ms"], r["medians_ms"]
-            tags = r.get("samples_draw") or [None] * len(samples)
-            ses = [median_se(xs, tg, seed=j) for j, (xs, tg) in enumerate(zip(samples, tags))]
-            for j in range(len(samples)):
-                per_tactic[tactics[j % len(tactics)]].append((m[j], ses[j]))
-            for k in range(args.instances):  # tactic 2 over tactic 1, instance k against instance k
-                gaps.append(m[k * len(tactics) + 1] / m[k * len(tactics)] - 1)
-            means = [statistics.mean(m[k * len(tactics) + i] for k in range(args.instances)) for i in range(2)]
-            copy_gaps.append(means[1] / means[0] - 1)
-            row = {"case": case, "op": op["id"], "bucket": b, "copy": copy, "graph": r["graph"],
-                   "seconds": round(time.perf_counter() - t0, 2),
-                   "tactics": {t: spread_summary([m[k * len(tactics) + i] for k in range(args.instances)],
-                                                 [ses[k * len(tactics) + i] for k in range(args.instances)])
-                               for i, t in enumerate(tactics)}}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            del layer, pad
-            torch.cuda.empty_cache()
-        pooled = {t: statistics.mean(x for x, _ in v) for t, v in per_tactic.items()}
-        summary = {"case": case, "summary": True,
-                   "pooled_ms": {t: round(v, 6) for t, v in pooled.items()},
-                   "pooled_gap": round(pooled[tactics[1]] / pooled[tactics[0]] - 1, 5),
-                   "copy_gaps": [round(g, 5) for g in copy_gaps],
-                   "instance_gaps": [round(g, 5) for g in gaps],
-                   "instance_gap_sign_changes": sum(g > 0 for g in gaps) not in (0, len(gaps)),
-                   "per_tactic": {t: spread_summary([x for x, _ in v], [s for _, s in v]) for t, v in per_tactic.items()}}
-        rows.append(summary)
-        print(json.dumps(summary), flush=True)
+        for tokens in counts[case]:  # the bucket alone unless --span
+            per_tactic: dict[str, list[tuple[float, float]]] = {t: [] for t in tactics}
+            gaps, copy_gaps = [], []
+            for copy in range(args.layers):
+                pad = torch.empty(rng.randrange(1, 64) << 20, dtype=torch.uint8, device=dev)  # shifts what follows
+                layer = OpLayer(op, dev, seed=0)  # the same values every copy: only the placement differs
+                with autotune(False):
+                    layer(1)
+                torch.cuda.synchronize()
+                slots = te.enumerate_slots(torch, layer, b, work)
+                slots.sort(key=lambda s: s["custom_op"])
+                by = [{("default" if "(default)" in c["label"] else str(c["value"][1])): c for c in s["candidates"]}
+                      for s in slots]
+                assignment = {}
+                for t in tactics:
+                    parts = t.split("+")
+                    if len(parts) != len(slots) or any(x not in by[k] for k, x in enumerate(parts)):
+                        raise SystemExit(f"race_instances: {op['id']} @ {b}: {t!r} is not one tactic per slot of "
+                                         f"{[s['custom_op'] for s in slots]}; they have {[sorted(x) for x in by]}")
+                    assignment[t] = {by[k][x]["key"]: by[k][x]["value"] for k, x in enumerate(parts)}
+                assignments = [assignment[t] for _ in range(args.instances) for t in tactics]
+                t0 = time.perf_counter()
+                r = race(layer, tokens, assignments, None, rounds=args.rounds, warmup=5, cold_l2=True, graph=tokens <= graph_max,
+                         workdir=work, seed=args.seed * 1000 + copy, keep_samples=True, input_draws=args.input_draws)
+                samples, m = r["samples_ms"], r["medians_ms"]
+                tags = r.get("samples_draw") or [None] * len(samples)
+                ses = [median_se(xs, tg, seed=j) for j, (xs, tg) in enumerate(zip(samples, tags))]
+                for j in range(len(samples)):
+                    per_tactic[tactics[j % len(tactics)]].append((m[j], ses[j]))
+                for k in range(args.instances):  # tactic 2 over tactic 1, instance k against instance k
+                    gaps.append(m[k * len(tactics) + 1] / m[k * len(tactics)] - 1)
+                means = [statistics.mean(m[k * len(tactics) + i] for k in range(args.instances)) for i in range(2)]
+                copy_gaps.append(means[1] / means[0] - 1)
+                row = {"case": case, "op": op["id"], "bucket": b, "tokens": tokens, "copy": copy, "graph": r["graph"],
+                       "seconds": round(time.perf_counter() - t0, 2),
+                       "tactics": {t: spread_summary([m[k * len(tactics) + i] for k in range(args.instances)],
+                                                     [ses[k * len(tactics) + i] for k in range(args.instances)])
+                                   for i, t in enumerate(tactics)}}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                del layer, pad
+                torch.cuda.empty_cache()
+            pooled = {t: statistics.mean(x for x, _ in v) for t, v in per_tactic.items()}
+            summary = {"case": case, "tokens": tokens, "summary": True,
+                       "pooled_ms": {t: round(v, 6) for t, v in pooled.items()},
+                       "pooled_gap": round(pooled[tactics[1]] / pooled[tactics[0]] - 1, 5),
+                       "copy_gaps": [round(g, 5) for g in copy_gaps],
+                       "instance_gaps": [round(g, 5) for g in gaps],
+                       "instance_gap_sign_changes": sum(g > 0 for g in gaps) not in (0, len(gaps)),
+                       "per_tactic": {t: spread_summary([x for x, _ in v], [s for _, s in v]) for t, v in per_tactic.items()}}
+            rows.append(summary)
+            print(json.dumps(summary), flush=True)
     if args.out:
         args.out.write_text(json.dumps({"workload": args.workload, "gpu": torch.cuda.get_device_name(dev),
                                         "instances": args.instances, "layers": args.layers, "rounds": args.rounds,
-                                        "input_draws": args.input_draws,
+                                        "input_draws": args.input_draws, "span": args.span,
                                         "rows": rows}, indent=1))
 
 

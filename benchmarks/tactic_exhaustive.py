@@ -49,7 +49,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from autotune_cache.tune.careful.settle import relative_iqr  # noqa: E402
 from exhaustive_report import KINDS, aa_table, repeated_table, summarize, table  # noqa: E402
-from autotune_cache.tune.careful.quality import DEFAULT_GRAPH_INSTANCES, DEFAULT_INPUT_DRAWS  # noqa: E402
+from autotune_cache.autotuner.buckets import served_below  # noqa: E402
+from autotune_cache.tune.careful.quality import DEFAULT_GRAPH_INSTANCES, DEFAULT_INPUT_DRAWS, DEFAULT_SPAN, bucket_span  # noqa: E402
 
 WORKLOADS = {
     "moe-bf16": {"args": ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass"],
@@ -270,7 +271,14 @@ def enumerate_slots(torch, layer, bucket: int, work: Path) -> list[dict]:
 # --- 3. timing --------------------------------------------------------------------------------
 
 
-def sweep_slot(race, layer, bucket: int, graph: bool, slot: dict, fixed: dict, work: Path, args, seed: int) -> dict:
+def span_of(args, op: dict, bucket: int, graph: bool) -> list[int] | None:
+    """An eager bucket's token counts, as careful's races take them (``--span``): the entry serves them all."""
+    below = served_below(op.get("bucket_rule"), bucket)
+    return None if graph or below is None or args.span <= 1 else bucket_span(below, bucket, args.span)
+
+
+def sweep_slot(race, layer, bucket: int, graph: bool, slot: dict, fixed: dict, work: Path, args, seed: int,
+               span: list[int] | None = None) -> dict:
     """Every candidate of one slot timed as the whole call (the other slots at ``fixed``): a screen,
     then the top racing on until the bootstrap says the ranking's top is settled."""
     cands = slot["candidates"]
@@ -279,7 +287,7 @@ def sweep_slot(race, layer, bucket: int, graph: bool, slot: dict, fixed: dict, w
     r = race(layer, bucket, assignments, None, rounds=args.screen_rounds, warmup=3, cold_l2=True, graph=graph,
              workdir=work, seed=seed, keep_samples=True, screen_rounds=args.screen_rounds,
              batch_rounds=args.batch_rounds, max_rounds=args.max_rounds, keep=args.keep, keep_min=args.keep_min,
-             confidence=args.confidence, input_draws=args.input_draws, graph_instances=args.instances)
+             confidence=args.confidence, input_draws=args.input_draws, graph_instances=args.instances, span=span)
     samples, errors, used_graph, settled = r["samples_ms"], r["errors"], r["graph"], r["settle"]
     draws = r.get("samples_draw") or [None] * len(samples)
     rounds, top = settled["rounds"], settled["top"]
@@ -363,7 +371,7 @@ def resume_mismatch(args) -> str | None:
     """Why ``--resume`` (without ``--remeasure``) cannot go on with the run: it was timed with other
     input draws or CUDA graphs per candidate, and buckets measured two ways would not compare."""
     earlier = _load(_resume_source(args)).get("settings") or {}
-    for key, flag in (("instances", "--instances"), ("input_draws", "--input-draws")):
+    for key, flag in (("instances", "--instances"), ("input_draws", "--input-draws"), ("span", "--span")):
         had = earlier.get(key, 1)  # a file from before the setting existed ran with one
         if getattr(args, key) != had:
             return (f"--resume {args.resume}: that run used {flag} {had}; give {flag} {had} to go on with it, "
@@ -373,7 +381,7 @@ def resume_mismatch(args) -> str | None:
 
 def _settings(args) -> dict:
     return {k: getattr(args, k) for k in ("repeats", "screen_rounds", "batch_rounds", "max_rounds", "pick_rounds", "keep",
-                                          "keep_min", "confidence", "buckets", "input_draws", "instances")}
+                                          "keep_min", "confidence", "buckets", "input_draws", "instances", "span")}
 
 
 def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result: dict, done: set = frozenset()) -> dict:
@@ -416,6 +424,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                 log(f"deadline: {op['id']} @ {b} not measured")
                 continue
             graph = b <= graph_max
+            span = span_of(args, op, b, graph)
             t0 = time.perf_counter()
             slots = enumerate_slots(torch, layer, b, work)
             t_enum = time.perf_counter() - t0
@@ -423,7 +432,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
             rows = []
             for si, s in enumerate(slots):
                 fixed = {k: v for o, e in anchor.items() if o != s["custom_op"] for k, v in e.items()}
-                sw = sweep_slot(race, layer, b, graph, s, fixed, work, args, seed=7919 * i + 31 * b + si)
+                sw = sweep_slot(race, layer, b, graph, s, fixed, work, args, seed=7919 * i + 31 * b + si, span=span)
                 ranking = sw.pop("ranking_idx")
                 best = s["candidates"][sw["best"]] if sw["best"] is not None else None
                 if best is not None:
@@ -434,6 +443,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                 row = {"op": op["id"], "op_index": i, "slot": f"{op['id']}:{short}" if many else short,
                        "custom_op": s["custom_op"], "bucket": b, "enumeration_s": round(t_enum, 2),
                        "flashinfer_winner": s["winner_label"], "failed_in_tune": s["failed"], **sw,
+                       **({"span": span} if span else {}),
                        "_slot_id": slot_id, "_best": best, "_s": s, "_swept_with": fixed,
                        "_next": [s["candidates"][j] for j in ranking if j != sw["best"]][:args.h2h_next]}
                 row.pop("medians_ms")
@@ -480,7 +490,7 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                     for attempt in range(H2H_ATTEMPTS):
                         r_ = race(layer, b, assignments, None, rounds=args.pick_rounds, warmup=5, cold_l2=True,
                                   graph=graph, input_draws=args.input_draws, graph_instances=args.instances, workdir=work,
-                                  seed=104729 + 31 * b + si + 7 * attempt)
+                                  seed=104729 + 31 * b + si + 7 * attempt, span=span)
                         # the same assignment as the sweep's best only where the other slots are as the sweep had
                         # them (a MoE's gemm1 is swept before gemm2 found its best): else no drift to judge
                         same = fixed == swept_with and row["best_ms"]
@@ -510,7 +520,8 @@ def measure(args, w: dict, plan_path: Path, picks: dict, out_path: Path, result:
                 for kind in labels[1:]:
                     assignments.append(pick_slots(caches[kind], slot_ids))
                 lr = race(layer, b, assignments, None, rounds=args.pick_rounds, warmup=5, cold_l2=True, graph=graph,
-                          input_draws=args.input_draws, graph_instances=args.instances, workdir=work, seed=15485863 + b)
+                          input_draws=args.input_draws, graph_instances=args.instances, workdir=work, seed=15485863 + b,
+                          span=span)
                 result["layer"].append({"op": op["id"], "tokens": b, "graph": lr["graph"],
                                         **{("best_ms" if lab == "best" else lab): lr["medians_ms"][j] for j, lab in enumerate(labels)},
                                         "relative_iqr": lr["relative_iqr"]})
@@ -567,6 +578,9 @@ def main() -> None:
     ap.add_argument("--instances", type=int, default=DEFAULT_GRAPH_INSTANCES,
                     help="CUDA graphs per candidate in every graph race, each timed every round (careful's "
                          "FI_AUTOTUNE_GRAPH_INSTANCES is set to the same for its warm; default: careful's own)")
+    ap.add_argument("--span", type=int, default=DEFAULT_SPAN,
+                    help="token counts over an eager bucket's range every race times (careful's FI_AUTOTUNE_SPAN "
+                         "is set to the same for its warm; default: careful's own; 1: the bucket's own count)")
     ap.add_argument("--h2h-next", type=int, default=2, help="the exhaustive race's next N race again with the picks")
     ap.add_argument("--keep", type=float, default=0.03)
     ap.add_argument("--keep-min", type=int, default=4)
@@ -614,7 +628,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"exh-{args.workload}-"))
     env = {**_cli_env(work), "FI_AUTOTUNE_RACE_INPUTS": str(args.input_draws),
-           "FI_AUTOTUNE_GRAPH_INSTANCES": str(args.instances)}
+           "FI_AUTOTUNE_GRAPH_INSTANCES": str(args.instances), "FI_AUTOTUNE_SPAN": str(args.span)}
     plan_path = plan_of(w, work, env)
     kinds = [k for k in (",".join(KINDS) if args.kinds is None else args.kinds).split(",") if k]
     t0 = time.perf_counter()

@@ -76,6 +76,15 @@ def moe_key(m: int, tune_max: int) -> int:
     return min(gemm_key(m), tune_max)
 
 
+def served_below(rule: str | None, bucket: int) -> int | None:
+    """The grid value just below ``bucket`` for an op whose lookup rounds a token count *up* to
+    the grid (``gemm``, ``moe_clamped``): its entry serves every count in (that, bucket]. None
+    where the rule maps otherwise (``mla`` maps down) or ``bucket`` is not a grid value."""
+    if rule not in ("gemm", "moe_clamped") or bucket < 1 or gemm_key(bucket) != bucket:
+        return None
+    return max((b for b in hybrid_buckets(bucket) if b < bucket), default=0)
+
+
 #: flashinfer/mla/_core.py trtllm_batch_decode_with_kv_cache_mla: its tuning config always
 #: profiles the hybrid grid up to 8192 (whatever the batch), and maps a batch *down* onto it.
 MLA_TUNE_MAX = 8192

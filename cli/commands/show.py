@@ -71,6 +71,11 @@ def _graphs(instances) -> str:
     return f", {instances} graphs of each candidate timed every round" if isinstance(instances, int) and instances > 1 else ""
 
 
+def _span(counts) -> str:
+    """Over how many token counts of its bucket's range an eager race timed each candidate (since issue 47)."""
+    return f", eager ones over {counts} token counts of the bucket's range" if isinstance(counts, int) and counts > 1 else ""
+
+
 def _show_selection(out: Output, m, buckets: bool) -> None:
     """How each tactic was chosen, from what warm recorded (``extra.selection``)."""
     if m is None:
@@ -92,7 +97,7 @@ def _show_selection(out: Output, m, buckets: bool) -> None:
             if screen else f"{settings.get('race_rounds')} runs each")
     out.line(f"Selection careful: {settings.get('tunes')} tunes per (op, bucket), their tactics raced against the default "
              f"({runs}, {_center(settings.get('input_draws'))}; CUDA graphs up to {graph} tokens"
-             f"{_graphs(settings.get('graph_instances'))}; "
+             f"{_graphs(settings.get('graph_instances'))}{_span(settings.get('span'))}; "
              f"{'cold' if settings.get('cold_l2') else 'hot'} L2); default kept unless "
              f"{_pct(settings.get('threshold'))[1:]} faster")
     ops = sel.get("ops") if isinstance(sel.get("ops"), dict) else {}

@@ -19,7 +19,7 @@ from autotune_cache.errors import UsageError
 from autotune_cache.tune.session.fleetplan import FleetOrder
 from autotune_cache.tune.session.fleetrun import DEALS
 from autotune_cache.tune.careful.settle import KEEP
-from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS, DEFAULT_THRESHOLD, MAX_ROUNDS, QualitySettings
+from autotune_cache.tune.careful.quality import DEFAULT_INPUT_DRAWS, DEFAULT_SPAN, DEFAULT_THRESHOLD, MAX_ROUNDS, QualitySettings
 from autotune_cache.tune.session.session import WarmOptions, WarmRun, run_warm
 from autotune_cache.tune.session.publish import writable_store
 
@@ -55,7 +55,8 @@ def _quality(ctx: click.Context, quality: str, repeats: int, threshold: float | 
               help="quick: one FlashInfer tune per (op, bucket), as the engine does at startup. careful: --repeats "
                    "tunes, then every tactic they timed races FlashInfer's default head to head (interleaved, the "
                    "median per input draw; CUDA graphs at decode sizes, cold L2, the token inputs rotating over "
-                   f"{DEFAULT_INPUT_DRAWS} draws; a short screen, then the close ones until the fastest is "
+                   f"{DEFAULT_INPUT_DRAWS} draws, or for an eager bucket {DEFAULT_SPAN} token counts of the range its "
+                   "entry serves; a short screen, then the close ones until the fastest is "
                    "settled), and each MoE call's best GEMM pairs race again; the default stays unless beaten by "
                    "--threshold.")
 @click.option("--repeats", type=click.IntRange(2, 20), default=3, show_default=True,

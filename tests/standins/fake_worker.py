@@ -72,7 +72,8 @@ def race(spec_path):
                    "graph": spec["settings"]["graph"], "cold_l2": spec["settings"]["cold_l2"]}, f)
     if os.environ.get("FAKE_RACE_LOG"):
         with open(os.environ["FAKE_RACE_LOG"], "a") as f:
-            f.write(json.dumps({"bucket": spec["bucket"], "n": len(medians), "graph": spec["settings"]["graph"]}) + "\n")
+            f.write(json.dumps({"bucket": spec["bucket"], "n": len(medians), "graph": spec["settings"]["graph"],
+                                "span": spec["settings"].get("span")}) + "\n")
     emit("raced", spec=spec_path, seconds=0.0, errors=0)
 
 

@@ -55,6 +55,15 @@ DEFAULT_INPUT_DRAWS = 4
 #: behind (docs/quality.md, "Graph instances"). Three cost careful's TP4 racing 9% more time.
 DEFAULT_GRAPH_INSTANCES = 3
 
+#: Token counts an eager race times each candidate at, spread over the bucket's range (the counts
+#: FlashInfer maps up to the bucket: ``bucket_span``), one a round (``race._Candidates``). Why: the
+#: entry serves them all, and a cuBLAS tactic fastest at the bucket's own count was 1.6-12.3% slower
+#: than the default at another count of 9 of 10 eager buckets of Llama-3.1-70B FP8 TP8 (H200;
+#: docs/quality.md, "A bucket serves a range"); the timing is bumpy from count to count (o_proj @
+#: 1024's tactic 4 read +4.8, +3.6, -4.8, +7.6, -6.1% at 769-1024), so three counts were too few.
+#: Each count has token inputs of its own, so a span replaces the input draws in an eager race.
+DEFAULT_SPAN = 5
+
 #: FlashInfer's fallback tactic (``runners[0]`` with this tactic when a lookup misses).
 DEFAULT_TACTIC = -1
 
@@ -289,6 +298,18 @@ BATCH_ROUNDS = 50
 MAX_ROUNDS = 300
 
 
+def bucket_span(below: int, bucket: int, n: int) -> list[int]:
+    """``n`` token counts evenly over (``below``, ``bucket``], the bucket last: the counts whose
+    calls read the bucket's entry, for FlashInfer's hybrid mappers round a count up to the next
+    bucket of the list (``map_to_hybrid_bucket_uncapped``, ``make_hybrid_bucket_mapper``:
+    tests/tune/careful/test_span.py checks this against them)."""
+    low = max(1, below + 1)
+    if n <= 1 or low >= bucket:
+        return [bucket]
+    step = (bucket - low) / (n - 1)
+    return sorted({round(low + k * step) for k in range(n)})
+
+
 def _env_int(name: str, default: int) -> int:
     import os
 
@@ -321,6 +342,8 @@ class QualitySettings:
     #: CUDA graphs per candidate in a graph race, each timed every round (``race.py``); 1: one graph.
     graph_instances: int = field(default_factory=lambda: max(1, _env_int("FI_AUTOTUNE_GRAPH_INSTANCES",
                                                                           DEFAULT_GRAPH_INSTANCES)))
+    #: Token counts over an eager bucket's range each candidate is raced at (``bucket_span``); 1: the bucket's own.
+    span: int = field(default_factory=lambda: max(1, _env_int("FI_AUTOTUNE_SPAN", DEFAULT_SPAN)))
     extra: dict = field(default_factory=dict)
 
     @property
@@ -331,10 +354,15 @@ class QualitySettings:
     def tunes(self) -> int:
         return self.repeats if self.careful else 1
 
-    def race_settings(self, bucket: int) -> dict:
-        """What ``race.race`` takes for one bucket (the spec file carries it to the worker)."""
+    def race_settings(self, bucket: int, below: int | None = None) -> dict:
+        """What ``race.race`` takes for one bucket (the spec file carries it to the worker);
+        ``below``: the op's next smaller bucket (0 for its first), for an eager race's span."""
         d = {"rounds": self.race_rounds, "warmup": self.race_warmup, "cold_l2": self.cold_l2,
              "graph": bucket <= self.graph_max_tokens}
+        if not d["graph"] and self.span > 1 and below is not None:
+            counts = bucket_span(below, bucket, self.span)
+            if len(counts) > 1:
+                d["span"] = counts
         if self.screen_rounds > 0:
             d.update(screen_rounds=min(self.screen_rounds, self.race_rounds), batch_rounds=BATCH_ROUNDS,
                      max_rounds=max(self.max_rounds, self.race_rounds))
@@ -350,5 +378,5 @@ class QualitySettings:
             d.update(threshold=self.threshold, race_rounds=self.race_rounds, race_warmup=self.race_warmup,
                      cold_l2=self.cold_l2, graph_max_tokens=self.graph_max_tokens, top_k=self.top_k,
                      pair_k=self.pair_k, screen_rounds=self.screen_rounds, max_rounds=self.max_rounds, keep=KEEP,
-                     input_draws=self.input_draws, graph_instances=self.graph_instances)
+                     input_draws=self.input_draws, graph_instances=self.graph_instances, span=self.span)
         return d

@@ -20,6 +20,16 @@ a tactic every other measurement had 1.2-1.9% ahead of it. The engine's graph is
 nobody can predict; the mean over several is what it meets on average. Each (input draw, graph) is a
 stratum of ``settle.center``.
 
+An eager race may be given a ``span``: token counts across the bucket's range, one per round in
+turn (each count a stratum, with token inputs of its own - so no input draws on top: a stratum
+needs several runs for ``settle``'s bootstrap to see its spread), so a candidate's time is its mean
+over the counts the entry will serve. Why: FlashInfer maps a call's token count up to the next bucket, so one entry
+serves (previous bucket, bucket], and a cuBLAS tactic is an index into the algorithm list cuBLASLt
+gives for the exact count. On Llama-3.1-70B FP8 TP8 (H200) the tactic fastest at the bucket was
+1.6-12.3% slower than FlashInfer's default at another count of 9 of 10 eager buckets raced - o_proj @
+1280's tactic 1: 11.5% faster at 1216-1280 tokens, 1-4% slower at 1025-1152
+(``benchmarks/race_instances.py --span``, docs/quality.md "A bucket serves a range").
+
 Candidates are interleaved in a new random order every round, so drift (clocks, temperature,
 other tenants) hits all alike; with ``cold_l2`` a 2x-L2 buffer is zeroed before every timed run
 (untimed), as between layers the weights come from HBM. The median of each candidate's runs is
@@ -50,11 +60,16 @@ class _Candidates:
     over one draw can crown a tactic that is fast only for it."""
 
     def __init__(self, tuner, layer, bucket: int, assignments: list[dict], metadata: dict | None, workdir: Path,
-                 input_draws: int = 1):
+                 input_draws: int = 1, span: list[int] | None = None):
         self.tuner, self.layer, self.kwargs = tuner, layer, layer.call_kwargs(bucket)
         self.graph_fallback: str | None = None  # why a graph race ran eagerly (a capture failed), if it did
         self.draws: list[dict] = []
-        if input_draws > 1:
+        #: With a span (eager only): the whole call's arguments per token count, one a round.
+        self.strata: list[dict] = []
+        self.counts: list[int] = list(span) if span and len(span) > 1 else []
+        if self.counts:
+            self.strata = [layer.call_kwargs(m) for m in self.counts]
+        elif input_draws > 1:
             tensors = {k for k, v in self.kwargs.items() if hasattr(v, "copy_") and k not in layer.static}  # token-shaped
             self.draws = [{k: v for k, v in layer.call_kwargs(bucket, draw=d).items() if k in tensors}
                           for d in range(input_draws)]
@@ -67,7 +82,12 @@ class _Candidates:
             self.paths.append(p)
 
     def inputs_for_round(self, r: int) -> int:
-        """Round ``r``'s token inputs into the call's own tensors (no-op with one draw); the draw."""
+        """Round ``r``'s token inputs into the call's own tensors (no-op with one draw), or with a
+        span its (count, draw)'s own arguments; the stratum."""
+        if self.strata:
+            s = r % len(self.strata)
+            self.kwargs = self.strata[s]
+            return s
         if not self.draws:
             return 0
         d = r % len(self.draws)
@@ -81,6 +101,12 @@ class _Candidates:
 
     def call(self) -> None:
         self.layer.api(**self.kwargs)
+
+    def call_each_count(self) -> None:
+        """The call at every token count of the span (the bucket's alone without one): a tactic
+        that fails at any count the entry serves is ruled out before timing, not mid-race."""
+        for kwargs in self.strata or [self.kwargs]:
+            self.layer.api(**kwargs)
 
     def remove(self) -> None:
         self.tuner.clear_cache()
@@ -100,7 +126,7 @@ def _first_runs(torch, c: _Candidates, n: int, graph: bool, instances: int = 1) 
             if not c.use(i):
                 errors[i] = "FlashInfer here rejected the file's _metadata"
                 continue
-            c.call()
+            c.call_each_count()
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - a tactic that fails to run is not a winner
             errors[i] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -156,18 +182,19 @@ def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, d
             for i, k, start, end in events:
                 samples[i].append(start.elapsed_time(end))
                 tags[i].append(draw * per + k)
-    return samples, (tags if c.draws or per > 1 else None)
+    return samples, (tags if c.draws or c.strata or per > 1 else None)
 
 
 def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, rounds: int = 50, warmup: int = 5,
          cold_l2: bool = True, graph: bool = True, workdir: Path, seed: int = 0, keep_samples: bool = False,
          screen_rounds: int = 0, batch_rounds: int = 50, max_rounds: int = 0, keep: float = KEEP,
          keep_min: int = KEEP_MIN, confidence: float = CONFIDENCE, input_draws: int = 1,
-         graph_instances: int = 1) -> dict:
+         graph_instances: int = 1, span: list[int] | None = None) -> dict:
     """Every candidate ``rounds`` timed rounds; or, with ``screen_rounds``, a screen of every candidate
     and the close ones raced on until the fastest is settled (``settle.settle``: at least
     ``rounds``, at most ``max_rounds``), the graphs captured once for the whole race (``graph_instances``
-    of each candidate, each timed every round: ``runs`` counts every timed run)."""
+    of each candidate, each timed every round: ``runs`` counts every timed run). ``span``: token counts
+    of the bucket's range for an eager race, one a round (``_Candidates``); a graph race ignores it."""
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
 
@@ -175,8 +202,10 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
     n = len(assignments)
     # Every candidate sees every draw: a screened-out one keeps only its screen, and a time over fewer
     # draws than another's is not comparable (settle.center), so no more draws than the screen has rounds.
-    input_draws = max(1, min(input_draws, screen_rounds if screen_rounds > 0 else rounds))
-    c = _Candidates(AutoTuner.get(), layer, bucket, assignments, metadata, workdir, input_draws)
+    cap = screen_rounds if screen_rounds > 0 else rounds
+    span = span_within(span, cap) if span and not graph else None
+    input_draws = 1 if span else max(1, min(input_draws, cap))
+    c = _Candidates(AutoTuner.get(), layer, bucket, assignments, metadata, workdir, input_draws, span)
     with autotune(False):
         errors, graphs, graph = _first_runs(torch, c, n, graph, graph_instances)
         flush = None
@@ -202,12 +231,22 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
            "relative_iqr": [relative_iqr(s, t) for s, t in zip(samples, tags)], "runs": [len(s) for s in samples],
            "errors": errors, "graph": bool(graph), "cold_l2": bool(cold_l2), "input_draws": max(1, len(c.draws)),
            "graph_instances": max(1, graph_instances) if graph else 1,
+           **({"span": c.counts} if c.counts else {}),
            **({"graph_fallback": c.graph_fallback} if c.graph_fallback else {}),
            **({"settle": settled} if settled else {})}
     if keep_samples:  # every timed run (ms), for a bootstrap of the ranking (tactic_exhaustive.py)
         out["samples_ms"] = samples
         out["samples_draw"] = draws
     return out
+
+
+def span_within(span: list[int], cap: int) -> list[int]:
+    """At most ``cap`` of the span's counts, evenly spread, the bucket (the last) kept: every
+    candidate sees every stratum, so no more strata than the screen has rounds."""
+    if len(span) <= cap:
+        return list(span)
+    step = len(span) / cap
+    return sorted({span[len(span) - 1 - int(k * step)] for k in range(cap)})
 
 
 #: Stream delay before each eager timed call (FlashInfer's tuner uses 5000 us before a batch of

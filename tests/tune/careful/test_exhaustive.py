@@ -14,6 +14,7 @@ import pytest
 
 from autotune_cache.tune.careful.settle import bootstrap, center, relative_iqr, settle, shortlist, stable
 from autotune_cache.tune.careful.quality import DEFAULT_GRAPH_INSTANCES, DEFAULT_INPUT_DRAWS, QualitySettings
+from tests.support.gpu_clock import Graph as _Graph, GpuClock as _GpuClock, Torch as _Torch
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -484,7 +485,7 @@ def test_resume_reuses_the_picks_and_keeps_what_was_measured(tmp_path):
     for kind in ("careful", "engine"):  # quick's cache is missing: it is not a pick of the resumed run
         (prev / f"cache_w_{kind}.json").write_text("{}")
     settings = dict(repeats=3, screen_rounds=20, batch_rounds=60, max_rounds=300, pick_rounds=100, keep=0.03,
-                    keep_min=4, confidence=0.95, buckets="", input_draws=4, instances=3)
+                    keep_min=4, confidence=0.95, buckets="", input_draws=4, instances=3, span=5)
     picks, result, done = mod.resumed(argparse.Namespace(resume=prev, workload="w", out=out, remeasure=False, **settings))
     assert sorted(picks) == ["careful", "engine"] and picks["careful"]["path"] == str(prev / "cache_w_careful.json")
     assert sorted(result["picks"]) == ["careful", "engine"]  # quick is not measured from here on
@@ -505,6 +506,8 @@ def test_resume_reuses_the_picks_and_keeps_what_was_measured(tmp_path):
     # a run from before --instances went on with one graph per candidate: going on with three would mix methods
     (["--workload", "moe-bf16", "--resume", "{prev}"], "that run used --instances 1"),
     (["--workload", "moe-bf16", "--resume", "{prev}", "--instances", "1"], "that run used --input-draws 1"),
+    # ... and one from before --span timed each eager bucket at its own token count alone
+    (["--workload", "moe-bf16", "--resume", "{prev}", "--instances", "1", "--input-draws", "1"], "that run used --span 1"),
 ])
 def test_resume_usage_errors(tmp_path, monkeypatch, capsys, argv, words):
     mod = _bench()
@@ -580,6 +583,8 @@ def test_race_instances_reads_cases_and_refuses_a_malformed_one():
     (["--case", "o_proj@8:default"], "expected op@bucket:tactic,tactic"),
     (["--case", "o_proj@8:default,0", "--instances", "0"], "take 1 or more"),
     (["--case", "o_proj@8:default,0", "--workload", "nope"], "--workload 'nope': one of"),
+    (["--case", "o_proj@1000:default,0", "--span", "3"], "1000 is not a hybrid bucket"),
+    (["--case", "o_proj@8:default,0", "--span", "0"], "take 1 or more"),
 ])
 def test_race_instances_refuses_bad_arguments_before_any_gpu_work(monkeypatch, capsys, argv, words):
     ri = _race_instances()
@@ -587,6 +592,21 @@ def test_race_instances_refuses_bad_arguments_before_any_gpu_work(monkeypatch, c
     with pytest.raises(SystemExit) as e:
         ri.main()  # no GPU here: reaching torch would fail another way
     assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_race_instances_span_is_the_counts_flashinfer_maps_to_the_bucket():
+    """``--span``'s counts are exactly those FlashInfer's GEMM lookup maps up to the bucket (its own
+    function decides), the bucket last; a count that is not a bucket is refused before any GPU work."""
+    from flashinfer.fused_moe.utils import map_to_hybrid_bucket_uncapped as up
+
+    ri = _race_instances()
+    for bucket, low in ((1024, 769), (3584, 3073), (8, 5), (8192, 4097)):
+        counts = ri.span_counts(bucket, 5)
+        assert counts[0] == low and counts[-1] == bucket and len(counts) == min(5, bucket - low + 1), counts
+        assert all(up(m) == bucket for m in counts) and up(low - 1) != bucket
+    assert ri.span_counts(1024, 1) == [1024] and ri.span_counts(1, 4) == [1]
+    with pytest.raises(ValueError, match="not a hybrid bucket"):
+        ri.span_counts(1000, 3)
 
 
 def test_race_instances_tells_a_graph_effect_from_sampling_noise():
@@ -607,44 +627,12 @@ def test_race_instances_tells_a_graph_effect_from_sampling_noise():
     assert ri.median_se(two, [0] * 50 + [1] * 50) == 0.0
 
 
-class _GpuClock:
-    """A stand-in GPU clock: a replay or an eager call advances it by the call's time."""
-    now = 0.0
-
-
-class _Event:
-    def __init__(self, enable_timing=True):
-        self.t = None
-
-    def record(self):
-        self.t = _GpuClock.now
-
-    def elapsed_time(self, end):
-        return end.t - self.t
-
-
-class _Torch:
-    class cuda:
-        Event = _Event
-
-        @staticmethod
-        def synchronize():
-            pass
-
-
-class _Graph:
-    def __init__(self, ms):
-        self.ms = ms
-
-    def replay(self):
-        _GpuClock.now += self.ms
-
-
 class _Race:
     """``race._Candidates`` without a GPU: ``draws`` token-input draws, every file accepted."""
 
     def __init__(self, draws=1, calls=None):
         self.draws = [{}] * draws if draws > 1 else []
+        self.strata = []  # no span here: tests/tune/careful/test_span.py races the real _Candidates
         self.calls = calls or {}
         self.graph_fallback = None
         self.current = None
@@ -658,6 +646,8 @@ class _Race:
 
     def call(self):
         _GpuClock.now += self.calls.get(self.current, 1.0)
+
+    call_each_count = call
 
 
 def test_every_graph_of_every_candidate_is_timed_every_round_each_its_own_stratum():

@@ -137,6 +137,15 @@ def test_settings_race_graph_only_at_decode_sizes():
     assert QualitySettings().to_dict() == {"mode": "quick", "tunes": 1}
 
 
+def test_settings_span_eager_races_over_the_counts_the_entry_serves():
+    q = QualitySettings("careful", graph_max_tokens=256, span=5)
+    assert q.race_settings(1024, below=768)["span"] == [769, 833, 896, 960, 1024]
+    assert "span" not in q.race_settings(256, below=128)  # a graph replays the engine's one padded size
+    assert "span" not in q.race_settings(1024)  # no known range (an op whose lookup maps down)
+    assert "span" not in QualitySettings("careful", span=1).race_settings(1024, below=768)
+    assert q.to_dict()["span"] == 5
+
+
 # -- warm --quality careful with real worker processes ------------------------------------------
 
 FAKE = [sys.executable, str(REPO / "tests" / "standins" / "fake_worker.py")]
@@ -174,6 +183,13 @@ def test_careful_races_every_bucket_and_writes_the_winners(plan, monkeypatch, tm
     assert sorted(x["bucket"] for x in races) == sorted(op.buckets * 2)  # per bucket: a race, then its pair round
     graph_max = plan.resolution.decode_batch * plan.resolution.attn_dp_size
     assert all(x["graph"] == (x["bucket"] <= graph_max) for x in races)
+    # an eager race times the counts its entry serves (the MoE's lookup rounds up: (previous bucket, bucket]),
+    # a graph race the bucket's own
+    below = dict(zip(op.buckets[1:], op.buckets))
+    assert all(x["span"] is None for x in races if x["graph"])
+    eager = [x for x in races if not x["graph"]]
+    assert eager and all(x["span"][-1] == x["bucket"] and x["span"][0] == below[x["bucket"]] + 1
+                         and len(x["span"]) == 5 for x in eager)
     entries = entries_of(r)
     assert len(entries) == 42  # one key per slot
     for key, value in entries.items():
@@ -247,7 +263,8 @@ def test_show_reports_how_each_tactic_was_chosen(plan, monkeypatch):
     assert "Selection careful: 3 tunes per (op, bucket)" in out.stdout
     assert "a 20-run screen, then 50-300 runs for those within 3.0% of the fastest" in out.stdout  # from the manifest
     assert "the mean of its medians over 4 input draws" in out.stdout  # the manifest's input_draws
-    assert ", 3 graphs of each candidate timed every round;" in out.stdout  # its graph_instances
+    assert (", 3 graphs of each candidate timed every round, eager ones over 5 token counts of the bucket's range;"
+            in out.stdout)  # its graph_instances and span
     op_row = next(line for line in out.stdout.splitlines() if line.startswith("moe.") and "+10.0%" in line)
     assert op_row.split()[1:6] == ["21", "21", "0", "0", "0"]  # 21 buckets, all tuned, none unanimous
     bucket_rows = [line for line in out.stdout.splitlines() if line.startswith("moe.") and "1/3" in line]
