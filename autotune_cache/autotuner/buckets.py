@@ -78,9 +78,11 @@ def moe_key(m: int, tune_max: int) -> int:
 
 def served_below(rule: str | None, bucket: int) -> int | None:
     """The grid value just below ``bucket`` for an op whose lookup rounds a token count *up* to
-    the grid (``gemm``, ``moe_clamped``): its entry serves every count in (that, bucket]. None
-    where the rule maps otherwise (``mla`` maps down) or ``bucket`` is not a grid value."""
-    if rule not in ("gemm", "moe_clamped") or bucket < 1 or gemm_key(bucket) != bucket:
+    the grid (``gemm``, ``moe_clamped``): its entry serves every count in (that, bucket]. A MoE's
+    top bucket may be its tune_max off the grid (SGLang's chunked prefill 6144: counts of 4097-6144
+    map to it, ``moe_key``); it also serves the counts above it, which a span leaves out. None where
+    the rule maps otherwise (``mla`` maps down) or a GEMM's ``bucket`` is not a grid value (never a key)."""
+    if rule not in ("gemm", "moe_clamped") or bucket < 1 or (rule == "gemm" and gemm_key(bucket) != bucket):
         return None
     return max((b for b in hybrid_buckets(bucket) if b < bucket), default=0)
 

@@ -17,6 +17,20 @@ from autotune_cache.autotuner.lookup_keys import BUILDERS
 from autotune_cache.errors import UsageError
 
 M = "M"  # the dynamic token dimension
+#: The token dimension rounded up to 128: an NVFP4 activation's swizzled scale factors have that many
+#: rows (SGLang's recorded mm_fp4 calls: a of 24 rows with a_descale of 128), and the kernel reads
+#: them all, so a tensor of M rows would be read past its end at any M not a multiple of 128.
+M128 = "M128"
+TOKEN_DIMS = (M, M128)
+
+
+def token_dim(d, m: int):
+    """One dimension of a recipe's shape at ``m`` tokens (the one place ``M`` symbols are read)."""
+    if d == M:
+        return m
+    if d == M128:
+        return -(-m // 128) * 128
+    return d
 
 
 @dataclass(frozen=True)
@@ -29,7 +43,7 @@ class T:
     fill: str = "weight"  # weight | activation | scale | topk_ids | topk_weights | router_logits | bias | zeros
 
     def concrete(self, m: int) -> tuple[int, ...]:
-        return tuple(m if d == M else d for d in self.shape)
+        return tuple(token_dim(d, m) for d in self.shape)
 
     def to_dict(self) -> dict:
         return {"tensor": {"shape": list(self.shape), "dtype": self.dtype, "layout": self.layout, "fill": self.fill}}

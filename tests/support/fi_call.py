@@ -10,6 +10,8 @@ import inspect
 import torch
 from flashinfer.fused_moe import cutlass_fused_moe
 
+from autotune_cache.autotuner.recipe import token_dim
+
 
 def materialize(v, m: int):
     """An fi-autotune recipe value (``recipes.encode``) as the object the worker passes."""
@@ -17,7 +19,7 @@ def materialize(v, m: int):
         return [materialize(x, m) for x in v]
     if isinstance(v, dict) and "tensor" in v:
         t = v["tensor"]
-        return torch.empty([m if d == "M" else d for d in t["shape"]], dtype=getattr(torch, t["dtype"]))
+        return torch.empty([token_dim(d, m) for d in t["shape"]], dtype=getattr(torch, t["dtype"]))
     if isinstance(v, dict) and "dtype" in v:
         return getattr(torch, v["dtype"])
     if isinstance(v, dict) and "enum" in v:

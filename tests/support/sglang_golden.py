@@ -20,6 +20,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from autotune_cache.autotuner.recipe import token_dim
+
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "sglang-0.5.23"
 MODELS = json.loads((REPO / "tests" / "oracle" / "models.json").read_text())
@@ -39,7 +41,6 @@ IGNORED_ARGS = {
     "routing_bias": "routing values, not in the key",
     "bmm1_scale": "a float: only float-vs-tensor reaches the key",
     "quant_scales": "scale tensors: the key profiles inputs and weights only (checked via the key)",
-    "a_descale": "swizzled scale rows are padded to 128 and constrained (-1) in the key; checked via the key",
 }
 
 
@@ -129,7 +130,7 @@ def _ours_at(op: dict, m: int) -> dict:
     def conc(v):
         if isinstance(v, dict) and "tensor" in v:
             t = dict(v["tensor"])
-            t["shape"] = [m if d == "M" else d for d in t["shape"]]
+            t["shape"] = [token_dim(d, m) for d in t["shape"]]
             return {"tensor": t}
         if isinstance(v, list):
             return [conc(x) for x in v]

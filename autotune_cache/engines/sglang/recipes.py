@@ -10,7 +10,7 @@ and tested at the argument level only: no Blackwell GPU has run them yet.
 
 from __future__ import annotations
 
-from autotune_cache.autotuner.recipe import M, Dtype, OpRecipe, T
+from autotune_cache.autotuner.recipe import M, M128, Dtype, OpRecipe, T
 from autotune_cache.calls.fused_moe import (cutlass_moe, moe_layers_in, round_up, trtllm_bf16_moe, trtllm_fp4_moe,
                                             trtllm_fp8_block_moe)
 from autotune_cache.errors import UsageError
@@ -70,7 +70,7 @@ def mm_fp4_linear(name: str, k: int, n: int, layers: int, res: Resolution) -> Op
     kwargs = {
         "a": T((M, k // 2), "uint8", fill="activation"),
         "b": T((k // 2, n), "uint8", layout="column_major"),
-        "a_descale": T((M, round_up(k // 16, 4)), "uint8", fill="scale"),
+        "a_descale": T((M128, round_up(k // 16, 4)), "uint8", fill="scale"),
         "b_descale": T((k // 16, n), "float8_e4m3fn", layout="column_major", fill="scale"),
         "alpha": T((), "float32", fill="scale"),
         "out_dtype": Dtype(res.dtype),

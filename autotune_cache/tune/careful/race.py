@@ -204,6 +204,7 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
     # draws than another's is not comparable (settle.center), so no more draws than the screen has rounds.
     cap = screen_rounds if screen_rounds > 0 else rounds
     span = span_within(span, cap) if span and not graph else None
+    span = span if span and len(span) > 1 else None  # one count left: the bucket's, with its input draws
     input_draws = 1 if span else max(1, min(input_draws, cap))
     c = _Candidates(AutoTuner.get(), layer, bucket, assignments, metadata, workdir, input_draws, span)
     with autotune(False):

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from autotune_cache.autotuner.recipe import TOKEN_DIMS, token_dim
 from autotune_cache.tune.workers.lm_head import empty_logits_like, lm_head_stubbed
 
 Api = Callable[..., Any]
@@ -68,7 +69,7 @@ def _decode(value: Any, m: int, device, gen, ctx) -> Any:
         return value
     if "tensor" in value:
         t = value["tensor"]
-        shape = tuple(m if d == "M" else (ctx["num_pages"] if d == "num_pages" else d) for d in t["shape"])
+        shape = tuple(ctx["num_pages"] if d == "num_pages" else token_dim(d, m) for d in t["shape"])
         return _fill(shape, _dtype(t["dtype"]), t["fill"], t["layout"], device, gen, ctx)
     if "dtype" in value:
         return _dtype(value["dtype"])
@@ -132,7 +133,7 @@ def _has_m(value: Any) -> bool:
         return any(_has_m(v) for v in value)
     if isinstance(value, str):
         return value == "next_power_of_2(M)"
-    return isinstance(value, dict) and "tensor" in value and "M" in value["tensor"]["shape"]
+    return isinstance(value, dict) and "tensor" in value and any(d in TOKEN_DIMS for d in value["tensor"]["shape"])
 
 
 class LMHead(nn.Module):

@@ -30,6 +30,12 @@ def test_the_span_is_exactly_what_flashinfers_mappers_send_to_the_bucket():
         counts = bucket_span(below, bucket, 5)
         assert counts[-1] == bucket and counts[0] == below + 1 and counts == sorted(set(counts))
         assert len(counts) == min(5, bucket - below) and all(gemm(m) == bucket for m in counts)
+    for tune_max in (6144, 10000, 3000):  # a MoE's top bucket off the grid: everything from the grid value below
+        below = served_below("moe_clamped", tune_max)
+        mapper = utils.make_hybrid_bucket_mapper(tune_max) if moe is not None else None
+        assert below == max(b for b in hybrid_buckets(tune_max) if b < tune_max)
+        if mapper is not None:
+            assert mapper(below) != tune_max and all(mapper(m) == tune_max for m in bucket_span(below, tune_max, 5))
     assert served_below("mla", 1024) is None  # MLA decode maps a batch down onto its grid
     assert served_below("gemm", 1000) is None  # not a grid value: never a lookup key
     assert bucket_span(0, 1, 5) == [1] and bucket_span(768, 1024, 1) == [1024]
