@@ -118,6 +118,10 @@ def main() -> None:
 
     plan, ops, dev, work = te.workload_ops(args.workload, "race-instances-")
     graph_max = plan.resolution.decode_batch * plan.resolution.attn_dp_size
+    for case, _, b, _ in cases:  # before any race: the engine captures a graph at its own size only
+        if len(counts[case]) > 1 and b <= graph_max:
+            raise SystemExit(f"race_instances: {case}: --span is for eager buckets; {b} tokens run as a CUDA graph "
+                             f"(up to {graph_max} tokens)")
     rng = random.Random(args.seed)
     rows = []
     for case, name, b, tactics in cases:

@@ -61,15 +61,14 @@ class _Candidates:
 
     def __init__(self, tuner, layer, bucket: int, assignments: list[dict], metadata: dict | None, workdir: Path,
                  input_draws: int = 1, span: list[int] | None = None):
-        self.tuner, self.layer, self.kwargs = tuner, layer, layer.call_kwargs(bucket)
+        self.tuner, self.layer = tuner, layer
         self.graph_fallback: str | None = None  # why a graph race ran eagerly (a capture failed), if it did
         self.draws: list[dict] = []
         #: With a span (eager only): the whole call's arguments per token count, one a round.
-        self.strata: list[dict] = []
         self.counts: list[int] = list(span) if span and len(span) > 1 else []
-        if self.counts:
-            self.strata = [layer.call_kwargs(m) for m in self.counts]
-        elif input_draws > 1:
+        self.strata: list[dict] = [layer.call_kwargs(m) for m in self.counts]
+        self.kwargs = self.strata[-1] if self.strata else layer.call_kwargs(bucket)  # the bucket's: the span's last
+        if not self.counts and input_draws > 1:
             tensors = {k for k, v in self.kwargs.items() if hasattr(v, "copy_") and k not in layer.static}  # token-shaped
             self.draws = [{k: v for k, v in layer.call_kwargs(bucket, draw=d).items() if k in tensors}
                           for d in range(input_draws)]
