@@ -302,12 +302,21 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:+.2%}"
 
 
+def _spanned(result: dict) -> str:
+    """How eager (op, bucket) were timed: over the token counts their entry serves (``--span``), or at
+    the bucket's own count (every run before the span existed): two runs judge different things."""
+    spans = [len(i["span"]) for i in result.get("items") or [] if i.get("span")]
+    if not spans:
+        return "; every (op, bucket) timed at its bucket's own token count"
+    return f"; {len(spans)} eager (op, bucket) timed over {max(spans)} token counts of the range each entry serves"
+
+
 def table(result: dict) -> str:
     s = result.get("summary") or summarize(result)
     lines = [f"{result.get('label', result.get('workload'))} - {result.get('gpu')}: {s['items']} (op, bucket), "
              f"{s['tactics']} (op, bucket, tactic) timed; ranking stable at {s['stable']} of {s['items']} "
              f"(P(top-1 stays top-1): median {_fmt(s['p_top1_median'])}, min {_fmt(s['p_top1_min'])}; "
-             f"P(best within {TIE:.1%}): min {_fmt(s['p_within_tie_min'])})", "",
+             f"P(best within {TIE:.1%}): min {_fmt(s['p_within_tie_min'])}){_spanned(result)}", "",
              f"| kind | (op, bucket) within {s['within']:.0%} of best | worst gap | worst at | > {s['limit']:.0%} | "
              "geomean gap | same tactic as best | target met |",
              "|---|---|---|---|---|---|---|---|"]

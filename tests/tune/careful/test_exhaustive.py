@@ -460,7 +460,12 @@ def test_report_mode_prints_a_table(tmp_path, capsys, monkeypatch):
     p.write_text(json.dumps(res))
     monkeypatch.setattr("sys.argv", ["tactic_exhaustive.py", "--report", str(p)])
     mod.main()
-    assert "| careful | 100.0% (1) |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| careful | 100.0% (1) |" in printed and "every (op, bucket) timed at its bucket's own token count" in printed
+    res["items"][0]["span"] = [769, 833, 896, 960, 1024]  # a run with --span says so
+    p.write_text(json.dumps(res))
+    mod.main()
+    assert "1 eager (op, bucket) timed over 5 token counts of the range each entry serves" in capsys.readouterr().out
     # two reference runs of one workload: each run's table, then what holds in both
     q = tmp_path / "r2.json"
     q.write_text(json.dumps(res))
