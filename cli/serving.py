@@ -128,8 +128,8 @@ def request_from(kw: dict, layout: str | None = None, *, engine_options: bool = 
 
 def requests_from(kw: dict, layouts: list[str]) -> list[TuneRequest]:
     """One request per layout (each another engine's), each engine given only its own options."""
-    return build_requests(ServingOptions.pick(kw), layouts, engine_option_values(dict(kw)),
-                          detect_gpu_uuids=detect_gpu_uuids)
+    options = engine_option_values(dict(kw))  # the command's keywords all read here, then the library
+    return build_requests(ServingOptions.pick(kw), layouts, options, detect_gpu_uuids=detect_gpu_uuids)
 
 
 @dataclass(frozen=True)
