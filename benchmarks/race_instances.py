@@ -70,10 +70,9 @@ def span_counts(bucket: int, span: int) -> list[int]:
     from autotune_cache.autotuner.buckets import served_below
     from autotune_cache.tune.careful.quality import bucket_span
 
-    below = served_below("gemm", bucket)
-    if below is None:
+    if served_below("gemm", bucket) is None:
         raise ValueError(f"{bucket} is not a hybrid bucket")
-    return bucket_span(below, bucket, span)
+    return bucket_span("gemm", bucket, span) or [bucket]
 
 
 def spread_summary(meds: list[float], ses: list[float]) -> dict:

@@ -49,7 +49,6 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from autotune_cache.tune.careful.settle import relative_iqr  # noqa: E402
 from exhaustive_report import KINDS, aa_table, repeated_table, summarize, table  # noqa: E402
-from autotune_cache.autotuner.buckets import served_below  # noqa: E402
 from autotune_cache.tune.careful.quality import DEFAULT_GRAPH_INSTANCES, DEFAULT_INPUT_DRAWS, DEFAULT_SPAN, bucket_span  # noqa: E402
 
 WORKLOADS = {
@@ -273,8 +272,7 @@ def enumerate_slots(torch, layer, bucket: int, work: Path) -> list[dict]:
 
 def span_of(args, op: dict, bucket: int, graph: bool) -> list[int] | None:
     """An eager bucket's token counts, as careful's races take them (``--span``): the entry serves them all."""
-    below = served_below(op.get("bucket_rule"), bucket)
-    return None if graph or below is None or args.span <= 1 else bucket_span(below, bucket, args.span)
+    return None if graph else bucket_span(op.get("bucket_rule"), bucket, args.span)
 
 
 def sweep_slot(race, layer, bucket: int, graph: bool, slot: dict, fixed: dict, work: Path, args, seed: int,

@@ -1,9 +1,9 @@
 """``diff --measure``: time each side's tactics for the (op, bucket)s two caches disagree on.
 
 Each changed (op, bucket) is raced on this GPU (``race.py``: interleaved, CUDA-graph replays at
-decode sizes, cold L2, median; the token inputs rotating over careful's input draws, an eager bucket timed over careful's span of the token counts it serves): side A's entries
-for that call against side B's, every other
-lookup of the call left as each side has it. The layer is built from the plan of the entry's
+decode sizes, cold L2, median; the token inputs rotating over careful's input draws, an eager
+bucket timed over careful's span of the token counts it serves): side A's entries for that call
+against side B's, every other lookup of the call left as each side has it. The layer is built from the plan of the entry's
 recorded request, exactly as ``warm`` tunes it. Imports torch (the skeleton) when imported, flashinfer
 when run; needs a GPU.
 """
@@ -16,7 +16,6 @@ from pathlib import Path
 
 from autotune_cache.errors import UsageError
 from autotune_cache.tree.diff import Comparison, op_slots, pick_slots
-from autotune_cache.autotuner.buckets import served_below
 from autotune_cache.tune.careful.quality import QualitySettings, bucket_span
 from autotune_cache.tune.careful.race import race
 from autotune_cache.tune.workers.skeleton import OpLayer
@@ -56,8 +55,7 @@ def measure(plan, comparisons: list[tuple[str, Comparison]], *, rounds: int = 50
                     layers[i] = OpLayer(ops[i], device, seed=i)
                     with autotune(False):
                         layers[i](1)
-                below = served_below(ops[i].get("bucket_rule"), tokens)
-                span = bucket_span(below, tokens, careful.span) if below is not None else None
+                span = None if tokens <= graph_max else bucket_span(ops[i].get("bucket_rule"), tokens, careful.span)
                 result = race(layers[i], tokens, [pick_slots(comp.a_configs, slots), pick_slots(comp.b_configs, slots)], None,
                               rounds=rounds, warmup=warmup, cold_l2=cold_l2, graph=tokens <= graph_max,
                               workdir=Path(tmp), input_draws=draws, graph_instances=instances, span=span)

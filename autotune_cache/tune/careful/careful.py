@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune_cache.autotuner.buckets import served_below
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.tune.careful.quality import Candidate, QualitySettings, Selection, apply_selection, candidates, choose
 from autotune_cache.tune.careful.workdir import merged_results, one_metadata, read_slot_records, tune_prefix
@@ -54,7 +53,6 @@ def plan_races(wd: Path, ops: list[dict], quality: QualitySettings) -> list[Race
         metas = [m for m, e in per_tune if e]
         records = [read_slot_records(wd, tune_prefix(i, r)) for r in range(quality.tunes)]
         for b in sorted(op["buckets"]):
-            below = served_below(op.get("bucket_rule"), b)  # an eager race's span: (below, b]
             recs = tuple(rec.get(b) for rec in records)
             cands = tuple(candidates(list(recs), [e for _, e in per_tune], quality.top_k))
             spec, result = wd / f"race.op{i}.b{b}.json", wd / f"race.op{i}.b{b}.result.json"
@@ -64,7 +62,7 @@ def plan_races(wd: Path, ops: list[dict], quality: QualitySettings) -> list[Race
             if not result.exists():
                 spec.write_text(json.dumps({
                     "layer": i, "op": op, "bucket": b, "assignments": [c.entries() for c in cands],
-                    "metadata": metas[0], "settings": quality.race_settings(b, below), "result": str(result),
+                    "metadata": metas[0], "settings": quality.race_settings(b, op.get("bucket_rule")), "result": str(result),
                     "seed": 1000 * i + b}))
             out.append(RacePlan(i, b, recs, cands, spec, result))
     return out

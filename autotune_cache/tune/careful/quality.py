@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from autotune_cache.autotuner.buckets import served_below
 from autotune_cache.autotuner.rankfile import parse_file_key
 from autotune_cache.tune.careful.settle import KEEP, TIE
 
@@ -298,14 +299,16 @@ BATCH_ROUNDS = 50
 MAX_ROUNDS = 300
 
 
-def bucket_span(below: int, bucket: int, n: int) -> list[int]:
-    """``n`` token counts evenly over (``below``, ``bucket``], the bucket last: the counts whose
-    calls read the bucket's entry, for FlashInfer's hybrid mappers round a count up to the next
-    bucket of the list (``map_to_hybrid_bucket_uncapped``, ``make_hybrid_bucket_mapper``:
-    tests/tune/careful/test_span.py checks this against them)."""
-    low = max(1, below + 1)
-    if n <= 1 or low >= bucket:
-        return [bucket]
+def bucket_span(rule: str | None, bucket: int, n: int) -> list[int] | None:
+    """``n`` token counts evenly over (``served_below``, ``bucket``], the bucket last: the counts
+    whose calls read the bucket's entry of an op with lookup ``rule``, for FlashInfer's hybrid
+    mappers round a count up to the next bucket (``map_to_hybrid_bucket_uncapped``,
+    ``make_hybrid_bucket_mapper``: tests/tune/careful/test_span.py checks this against them).
+    None where the rule maps otherwise, or fewer than two counts would be left."""
+    below = served_below(rule, bucket)
+    if below is None or n <= 1 or below + 1 >= bucket:
+        return None
+    low = below + 1
     step = (bucket - low) / (n - 1)
     return sorted({round(low + k * step) for k in range(n)})
 
@@ -354,15 +357,14 @@ class QualitySettings:
     def tunes(self) -> int:
         return self.repeats if self.careful else 1
 
-    def race_settings(self, bucket: int, below: int | None = None) -> dict:
+    def race_settings(self, bucket: int, rule: str | None = None) -> dict:
         """What ``race.race`` takes for one bucket (the spec file carries it to the worker);
-        ``below``: the op's next smaller bucket (0 for its first), for an eager race's span."""
+        ``rule``: the op's bucket rule, for an eager race's span (``bucket_span``)."""
         d = {"rounds": self.race_rounds, "warmup": self.race_warmup, "cold_l2": self.cold_l2,
              "graph": bucket <= self.graph_max_tokens}
-        if not d["graph"] and self.span > 1 and below is not None:
-            counts = bucket_span(below, bucket, self.span)
-            if len(counts) > 1:
-                d["span"] = counts
+        counts = None if d["graph"] else bucket_span(rule, bucket, self.span)
+        if counts:
+            d["span"] = counts
         if self.screen_rounds > 0:
             d.update(screen_rounds=min(self.screen_rounds, self.race_rounds), batch_rounds=BATCH_ROUNDS,
                      max_rounds=max(self.max_rounds, self.race_rounds))

@@ -82,7 +82,7 @@ class _Candidates:
 
     def inputs_for_round(self, r: int) -> int:
         """Round ``r``'s token inputs into the call's own tensors (no-op with one draw), or with a
-        span its (count, draw)'s own arguments; the stratum."""
+        span its token count's own arguments; the stratum."""
         if self.strata:
             s = r % len(self.strata)
             self.kwargs = self.strata[s]

@@ -139,10 +139,12 @@ def test_settings_race_graph_only_at_decode_sizes():
 
 def test_settings_span_eager_races_over_the_counts_the_entry_serves():
     q = QualitySettings("careful", graph_max_tokens=256, span=5)
-    assert q.race_settings(1024, below=768)["span"] == [769, 833, 896, 960, 1024]
-    assert "span" not in q.race_settings(256, below=128)  # a graph replays the engine's one padded size
-    assert "span" not in q.race_settings(1024)  # no known range (an op whose lookup maps down)
-    assert "span" not in QualitySettings("careful", span=1).race_settings(1024, below=768)
+    assert q.race_settings(1024, "gemm")["span"] == [769, 833, 896, 960, 1024]
+    assert q.race_settings(1024, "moe_clamped")["span"] == [769, 833, 896, 960, 1024]
+    assert "span" not in q.race_settings(256, "gemm")  # a graph replays the engine's one padded size
+    assert "span" not in q.race_settings(1024, "mla")  # its lookup maps a count down
+    assert "span" not in q.race_settings(1024)  # no rule known
+    assert "span" not in QualitySettings("careful", span=1).race_settings(1024, "gemm")
     assert q.to_dict()["span"] == 5
 
 

@@ -27,7 +27,8 @@ def test_the_span_is_exactly_what_flashinfers_mappers_send_to_the_bucket():
         assert served == list(range(below + 1, bucket + 1)), bucket  # (below, bucket], nothing else
         if moe is not None:
             assert all(moe(m) == bucket for m in served)
-        counts = bucket_span(below, bucket, 5)
+        counts = bucket_span("gemm", bucket, 5) or [bucket]
+        assert counts == (bucket_span("moe_clamped", bucket, 5) or [bucket])
         assert counts[-1] == bucket and counts[0] == below + 1 and counts == sorted(set(counts))
         assert len(counts) == min(5, bucket - below) and all(gemm(m) == bucket for m in counts)
     for tune_max in (6144, 10000, 3000):  # a MoE's top bucket off the grid: everything from the grid value below
@@ -35,10 +36,11 @@ def test_the_span_is_exactly_what_flashinfers_mappers_send_to_the_bucket():
         mapper = utils.make_hybrid_bucket_mapper(tune_max) if moe is not None else None
         assert below == max(b for b in hybrid_buckets(tune_max) if b < tune_max)
         if mapper is not None:
-            assert mapper(below) != tune_max and all(mapper(m) == tune_max for m in bucket_span(below, tune_max, 5))
+            assert mapper(below) != tune_max and all(mapper(m) == tune_max for m in bucket_span("moe_clamped", tune_max, 5))
     assert served_below("mla", 1024) is None  # MLA decode maps a batch down onto its grid
     assert served_below("gemm", 1000) is None  # not a grid value: never a lookup key
-    assert bucket_span(0, 1, 5) == [1] and bucket_span(768, 1024, 1) == [1024]
+    assert bucket_span("gemm", 1, 5) is None and bucket_span("gemm", 1024, 1) is None  # one count: no span
+    assert bucket_span("mla", 1024, 5) is None and bucket_span("gemm", 1000, 5) is None
 
 
 def test_span_within_keeps_the_bucket_and_spreads_the_rest():
