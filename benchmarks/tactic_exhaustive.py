@@ -612,6 +612,8 @@ def main() -> None:
         return
     if not args.workload:
         ap.error("--workload or --report")
+    if min(args.span, args.instances, args.input_draws) < 1:
+        ap.error("--span, --instances and --input-draws take 1 or more (1: the bucket's count, one graph, one draw)")
     if args.resume and args.kinds is not None:
         ap.error("--kinds with --resume: the picks are the resumed run's")
     if args.remeasure and not args.resume:

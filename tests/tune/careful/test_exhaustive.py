@@ -507,6 +507,7 @@ def test_resume_reuses_the_picks_and_keeps_what_was_measured(tmp_path):
     (["--workload", "moe-bf16", "--resume", "{prev}", "--kinds", "careful"], "--kinds with --resume"),
     (["--workload", "moe-bf16", "--resume", "{prev}", "--remeasure", "--out", "{prev}"], "would overwrite"),
     (["--workload", "moe-bf16", "--remeasure"], "goes with --resume"),
+    (["--workload", "moe-bf16", "--span", "0"], "take 1 or more"),
     (["--workload", "moe-bf16", "--resume", "{prev}/nothing-here"], "no tactic_exhaustive_moe-bf16.json"),
     # a run from before --instances went on with one graph per candidate: going on with three would mix methods
     (["--workload", "moe-bf16", "--resume", "{prev}"], "that run used --instances 1"),
