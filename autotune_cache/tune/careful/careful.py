@@ -69,8 +69,8 @@ def plan_races(wd: Path, ops: list[dict], quality: QualitySettings) -> list[Race
 
 
 #: Whole assignments in one pair race at most (the default comes on top): with two slots and
-#: ``pair_k`` 3 that is all 9; an op with more slots uses fewer finalists per slot.
-MAX_PAIRS = 16
+#: ``pair_k`` 6 that is all 36; an op with more slots uses fewer finalists per slot.
+MAX_PAIRS = 36
 
 
 def slot_finalists(cands: list[Candidate], medians: list[float], k: int) -> dict[str, list[tuple]]:

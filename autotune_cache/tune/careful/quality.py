@@ -286,9 +286,12 @@ DEFAULT_TOP_K = 64
 
 #: Each slot's fastest values in the race crossed into whole assignments and raced again: the best
 #: pair of a MoE call's GEMMs can be one no tune offered (docs/quality.md, "Why careful misses on
-#: Mixtral"). 4 x 4 = 16 assignments per (op, bucket) with two slots: at 2 tokens on Mixtral the
-#: best pair's values ranked 5th and 6th by slot in the first race of 8 runners-up.
-DEFAULT_PAIR_K = 4
+#: Mixtral"). 6 x 6 = 36 assignments per (op, bucket) with two slots: at 2 tokens on Mixtral the
+#: best pair's values ranked 5th and 6th by slot in the first race of 8 runners-up, and on Qwen3
+#: EP2 at 2048 tokens (raced over its span) the reference's gemm2 70 ranked 5th, 0.6% behind the
+#: slot's best beside the first race's gemm1 32, so four finalists left careful's pick 1.3-1.5% slower
+#: than the best pair (docs/quality.md, "EP2 and GLM-5.1 over the span, six finalists").
+DEFAULT_PAIR_K = 6
 
 #: A race's screen: every candidate this many rounds, then those within ``settle.KEEP`` (3%)
 #: of the fastest - at least ``settle.KEEP_MIN`` - go on to ``race_rounds`` and then in

@@ -64,10 +64,23 @@ def test_the_product_is_capped_with_many_slots():
     def c3(a, b, c):
         return Candidate({K1: (K1, ["R", a]), K2: (K2, ["R", b]), K3: (K3, ["R", c])})
 
-    cands = [c3(1, 1, 1), c3(2, 2, 2), c3(3, 3, 3), c3(4, 4, 4)]
-    pairs = pair_candidates(cands, [1.0, 1.1, 1.2, 1.3], k=3)  # 27 > MAX_PAIRS: two per slot
-    assert len(pairs) == 8 <= MAX_PAIRS
-    assert {tactics(c) for c in pairs} == {(a, b, c) for a in (1, 2) for b in (1, 2) for c in (1, 2)}
+    cands = [c3(t, t, t) for t in range(1, 6)]
+    pairs = pair_candidates(cands, [1.0, 1.1, 1.2, 1.3, 1.4], k=4)  # 64 > MAX_PAIRS: three per slot
+    assert len(pairs) == 27 <= MAX_PAIRS
+    assert {tactics(c) for c in pairs} == {(a, b, c) for a in (1, 2, 3) for b in (1, 2, 3) for c in (1, 2, 3)}
+
+
+def test_the_default_pair_round_reaches_a_slots_fifth_value():
+    # Qwen3-30B-A3B TP2 EP2 at 2048 tokens, careful's first race over the span (H200, us): beside
+    # gemm1 32, gemm2 70 ranked 5th; the reference's best pair (25, 70) was never raced with four
+    # finalists a slot, and careful's pick (25, 55) read 1.3% slower than it in both reference runs.
+    first = [(25, 77, 274.5), (8, 77, 275.1), (32, 55, 275.6), (32, 77, 276.4), (32, 78, 276.4), (33, 77, 276.7),
+             (10, 77, 276.9), (32, 53, 277.0), (32, 70, 277.2), (32, 57, 277.5), (12, 77, 278.1), (32, 69, 278.1)]
+    cands = [cand(a, b) for a, b, _ in first] + [DEFAULT]
+    medians = [us / 1000 for *_, us in first] + [0.9447]
+    pairs = {tactics(c) for c in pair_candidates(cands, medians, k=QualitySettings("careful").pair_k)}
+    assert (25, 70) in pairs
+    assert (25, 70) not in {tactics(c) for c in pair_candidates(cands, medians, k=4)}
 
 
 def test_an_assignment_missing_a_slot_stops_the_pair_round():
