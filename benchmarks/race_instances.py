@@ -83,6 +83,30 @@ def spread_summary(meds: list[float], ses: list[float]) -> dict:
             "median_se_rel": round(statistics.mean(ses) / statistics.mean(meds), 5)}
 
 
+class Neighbours:
+    """The workload's other ops, called one after another at a token count (untimed, in race.py's
+    ``context``): what runs between two calls of one op in a forward pass. Their lookups miss the
+    race's loaded file, so each runs FlashInfer's default, as an op without a cache entry would."""
+
+    def __init__(self, layers: list, ids: list[str]):
+        self.layers, self.ids = layers, ids
+        self.kwargs: dict[tuple[int, int], dict] = {}
+
+    def __call__(self, tokens: int) -> None:
+        for j, layer in enumerate(self.layers):
+            kw = self.kwargs.get((j, tokens))
+            if kw is None:
+                kw = self.kwargs[(j, tokens)] = layer.call_kwargs(tokens)
+            layer.api(**kw)
+
+
+def neighbours(op: dict, ops: list[dict], dev, op_layer) -> Neighbours:
+    others = [o for o in ops if o["id"] != op["id"]]
+    if not others:
+        raise SystemExit(f"race_instances: --context: {op['id']} is the workload's only op")
+    return Neighbours([op_layer(o, dev, seed=1) for o in others], [o["id"] for o in others])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="dense-fp8-tp8")
@@ -94,6 +118,9 @@ def main() -> None:
     ap.add_argument("--input-draws", type=int, default=1, help="token inputs rotating over this many draws (race.py)")
     ap.add_argument("--span", type=int, default=1,
                     help="race at this many token counts over the bucket's range (its entry serves them all)")
+    ap.add_argument("--context", action="store_true",
+                    help="the workload's other ops run untimed before every timed run, at its token count (race.py's "
+                         "context: what a forward pass runs between two calls of one op)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     try:  # every case read before any GPU work: a typo in the third is not found after two races
@@ -127,6 +154,7 @@ def main() -> None:
         op = next((o for o in ops if name in o["id"]), None)
         if op is None:
             raise SystemExit(f"race_instances: no op matching {name!r} in {[o['id'] for o in ops]}")
+        context = neighbours(op, ops, dev, OpLayer) if args.context else None
         for tokens in counts[case]:  # the bucket alone unless --span
             per_tactic: dict[str, list[tuple[float, float]]] = {t: [] for t in tactics}
             gaps, copy_gaps = [], []
@@ -150,7 +178,8 @@ def main() -> None:
                 assignments = [assignment[t] for _ in range(args.instances) for t in tactics]
                 t0 = time.perf_counter()
                 r = race(layer, tokens, assignments, None, rounds=args.rounds, warmup=5, cold_l2=True, graph=tokens <= graph_max,
-                         workdir=work, seed=args.seed * 1000 + copy, keep_samples=True, input_draws=args.input_draws)
+                         workdir=work, seed=args.seed * 1000 + copy, keep_samples=True, input_draws=args.input_draws,
+                         context=context)
                 samples, m = r["samples_ms"], r["medians_ms"]
                 tags = r.get("samples_draw") or [None] * len(samples)
                 ses = [median_se(xs, tg, seed=j) for j, (xs, tg) in enumerate(zip(samples, tags))]
@@ -161,6 +190,7 @@ def main() -> None:
                 means = [statistics.mean(m[k * len(tactics) + i] for k in range(args.instances)) for i in range(2)]
                 copy_gaps.append(means[1] / means[0] - 1)
                 row = {"case": case, "op": op["id"], "bucket": b, "tokens": tokens, "copy": copy, "graph": r["graph"],
+                       "context": context.ids if context else [],
                        "seconds": round(time.perf_counter() - t0, 2),
                        "tactics": {t: spread_summary([m[k * len(tactics) + i] for k in range(args.instances)],
                                                      [ses[k * len(tactics) + i] for k in range(args.instances)])
@@ -182,7 +212,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps({"workload": args.workload, "gpu": torch.cuda.get_device_name(dev),
                                         "instances": args.instances, "layers": args.layers, "rounds": args.rounds,
-                                        "input_draws": args.input_draws, "span": args.span,
+                                        "input_draws": args.input_draws, "span": args.span, "context": args.context,
                                         "rows": rows}, indent=1))
 
 

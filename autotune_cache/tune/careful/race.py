@@ -30,6 +30,13 @@ gives for the exact count. On Llama-3.1-70B FP8 TP8 (H200) the tactic fastest at
 1280's tactic 1: 11.5% faster at 1216-1280 tokens, 1-4% slower at 1025-1152
 (``benchmarks/race_instances.py --span``, docs/quality.md "A bucket serves a range").
 
+A race may be given a ``context``: a call run untimed before every timed run (after the
+candidate's file is loaded, before the L2 flush), with the round's token count - a benchmark's way
+to put the layer's other ops between two runs of one candidate, as a forward pass does. Why: at
+Llama-3.1-70B FP8 TP8 qkv_proj @ 768 (15-20 us) tactic 1 read 1.5-2.6% ahead of the default in
+races of two or three candidates and 1.0% ahead to 0.4% behind in races of all nine
+(docs/quality.md, "Race composition"): what runs between two runs of a small GEMM moves it.
+
 Candidates are interleaved in a new random order every round, so drift (clocks, temperature,
 other tenants) hits all alike; with ``cold_l2`` a 2x-L2 buffer is zeroed before every timed run
 (untimed), as between layers the weights come from HBM. The median of each candidate's runs is
@@ -68,6 +75,7 @@ class _Candidates:
         self.counts: list[int] = list(span) if span and len(span) > 1 else []
         self.strata: list[dict] = [layer.call_kwargs(m) for m in self.counts]
         self.kwargs = self.strata[-1] if self.strata else layer.call_kwargs(bucket)  # the bucket's: the span's last
+        self.tokens = bucket  # the round's token count (with a span, its count)
         if not self.counts and input_draws > 1:
             tensors = {k for k, v in self.kwargs.items() if hasattr(v, "copy_") and k not in layer.static}  # token-shaped
             self.draws = [{k: v for k, v in layer.call_kwargs(bucket, draw=d).items() if k in tensors}
@@ -85,7 +93,7 @@ class _Candidates:
         span its token count's own arguments; the stratum."""
         if self.strata:
             s = r % len(self.strata)
-            self.kwargs = self.strata[s]
+            self.kwargs, self.tokens = self.strata[s], self.counts[s]
             return s
         if not self.draws:
             return 0
@@ -145,7 +153,7 @@ def _first_runs(torch, c: _Candidates, n: int, graph: bool, instances: int = 1) 
 
 
 def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, delay, rounds: int, warmup: int,
-                  seed: int) -> tuple[list[list[float]], list[list[int]] | None]:
+                  seed: int, context=None) -> tuple[list[list[float]], list[list[int]] | None]:
     """Every live candidate once per round - each of its graph instances once - in a new random order
     each round; the samples (ms) and, with rotating input draws or several instances, the stratum of
     each (``draw * instances + instance``: ``settle.center`` takes the mean over strata)."""
@@ -161,6 +169,8 @@ def _timed_rounds(torch, c: _Candidates, live: list[int], graphs: list, flush, d
         for i, k in order:
             if graphs[i] is None and not c.use(i):
                 continue
+            if context is not None:
+                context(c.tokens)
             if flush is not None:
                 flush.zero_()
             if graphs[i] is None and delay is not None:
@@ -188,12 +198,13 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
          cold_l2: bool = True, graph: bool = True, workdir: Path, seed: int = 0, keep_samples: bool = False,
          screen_rounds: int = 0, batch_rounds: int = 50, max_rounds: int = 0, keep: float = KEEP,
          keep_min: int = KEEP_MIN, confidence: float = CONFIDENCE, input_draws: int = 1,
-         graph_instances: int = 1, span: list[int] | None = None) -> dict:
+         graph_instances: int = 1, span: list[int] | None = None, context=None) -> dict:
     """Every candidate ``rounds`` timed rounds; or, with ``screen_rounds``, a screen of every candidate
     and the close ones raced on until the fastest is settled (``settle.settle``: at least
     ``rounds``, at most ``max_rounds``), the graphs captured once for the whole race (``graph_instances``
     of each candidate, each timed every round: ``runs`` counts every timed run). ``span``: token counts
-    of the bucket's range for an eager race, one a round (``_Candidates``); a graph race ignores it."""
+    of the bucket's range for an eager race, one a round (``_Candidates``); a graph race ignores it.
+    ``context(tokens)``: run untimed before every timed run (module docstring); None in careful."""
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
 
@@ -217,13 +228,14 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
         settled = None
         if screen_rounds > 0:
             def time_rounds(which, k, s):
-                return _timed_rounds(torch, c, [i for i in which if i in live], graphs, flush, delay, k, warmup, s)
+                return _timed_rounds(torch, c, [i for i in which if i in live], graphs, flush, delay, k, warmup, s,
+                                     context)
 
             samples, draws, settled = settle(time_rounds, n, rounds=rounds, screen_rounds=screen_rounds,
                                              batch_rounds=batch_rounds, max_rounds=max(max_rounds, rounds), keep=keep,
                                              keep_min=keep_min, confidence=confidence, seed=seed)
         else:
-            samples, draws = _timed_rounds(torch, c, live, graphs, flush, delay, rounds, warmup, seed)
+            samples, draws = _timed_rounds(torch, c, live, graphs, flush, delay, rounds, warmup, seed, context)
     c.remove()
     tags = draws or [None] * n
     # "medians_ms": the name the manifests and every reader know; with draws, settle.center's mean of medians

@@ -615,6 +615,35 @@ def test_race_instances_span_is_the_counts_flashinfer_maps_to_the_bucket():
         ri.span_counts(1000, 3)
 
 
+def test_race_instances_context_calls_every_other_op_at_the_count():
+    """``--context``: the workload's other ops (not the raced one) each called once per timed run at
+    the round's count, their arguments built once per count; a workload of one op is refused."""
+    ri = _race_instances()
+    calls, built = [], []
+
+    class Op:
+        def __init__(self, op, dev, seed):
+            self.id = op["id"]
+
+        def call_kwargs(self, m):
+            built.append((self.id, m))
+            return {"m": m}
+
+        def api(self, m):
+            calls.append((self.id, m))
+
+    ops = [{"id": "linear.qkv_proj"}, {"id": "linear.o_proj"}, {"id": "linear.down_proj"}]
+    ctx = ri.neighbours(ops[0], ops, None, Op)
+    assert ctx.ids == ["linear.o_proj", "linear.down_proj"]
+    for m in (769, 1024, 769):
+        ctx(m)
+    assert calls == [("linear.o_proj", 769), ("linear.down_proj", 769), ("linear.o_proj", 1024),
+                     ("linear.down_proj", 1024), ("linear.o_proj", 769), ("linear.down_proj", 769)]
+    assert sorted(built) == sorted({(i, m) for i, m in calls})
+    with pytest.raises(SystemExit, match="only op"):
+        ri.neighbours(ops[0], ops[:1], None, Op)
+
+
 def test_race_instances_tells_a_graph_effect_from_sampling_noise():
     """Instance medians apart by more than their bootstrap errors: the spread, its SD and the errors
     are what the docs' table compares (a graph with a speed of its own vs noise alone)."""
