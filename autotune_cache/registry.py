@@ -45,7 +45,7 @@ _BUILTIN_ENGINES = dict(KNOWN_ENGINES)
 #: engine that enters ``autotune_v2``.
 KNOWN_LAYOUTS: dict[str, tuple[str | None, str]] = {
     "sglang": ("sglang", "autotune_cache.engines.sglang.layout:LAYOUT"),
-    "flashinfer-v2": (None, "autotune_cache.tree.layouts.flashinfer_v2.layout:LAYOUT"),
+    "flashinfer-v2": (None, "autotune_cache.tree.layout_kinds.flashinfer_v2.layout:LAYOUT"),
     "vllm": ("vllm", "autotune_cache.engines.vllm.layout:LAYOUT"),
     "vllm-dir": ("vllm", "autotune_cache.engines.vllm.layout:DIR_LAYOUT"),
 }

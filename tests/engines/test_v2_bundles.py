@@ -1,5 +1,5 @@
 """FlashInfer's managed store moved between machines: ``export``/``import`` and
-``push``/``pull`` of an environment directory (tree/layouts/flashinfer_v2/bundle.py). The tree on the
+``push``/``pull`` of an environment directory (tree/layout_kinds/flashinfer_v2/bundle.py). The tree on the
 other side is judged by FlashInfer's own ``ManagedAutotuneCache`` (run on CPU); an import merges
 entry by entry (FlashInfer publishes into the same directory) and refuses, whole, what would
 replace another tuning without --force, or what FlashInfer itself would not read."""

@@ -46,7 +46,7 @@ FLOORS = (
     ("autotune_cache.plan", "plan", 2),
     ("autotune_cache.tree", "tree", 3),
     ("autotune_cache.calls", "calls", 3),
-    ("autotune_cache.tree.layouts.flashinfer_v2", "managed_store", 4),
+    ("autotune_cache.tree.layout_kinds.flashinfer_v2", "managed_store", 4),
     # doctor: it reads every engine's log through the dialects the engines hand it (registry)
     ("autotune_cache.logs", "logs", 4),
     ("autotune_cache.engines", "engines", 5),
@@ -354,8 +354,9 @@ KIND_ATTRIBUTES = frozenset({"holds_rank_files"})
 
 
 def owns_layouts(module: str) -> bool:
-    """The layouts wing, and each engine's own ``layout`` module, may know layouts' kinds."""
-    return module.startswith("autotune_cache.tree.layouts") or (
+    """The layouts wing (the contract in ``tree/layouts``, each kind in ``tree/layout_kinds``), and
+    each engine's own ``layout`` module, may know layouts' kinds."""
+    return module.startswith(("autotune_cache.tree.layouts", "autotune_cache.tree.layout_kinds")) or (
         module.startswith("autotune_cache.engines.") and module.endswith(".layout"))
 
 

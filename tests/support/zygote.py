@@ -74,7 +74,7 @@ import sys
 #: imported only when such a command runs), the engines the registry names (imported by the first
 #: command that plans, lists or checks: about 0.2 CPU-s a run), and what an S3 command imports.
 PRELOAD = ("click", "fi_autotune_cli.entry", "fi_autotune_cli.main", "autotune_cache.engines.sglang.engine",
-           "autotune_cache.engines.vllm.engine", "autotune_cache.tree.layouts.flashinfer_v2.layout",
+           "autotune_cache.engines.vllm.engine", "autotune_cache.tree.layout_kinds.flashinfer_v2.layout",
            # the package's public names are imported when first used (autotune_cache/__init__.py): the
            # modules behind them, which nearly every command imports, loaded once here
            "autotune_cache.tree.scanner.scan", "autotune_cache.tree.manifest", "autotune_cache.tune.workers.lm_head")

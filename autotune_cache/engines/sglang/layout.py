@@ -18,7 +18,7 @@ from autotune_cache.plan.topology import RankName, Topology
 from autotune_cache.tree.layouts.base import env_root
 from autotune_cache.tree.layouts.values import Level, NameKind, RootChoice
 from autotune_cache.tree.layouts.own_names import MANIFEST_NAME, TEMP_FILE_RE
-from autotune_cache.tree.layouts.rank_files import RankFileLayout
+from autotune_cache.tree.layout_kinds.rank_files import RankFileLayout
 from autotune_cache.autotuner.arch import ARCH_RE
 from autotune_cache.autotuner.installed import VERSION_RE
 

@@ -32,11 +32,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune_cache.tree.layouts.flashinfer_v2.layout import FlashInferV2Layout
+from autotune_cache.tree.layout_kinds.flashinfer_v2.layout import FlashInferV2Layout
 from autotune_cache.plan.topology import MAX_PARALLEL, MAX_RANK_FILES, Topology, TopologyError
 from autotune_cache.tree.layouts.values import Level, NameKind, RootChoice
 from autotune_cache.tree.layouts.own_names import MANIFEST_NAME, TEMP_FILE_RE
-from autotune_cache.tree.layouts.rank_files import RankFileLayout
+from autotune_cache.tree.layout_kinds.rank_files import RankFileLayout
 from autotune_cache.autotuner.installed import VERSION_RE
 
 HASH_RE = re.compile(r"^[0-9a-f]{64}\Z")

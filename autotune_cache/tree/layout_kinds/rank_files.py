@@ -1,7 +1,7 @@
 """A tree of rank-file entries (SGLang's, vLLM's per-rank files): what the layouts that hold them
 answer about a plan's entry - what is there, how a warm writes it, how ``verify`` replays it and
 how ``check`` reads it. FlashInfer's managed store answers the same questions its own way
-(``tree/layouts/flashinfer_v2/layout.py``); ``CacheLayout`` declares them, so each new kind must decide.
+(``tree/layout_kinds/flashinfer_v2/layout.py``); ``CacheLayout`` declares them, so each new kind must decide.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import read_regular_file
-from autotune_cache.tree.layouts.flashinfer_v2.format import ENTRIES, MANIFEST, SCHEMA, entry_name, env_hash
+from autotune_cache.tree.layout_kinds.flashinfer_v2.format import ENTRIES, MANIFEST, SCHEMA, entry_name, env_hash
 from autotune_cache.errors import FiAutotuneError
 from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, ensure_tree_dirs
 from autotune_cache.tree.crashsafe.locks import entry_lock

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, RankFile, read_regular_file
-from autotune_cache.tree.layouts.flashinfer_v2.bundle import StagedEnv, checked_env, merge_env
-from autotune_cache.tree.layouts.flashinfer_v2.convert import write_entry
-from autotune_cache.tree.layouts.flashinfer_v2.format import (ENTRIES, MANIFEST, V2Result, default_root, entry_name, env_hash,
+from autotune_cache.tree.layout_kinds.flashinfer_v2.bundle import StagedEnv, checked_env, merge_env
+from autotune_cache.tree.layout_kinds.flashinfer_v2.convert import write_entry
+from autotune_cache.tree.layout_kinds.flashinfer_v2.format import (ENTRIES, MANIFEST, V2Result, default_root, entry_name, env_hash,
                                                        lacking, merge_rank_files, store_manifest, write_store)
 from autotune_cache.plan.topology import Topology
 from autotune_cache.errors import UsageError

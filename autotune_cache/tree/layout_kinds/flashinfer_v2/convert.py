@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import read_regular_file
-from autotune_cache.tree.layouts.flashinfer_v2.format import V2Result, merge_rank_files, write_store
+from autotune_cache.tree.layout_kinds.flashinfer_v2.format import V2Result, merge_rank_files, write_store
 from autotune_cache.tree.records import CacheEntry
 
 
