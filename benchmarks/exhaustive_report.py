@@ -298,6 +298,49 @@ def aa_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def sweep_vs_h2h(result: dict) -> list[dict]:
+    """Each pick that is not the head-to-head's best, its gap read twice in one run: in the sweep
+    (every tactic in one race) and in the head-to-head (the picks and the best alone). What the two
+    races disagree by is what a race's composition and its draw move a gap by (docs/quality.md,
+    "Race composition"): at qkv_proj @ 768 a small race read tactic 1 2 points further ahead."""
+    out = []
+    for it in result.get("items", []):
+        h = it.get("head_to_head") or {}
+        swept = {_plain(r["label"]): r["median_ms"] for r in it.get("ranking", [])}
+        best = _plain(h.get("best_label"))
+        if not _finite(h.get("best")) or swept.get(best) is None:
+            continue
+        for kind, pick in (it.get("picks") or {}).items():
+            label = _plain(pick.get("label"))
+            if label == best or not _finite(h.get(kind)) or swept.get(label) is None:
+                continue
+            out.append({"h2h": h[kind] / h["best"] - 1, "sweep": swept[label] / swept[best] - 1,
+                        "graph": bool(it.get("graph")), "call_ms": it.get("best_ms") or h["best"]})
+    return out
+
+
+def sweep_h2h_table(results: list[dict], within: float = 0.01) -> str:
+    rows = [r for res in results for r in sweep_vs_h2h(res)]
+    lines = [f"A pick's gap to the best in the head-to-head minus in the sweep ({len(rows)} picks in {len(results)} "
+             f"result files); flips: over {within:.0%} in one race and within it in the other",
+             "| mode | call | picks | median | p10 | p90 | over only in the head-to-head | over only in the sweep |",
+             "|---|---|---|---|---|---|---|---|"]
+    for graph in (True, False):
+        for lo, hi in AA_SIZES:
+            sel = [r for r in rows if r["graph"] == graph and lo <= r["call_ms"] < hi]
+            if not sel:
+                continue
+            x = sorted(r["h2h"] - r["sweep"] for r in sel)
+            q = lambda p: x[min(len(x) - 1, int(p * len(x)))]  # noqa: E731
+            size = f"< {hi * 1000:.0f} us" if lo == 0 else (f"> {lo * 1000:.0f} us" if math.isinf(hi) else
+                                                            f"{lo * 1000:.0f}-{hi * 1000:.0f} us")
+            only_h2h = sum(r["h2h"] > within >= r["sweep"] for r in sel)
+            only_sweep = sum(r["sweep"] > within >= r["h2h"] for r in sel)
+            lines.append(f"| {'CUDA graph' if graph else 'eager'} | {size} | {len(sel)} | {q(0.5) * 100:+.2f} pt | "
+                         f"{q(0.1) * 100:+.2f} pt | {q(0.9) * 100:+.2f} pt | {only_h2h} | {only_sweep} |")
+    return "\n".join(lines)
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x:+.2%}"
 

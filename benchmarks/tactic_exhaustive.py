@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from autotune_cache.tune.careful.settle import relative_iqr  # noqa: E402
-from exhaustive_report import KINDS, aa_table, repeated_table, summarize, table  # noqa: E402
+from exhaustive_report import KINDS, aa_table, repeated_table, summarize, sweep_h2h_table, table  # noqa: E402
 from autotune_cache.tune.careful.quality import DEFAULT_GRAPH_INSTANCES, DEFAULT_INPUT_DRAWS, DEFAULT_SPAN, bucket_span  # noqa: E402
 
 WORKLOADS = {
@@ -592,9 +592,14 @@ def main() -> None:
                     help="with --resume: measure every (op, bucket) again (the same picks, a second reference run)")
     ap.add_argument("--report", type=Path, nargs="*")
     ap.add_argument("--aa", type=Path, nargs="*", help="result files: how far identical candidates in one race read apart")
+    ap.add_argument("--sweep-vs-h2h", type=Path, nargs="*",
+                    help="result files: how far a pick's gap in the head-to-head is from its gap in the sweep")
     args = ap.parse_args()
     if args.aa:
         print(aa_table([_load(p) for p in args.aa]))
+        return
+    if args.sweep_vs_h2h:
+        print(sweep_h2h_table([_load(p) for p in args.sweep_vs_h2h]))
         return
     if args.report:
         runs = []

@@ -30,6 +30,7 @@ def _report():
 summarize, table = _report().summarize, _report().table
 repeated, repeated_table = _report().repeated, _report().repeated_table
 identical_spreads, aa_table = _report().identical_spreads, _report().aa_table
+sweep_vs_h2h, sweep_h2h_table = _report().sweep_vs_h2h, _report().sweep_h2h_table
 
 
 def _noisy(mu: float, n: int, rel: float, seed: int) -> list[float]:
@@ -371,6 +372,19 @@ def test_identical_candidates_in_one_race_give_the_races_own_spread():
     assert identical_spreads(_run(rows, [{**layer[0], "op": "other"}])) == []  # another call's row
     text = aa_table([_run(rows, layer), _run(rows, eager)])
     assert "| CUDA graph | < 30 us | 1 | 1.00% |" in text and "| eager | > 100 us | 1 | 0.10% |" in text
+
+
+def test_a_picks_gap_is_read_in_the_sweep_and_in_the_head_to_head():
+    """The sweep (every tactic) and the head-to-head (the picks alone) each put a gap on a pick that
+    is not the best; the pick that is the best, or one without a head-to-head, offers none."""
+    item = {"bucket": 768, "graph": False, "best_ms": 0.018,
+            "ranking": [{"label": "R:1", "median_ms": 0.0180}, {"label": "R:-1 (default)", "median_ms": 0.01809}],
+            "picks": {"careful": {"label": "R:-1"}, "engine": {"label": "R:1"}},
+            "head_to_head": {"best": 0.0180, "best_label": "R:1", "careful": 0.01827, "engine": 0.0180}}
+    (got,) = sweep_vs_h2h({"items": [item, {**item, "head_to_head": {"note": "every pick is the best"}}]})
+    assert got["h2h"] == pytest.approx(0.015) and got["sweep"] == pytest.approx(0.005) and not got["graph"]
+    text = sweep_h2h_table([{"items": [item]}])
+    assert "| eager | < 30 us | 1 | +1.00 pt |" in text and text.endswith("| 1 | 0 |")
 
 
 def test_repeated_behind_the_engine_in_every_run():
