@@ -328,6 +328,23 @@ def _load(path: Path) -> dict:
     return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
 
 
+def _results(ap, paths: list[Path]) -> list[dict]:
+    """The result files ``--report``, ``--aa`` and ``--sweep-vs-h2h`` read, or one usage error naming
+    the first that is not one (missing, not a regular file - a FIFO would block the read - or not JSON)."""
+    out = []
+    for p in paths:
+        if not p.is_file():
+            ap.error(f"{p}: no such result file")
+        try:
+            r = _load(p)
+        except (OSError, ValueError, EOFError) as e:
+            ap.error(f"{p}: not a result file ({type(e).__name__})")
+        if not isinstance(r, dict):
+            ap.error(f"{p}: not a result file (JSON, but not an object)")
+        out.append(r)
+    return out
+
+
 def _resume_source(args) -> Path:
     src = args.resume / f"tactic_exhaustive_{args.workload}.json"
     return src if src.exists() else src.with_name(src.name + ".gz")
@@ -596,15 +613,14 @@ def main() -> None:
                     help="result files: how far a pick's gap in the head-to-head is from its gap in the sweep")
     args = ap.parse_args()
     if args.aa:
-        print(aa_table([_load(p) for p in args.aa]))
+        print(aa_table(_results(ap, args.aa)))
         return
     if args.sweep_vs_h2h:
-        print(sweep_h2h_table([_load(p) for p in args.sweep_vs_h2h]))
+        print(sweep_h2h_table(_results(ap, args.sweep_vs_h2h)))
         return
     if args.report:
         runs = []
-        for p in args.report:
-            r = _load(p)
+        for r in _results(ap, args.report):
             r["summary"] = summarize(r)
             print(table(r))
             runs.append(r)

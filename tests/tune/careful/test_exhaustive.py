@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import json
 import math
 import random
@@ -536,6 +537,26 @@ def test_resume_usage_errors(tmp_path, monkeypatch, capsys, argv, words):
     with pytest.raises(SystemExit) as e:
         mod.main()
     assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["--report", "--aa", "--sweep-vs-h2h"])
+@pytest.mark.parametrize("what, words", [("missing", "no such result file"), ("fifo", "no such result file"),
+                                         ("garbage", "not a result file"), ("list", "not an object")])
+def test_a_file_that_is_no_result_is_a_usage_error(tmp_path, monkeypatch, capsys, mode, what, words):
+    """One line and exit 2 before any table; a FIFO is refused unopened (reading it would block)."""
+    mod = _bench()
+    p = tmp_path / f"{what}.json"
+    if what == "fifo":
+        os.mkfifo(p)
+    elif what == "garbage":
+        p.write_bytes(b"\x00not json")
+    elif what == "list":
+        p.write_text("[]")
+    monkeypatch.setattr("sys.argv", ["tactic_exhaustive.py", mode, str(p)])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and words in err and "Traceback" not in err
 
 
 def test_report_of_two_runs_of_other_picks_says_so(tmp_path, capsys, monkeypatch):
