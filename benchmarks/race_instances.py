@@ -83,24 +83,10 @@ def spread_summary(meds: list[float], ses: list[float]) -> dict:
             "median_se_rel": round(statistics.mean(ses) / statistics.mean(meds), 5)}
 
 
-class Neighbours:
-    """The workload's other ops, called one after another at a token count (untimed, in race.py's
-    ``context``): what runs between two calls of one op in a forward pass. Their lookups miss the
-    race's loaded file, so each runs FlashInfer's default, as an op without a cache entry would."""
+def neighbours(op: dict, ops: list[dict], dev, op_layer):
+    """The workload's other ops as a race context (``context.Neighbours``, as careful builds it)."""
+    from autotune_cache.tune.careful.context import Neighbours
 
-    def __init__(self, layers: list, ids: list[str]):
-        self.layers, self.ids = layers, ids
-        self.kwargs: dict[tuple[int, int], dict] = {}
-
-    def __call__(self, tokens: int) -> None:
-        for j, layer in enumerate(self.layers):
-            kw = self.kwargs.get((j, tokens))
-            if kw is None:
-                kw = self.kwargs[(j, tokens)] = layer.call_kwargs(tokens)
-            layer.api(**kw)
-
-
-def neighbours(op: dict, ops: list[dict], dev, op_layer) -> Neighbours:
     others = [o for o in ops if o["id"] != op["id"]]
     if not others:
         raise SystemExit(f"race_instances: --context: {op['id']} is the workload's only op")

@@ -372,7 +372,9 @@ def resumed(args) -> tuple[dict, dict, set]:
     if args.remeasure:  # the same picks, a new reference: how far the reference repeats itself
         result["remeasure_of"] = {"path": str(src), "date": result.get("date"), "settings": result.get("settings"),
                                   "gpu": result.get("gpu")}
-        result.update(items=[], layer=[], date=time.strftime("%Y-%m-%d"), settings=_settings(args))
+        earlier = result.get("settings") or {}
+        result.update(items=[], layer=[], date=time.strftime("%Y-%m-%d"),  # how the picks were tuned stays theirs
+                      settings={**_settings(args), "race_context": bool(earlier.get("race_context"))})
         result.pop("measure_s", None)
     else:
         result["resumed"] = result.get("resumed", 0) + 1
@@ -596,6 +598,9 @@ def main() -> None:
     ap.add_argument("--span", type=int, default=DEFAULT_SPAN,
                     help="token counts over an eager bucket's range every race times (careful's FI_AUTOTUNE_SPAN "
                          "is set to the same for its warm; default: careful's own; 1: the bucket's own count)")
+    ap.add_argument("--race-context", action="store_true",
+                    help="careful races in context: the workload's other ops run untimed before every timed run "
+                         "(FI_AUTOTUNE_RACE_CONTEXT=1 for its warm); the reference itself races without")
     ap.add_argument("--h2h-next", type=int, default=2, help="the exhaustive race's next N race again with the picks")
     ap.add_argument("--keep", type=float, default=0.03)
     ap.add_argument("--keep-min", type=int, default=4)
@@ -637,6 +642,8 @@ def main() -> None:
         ap.error("--span, --instances and --input-draws take 1 or more (1: the bucket's count, one graph, one draw)")
     if args.resume and args.kinds is not None:
         ap.error("--kinds with --resume: the picks are the resumed run's")
+    if args.resume and args.race_context:
+        ap.error("--race-context with --resume: the picks are the resumed run's, tuned as it tuned them")
     if args.remeasure and not args.resume:
         ap.error("--remeasure goes with --resume DIR")
     if args.resume and not _resume_source(args).is_file():
@@ -649,7 +656,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"exh-{args.workload}-"))
     env = {**_cli_env(work), "FI_AUTOTUNE_RACE_INPUTS": str(args.input_draws),
-           "FI_AUTOTUNE_GRAPH_INSTANCES": str(args.instances), "FI_AUTOTUNE_SPAN": str(args.span)}
+           "FI_AUTOTUNE_GRAPH_INSTANCES": str(args.instances), "FI_AUTOTUNE_SPAN": str(args.span),
+           "FI_AUTOTUNE_RACE_CONTEXT": "1" if args.race_context else "0"}
     plan_path = plan_of(w, work, env)
     kinds = [k for k in (",".join(KINDS) if args.kinds is None else args.kinds).split(",") if k]
     t0 = time.perf_counter()
@@ -662,7 +670,7 @@ def main() -> None:
         return
     picks = tune_kinds(kinds, w, plan_path, work, env, args.repeats)
     result = {"workload": args.workload, "label": w["label"], "date": time.strftime("%Y-%m-%d"),
-              "settings": _settings(args),
+              "settings": {**_settings(args), "race_context": args.race_context},
               "picks": {k: {kk: vv for kk, vv in v.items() if kk != "path"} for k, v in picks.items()},
               "picks_wall_s": round(time.perf_counter() - t0, 1), "items": [], "layer": []}
     for kind, p in picks.items():

@@ -73,7 +73,9 @@ def race(spec_path):
     if os.environ.get("FAKE_RACE_LOG"):
         with open(os.environ["FAKE_RACE_LOG"], "a") as f:
             f.write(json.dumps({"bucket": spec["bucket"], "n": len(medians), "graph": spec["settings"]["graph"],
-                                "span": spec["settings"].get("span")}) + "\n")
+                                "span": spec["settings"].get("span"),
+                                "context": [n["op"]["id"] for n in spec["context"]] if "context" in spec else None})
+                    + "\n")
     emit("raced", spec=spec_path, seconds=0.0, errors=0)
 
 

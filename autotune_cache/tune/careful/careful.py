@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune_cache.errors import FiAutotuneError
+from autotune_cache.tune.careful.context import neighbour_specs
 from autotune_cache.tune.careful.quality import Candidate, QualitySettings, Selection, apply_selection, candidates, choose
 from autotune_cache.tune.careful.workdir import merged_results, one_metadata, read_slot_records, tune_prefix
 
@@ -60,10 +61,11 @@ def plan_races(wd: Path, ops: list[dict], quality: QualitySettings) -> list[Race
                 out.append(RacePlan(i, b, recs, cands, None, result))
                 continue
             if not result.exists():
+                context = neighbour_specs(ops, i) if quality.race_context else []
                 spec.write_text(json.dumps({
                     "layer": i, "op": op, "bucket": b, "assignments": [c.entries() for c in cands],
                     "metadata": metas[0], "settings": quality.race_settings(b, op.get("bucket_rule")), "result": str(result),
-                    "seed": 1000 * i + b}))
+                    "seed": 1000 * i + b, **({"context": context} if context else {})}))
             out.append(RacePlan(i, b, recs, cands, spec, result))
     return out
 

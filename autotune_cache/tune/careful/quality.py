@@ -350,6 +350,9 @@ class QualitySettings:
                                                                           DEFAULT_GRAPH_INSTANCES)))
     #: Token counts over an eager bucket's range each candidate is raced at (``bucket_span``); 1: the bucket's own.
     span: int = field(default_factory=lambda: max(1, _env_int("FI_AUTOTUNE_SPAN", DEFAULT_SPAN)))
+    #: Race in context: the workload's other ops run untimed before every timed run (``context.py``);
+    #: off until the reference has judged it (``FI_AUTOTUNE_RACE_CONTEXT=1`` turns it on).
+    race_context: bool = field(default_factory=lambda: _env_int("FI_AUTOTUNE_RACE_CONTEXT", 0) > 0)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -384,4 +387,6 @@ class QualitySettings:
                      cold_l2=self.cold_l2, graph_max_tokens=self.graph_max_tokens, top_k=self.top_k,
                      pair_k=self.pair_k, screen_rounds=self.screen_rounds, max_rounds=self.max_rounds, keep=KEEP,
                      input_draws=self.input_draws, graph_instances=self.graph_instances, span=self.span)
+            if self.race_context:  # named only when on: every manifest before it raced without
+                d["race_context"] = True
         return d

@@ -31,8 +31,9 @@ gives for the exact count. On Llama-3.1-70B FP8 TP8 (H200) the tactic fastest at
 (``benchmarks/race_instances.py --span``, docs/quality.md "A bucket serves a range").
 
 A race may be given a ``context``: a call run untimed before every timed run (after the
-candidate's file is loaded, before the L2 flush), with the round's token count - a benchmark's way
-to put the layer's other ops between two runs of one candidate, as a forward pass does. Why: at
+candidate's file is loaded, before the L2 flush), with the round's token count - the way to put the
+layer's other ops between two runs of one candidate, as a forward pass does (``context.py``; careful
+passes one only where asked). Why: at
 Llama-3.1-70B FP8 TP8 qkv_proj @ 768 (15-20 us) tactic 1 read 1.5-2.6% ahead of the default in
 races of two or three candidates and 1.0% ahead to 0.4% behind in races of all nine
 (docs/quality.md, "Race composition"): what runs between two runs of a small GEMM moves it.
@@ -53,6 +54,7 @@ import random
 from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import cache_file_bytes
+from autotune_cache.tune.careful.context import Neighbours
 from autotune_cache.tune.careful.settle import CONFIDENCE, KEEP, KEEP_MIN, center, relative_iqr, settle
 
 
@@ -204,7 +206,7 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
     ``rounds``, at most ``max_rounds``), the graphs captured once for the whole race (``graph_instances``
     of each candidate, each timed every round: ``runs`` counts every timed run). ``span``: token counts
     of the bucket's range for an eager race, one a round (``_Candidates``); a graph race ignores it.
-    ``context(tokens)``: run untimed before every timed run (module docstring); None in careful."""
+    ``context(tokens)``: run untimed before every timed run (module docstring)."""
     import torch
     from flashinfer.autotuner import AutoTuner, autotune
 
@@ -250,6 +252,25 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
         out["samples_ms"] = samples
         out["samples_draw"] = draws
     return out
+
+
+def run_spec(spec_path: str, build_layer) -> dict:
+    """Race a spec file's candidates (careful's, ``careful.plan_races``) and write the result beside
+    the spec, atomically. ``build_layer(index, op)`` is the worker's: the raced op's layer, and with a
+    ``context`` in the spec its neighbours' (``context.py``), each the one its tunes used."""
+    spec = json.loads(Path(spec_path).read_text())
+    layer = build_layer(spec["layer"], spec["op"])
+    context = None
+    if spec.get("context"):
+        context = Neighbours([build_layer(n["layer"], n["op"]) for n in spec["context"]],
+                             [n["op"]["id"] for n in spec["context"]])
+    result = race(layer, spec["bucket"], spec["assignments"], spec["metadata"], workdir=Path(spec_path).parent,
+                  seed=spec.get("seed", 0), context=context, **spec["settings"])
+    out = Path(spec["result"])
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, out)
+    return result
 
 
 def span_within(span: list[int], cap: int) -> list[int]:

@@ -41,7 +41,7 @@ from flashinfer.autotuner import AutoTuner, autotune  # noqa: E402
 from autotune_cache.tune.workers.kernel_modules import prebuild_on, watch as watch_kernel_modules  # noqa: E402
 from autotune_cache.tune.workers.lm_head import lm_head_stub  # noqa: E402
 from autotune_cache.tune.careful.quality import DEFAULT_TOP_K  # noqa: E402
-from autotune_cache.tune.careful.race import race  # noqa: E402
+from autotune_cache.tune.careful.race import run_spec  # noqa: E402
 from autotune_cache.tune.workers.skeleton import OpLayer, SkeletonModel  # noqa: E402
 
 
@@ -175,19 +175,6 @@ class SlotRecorder:
         return out
 
 
-def run_race(spec_path: str, build_layer) -> dict:
-    """Race the spec's candidates (``race.py``) and write the result beside the spec, atomically."""
-    spec = json.loads(Path(spec_path).read_text())
-    layer = build_layer(spec["layer"], spec["op"])
-    result = race(layer, spec["bucket"], spec["assignments"], spec["metadata"], workdir=Path(spec_path).parent,
-                  seed=spec.get("seed", 0), **spec["settings"])
-    out = Path(spec["result"])
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, out)
-    return result
-
-
 class _Failed(Exception):
     """An item the worker could not run; its error event is already out, the exit code here."""
 
@@ -250,7 +237,7 @@ class Worker:
         self.save_pending()
         t5 = time.perf_counter()
         try:
-            result = run_race(spec_path, self.build_layer)
+            result = run_spec(spec_path, self.build_layer)
         except Exception as e:  # noqa: BLE001 - reported with the spec's name
             emit("error", op=None, bucket=None, message=f"race {os.path.basename(spec_path)} failed: "
                  f"{type(e).__name__}: {str(e)[:500]}")

@@ -498,7 +498,7 @@ def test_resume_reuses_the_picks_and_keeps_what_was_measured(tmp_path):
     prev, out = tmp_path / "prev", tmp_path / "out"
     prev.mkdir()
     out.mkdir()
-    res = {"workload": "w", "date": "2026-01-01", "settings": {"pick_rounds": 300}, "measure_s": 50.0,
+    res = {"workload": "w", "date": "2026-01-01", "settings": {"pick_rounds": 300, "race_context": True}, "measure_s": 50.0,
            "picks": {"careful": {"wall_s": 1.0}, "engine": {"wall_s": 2.0}, "quick": {"wall_s": 3.0}},
            "items": [{"op": "o", "bucket": 1, "slot": "s"}], "layer": [{"op": "o", "tokens": 1}], "skipped": ["o@2"]}
     (prev / "tactic_exhaustive_w.json").write_text(json.dumps(res))
@@ -514,12 +514,15 @@ def test_resume_reuses_the_picks_and_keeps_what_was_measured(tmp_path):
     picks, result, done = mod.resumed(argparse.Namespace(resume=prev, workload="w", out=out, remeasure=True, **settings))
     assert sorted(picks) == ["careful", "engine"] and done == set() and result["items"] == result["layer"] == []
     assert result["remeasure_of"]["path"].endswith("tactic_exhaustive_w.json")
-    assert result["remeasure_of"]["settings"] == {"pick_rounds": 300} and result["settings"]["pick_rounds"] == 100
+    assert result["remeasure_of"]["settings"] == {"pick_rounds": 300, "race_context": True}
+    assert result["settings"]["pick_rounds"] == 100
+    assert result["settings"]["race_context"] is True  # the picks were raced in context: still said of them
     assert result["date"] != "2026-01-01" and "measure_s" not in result
 
 
 @pytest.mark.parametrize("argv, words", [
     (["--workload", "moe-bf16", "--resume", "{prev}", "--kinds", "careful"], "--kinds with --resume"),
+    (["--workload", "moe-bf16", "--resume", "{prev}", "--race-context"], "--race-context with --resume"),
     (["--workload", "moe-bf16", "--resume", "{prev}", "--remeasure", "--out", "{prev}"], "would overwrite"),
     (["--workload", "moe-bf16", "--remeasure"], "goes with --resume"),
     (["--workload", "moe-bf16", "--span", "0"], "take 1 or more"),

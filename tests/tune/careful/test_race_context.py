@@ -61,3 +61,149 @@ def test_the_context_gets_the_rounds_count_over_a_span(tmp_path):
     _, tags, calls = _race(tmp_path, [769, 896, 1024], context=True)
     assert {t for _, t in calls} == {769, 896, 1024}
     assert sorted(set(tags[0])) == [0, 1, 2]
+
+
+# -- careful in context (context.py, FI_AUTOTUNE_RACE_CONTEXT) ------------------------------------------
+
+import json  # noqa: E402
+import logging  # noqa: E402
+
+from autotune_cache.plan.flags import ServerFlags  # noqa: E402
+from autotune_cache.plan.request import TuneRequest  # noqa: E402
+from autotune_cache.tune.careful.context import Neighbours, neighbour_specs  # noqa: E402
+from autotune_cache.tune.careful.quality import QualitySettings  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+from tests.tune.careful.test_quality import careful  # noqa: E402
+
+
+class _Logging:
+    """An op whose call logs a miss, as FlashInfer does for every neighbour after a file load."""
+
+    def __init__(self, name, logger, built, calls, fail_at=None):
+        self.name, self.logger, self.built, self.calls, self.fail_at = name, logger, built, calls, fail_at
+
+    def call_kwargs(self, m):
+        self.built.append((self.name, m))
+        return {"m": m}
+
+    def api(self, m):
+        self.calls.append((self.name, m))
+        self.logger.warning("No tuned config covers %s", self.name)
+        if m == self.fail_at:
+            raise RuntimeError("kernel failed")
+
+
+def test_neighbours_call_each_op_at_the_count_with_flashinfers_misses_held_back():
+    logger = logging.getLogger("test.race_context.quiet")
+    logger.setLevel(logging.INFO)
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger.addHandler(handler)
+    built, calls = [], []
+    ctx = Neighbours([_Logging(n, logger, built, calls, fail_at=7) for n in ("o_proj", "down_proj")],
+                     ["linear.o_proj", "linear.down_proj"], logger)
+    for m in (769, 1024, 769):
+        ctx(m)
+    assert calls == [("o_proj", 769), ("down_proj", 769), ("o_proj", 1024), ("down_proj", 1024),
+                     ("o_proj", 769), ("down_proj", 769)]
+    assert sorted(built) == sorted(set(calls))  # arguments built once per (op, count)
+    assert seen == [] and logger.level == logging.INFO  # up to 3 x rounds x candidates lines a race, none logged
+    with pytest.raises(RuntimeError):
+        ctx(7)
+    assert logger.level == logging.INFO  # restored when a call fails too
+    logger.warning("after")
+    assert len(seen) == 1
+
+
+def test_neighbour_specs_are_the_other_ops_under_their_own_layer_index():
+    ops = [{"id": "linear.qkv_proj"}, {"id": "linear.o_proj"}, {"id": "linear.down_proj"}]
+    assert neighbour_specs(ops, 1) == [{"layer": 0, "op": ops[0]}, {"layer": 2, "op": ops[2]}]
+    assert neighbour_specs(ops[:1], 0) == []
+
+
+def test_race_context_is_off_unless_asked_and_named_in_the_settings_only_when_on(monkeypatch):
+    monkeypatch.delenv("FI_AUTOTUNE_RACE_CONTEXT", raising=False)
+    off = QualitySettings("careful")
+    assert not off.race_context and "race_context" not in off.to_dict()
+    monkeypatch.setenv("FI_AUTOTUNE_RACE_CONTEXT", "1")
+    on = QualitySettings("careful")
+    assert on.race_context and on.to_dict()["race_context"] is True
+    monkeypatch.setenv("FI_AUTOTUNE_RACE_CONTEXT", "yes")  # not a number: the default, off
+    assert not QualitySettings("careful").race_context
+
+
+@pytest.fixture
+def dense_plan(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    request = TuneRequest("nvidia/Llama-3.1-70B-Instruct-FP8", ServerFlags(tp=8), arch="sm90",
+                          flashinfer_version="0.7.2.post1")
+    return request.plan(tmp_path / "root")
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_careful_in_context_races_every_op_beside_the_others(dense_plan, monkeypatch, tmp_path, on):
+    """Every race spec (first race and pair round) names the workload's other ops, each under the
+    layer index its tunes used, only when asked (tests/standins/fake_worker.py logs them)."""
+    log = tmp_path / "races.log"
+    monkeypatch.setenv("FAKE_RACE_LOG", str(log))
+    r = careful(dense_plan, monkeypatch, q={"race_context": on})
+    assert r.status == "written"
+    ids = [op.recipe.id for op in dense_plan.workloads[0].ops]
+    assert len(ids) >= 2
+    races = [json.loads(x) for x in log.read_text().splitlines()]
+    assert races
+    if not on:
+        assert all(x["context"] is None for x in races)
+        return
+    by_op = {}
+    for x in races:
+        missing = set(ids) - set(x["context"])
+        assert len(missing) == 1 and len(x["context"]) == len(ids) - 1, x  # every op but the raced one
+        by_op.setdefault(missing.pop(), 0)
+        by_op[next(iter(set(ids) - set(x["context"])))] += 1
+    assert set(by_op) == set(ids)  # every op was raced, each in its neighbours' context
+
+
+def test_the_worker_builds_the_context_layers_and_passes_them_to_the_race(tmp_path, monkeypatch):
+    """``race.run_spec`` (the worker's race): the spec's context ops are built as the worker builds any layer (by index:
+    one layer per op, shared with its tunes) and handed to ``race`` as one call."""
+    got = {}
+
+    def fake_race(layer, bucket, assignments, metadata, *, workdir, seed, context, **settings):
+        got.update(layer=layer, bucket=bucket, context=context, settings=settings)
+        if context is not None:
+            context(bucket)
+        return {"medians_ms": [1.0]}
+
+    monkeypatch.setattr(race_mod, "race", fake_race)
+    built, calls = [], []
+
+    class L:
+        def __init__(self, i):
+            self.i = i
+
+        def call_kwargs(self, m):
+            return {"m": m}
+
+        def api(self, m):
+            calls.append((self.i, m))
+
+    def build_layer(index, op):
+        built.append((index, op["id"]))
+        return L(index)
+
+    ops = [{"id": "linear.qkv_proj"}, {"id": "linear.o_proj"}, {"id": "linear.down_proj"}]
+    spec = tmp_path / "race.op1.b768.json"
+    spec.write_text(json.dumps({"layer": 1, "op": ops[1], "bucket": 768, "assignments": [{}], "metadata": None,
+                                "settings": {"rounds": 5}, "result": str(tmp_path / "r.json"), "seed": 3,
+                                "context": neighbour_specs(ops, 1)}))
+    race_mod.run_spec(str(spec), build_layer)
+    assert built == [(1, "linear.o_proj"), (0, "linear.qkv_proj"), (2, "linear.down_proj")]
+    assert got["context"].ids == ["linear.qkv_proj", "linear.down_proj"] and calls == [(0, 768), (2, 768)]
+    assert got["settings"] == {"rounds": 5} and json.loads((tmp_path / "r.json").read_text()) == {"medians_ms": [1.0]}
+    spec.write_text(json.dumps({**json.loads(spec.read_text()), "context": []}))
+    built.clear()
+    race_mod.run_spec(str(spec), build_layer)
+    assert built == [(1, "linear.o_proj")] and got["context"] is None
