@@ -84,7 +84,8 @@ def spread_summary(meds: list[float], ses: list[float]) -> dict:
 
 
 def neighbours(op: dict, ops: list[dict], dev, op_layer):
-    """The workload's other ops as a race context (``context.Neighbours``, as careful builds it)."""
+    """The workload's other ops as a race context (``context.Neighbours``, careful's class; here every
+    other op of the workload, each a fresh layer at seed 1, where careful reuses its tuned layers)."""
     from autotune_cache.tune.careful.context import Neighbours
 
     others = [o for o in ops if o["id"] != op["id"]]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune_cache.errors import FiAutotuneError
-from autotune_cache.tune.careful.context import neighbour_specs
+from autotune_cache.tune.careful.context import neighbour_specs, race_contexts
 from autotune_cache.tune.careful.quality import Candidate, QualitySettings, Selection, apply_selection, candidates, choose
 from autotune_cache.tune.careful.workdir import merged_results, one_metadata, read_slot_records, tune_prefix
 
@@ -45,9 +45,12 @@ def _per_tune(wd: Path, op: int, quality: QualitySettings) -> list[tuple[dict, d
     return [merged_results(wd, tune_prefix(op, r)) for r in range(quality.tunes)]
 
 
-def plan_races(wd: Path, ops: list[dict], quality: QualitySettings) -> list[RacePlan]:
+def plan_races(wd: Path, ops: list[dict], quality: QualitySettings,
+               workloads: list[list[int]] | None = None) -> list[RacePlan]:
     """Every (op, bucket)'s candidates from its tunes' saved results, and a race spec file for
-    each that has more than one (a race already run - its result file exists - is kept)."""
+    each that has more than one (a race already run - its result file exists - is kept).
+    ``workloads``: each workload's op indices (default: one of every op), for a race in context."""
+    contexts = race_contexts(ops, workloads or [list(range(len(ops)))]) if quality.race_context else {}
     out = []
     for i, op in enumerate(ops):
         per_tune = _per_tune(wd, i, quality)
@@ -61,7 +64,7 @@ def plan_races(wd: Path, ops: list[dict], quality: QualitySettings) -> list[Race
                 out.append(RacePlan(i, b, recs, cands, None, result))
                 continue
             if not result.exists():
-                context = neighbour_specs(ops, i) if quality.race_context else []
+                context = neighbour_specs(ops, contexts.get(i, []))
                 spec.write_text(json.dumps({
                     "layer": i, "op": op, "bucket": b, "assignments": [c.entries() for c in cands],
                     "metadata": metas[0], "settings": quality.race_settings(b, op.get("bucket_rule")), "result": str(result),

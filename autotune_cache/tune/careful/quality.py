@@ -325,6 +325,12 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+def _env_flag(name: str) -> bool:
+    import os
+
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 @dataclass(frozen=True)
 class QualitySettings:
     """How carefully ``warm`` tunes: ``quick`` is one FlashInfer tune per (op, bucket), as an
@@ -352,7 +358,7 @@ class QualitySettings:
     span: int = field(default_factory=lambda: max(1, _env_int("FI_AUTOTUNE_SPAN", DEFAULT_SPAN)))
     #: Race in context: the workload's other ops run untimed before every timed run (``context.py``);
     #: off until the reference has judged it (``FI_AUTOTUNE_RACE_CONTEXT=1`` turns it on).
-    race_context: bool = field(default_factory=lambda: _env_int("FI_AUTOTUNE_RACE_CONTEXT", 0) > 0)
+    race_context: bool = field(default_factory=lambda: _env_flag("FI_AUTOTUNE_RACE_CONTEXT"))
     extra: dict = field(default_factory=dict)
 
     @property

@@ -221,6 +221,7 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
     c = _Candidates(AutoTuner.get(), layer, bucket, assignments, metadata, workdir, input_draws, span)
     with autotune(False):
         errors, graphs, graph = _first_runs(torch, c, n, graph, graph_instances)
+        context, context_error = _context_runs(torch, context, c.counts or [c.tokens])
         flush = None
         if cold_l2:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
@@ -247,6 +248,7 @@ def race(layer, bucket: int, assignments: list[dict], metadata: dict | None, *, 
            "graph_instances": max(1, graph_instances) if graph else 1,
            **({"span": c.counts} if c.counts else {}),
            **({"graph_fallback": c.graph_fallback} if c.graph_fallback else {}),
+           **({"context_error": context_error} if context_error else {}),
            **({"settle": settled} if settled else {})}
     if keep_samples:  # every timed run (ms), for a bootstrap of the ranking (tactic_exhaustive.py)
         out["samples_ms"] = samples
@@ -263,7 +265,8 @@ def run_spec(spec_path: str, build_layer) -> dict:
     context = None
     if spec.get("context"):
         context = Neighbours([build_layer(n["layer"], n["op"]) for n in spec["context"]],
-                             [n["op"]["id"] for n in spec["context"]])
+                             [n["op"]["id"] for n in spec["context"]], [n["op"].get("max_tokens") for n in spec["context"]])
+        build_layer(spec["layer"], spec["op"])  # the op in hand again: a module loaded in the race is its
     result = race(layer, spec["bucket"], spec["assignments"], spec["metadata"], workdir=Path(spec_path).parent,
                   seed=spec.get("seed", 0), context=context, **spec["settings"])
     out = Path(spec["result"])
@@ -271,6 +274,21 @@ def run_spec(spec_path: str, build_layer) -> dict:
     tmp.write_text(json.dumps(result))
     os.replace(tmp, out)
     return result
+
+
+def _context_runs(torch, context, counts: list[int]):
+    """The context once at every count before any timed run: a neighbour that cannot run there (out
+    of memory, a shape it refuses) races without it, said in the result, rather than failing the race."""
+    if context is None:
+        return None, None
+    try:
+        for m in counts:
+            context(m)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - any failure of an untimed neighbour: race without the context
+        _recover(torch)
+        return None, f"{type(e).__name__}: {str(e)[:200]}"
+    return context, None
 
 
 def span_within(span: list[int], cap: int) -> list[int]:

@@ -123,7 +123,8 @@ class FleetRun:
         phases = [Phase("tuning", lambda: [f"{t} {b}" for t, b in queue], self.profiles(), self.already())]
         if self.quality.careful:
             def race_phase() -> list[str]:
-                self.races.extend(plan_races(self.dirs[0], self.ops, self.quality))
+                workloads = [[g for g, _ in row] for row in self.items[0].local]  # careful: one target
+                self.races.extend(plan_races(self.dirs[0], self.ops, self.quality, workloads))
                 return [f"race {r.spec}" for r in self.races if not r.result.exists() and r.spec is not None]
 
             def pair_phase() -> list[str]:  # needs every first race's result: a phase of its own

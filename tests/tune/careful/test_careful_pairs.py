@@ -171,3 +171,12 @@ def test_an_unreadable_pair_round_result_fails_the_run_and_writes_nothing(plan, 
     with pytest.raises(FiAutotuneError, match="race result of .* unreadable"):
         careful(plan, monkeypatch)
     assert not scan_cache(plan.cache_root).entries
+
+
+def test_a_pair_race_runs_in_the_first_races_context(tmp_path):
+    races, q = _first_race(tmp_path, [1.0, 1.02, 1.01, 1.1])
+    spec = json.loads(races[0].spec.read_text())
+    context = [{"layer": 1, "op": {"id": "linear.down_proj"}}]
+    races[0].spec.write_text(json.dumps({**spec, "context": context}))
+    (pp,) = plan_pair_races(tmp_path, races, q)
+    assert json.loads(pp.spec.read_text())["context"] == context

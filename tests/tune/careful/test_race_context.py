@@ -70,7 +70,7 @@ import logging  # noqa: E402
 
 from autotune_cache.plan.flags import ServerFlags  # noqa: E402
 from autotune_cache.plan.request import TuneRequest  # noqa: E402
-from autotune_cache.tune.careful.context import Neighbours, neighbour_specs  # noqa: E402
+from autotune_cache.tune.careful.context import Neighbours, neighbour_specs, race_contexts  # noqa: E402
 from autotune_cache.tune.careful.quality import QualitySettings  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.tune.careful.test_quality import careful  # noqa: E402
@@ -88,38 +88,84 @@ class _Logging:
 
     def api(self, m):
         self.calls.append((self.name, m))
-        self.logger.warning("No tuned config covers %s", self.name)
+        self.logger.warning("[AutoTuner]: No tuned config covers fp8_gemm input_shapes=%s", m)
         if m == self.fail_at:
             raise RuntimeError("kernel failed")
 
 
-def test_neighbours_call_each_op_at_the_count_with_flashinfers_misses_held_back():
-    logger = logging.getLogger("test.race_context.quiet")
+def _capture(name):
+    logger = logging.getLogger(name)
     logger.setLevel(logging.INFO)
     seen = []
     handler = logging.Handler()
     handler.emit = seen.append
     logger.addHandler(handler)
+    return logger, seen
+
+
+def test_neighbours_call_each_op_at_the_count_with_flashinfers_misses_held_back():
+    logger, seen = _capture("test.race_context.quiet")
     built, calls = [], []
     ctx = Neighbours([_Logging(n, logger, built, calls, fail_at=7) for n in ("o_proj", "down_proj")],
-                     ["linear.o_proj", "linear.down_proj"], logger)
+                     ["linear.o_proj", "linear.down_proj"], [None, 1000], logger)
     for m in (769, 1024, 769):
         ctx(m)
-    assert calls == [("o_proj", 769), ("down_proj", 769), ("o_proj", 1024), ("down_proj", 1024),
+    assert calls == [("o_proj", 769), ("down_proj", 769), ("o_proj", 1024),
+                     ("down_proj", 1000),  # clamped to its own max_tokens
                      ("o_proj", 769), ("down_proj", 769)]
     assert sorted(built) == sorted(set(calls))  # arguments built once per (op, count)
-    assert seen == [] and logger.level == logging.INFO  # up to 3 x rounds x candidates lines a race, none logged
+    assert seen == []  # up to 3 x rounds x candidates lines a race, none logged
     with pytest.raises(RuntimeError):
         ctx(7)
-    assert logger.level == logging.INFO  # restored when a call fails too
-    logger.warning("after")
+    assert not logger.filters  # the filter goes when a call fails too
+    logger.warning("[AutoTuner]: No tuned config covers x")  # outside the context: logged
     assert len(seen) == 1
 
 
-def test_neighbour_specs_are_the_other_ops_under_their_own_layer_index():
-    ops = [{"id": "linear.qkv_proj"}, {"id": "linear.o_proj"}, {"id": "linear.down_proj"}]
-    assert neighbour_specs(ops, 1) == [{"layer": 0, "op": ops[0]}, {"layer": 2, "op": ops[2]}]
-    assert neighbour_specs(ops[:1], 0) == []
+def test_neighbours_drop_only_the_miss_line():
+    logger, seen = _capture("test.race_context.only")
+
+    class Other(_Logging):
+        def api(self, m):
+            self.logger.warning("something else at %s", m)
+
+    Neighbours([Other("o", logger, [], [])], ["o"], None, logger)(8)
+    assert [r.getMessage() for r in seen] == ["something else at 8"] and logger.level == logging.INFO
+
+
+def test_race_contexts_are_the_common_ops_that_count_tokens_alike_in_the_same_phases():
+    ops = [{"id": "moe.experts", "tokens": "moe"},                            # 0
+           {"id": "linear.gate_up_proj", "tokens": "dense"},                  # 1: stage 0 only
+           {"id": "linear.down_proj", "tokens": "dense"},                     # 2: stage 0 only
+           {"id": "moe.shared", "tokens": "moe"},                             # 3
+           {"id": "attn.mla_decode.decode", "tokens": "moe", "phases": ["decode"]},    # 4
+           {"id": "attn.mla_decode.serving", "tokens": "moe", "phases": ["serving"]},  # 5
+           {"id": "moe.stage0_gate", "tokens": "moe"}]                        # 6: stage 0 only
+    stages = [[0, 1, 2, 3, 4, 5, 6], [0, 3, 4, 5]]
+    got = race_contexts(ops, stages)
+    # the MoE runs on both stages: only what runs beside it on both (3), not stage 0's 6; no MLA (phases)
+    assert got[0] == [3] and got[3] == [0] and got[6] == [0, 3]
+    assert got[1] == [2] and got[2] == [1]  # the dense ops only run on stage 0: each other
+    assert 4 not in got and 5 not in got  # the two MLA variants never run in one pass
+    assert race_contexts(ops[:1], [[0]]) == {}
+    assert neighbour_specs(ops, [2, 0]) == [{"layer": 2, "op": ops[2]}, {"layer": 0, "op": ops[0]}]
+
+
+def test_a_context_that_fails_is_dropped_and_said_not_the_race(tmp_path):
+    """``race._context_runs``: every count once before any timed run; a neighbour that cannot run
+    there (out of memory at a large count) leaves the race without a context, and says why."""
+    calls = []
+
+    def ctx(m):
+        calls.append(m)
+        if m > 1000:
+            raise RuntimeError("CUDA out of memory")
+
+    kept, err = race_mod._context_runs(Torch, ctx, [513, 768])
+    assert kept is ctx and err is None and calls == [513, 768]
+    kept, err = race_mod._context_runs(Torch, ctx, [768, 2048])
+    assert kept is None and err == "RuntimeError: CUDA out of memory"
+    assert race_mod._context_runs(Torch, None, [1]) == (None, None)
 
 
 def test_race_context_is_off_unless_asked_and_named_in_the_settings_only_when_on(monkeypatch):
@@ -129,8 +175,9 @@ def test_race_context_is_off_unless_asked_and_named_in_the_settings_only_when_on
     monkeypatch.setenv("FI_AUTOTUNE_RACE_CONTEXT", "1")
     on = QualitySettings("careful")
     assert on.race_context and on.to_dict()["race_context"] is True
-    monkeypatch.setenv("FI_AUTOTUNE_RACE_CONTEXT", "yes")  # not a number: the default, off
-    assert not QualitySettings("careful").race_context
+    for word, on in (("yes", True), ("true", True), ("0", False), ("no", False), ("", False)):
+        monkeypatch.setenv("FI_AUTOTUNE_RACE_CONTEXT", word)
+        assert QualitySettings("careful").race_context is on
 
 
 @pytest.fixture
@@ -198,9 +245,10 @@ def test_the_worker_builds_the_context_layers_and_passes_them_to_the_race(tmp_pa
     spec = tmp_path / "race.op1.b768.json"
     spec.write_text(json.dumps({"layer": 1, "op": ops[1], "bucket": 768, "assignments": [{}], "metadata": None,
                                 "settings": {"rounds": 5}, "result": str(tmp_path / "r.json"), "seed": 3,
-                                "context": neighbour_specs(ops, 1)}))
+                                "context": neighbour_specs(ops, [0, 2])}))
     race_mod.run_spec(str(spec), build_layer)
-    assert built == [(1, "linear.o_proj"), (0, "linear.qkv_proj"), (2, "linear.down_proj")]
+    # the neighbours, then the raced op again: the op in hand while the race loads kernel modules
+    assert built == [(1, "linear.o_proj"), (0, "linear.qkv_proj"), (2, "linear.down_proj"), (1, "linear.o_proj")]
     assert got["context"].ids == ["linear.qkv_proj", "linear.down_proj"] and calls == [(0, 768), (2, 768)]
     assert got["settings"] == {"rounds": 5} and json.loads((tmp_path / "r.json").read_text()) == {"medians_ms": [1.0]}
     spec.write_text(json.dumps({**json.loads(spec.read_text()), "context": []}))
