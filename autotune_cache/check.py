@@ -18,6 +18,7 @@ import json
 import tarfile
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
+from autotune_cache.autotuner.lookup_keys import unrecorded_release_note
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes, read_regular_file
 from autotune_cache.plan.entry_key import KeyFields
 from autotune_cache.plan.tuning import TuningPlan
@@ -113,6 +114,8 @@ def run_check(plan: TuningPlan, reader: CacheLayout, store_url: str | None, fing
         return report
     reader, root = plan.layout_obj.checked_by(plan, reader, cache_dir)
     reader.check_entry(plan, report, fingerprint, root, store_url, RankFileChecks())
+    if note := unrecorded_release_note(plan.flashinfer_version):  # the keys checked were another release's
+        report.cannot_check(note)
     return report
 
 

@@ -78,6 +78,31 @@ def test_another_flashinfer_version_is_named(root):
     assert code == 1 and "FlashInfer version (0.7.2.post1 there, 0.7.3 for this server)" in report["misses"][0]
 
 
+def test_a_release_whose_keys_are_not_recorded_cannot_pass_the_strict_gate(root):
+    """A complete entry for FlashInfer 0.7.4: every key planned is there, but the keys are 0.7.2.post1's
+    rules (0.7.4 changed some: docs/cache-layout.md), so --strict fails on that unknown, and without
+    --strict it is a warning; 0.7.2, whose key code is the same, passes."""
+    req = TuneRequest("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass"), arch="sm90",
+                      flashinfer_version="0.7.4")
+    plan = req.plan(root)
+    assert any("not checked" in n for n in plan.notes)
+    write_plan_entry(plan)
+    args = [a if a != "0.7.2.post1" else "0.7.4" for a in QWEN]
+    code, report, _ = check(root, *args)
+    assert code == 1 and report["found"] and report["keys_missing"] == 0
+    (miss,) = report["misses"]
+    assert miss.startswith("FlashInfer 0.7.4: the keys planned here restate FlashInfer 0.7.2.post1's code")
+    code, report, _ = check(root, *args, strict=False)
+    assert code == 0 and report["ok"] and miss in report["warnings"]
+    for version in ("0.7.2", "0.7.2.post1"):
+        req = TuneRequest("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass"), arch="sm90",
+                          flashinfer_version=version)
+        write_plan_entry(req.plan(root))
+        assert not any("not checked" in n for n in req.plan(root).notes)
+        code, report, _ = check(root, *[a if a != "0.7.2.post1" else version for a in QWEN])
+        assert code == 0 and report["misses"] == [], (version, report["misses"])
+
+
 def test_missing_lookups_are_counted(root):
     write_plan_entry(qwen_plan(root), drop_buckets=(256,))
     code, report, _ = check(root, *QWEN)
@@ -194,3 +219,15 @@ def test_strict_check_fails_on_a_cache_tuned_without_speculative_decoding(root):
     code, report, _ = check(root, *DSV3, *EAGLE)
     assert code == 0 and report["target"]["ok"] and report["draft"]["ok"]
     assert report["draft"]["entry"] != report["target"]["entry"]
+
+
+@pytest.mark.parametrize("version,recorded", [
+    ("0.7.2.post1", True), ("0.7.2", True), ("0.7.2.post1+cu130", True),  # a local build of a recorded release
+    ("0.7.4", False), ("0.7.3", False), ("0.8.0rc1", False), ("0.7.2.post2", False),
+])
+def test_which_releases_the_key_rules_were_recorded_for(version, recorded):
+    from autotune_cache.autotuner.lookup_keys import unrecorded_release_note
+
+    note = unrecorded_release_note(version)
+    assert (note is None) == recorded
+    assert recorded or note.startswith(f"FlashInfer {version}: ") and f"for {version} they are not checked" in note

@@ -27,6 +27,22 @@ from __future__ import annotations
 import ast
 from typing import Any, Protocol
 
+#: The FlashInfer releases whose key rules this module restates: recorded from 0.7.2.post1's code,
+#: and 0.7.2's key code, bucket functions and every planned op's key extras are the same byte for
+#: byte (docs/results/flashinfer_versions_2026-11-28/). 0.7.4 changes MLA decode's runner names and
+#: bf16_gemm's extras, so keys planned for a release not named here are not checked.
+RECORDED_RELEASES = ("0.7.2", "0.7.2.post1")
+
+
+def unrecorded_release_note(version: str) -> str | None:
+    """What a plan for ``version`` says when its keys restate another release's rules; None for a
+    recorded release (a local suffix, ``+cu130``, is the same release)."""
+    if version.split("+", 1)[0] in RECORDED_RELEASES:
+        return None
+    return (f"FlashInfer {version}: the keys planned here restate FlashInfer {RECORDED_RELEASES[-1]}'s code "
+            f"(also {', '.join(RECORDED_RELEASES[:-1])}); for {version} they are not checked (0.7.4 renamed MLA "
+            "decode's runners and changed bf16_gemm's keys: docs/cache-layout.md, \"FlashInfer versions\")")
+
 
 class Call(Protocol):
     """What a key builder reads of a recipe (``autotuner.recipe.OpRecipe``): the call's API, its

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune_cache import registry
+from autotune_cache.autotuner.lookup_keys import unrecorded_release_note
 from autotune_cache.plan.engine_target import EngineTarget
 from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.plan.entry_key import DEFAULT_SCHEMA
@@ -82,7 +83,9 @@ class TuneRequest:
         """The tuning plan, by this request's engine (CPU only, no GPU)."""
         if self.arch is None:
             raise ValueError("a plan needs a target arch")
-        return registry.get_engine(self.engine.name).plan(self, cache_root)
+        plan = registry.get_engine(self.engine.name).plan(self, cache_root)
+        note = unrecorded_release_note(plan.flashinfer_version)
+        return replace(plan, notes=plan.notes + (note,)) if note else plan
 
     def to_dict(self) -> dict:
         return {
