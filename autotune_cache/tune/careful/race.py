@@ -261,12 +261,11 @@ def run_spec(spec_path: str, build_layer) -> dict:
     the spec, atomically. ``build_layer(index, op)`` is the worker's: the raced op's layer, and with a
     ``context`` in the spec its neighbours' (``context.py``), each the one its tunes used."""
     spec = json.loads(Path(spec_path).read_text())
-    layer = build_layer(spec["layer"], spec["op"])
     context = None
     if spec.get("context"):
         context = Neighbours([build_layer(n["layer"], n["op"]) for n in spec["context"]],
                              [n["op"]["id"] for n in spec["context"]], [n["op"].get("max_tokens") for n in spec["context"]])
-        build_layer(spec["layer"], spec["op"])  # the op in hand again: a module loaded in the race is its
+    layer = build_layer(spec["layer"], spec["op"])  # last: the op in hand while the race loads kernel modules
     result = race(layer, spec["bucket"], spec["assignments"], spec["metadata"], workdir=Path(spec_path).parent,
                   seed=spec.get("seed", 0), context=context, **spec["settings"])
     out = Path(spec["result"])

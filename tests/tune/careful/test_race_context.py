@@ -247,8 +247,8 @@ def test_the_worker_builds_the_context_layers_and_passes_them_to_the_race(tmp_pa
                                 "settings": {"rounds": 5}, "result": str(tmp_path / "r.json"), "seed": 3,
                                 "context": neighbour_specs(ops, [0, 2])}))
     race_mod.run_spec(str(spec), build_layer)
-    # the neighbours, then the raced op again: the op in hand while the race loads kernel modules
-    assert built == [(1, "linear.o_proj"), (0, "linear.qkv_proj"), (2, "linear.down_proj"), (1, "linear.o_proj")]
+    # the neighbours, then the raced op last: the op in hand while the race loads kernel modules
+    assert built == [(0, "linear.qkv_proj"), (2, "linear.down_proj"), (1, "linear.o_proj")]
     assert got["context"].ids == ["linear.qkv_proj", "linear.down_proj"] and calls == [(0, 768), (2, 768)]
     assert got["settings"] == {"rounds": 5} and json.loads((tmp_path / "r.json").read_text()) == {"medians_ms": [1.0]}
     spec.write_text(json.dumps({**json.loads(spec.read_text()), "context": []}))
