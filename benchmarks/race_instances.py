@@ -84,14 +84,16 @@ def spread_summary(meds: list[float], ses: list[float]) -> dict:
 
 
 def neighbours(op: dict, ops: list[dict], dev, op_layer):
-    """The workload's other ops as a race context (``context.Neighbours``, careful's class; here every
-    other op of the workload, each a fresh layer at seed 1, where careful reuses its tuned layers)."""
-    from autotune_cache.tune.careful.context import Neighbours
+    """The op's neighbours as a race context, by careful's rule and class (``context.race_contexts``,
+    ``Neighbours``), each a fresh layer at seed 1 where careful reuses its tuned layers."""
+    from autotune_cache.tune.careful.context import Neighbours, race_contexts
 
-    others = [o for o in ops if o["id"] != op["id"]]
-    if not others:
-        raise SystemExit(f"race_instances: --context: {op['id']} is the workload's only op")
-    return Neighbours([op_layer(o, dev, seed=1) for o in others], [o["id"] for o in others])
+    near = race_contexts(ops, [list(range(len(ops)))]).get(ops.index(op), [])
+    if not near:
+        raise SystemExit(f"race_instances: --context: {op['id']} has no neighbour in the workload "
+                         "(no other op counting tokens as it does, in the same phases)")
+    return Neighbours([op_layer(ops[j], dev, seed=1) for j in near], [ops[j]["id"] for j in near],
+                      [ops[j].get("max_tokens") for j in near])
 
 
 def main() -> None:

@@ -655,7 +655,8 @@ def test_race_instances_span_is_the_counts_flashinfer_maps_to_the_bucket():
 
 def test_race_instances_context_calls_every_other_op_at_the_count():
     """``--context``: the workload's other ops (not the raced one) each called once per timed run at
-    the round's count, their arguments built once per count; a workload of one op is refused."""
+    the round's count, their arguments built once per count (careful's rule picks them); an op with no
+    neighbour is refused."""
     ri = _race_instances()
     calls, built = [], []
 
@@ -670,16 +671,19 @@ def test_race_instances_context_calls_every_other_op_at_the_count():
         def api(self, m):
             calls.append((self.id, m))
 
-    ops = [{"id": "linear.qkv_proj"}, {"id": "linear.o_proj"}, {"id": "linear.down_proj"}]
-    ctx = ri.neighbours(ops[0], ops, None, Op)
+    ops = [{"id": "linear.qkv_proj", "tokens": "dense"}, {"id": "linear.o_proj", "tokens": "dense"},
+           {"id": "linear.down_proj", "tokens": "dense"}, {"id": "moe.experts", "tokens": "moe"}]
+    ctx = ri.neighbours(ops[0], ops, None, Op)  # careful's rule: the MoE counts tokens otherwise
     assert ctx.ids == ["linear.o_proj", "linear.down_proj"]
     for m in (769, 1024, 769):
         ctx(m)
     assert calls == [("linear.o_proj", 769), ("linear.down_proj", 769), ("linear.o_proj", 1024),
                      ("linear.down_proj", 1024), ("linear.o_proj", 769), ("linear.down_proj", 769)]
     assert sorted(built) == sorted({(i, m) for i, m in calls})
-    with pytest.raises(SystemExit, match="only op"):
+    with pytest.raises(SystemExit, match="no neighbour"):
         ri.neighbours(ops[0], ops[:1], None, Op)
+    with pytest.raises(SystemExit, match="no neighbour"):
+        ri.neighbours(ops[3], ops, None, Op)
 
 
 def test_race_instances_tells_a_graph_effect_from_sampling_noise():
