@@ -17,6 +17,7 @@ import io
 import json
 import tarfile
 
+from autotune_cache import registry
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.lookup_keys import unrecorded_release_note
 from autotune_cache.autotuner.rankfile import RESERVED_KEYS, parse_cache_bytes, read_regular_file
@@ -116,6 +117,10 @@ def run_check(plan: TuningPlan, reader: CacheLayout, store_url: str | None, fing
     reader.check_entry(plan, report, fingerprint, root, store_url, RankFileChecks())
     if note := unrecorded_release_note(plan.flashinfer_version):  # the keys checked were another release's
         report.cannot_check(note)
+    if fingerprint is None and plan.request is not None:  # no serving image: its engine's stock FlashInfer
+        request = plan.request
+        if note := registry.get_engine(request.engine.name).pin_note(request.engine_release, plan.flashinfer_version):
+            report.warnings.append(note)
     return report
 
 

@@ -42,6 +42,7 @@ def build_request(options: ServingOptions, *, layout: str | None = None, engine_
     of no engine - FlashInfer's managed store, written from the default engine's calls: the
     default engine's); ``engine_options``: that engine's own options (name -> value or None)."""
     engine = registry.engine_of_layout(layout) if layout else None
+    serves = engine is not None or layout is None  # a layout of no engine: no engine release serves it
     if engine is None:
         engine, layout = registry.default_engine(), None
     engine.check_option_values(options.__dict__)
@@ -55,6 +56,7 @@ def build_request(options: ServingOptions, *, layout: str | None = None, engine_
         config=options.config_path, revision=options.revision, schema=schema,
         flashinfer_version=options.flashinfer_version, max_tokens=options.max_tokens, model_path=options.model_path,
         engine=engine.target(layout, engine_options),
+        engine_release=engine.serving_release(options.engine) if serves else None,
     )
 
 

@@ -64,8 +64,31 @@ class Engine(ABC):
     #: has no log of its own (FlashInfer's managed store). ``registry.log_dialects`` lists them.
     log_dialect: ClassVar[Any] = None
 
+    #: The FlashInfer each release of this engine requires (its wheel's ``Requires-Dist``, recorded
+    #: by tests/oracle/engine_pins.py): release -> version. A stock install reads the cache under
+    #: that version's directory, whatever FlashInfer made the cache.
+    flashinfer_pins: ClassVar[dict[str, str]] = {}
+
     def __str__(self) -> str:
         return self.label
+
+    def serving_release(self, engine_option: str | None) -> str | None:
+        """The release of this engine that will serve (``--engine``, what is installed here, or
+        the release fi-autotune reproduces); None where the engine has no releases to tell apart."""
+        return None
+
+    def pin_note(self, release: str | None, version: str) -> str | None:
+        """What a plan for FlashInfer ``version`` says when ``release`` of this engine requires
+        another: a stock install reads the cache under its own FlashInfer's directory, and tunes at
+        startup. None when they agree (a local build, ``+cu130``, is the same release) or when
+        the release's requirement is not recorded."""
+        pin = self.flashinfer_pins.get(release or "")
+        if pin is None or version.split("+", 1)[0] == pin:
+            return None
+        return (f"{self.label} {release} requires flashinfer-python=={pin} (its wheel's metadata): a stock install "
+                f"reads the cache under .../autotune/{pin}/, not this plan's {version}/, and tunes at startup; tune "
+                f"with flashinfer-python=={pin} installed, or plan for the serving image (--env-from its "
+                "`fi-autotune env --json`) if it has another")
 
     #: The trees this engine reads, the default first.
     layouts: ClassVar["tuple[KnownLayout, ...]"]

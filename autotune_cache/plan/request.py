@@ -53,6 +53,9 @@ class TuneRequest:
     #: "target", or "draft": the speculative draft worker of the same serving command, which
     #: SGLang tunes into an entry of its own (key ``...|draft_quant=<quant>``).
     worker: str = "target"
+    #: The engine release that will serve (``Engine.serving_release``), for its FlashInfer pin;
+    #: None where unknown (a request read back from a manifest, a layout of no engine).
+    engine_release: str | None = field(default=None, compare=False)
 
     def workers(self) -> list["TuneRequest"]:
         """This request per engine process that tunes into an entry of its own (SGLang: the
@@ -83,9 +86,13 @@ class TuneRequest:
         """The tuning plan, by this request's engine (CPU only, no GPU)."""
         if self.arch is None:
             raise ValueError("a plan needs a target arch")
-        plan = registry.get_engine(self.engine.name).plan(self, cache_root)
-        note = unrecorded_release_note(plan.flashinfer_version)
-        return replace(plan, notes=plan.notes + (note,)) if note else plan
+        engine = registry.get_engine(self.engine.name)
+        plan = engine.plan(self, cache_root)
+        notes = (unrecorded_release_note(plan.flashinfer_version),
+                 # only where the version was not chosen: the FlashInfer installed here is a guess
+                 engine.pin_note(self.engine_release, plan.flashinfer_version) if self.flashinfer_version is None else None)
+        notes = tuple(n for n in notes if n)
+        return replace(plan, notes=plan.notes + notes) if notes else plan
 
     def to_dict(self) -> dict:
         return {

@@ -11,7 +11,7 @@ from autotune_cache.engines.sglang.log_lines import DIALECT
 from autotune_cache.engines.sglang.planner import make_plan
 from autotune_cache.engines.sglang.serving_command import (PROGRAMS, check_option_values, command_from_logged_args,
                                                            flag_table, parse_serving_command)
-from autotune_cache.engines.sglang.key_schemas import SCHEMAS, pick_schema
+from autotune_cache.engines.sglang.key_schemas import FLASHINFER_PINS, SCHEMAS, pick_schema, serving_release
 from autotune_cache.plan.entry_key import get_schema
 from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.tuning import TuningPlan
@@ -27,9 +27,13 @@ class SGLang(Engine):
     layouts = (LAYOUT,)
     log_dialect = DIALECT
     key_schemas = SCHEMAS
+    flashinfer_pins = FLASHINFER_PINS
 
     def pick_schema(self, schema: str | None, release: str | None) -> tuple[str, str]:
         return pick_schema(schema, release)
+
+    def serving_release(self, engine_option: str | None) -> str | None:
+        return serving_release(engine_option)
 
     def workers(self, request: TuneRequest) -> list[TuneRequest]:
         """The target, and with speculative decoding the draft worker, which SGLang tunes into an

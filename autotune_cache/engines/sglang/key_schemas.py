@@ -94,16 +94,31 @@ def schema_for_sglang(version: str) -> str:
                      "pass --schema if you know it is unchanged")
 
 
+#: What each SGLang release's wheel requires (``flashinfer_python[cu13]==0.7.2`` for 0.5.23; not the
+#: 0.7.2.post1 of vLLM 0.33.0): tests/data/engine_flashinfer_pins.json, recorded from the wheels.
+FLASHINFER_PINS = {"0.5.23": "0.7.2"}
+#: The release fi-autotune reproduces when none is named and none is installed here.
+DEFAULT_RELEASE = "0.5.23"
+
+
+def serving_release(sglang_release: str | None) -> str:
+    """The SGLang release that will serve: ``--engine sglang==X.Y.Z``, else the sglang installed
+    here (package metadata), else 0.5.23 - the release ``pick_schema`` picks the key schema by."""
+    if sglang_release:
+        name, sep, version = sglang_release.partition("==")
+        if name.strip().lower() != "sglang" or not sep:
+            raise UsageError(f"--engine {sglang_release!r}: expected sglang==X.Y.Z")
+        return version.strip()
+    return installed_version("sglang") or DEFAULT_RELEASE
+
+
 def pick_schema(schema: str | None, sglang_release: str | None) -> tuple[str, str]:
     """(key schema, where it came from): ``--schema``, else ``--engine sglang==X.Y.Z``, else the
     sglang installed in this Python (package metadata: no import), else SGLang 0.5.23's."""
     if schema:
         return get_schema(schema).name, "--schema"  # any engine's schema, by name
     if sglang_release:
-        name, sep, version = sglang_release.partition("==")
-        if name.strip().lower() != "sglang" or not sep:
-            raise UsageError(f"--engine {sglang_release!r}: expected sglang==X.Y.Z")
-        return schema_for_sglang(version), f"--engine {sglang_release}"
+        return schema_for_sglang(serving_release(sglang_release)), f"--engine {sglang_release}"
     here = installed_version("sglang")
     if here:
         return schema_for_sglang(here), f"sglang {here} installed here"

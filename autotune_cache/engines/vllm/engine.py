@@ -11,7 +11,7 @@ from autotune_cache.engines.vllm.serving_command import (CHOICE_OPTIONS as VLLM_
                                                           parse_serving_command)
 from autotune_cache.engines.vllm.layout import DIR_LAYOUT, LAYOUT, OVERRIDE_ENV, VllmDirLayout, VllmManagedStore, single_rank
 from autotune_cache.engines.vllm.log_lines import DIALECT
-from autotune_cache.engines.vllm.planner import VLLM_CHECKED, make_vllm_plan, other_config_refusal
+from autotune_cache.engines.vllm.planner import FLASHINFER_PINS, VLLM_CHECKED, make_vllm_plan, other_config_refusal
 from autotune_cache.engines.vllm.target import VllmTarget, parse_config_hash, printed_levels
 from autotune_cache.autotuner.buckets import hybrid_buckets
 from autotune_cache.errors import UsageError
@@ -37,6 +37,11 @@ class Vllm(Engine):
     layouts = (LAYOUT, DIR_LAYOUT)
     log_dialect = DIALECT
     programs = PROGRAMS
+    flashinfer_pins = FLASHINFER_PINS
+
+    def serving_release(self, engine_option: str | None) -> str | None:
+        """The release fi-autotune reproduces (``--engine`` names SGLang releases only)."""
+        return VLLM_CHECKED[-1]
 
     def parse_serving_command(self, tokens: list[str] | tuple[str, ...]) -> ServingCommandReading:
         """As vLLM 0.33's own parser reads it (``serving_command``); a flag or variable that

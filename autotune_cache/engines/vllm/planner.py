@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 
 #: The vLLM releases whose call sites, buckets and file names this module was checked against.
 VLLM_CHECKED = ("0.33.0",)
+#: What the vLLM wheel requires (``flashinfer-python==0.7.2.post1``): tests/data/engine_flashinfer_pins.json.
+FLASHINFER_PINS = {"0.33.0": "0.7.2.post1"}
 SCHEMA = "vllm-0.33"
 #: The largest CUDA graph vLLM captures by default below Blackwell (``min(2 x max_num_seqs, 512)``).
 _DEFAULT_MAX_GRAPH = 512
