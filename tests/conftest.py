@@ -31,6 +31,10 @@ REPO = Path(__file__).resolve().parent.parent
 CLI_ARGV = [sys.executable, "-m", "fi_autotune_cli"]
 #: tests/standins/fault_cli.py's ``FAULT_CLI`` (not imported here: it imports the whole CLI)
 FAULT_CLI = [sys.executable, str(Path(__file__).resolve().parent / "standins" / "fault_cli.py")]
+#: tests/support/fake_gpus.py's ``FAKE_GPU_CLI``: the CLI on stand-in GPUs
+FAKE_GPU_CLI = [sys.executable, str(Path(__file__).resolve().parent / "standins" / "fake_gpu_cli.py")]
+#: launchers the zygote runs as ``python SCRIPT`` (each a script that runs the CLI in its process)
+ZYGOTE_SCRIPTS = (FAULT_CLI, FAKE_GPU_CLI)
 
 # No test may wait on the Hugging Face hub (CI has no network); the hub path is exercised through
 # a real local cache in test_config_spec.py.
@@ -64,7 +68,8 @@ def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeo
     The process is forked by this test process's CLI fork server (tests/support/zygote.py: the
     same ``python -m fi_autotune_cli`` code path and process semantics, without ~0.3 CPU-s of
     imports each time), except where it must be a fresh interpreter: ``fresh=True``, a
-    ``launcher`` other than the fault launcher's (which the zygote runs as ``python SCRIPT``), extra
+    ``launcher`` other than the fault launcher's and the stand-in GPUs' (which the zygote runs as
+    ``python SCRIPT``), extra
     ``subprocess`` arguments (``preexec_fn``...), ``PYTHON*`` variables other than this process's,
     or ``FIA_TEST_FRESH_CLI=1`` (every command fresh: the suite as before)."""
     # the runner's terminal (xdist workers export COLUMNS) must not shape what a test reads
@@ -72,9 +77,10 @@ def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeo
     cwd = kw.pop("cwd", REPO)
     if launcher is None and not fresh and not kw:
         return zygotes.run(args, env=full_env, input=input, timeout=timeout, cwd=cwd, fresh_argv=CLI_ARGV)
-    if launcher is not None and launcher[:2] == FAULT_CLI and not fresh and not kw:  # the CLI killed at a step
+    script = next((s for s in ZYGOTE_SCRIPTS if launcher is not None and launcher[:2] == s), None)
+    if script is not None and not fresh and not kw:  # the CLI killed at a step, or on stand-in GPUs
         return zygotes.run([*launcher[2:], *args], env=full_env, input=input, timeout=timeout, cwd=cwd,
-                           fresh_argv=FAULT_CLI, script=FAULT_CLI[1])
+                           fresh_argv=script, script=script[1])
     proc = subprocess.run(
         [*(launcher or CLI_ARGV), *args], capture_output=True, text=True,
         env=full_env, input=input, timeout=timeout, cwd=cwd, **kw,

@@ -20,6 +20,8 @@ def gpu_env(tmp_path: Path, **extra) -> dict:
 
 
 def run_gpu_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``run_cli`` on the stand-in GPUs: a real process, as a user runs it on a GPU machine."""
-    return subprocess.run([*FAKE_GPU_CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env={**os.environ, **(env or {})})
+    """``run_cli`` on the stand-in GPUs: a real process, as a user runs it on a GPU machine (forked
+    by the CLI fork server as ``python fake_gpu_cli.py``, like the fault launcher)."""
+    from tests.conftest import run_cli  # the suite's conftest: it imports nothing of this module
+
+    return run_cli(*args, env=env, timeout=timeout, launcher=FAKE_GPU_CLI)

@@ -80,6 +80,13 @@ class Zygote:
         self.log.close()
 
 
+def _repo_path(name: str, value: str) -> bool:
+    """``PYTHONPATH`` naming this checkout alone (what the stand-in GPUs' workers need to import
+    ``devtools``): a zygote started with it has it, as a fresh process would (it is part of the
+    zygote's signature), so it needs no fresh interpreter."""
+    return name == "PYTHONPATH" and value == str(REPO)
+
+
 class Pool:
     def __init__(self):
         self.lock = threading.Lock()
@@ -93,7 +100,8 @@ class Pool:
     def zygote_for(self, env: dict) -> Zygote | None:
         if fresh_everywhere() or self.failed:
             return None
-        if {k: v for k, v in env.items() if k.startswith("PYTHON")} != self.own_python_env:
+        if {k: v for k, v in env.items() if k.startswith("PYTHON") and not _repo_path(k, v)} != \
+                {k: v for k, v in self.own_python_env.items() if not _repo_path(k, v)}:
             return None  # an interpreter flag for this run: fresh, as asked
         with self.lock:
             if self.reads is not None:
