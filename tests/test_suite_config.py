@@ -233,3 +233,30 @@ def test_fi_autotune_on_a_shells_path_is_the_console_script(tmp_path):
         taken.append((p.returncode, os.read(marker_r, 1)))
         os.close(marker_r)
     assert taken == [(0, b"S"), (197, b"")], taken  # 197: zygote_client.NOT_STARTED (run_cli: fresh)
+
+
+def test_the_stand_in_gpus_cli_runs_in_the_zygote_as_a_fresh_one_would(tmp_path):
+    """tests/standins/fake_gpu_cli.py (the CLI on stand-in GPUs, its workers fake_worker.py) runs as
+    ``python SCRIPT`` in a zygote child, its checkout-only PYTHONPATH included: a warm writes what a
+    fresh launcher's warm writes, and a usage error is the same line and exit status."""
+    from .conftest import FAKE_GPU_CLI, run_cli
+    from .support.fake_gpus import FAKE_GPU_CLI as SUPPORT_COPY, gpu_env, run_gpu_cli
+
+    assert SUPPORT_COPY == FAKE_GPU_CLI  # conftest's copy names the same launcher
+    qwen = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass"]
+    written = {}
+    for fresh in (False, True):
+        env = gpu_env(tmp_path / str(fresh))
+        if fresh:
+            proc = run_cli("warm", *qwen, "--cache-dir", str(tmp_path / f"root-{fresh}"), env=env,
+                           launcher=FAKE_GPU_CLI, fresh=True)
+        else:
+            proc = run_gpu_cli("warm", *qwen, "--cache-dir", str(tmp_path / f"root-{fresh}"), env=env)
+        assert proc.returncode == 0 and proc.via_zygote is not fresh, proc.stderr
+        root = tmp_path / f"root-{fresh}"
+        written[fresh] = sorted((str(p.relative_to(root)), p.read_bytes()) for p in root.rglob("rank_*.json"))
+    assert written[False] == written[True] and len(written[False]) == 2
+    z = run_gpu_cli("warm", "--bogus", env=gpu_env(tmp_path))
+    f = run_cli("warm", "--bogus", env=gpu_env(tmp_path), launcher=FAKE_GPU_CLI, fresh=True)
+    assert (z.returncode, z.stdout, z.stderr, z.via_zygote) == (f.returncode, f.stdout, f.stderr, not f.via_zygote) == \
+        (2, "", f.stderr, True)
