@@ -4,6 +4,7 @@ built once per group). pytest 9.2 with xdist 3.8.0 silently spread a group over 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -239,8 +240,11 @@ def test_the_stand_in_gpus_cli_runs_in_the_zygote_as_a_fresh_one_would(tmp_path)
     """tests/standins/fake_gpu_cli.py (the CLI on stand-in GPUs, its workers fake_worker.py) runs as
     ``python SCRIPT`` in a zygote child, its checkout-only PYTHONPATH included: a warm writes what a
     fresh launcher's warm writes, and a usage error is the same line and exit status."""
-    from .conftest import FAKE_GPU_CLI, run_cli
+    from .conftest import FAKE_GPU_CLI, REPO, run_cli
     from .support.fake_gpus import FAKE_GPU_CLI as SUPPORT_COPY, gpu_env, run_gpu_cli
+
+    if os.environ.get("PYTHONPATH", str(REPO)) != str(REPO):
+        pytest.skip("a PYTHONPATH of the runner's own: commands with the stand-in GPUs' PYTHONPATH run fresh")
 
     assert SUPPORT_COPY == FAKE_GPU_CLI  # conftest's copy names the same launcher
     qwen = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass"]
