@@ -109,6 +109,12 @@ def fleet_command(order: FleetOrder, opts: WarmOptions, push_url: str | None, ou
             out.note(f"{fleet.shard.describe()}: {len(fleet.members)} entries of {fleet.total} targets")
         if not items:
             out.note("nothing in this shard")
+        said: dict[str, list[str]] = {}  # one line per warning, naming the targets it concerns
+        for item in items:
+            for w in item.plan.version_warnings:
+                said.setdefault(w, []).append(item.name)
+        for w, names in said.items():
+            out.warn(f"{', '.join(names)}: {w}")
 
     def on_committed(item: FleetItem) -> None:
         if item.status != "written":

@@ -85,7 +85,7 @@ def test_a_release_whose_keys_are_not_recorded_cannot_pass_the_strict_gate(root)
     req = TuneRequest("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass"), arch="sm90",
                       flashinfer_version="0.7.4")
     plan = req.plan(root)
-    assert any("not checked" in n for n in plan.notes)
+    assert any("not checked" in n for n in plan.version_warnings)
     write_plan_entry(plan)
     args = [a if a != "0.7.2.post1" else "0.7.4" for a in QWEN]
     code, report, _ = check(root, *args)
@@ -98,7 +98,7 @@ def test_a_release_whose_keys_are_not_recorded_cannot_pass_the_strict_gate(root)
         req = TuneRequest("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass"), arch="sm90",
                           flashinfer_version=version)
         write_plan_entry(req.plan(root))
-        assert not any("not checked" in n for n in req.plan(root).notes)
+        assert not any("not checked" in n for n in req.plan(root).version_warnings)
         code, report, _ = check(root, *[a if a != "0.7.2.post1" else version for a in QWEN])
         assert code == 0 and report["misses"] == [], (version, report["misses"])
 

@@ -56,7 +56,8 @@ def build_request(options: ServingOptions, *, layout: str | None = None, engine_
         config=options.config_path, revision=options.revision, schema=schema,
         flashinfer_version=options.flashinfer_version, max_tokens=options.max_tokens, model_path=options.model_path,
         engine=engine.target(layout, engine_options),
-        engine_release=engine.serving_release(options.engine) if serves else None,
+        # --schema names a key schema, not a release (and overrides --engine): which release serves is unknown
+        engine_release=engine.serving_release(options.engine) if serves and not options.schema else None,
     )
 
 

@@ -85,10 +85,11 @@ class Engine(ABC):
         pin = self.flashinfer_pins.get(release or "")
         if pin is None or version.split("+", 1)[0] == pin:
             return None
-        return (f"{self.label} {release} requires flashinfer-python=={pin} (its wheel's metadata): a stock install "
-                f"reads the cache under .../autotune/{pin}/, not this plan's {version}/, and tunes at startup; tune "
-                f"with flashinfer-python=={pin} installed, or plan for the serving image (--env-from its "
-                "`fi-autotune env --json`) if it has another")
+        return (f"{self.label} {release} requires flashinfer-python=={pin} (its wheel's metadata), and this plan is "
+                f"for FlashInfer {version}: a stock install does not use a cache made with another FlashInfer (the "
+                "version is in its path or environment hash, and FlashInfer ignores files stamped with another) and "
+                f"tunes at startup. Tune with flashinfer-python=={pin} installed; if the serving image has another "
+                "FlashInfer, plan for it (--flashinfer-version, or check --env-from its `fi-autotune env --json`)")
 
     #: The trees this engine reads, the default first.
     layouts: ClassVar["tuple[KnownLayout, ...]"]

@@ -88,11 +88,11 @@ class TuneRequest:
             raise ValueError("a plan needs a target arch")
         engine = registry.get_engine(self.engine.name)
         plan = engine.plan(self, cache_root)
-        notes = (unrecorded_release_note(plan.flashinfer_version),
-                 # only where the version was not chosen: the FlashInfer installed here is a guess
-                 engine.pin_note(self.engine_release, plan.flashinfer_version) if self.flashinfer_version is None else None)
-        notes = tuple(n for n in notes if n)
-        return replace(plan, notes=plan.notes + notes) if notes else plan
+        guessed = self.flashinfer_version is None  # the FlashInfer installed here, not one chosen
+        warnings = (unrecorded_release_note(plan.flashinfer_version),
+                    engine.pin_note(self.engine_release, plan.flashinfer_version) if guessed and plan.autotunes else None)
+        warnings = tuple(n for n in warnings if n)
+        return replace(plan, version_warnings=warnings) if warnings else plan
 
     def to_dict(self) -> dict:
         return {

@@ -79,6 +79,10 @@ class TuningPlan:
     workloads: tuple[Workload, ...]
     max_tokens_override: int | None = None
     notes: tuple[str, ...] = field(default=())
+    #: What the FlashInfer release this plan is for means to the server (``TuneRequest.plan``): its
+    #: keys are not recorded for it, or the serving release runs another FlashInfer. Shown with the
+    #: notes, and by ``warm`` as warnings: the tuning it does may not be used.
+    version_warnings: tuple[str, ...] = field(default=())
     request: "TuneRequest | None" = field(default=None, compare=False)
     #: The engine layout the entry is written in: ``sglang``, or ``vllm`` / ``vllm-dir`` (``vllm.py``).
     layout: str = "sglang"
@@ -196,7 +200,7 @@ class TuningPlan:
             "dp_meaning": self.engine.dp_meaning(self.resolution.topology),
             "autotunes": self.autotunes,
             "reasons": list(r.reasons),
-            "notes": list(r.notes + self.notes),
+            "notes": list(r.notes + self.notes + self.version_warnings),
             "max_tokens_override": self.max_tokens_override,
             "kernel_modules": self.kernel_modules().to_dict() if self.autotunes else None,
             "workloads": [{**w.to_dict(), "ops": [o.to_dict() | {"from": self.provenance(o.recipe)} for o in w.ops]}

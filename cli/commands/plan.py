@@ -83,7 +83,7 @@ def _print_body(plan, out: Output) -> None:
     r = plan.resolution
     for reason in plan.reasons:
         out.line(f"  - {reason}")
-    for note in r.notes + plan.notes:
+    for note in r.notes + plan.notes + plan.version_warnings:
         out.line(f"  note: {note}")
     for i, w in enumerate(plan.workloads, 1):
         if not w.ops:

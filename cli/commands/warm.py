@@ -128,6 +128,8 @@ def warm_cmd(ctx, gpus, force, layouts, quality, repeats, threshold, race_runs, 
 
 def _emit_warm(out: Output, run: WarmRun, opts: WarmOptions) -> None:
     result, extra, pushed = run.result, run.published.converted, run.published.pushed
+    for w in run.plan.version_warnings:  # the tuning may not be what the server uses
+        out.warn(w)
 
     def human() -> None:
         for name, r in extra.items():

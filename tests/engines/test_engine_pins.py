@@ -25,6 +25,7 @@ from autotune_cache.plan.request import TuneRequest
 from devtools.synthetic import DEFAULT_METADATA, write_plan_entry
 
 from ..conftest import REPO, run_cli
+from ..support.fake_gpus import gpu_env, run_gpu_cli
 
 GOLDEN = json.loads((REPO / "tests" / "data" / "engine_flashinfer_pins.json").read_text())
 INSTALLED = version("flashinfer-python")  # the test extra pins 0.7.2.post1: vLLM 0.33.0's, not SGLang 0.5.23's
@@ -67,7 +68,7 @@ def test_sglangs_pin_note(release, plan_version, noted):
     note = registry.get_engine("sglang").pin_note(release, plan_version)
     assert (note is not None) == noted
     assert not noted or note.startswith(f"SGLang {release} requires flashinfer-python==0.7.2") \
-        and f"not this plan's {plan_version}/" in note
+        and f"this plan is for FlashInfer {plan_version}: a stock install does not use" in note
 
 
 @needs_post1
@@ -75,10 +76,15 @@ def test_a_plan_on_the_installed_flashinfer_names_sglangs_pin_and_a_chosen_versi
     flags = ServerFlags(tp=2, moe_runner_backend="flashinfer_cutlass")
     defaulted = TuneRequest("Qwen/Qwen3-30B-A3B", flags, arch="sm90", engine_release="0.5.23").plan(Path("/nonexistent"))
     assert defaulted.flashinfer_version == "0.7.2.post1"
-    assert sum(n.startswith(SGLANG_NOTE) for n in defaulted.notes) == 1
+    assert sum(n.startswith(SGLANG_NOTE) for n in defaulted.version_warnings) == 1
+    assert not any(n.startswith(SGLANG_NOTE) for n in defaulted.notes)  # said once, as a warning
     chosen = TuneRequest("Qwen/Qwen3-30B-A3B", flags, arch="sm90", engine_release="0.5.23",
                          flashinfer_version="0.7.2.post1").plan(Path("/nonexistent"))
-    assert not any(n.startswith(SGLANG_NOTE) for n in chosen.notes)
+    assert chosen.version_warnings == ()
+    # a plan that tunes nothing (SGLang's default MoE runner on Hopper: no FlashInfer autotune) says nothing
+    untuned = TuneRequest("Qwen/Qwen3-30B-A3B", ServerFlags(tp=2), arch="sm90", engine_release="0.5.23").plan(
+        Path("/nonexistent"))
+    assert not untuned.autotunes and untuned.version_warnings == ()
 
 
 @needs_post1
@@ -98,6 +104,9 @@ def test_the_release_that_serves_is_the_layouts_engines_and_flashinfers_own_stor
     options = ServingOptions(model="Qwen/Qwen3-30B-A3B", tp=2)
     assert build_request(options).engine_release == serving_release(None)  # sglang installed here, else 0.5.23
     assert build_request(replace(options, engine="sglang==0.5.20")).engine_release == "0.5.20"
+    # --schema names a key schema, not a release, and overrides --engine (whatever it says)
+    assert build_request(replace(options, schema="sglang-0.5.18")).engine_release is None
+    assert build_request(replace(options, schema="sglang", engine="vllm==0.33.0")).engine_release is None
     assert build_request(options, layout="vllm").engine_release == "0.33.0"
     # the managed store is written from SGLang's calls, but read by whatever FlashInfer the server has
     store = build_request(options, layout="flashinfer-v2")
@@ -118,3 +127,19 @@ def test_check_without_the_serving_image_warns_and_with_it_does_not(root, tmp_pa
     proc = run_cli("check", *QWEN, "--cache-dir", str(root), "--strict", "--json", "--env-from", str(env))
     (report,) = json.loads(proc.stdout)["workers"]
     assert proc.returncode == 0 and report["warnings"] == [], report
+
+
+@needs_post1
+def test_warm_says_it_on_stderr_once_alone_and_once_for_a_fleet(tmp_path):
+    """warm writes under the FlashInfer installed here: the one command that most needs to say it."""
+    env = gpu_env(tmp_path)
+    proc = run_gpu_cli("warm", *QWEN[:-2], "--cache-dir", str(tmp_path / "one"), "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(f"fi-autotune: warning: {SGLANG_NOTE}") == 1, proc.stderr
+    fleet = tmp_path / "targets.yaml"
+    fleet.write_text("targets:\n"
+                     "  - {name: a, model: Qwen/Qwen3-30B-A3B, tp: 2, moe_runner_backend: flashinfer_cutlass}\n"
+                     "  - {name: b, model: Qwen/Qwen3-30B-A3B, tp: 1, moe_runner_backend: flashinfer_cutlass}\n")
+    proc = run_gpu_cli("warm", "--targets", str(fleet), "--cache-dir", str(tmp_path / "fleet"), "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(f"fi-autotune: warning: a, b: {SGLANG_NOTE}") == 1, proc.stderr

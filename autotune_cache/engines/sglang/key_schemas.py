@@ -122,4 +122,4 @@ def pick_schema(schema: str | None, sglang_release: str | None) -> tuple[str, st
     here = installed_version("sglang")
     if here:
         return schema_for_sglang(here), f"sglang {here} installed here"
-    return DEFAULT_SCHEMA, "SGLang 0.5.23 (no sglang installed here; --engine sglang==X.Y.Z picks another)"
+    return schema_for_sglang(DEFAULT_RELEASE), f"SGLang {DEFAULT_RELEASE} (no sglang installed here; --engine sglang==X.Y.Z picks another)"
