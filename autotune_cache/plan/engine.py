@@ -65,8 +65,8 @@ class Engine(ABC):
     log_dialect: ClassVar[Any] = None
 
     #: The FlashInfer each release of this engine requires (its wheel's ``Requires-Dist``, recorded
-    #: by tests/oracle/engine_pins.py): release -> version. A stock install reads the cache under
-    #: that version's directory, whatever FlashInfer made the cache.
+    #: by tests/oracle/engine_pins.py): release -> version. A stock install runs that FlashInfer,
+    #: which uses no cache made with another (``pin_note``).
     flashinfer_pins: ClassVar[dict[str, str]] = {}
 
     def __str__(self) -> str:
@@ -79,8 +79,8 @@ class Engine(ABC):
 
     def pin_note(self, release: str | None, version: str) -> str | None:
         """What a plan for FlashInfer ``version`` says when ``release`` of this engine requires
-        another: a stock install reads the cache under its own FlashInfer's directory, and tunes at
-        startup. None when they agree (a local build, ``+cu130``, is the same release) or when
+        another: a stock install does not use the cache (another version's path, environment hash
+        or file stamp) and tunes at startup. None when they agree (a local build, ``+cu130``, is the same release) or when
         the release's requirement is not recorded."""
         pin = self.flashinfer_pins.get(release or "")
         if pin is None or version.split("+", 1)[0] == pin:
