@@ -80,19 +80,6 @@ def entry_filter(model, versions, arch, status, older_than, unused_for, other_ve
     )
 
 
-def model_hint(asked: str | None, models) -> str | None:
-    """"--model matches exactly" when ``asked`` selected nothing but other models contain it (the
-    old substring meaning): the pattern that would take them, never taken on a guess."""
-    if not asked:
-        return None
-    near = sorted({m for m in models if m and m != asked and asked.lower() in m.lower()})
-    if not near:
-        return None
-    shown = ", ".join(near[:3]) + (f" (+{len(near) - 3})" if len(near) > 3 else "")
-    return f"--model matches the model path exactly; {shown} only contain{'s' if len(near) == 1 else ''} " \
-           f"{asked!r}: --model-glob '*{asked}*' selects by pattern"
-
-
 def staleness_fingerprint(env_from: str | None, check_env: bool, flt: EntryFilter, out):
     """The fingerprint to judge staleness against, or None (with a note saying why).
 

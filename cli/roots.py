@@ -8,11 +8,9 @@ import os
 
 import click
 
-from autotune_cache.errors import RootMissing, UsageError
-from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import RootChoice
-from autotune_cache.tree.roots import Rooting, choose_root, tilde_note
+from autotune_cache.tree.roots import Rooting, choose_root, choose_trees
 
 from .output import PROG
 from .params import flatten
@@ -49,33 +47,6 @@ def resolve_root(cache_dir: str | None, *, must_exist: bool, layout: CacheLayout
 
 
 def trees(cache_dir: str | None, layouts, *, every_existing: bool = False) -> list[tuple[CacheLayout, RootChoice]]:
-    """The (layout, root) pairs a command works on. ``--cache-dir`` is one layout's root (sglang
-    unless ``--layout`` says which); otherwise each layout's own root. With ``every_existing``
-    (``ls`` without ``--layout``), every layout whose root exists - an error if none does."""
-    names = flatten(layouts)
-    if cache_dir is not None:
-        if len(names) > 1:
-            raise UsageError("--cache-dir is one layout's root: give one --layout with it")
-        layout = get_layout(names[0]) if names else default_layout()
-        return [(layout, resolve_root(cache_dir, must_exist=True, layout=layout))]
-    if names:
-        return [(get_layout(n), resolve_root(None, must_exist=True, layout=get_layout(n))) for n in names]
-    if not every_existing:
-        return [(default_layout(), resolve_root(None, must_exist=True))]
-    found, missing = [], []
-    for layout in known_layouts().values():
-        if not layout.configured():
-            continue
-        choice = layout.default_root()
-        note = tilde_note(choice)
-        if note:
-            say_once(note)
-        if choice.path.is_dir():
-            found.append((layout, choice))
-        else:
-            missing.append(choice)
-    if not found:
-        first, *rest = missing
-        raise RootMissing(f"cache root {first.path} does not exist (from {first.source})"
-                              + "".join(f"; nor does {c.path} (from {c.source})" for c in rest))
-    return found
+    """The (layout, root) pairs a command works on (``tree.roots.choose_trees``), its notes said
+    once per process."""
+    return choose_trees(cache_dir, flatten(layouts), every_existing=every_existing, new_trees=_NEW_TREES, say=say_once)

@@ -264,3 +264,43 @@ def test_the_stand_in_gpus_cli_runs_in_the_zygote_as_a_fresh_one_would(tmp_path)
     f = run_cli("warm", "--bogus", env=gpu_env(tmp_path), launcher=FAKE_GPU_CLI, fresh=True)
     assert (z.returncode, z.stdout, z.stderr, z.via_zygote) == (f.returncode, f.stdout, f.stderr, not f.via_zygote) == \
         (2, "", f.stderr, True)
+
+
+#: Packages that cost a worker seconds to import: a test module loads them inside the tests that
+#: need them (tests/support/lazy.py), never while every worker collects.
+HEAVY_AT_COLLECTION = ("torch", "flashinfer", "boto3", "botocore", "moto", "s3fs", "gcsfs")
+
+
+def _heavy_top_level(tree) -> list[str]:
+    """The heavy packages a module imports, or asks ``pytest.importorskip`` for, at its top level."""
+    import ast
+
+    found = []
+    for node in tree.body:
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, (ast.Expr, ast.Assign)) and isinstance(node.value, ast.Call):
+            f = node.value.func
+            if isinstance(f, ast.Attribute) and f.attr == "importorskip" and node.value.args and \
+                    isinstance(node.value.args[0], ast.Constant):
+                names = [node.value.args[0].value]
+        found += [n for n in names if n.split(".")[0] in HEAVY_AT_COLLECTION]
+    return found
+
+
+def test_no_test_module_imports_torch_flashinfer_or_the_s3_stack_while_collecting():
+    """Each xdist worker collects every test module: a module-level ``import torch`` or
+    ``pytest.importorskip("flashinfer...")`` cost each worker ~5 CPU-s (3 workers: 15 of the
+    suite's CPU-s), whether or not it ran one of that module's tests."""
+    import ast
+
+    heavy = {}
+    for path in sorted(Path(__file__).resolve().parent.rglob("test_*.py")):
+        if names := _heavy_top_level(ast.parse(path.read_text())):
+            heavy[str(path.relative_to(Path(__file__).resolve().parent.parent))] = names
+    assert heavy == {}, "use tests/support/lazy.py's importorskip_lazily: " + repr(heavy)
+    bad = ast.parse('import os\ncore = pytest.importorskip("flashinfer.jit.core")\nfrom moto import server\n')
+    assert _heavy_top_level(bad) == ["flashinfer.jit.core", "moto"]  # the check itself sees both forms

@@ -2,15 +2,22 @@
 for an entry (computed where it was scanned, maybe in a child process, so only it crosses the
 pipe), the footer's totals counted as entries go by, the sort orders, and what an empty or
 misleading listing needs said (a version or model the filters left out, access times that are
-not last use). The CLI prints; this module decides.
+not last use), and the ``Listing`` that holds all of it for one ``ls``. The CLI prints; this
+module decides.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.tree.records import CacheEntry
+from autotune_cache.tree.roots import Rooting, choose_trees, named_roots
 from autotune_cache.tree.scanner.atime import TimeSpan, atime_doubt
+from autotune_cache.tree.scanner.scan import iter_entries
+from autotune_cache.tree.select import EntryFilter, model_hint
 from autotune_cache.tree.status import EntryStatus
 
 SORTS = {
@@ -121,3 +128,87 @@ def picker(flt, now: float, full: bool):
             return {OTHER_MODEL: e.model}
         return None
     return pick
+
+
+def _first(entries: Iterator[dict], n: int) -> Iterator[dict]:
+    """The first ``n`` entries; the rest consumed unseen (so the totals count them)."""
+    for i, e in enumerate(entries):
+        if i < n:
+            yield e
+
+
+class Listing:
+    """One ``ls`` of the trees: which roots it reads (chosen here, as every reader's are: with no
+    ``--cache-dir`` and no layout named, every configured layout whose root exists), then, once
+    ``scan`` is called, their entries as summaries (``summary``), streamed in the walk's order where
+    the order asked allows, the footer's totals counted as they go by. What the walk found that
+    does not belong and what the listing needs said (``closing_notes``) are complete once the
+    entries are consumed. Built from what the user asked, as ``huggingface_hub``'s scan is, so the
+    CLI only prints."""
+
+    def __init__(self, rooting: Rooting, layouts: tuple[str, ...], *, roots_only: bool = False):
+        cache_dir, new_trees, say = rooting.cache_dir, rooting.new_trees, rooting.say
+        if roots_only:  # ``ls --dir``: where it would read, existing or not; nothing is read
+            self.roots = named_roots(cache_dir, layouts, new_trees=new_trees, say=say)
+            self.trees = []
+        else:
+            self.trees = choose_trees(cache_dir, layouts, every_existing=True, new_trees=new_trees, say=say)
+            self.roots = [(layout.name, root) for layout, root in self.trees]
+        self.totals = Totals()
+        self._scans: list = []
+        self._flt: EntryFilter | None = None
+
+    def scan(self, flt: EntryFilter, fingerprint: Fingerprint | None, *, sort: str = "id", reverse: bool = False,
+             limit: int | None = None, full: bool = False) -> Iterator[dict]:
+        """Each entry ``flt`` selects, as ``summary`` (``full``: the whole record), in ``sort``'s
+        order; one tree in the walk's order streams, any other order is sorted once all is scanned.
+        With ``limit`` the rest is still scanned: the footer counts the whole tree."""
+        self._flt = flt
+        pick = picker(flt, time.time(), full)
+        self._scans = [iter_entries(root.path, pick, layout=layout, fingerprint=fingerprint)
+                       for layout, root in self.trees]
+        entries = self._scanned()
+        if not (sort == "id" and not reverse and len(self.trees) == 1):
+            entries = iter(sorted(entries, key=SORTS[sort], reverse=reverse))
+        return entries if limit is None else _first(entries, limit)
+
+    def _scanned(self) -> Iterator[dict]:
+        for batches, _ in self._scans:
+            for batch in batches:
+                yield from (s for s in batch if self.totals.count(s))
+
+    @property
+    def where(self) -> str:
+        return ", ".join(str(root.path) for _, root in self.trees)
+
+    def findings(self) -> list:
+        """What the walks found that does not belong (complete once the entries are consumed)."""
+        return [f for _, seen in self._scans for f in seen]
+
+    def atime_doubt(self) -> str | None:
+        return tree_atime_doubt(self.totals, self.trees)
+
+    def closing_notes(self) -> list[str]:
+        """What an empty or misleading listing needs said, once the walk is done: the versions the
+        tree holds when the ones asked matched nothing, the models ``--model`` (exact) missed, why
+        the USED column is not last use."""
+        flt, totals, notes = self._flt, self.totals, []
+        if hint := version_hint(flt.flashinfer_versions, totals):
+            notes.append(hint)
+        if not totals.entries and (hint := model_hint(flt.model, totals.models_left_out)):
+            notes.append(hint)
+        if totals.entries and (doubt := self.atime_doubt()):  # no USED column, nothing to doubt
+            notes.append(f"USED is not last use: {doubt}")
+        return notes
+
+    def head(self, fingerprint: Fingerprint | None) -> dict:
+        """``ls --json``'s fields before the entries."""
+        return {"root": str(self.trees[0][1].path) if len(self.trees) == 1 else None,
+                "roots": {layout.name: str(root.path) for layout, root in self.trees},
+                "fingerprint": fingerprint.to_dict() if fingerprint else None}
+
+    def tail(self) -> dict:
+        """``ls --json``'s fields after the entries (asked once they are consumed)."""
+        doubt = self.atime_doubt()
+        return {"findings": [f.to_dict() for f in self.findings()] + self.totals.foreign,
+                "totals": self.totals.to_dict(), "atime": {"trusted": doubt is None, "why": doubt}}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune_cache.errors import RootMissing, UsageError
-from autotune_cache.registry import default_layout
+from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import RootChoice
 from autotune_cache.tree.lookup import trees_below
@@ -107,3 +107,49 @@ def choose_root(cache_dir: str | None, *, must_exist: bool, layout: CacheLayout 
                            new_tree=new_tree, new_trees=new_trees):
         say(note)
     return named.choice
+
+
+def choose_trees(cache_dir: str | None, names: tuple[str, ...], *, every_existing: bool = False,
+                 new_trees: Collection[str] = frozenset(),
+                 say: Callable[[str], None] = _silent) -> list[tuple[CacheLayout, RootChoice]]:
+    """The (layout, root) pairs a command reads. ``--cache-dir`` is one layout's root (the default
+    layout unless ``names`` says which); otherwise each named layout's own root. With
+    ``every_existing`` (``ls`` without ``--layout``), every configured layout whose root exists:
+    an error naming each root looked at if none does."""
+    if cache_dir is not None:
+        if len(names) > 1:
+            raise UsageError("--cache-dir is one layout's root: give one --layout with it")
+        layout = get_layout(names[0]) if names else default_layout()
+        return [(layout, choose_root(cache_dir, must_exist=True, layout=layout, new_trees=new_trees, say=say))]
+    if names:
+        return [(get_layout(n), choose_root(None, must_exist=True, layout=get_layout(n), new_trees=new_trees, say=say))
+                for n in names]
+    if not every_existing:
+        return [(default_layout(), choose_root(None, must_exist=True, new_trees=new_trees, say=say))]
+    found, missing = [], []
+    for layout in known_layouts().values():
+        if not layout.configured():
+            continue
+        choice = layout.default_root()
+        note = tilde_note(choice)
+        if note:
+            say(note)
+        if choice.path.is_dir():
+            found.append((layout, choice))
+        else:
+            missing.append(choice)
+    if not found:
+        first, *rest = missing
+        raise RootMissing(f"cache root {first.path} does not exist (from {first.source})"
+                          + "".join(f"; nor does {c.path} (from {c.source})" for c in rest))
+    return found
+
+
+def named_roots(cache_dir: str | None, names: tuple[str, ...], *, new_trees: Collection[str] = frozenset(),
+                say: Callable[[str], None] = _silent) -> list[tuple[str, RootChoice]]:
+    """Each root a reader would look at, existing or not (``ls --dir``): the named layouts', else
+    the default layout's with ``--cache-dir``, else every configured layout's."""
+    names = names or ((default_layout().name,) if cache_dir is not None else
+                      tuple(n for n, lay in known_layouts().items() if lay.configured()))
+    return [(n, choose_root(cache_dir, must_exist=False, layout=get_layout(n), new_trees=new_trees, say=say))
+            for n in names]

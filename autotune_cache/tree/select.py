@@ -258,3 +258,16 @@ def reader_notes(entries: tuple[CacheEntry, ...], reader: Reader) -> tuple[str, 
         notes.append("the serving GPU's arch is unknown (--env-from env.json, from `fi-autotune env --json`, names it): "
                      "every arch's entries are ordered alike")
     return tuple(notes)
+
+
+def model_hint(asked: str | None, models) -> str | None:
+    """"--model matches exactly" when ``asked`` selected nothing but other models contain it (the
+    old substring meaning): the pattern that would take them, never taken on a guess."""
+    if not asked:
+        return None
+    near = sorted({m for m in models if m and m != asked and asked.lower() in m.lower()})
+    if not near:
+        return None
+    shown = ", ".join(near[:3]) + (f" (+{len(near) - 3})" if len(near) > 3 else "")
+    return f"--model matches the model path exactly; {shown} only contain{'s' if len(near) == 1 else ''} " \
+           f"{asked!r}: --model-glob '*{asked}*' selects by pattern"

@@ -6,20 +6,16 @@ written as it is scanned, so memory stays flat; the table holds only its rows.
 
 from __future__ import annotations
 
-import time
-
 import click
 
 from autotune_cache.humanize import format_size, plural
-from autotune_cache.registry import default_layout, get_layout, layouts as known_layouts
-from autotune_cache.tree.listing import SORTS, Totals, picker, tree_atime_doubt, version_hint
-from autotune_cache.tree.scanner.scan import iter_entries
+from autotune_cache.tree.listing import SORTS, Listing
 
 from ..output import Mode, Output
 from ..storeview import ls_store
-from ..filters import model_hint, size_filters, entry_filter, filter_options, staleness_fingerprint
+from ..filters import size_filters, entry_filter, filter_options, staleness_fingerprint
 from ..params import flatten, cache_dir_option, check_env_option, env_from_option, json_option, layout_option, quiet_option, timeout_option
-from ..roots import resolve_root, trees
+from ..roots import rooting
 
 HEADERS = ["ID", "LAYOUT", "MODEL", "GPU", "PARALLEL", "RANKS", "CONFIGS", "SIZE", "MODIFIED", "USED", "STATUS"]
 
@@ -51,23 +47,6 @@ Columns:
 With -q or --json and the default order (--sort id), entries are written as they are scanned:
 memory stays flat however large the tree. Notes that many entries share are printed once.
 """
-
-
-def closing_notes(out: Output, flt, totals: Totals, targets) -> None:
-    """What an empty or misleading listing needs said, on stderr once the walk is done."""
-    if hint := version_hint(flt.flashinfer_versions, totals):
-        out.note(hint)
-    if not totals.entries and (hint := model_hint(flt.model, totals.models_left_out)):
-        out.note(hint)
-    if totals.entries and (doubt := tree_atime_doubt(totals, targets)):  # no USED column, nothing to doubt
-        out.note(f"USED is not last use: {doubt}")
-
-
-def _first(entries, n: int):
-    """The first ``n`` entries; the rest consumed unseen (so the totals count them)."""
-    for i, e in enumerate(entries):
-        if i < n:
-            yield e
 
 
 def print_notes(out: Output, notes: dict[str, list[str]]) -> None:
@@ -103,40 +82,21 @@ def print_notes(out: Output, notes: dict[str, list[str]]) -> None:
 def ls_cmd(store, cache_dir, layouts, model, model_glob, versions, arch, status, older_than, unused_for, larger_than, smaller_than,
            sort, reverse, limit, show_dir, env_from, check_env, as_json, quiet):
     out = Output(as_json, quiet)
+    roots, names = rooting(cache_dir), flatten(layouts)
     if show_dir:
-        return _print_roots(out, cache_dir, layouts)
+        return _print_roots(out, Listing(roots, names, roots_only=True))
     flt = entry_filter(model, versions, arch, status, older_than, unused_for, larger_than=larger_than,
                        smaller_than=smaller_than, model_glob=model_glob)
     if store is not None:
         return ls_store(out, store, flt, env_from)
-    targets = trees(cache_dir, layouts, every_existing=True)
+    listing = Listing(roots, names)
     fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
-    now = time.time()
+    entries = listing.scan(flt, fingerprint, sort=sort, reverse=reverse, limit=limit, full=as_json)
+    totals = listing.totals
 
-    pick = picker(flt, now, as_json)
-
-    def hint_versions() -> None:
-        closing_notes(out, flt, totals, targets)
-
-    def atime() -> str | None:  # once the walk is done: every listed entry has been counted
-        return tree_atime_doubt(totals, targets)
-
-    scans = [iter_entries(root.path, pick, layout=layout, fingerprint=fingerprint) for layout, root in targets]
-    totals = Totals()
-
-    def scanned():
-        for batches, _ in scans:
-            for batch in batches:
-                yield from (s for s in batch if totals.count(s))
-
-    # One tree in the walk's (= id) order streams (the table keeps only its rows); else sorted.
-    if sort == "id" and not reverse and len(targets) == 1:
-        entries = scanned()
-    else:
-        entries = iter(sorted(scanned(), key=SORTS[sort], reverse=reverse))
-    if limit is not None:  # the rest is still scanned: the footer counts the whole tree
-        entries = _first(entries, limit)
-    where = ", ".join(str(root.path) for _, root in targets)
+    def closing_notes() -> None:
+        for note in listing.closing_notes():
+            out.note(note)
 
     def human(entries) -> None:
         rows, notes = [], {}
@@ -155,34 +115,27 @@ def ls_cmd(store, cache_dir, layouts, model, model_glob, versions, arch, status,
                 f"{t['in_tree']} in the tree"
         by_status = by_status or "nothing cached"
         out.line(f"\n{plural(t['entries'], 'entry', 'entries')}, {plural(t['rank_files'], 'rank file')}, "
-                 f"{format_size(t['size_on_disk'])} in {where} ({by_status})")
+                 f"{format_size(t['size_on_disk'])} in {listing.where} ({by_status})")
         print_notes(out, notes)
-        for f in (f for _, seen in scans for f in seen):  # complete now that the walk is done
+        for f in listing.findings():  # complete now that the walk is done
             out.note(f"{f.kind}: {f.path}: {f.message}")
-        hint_versions()
+        closing_notes()
 
     def bare(entries):
         for e in entries:
             del e["row"], e["notes"]
             yield e
 
-    out.emit_stream(
-        human=lambda: human(entries), items_key="entries", items=bare(entries),
-        head={"root": str(targets[0][1].path) if len(targets) == 1 else None,
-              "roots": {layout.name: str(root.path) for layout, root in targets},
-              "fingerprint": fingerprint.to_dict() if fingerprint else None},
-        tail=lambda: {"findings": [f.to_dict() for _, seen in scans for f in seen] + totals.foreign,
-                      "totals": totals.to_dict(), "atime": {"trusted": atime() is None, "why": atime()}},
-    )
+    out.emit_stream(human=lambda: human(entries), items_key="entries", items=bare(entries),
+                    head=listing.head(fingerprint), tail=listing.tail)
     if out.mode is not Mode.HUMAN:  # the human view says it under its footer
-        hint_versions()
+        closing_notes()
 
 
-def _print_roots(out: Output, cache_dir, layouts) -> None:
+def _print_roots(out: Output, listing: Listing) -> None:
     """Each layout's root, where it comes from, and whether it exists: nothing is read."""
-    names = flatten(layouts) or ([default_layout().name] if cache_dir is not None else
-                                 [n for n, lay in known_layouts().items() if lay.configured()])
-    roots = [(n, resolve_root(cache_dir, must_exist=False, layout=get_layout(n))) for n in names]
+    roots = listing.roots
+
     def human() -> None:
         for n, r in roots:
             out.line(f"{r.path}" + ("" if len(roots) == 1 else f"  ({n})"))

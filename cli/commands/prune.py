@@ -10,14 +10,14 @@ from autotune_cache.humanize import parse_size
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.autotuner.installed import installed_flashinfer_version
 from autotune_cache.tree.delete import plan_prune
-from autotune_cache.tree.select import Reader
+from autotune_cache.tree.select import Reader, model_hint
 from autotune_cache.tree.store.storehouse import plan_store_delete
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.crashsafe.recovery import recover_journals
 
 from ..deleting import dry_run_option, run_delete, store_at, yes_option
 from ..output import PROG, Output
-from ..filters import entry_filter, filter_options, keep_latest_version, model_hint, size_filters, staleness_fingerprint
+from ..filters import entry_filter, filter_options, keep_latest_version, size_filters, staleness_fingerprint
 from ..params import cache_dir_option, check_env_option, env_from_option, json_option, layout_option, quiet_option, timeout_option
 from ..roots import trees
 

@@ -1,10 +1,11 @@
 """``pytest.importorskip`` at a test module's top level, without importing the module while collecting.
 
-Four test modules compare our code with torch's or FlashInfer's own (``autotuner/test_buckets.py``,
-``autotuner/test_fingerprint.py``, ``engines/test_v2store.py``, ``tune/test_skeleton.py``). They
-used to call ``pytest.importorskip("torch")`` / ``("flashinfer...")`` at module level, so every
-xdist worker imported torch and FlashInfer while *collecting* (~8 CPU-s per worker), whether or not
-it then ran one of those tests.
+Test modules that compare our code with torch's or FlashInfer's own (``autotuner/test_buckets.py``,
+``autotuner/test_fingerprint.py``, ``engines/test_v2store.py``, ``tune/workers/test_skeleton.py``,
+``tune/workers/test_kernel_modules.py``), or that need the S3 stack (``tree/store/test_store.py``:
+s3fs, moto, boto3), used to call ``pytest.importorskip`` at module level, so every xdist worker
+imported those packages while *collecting* (~8 CPU-s per worker for torch and FlashInfer), whether
+or not it then ran one of those tests.
 
 ``importorskip_lazily(name)`` keeps the skip where it was and imports nothing it need not:
 

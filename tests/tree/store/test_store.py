@@ -19,10 +19,11 @@ from devtools.synthetic import DEFAULT_METADATA, default_fields, write_fake_entr
 from tests.standins.fault_cli import crash_at
 from tests.support.servers import SECRET, free_port as _free_port, wait_for as _wait_for
 from tests.conftest import REPO, run_cli
+from tests.support.lazy import importorskip_lazily
 
-pytest.importorskip("s3fs")
-pytest.importorskip("moto")
-boto3 = pytest.importorskip("boto3")
+importorskip_lazily("s3fs")
+importorskip_lazily("moto")
+boto3 = importorskip_lazily("boto3")
 
 GLM_ID = "0.7.2.post1/sm100/d99390dfa961185d"
 

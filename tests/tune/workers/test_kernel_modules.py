@@ -11,7 +11,9 @@ import pytest
 
 from autotune_cache.tune.session.timings import compiling_s, kernel_modules, worker_timings
 
-core = pytest.importorskip("flashinfer.jit.core")
+from ...support.lazy import importorskip_lazily
+
+core = importorskip_lazily("flashinfer.jit.core")
 
 
 def spec_class():
