@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import click
 
-from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, Fingerprint, fingerprint_for_staleness, is_known
+from autotune_cache.autotuner.fingerprint import Fingerprint, is_known
 from autotune_cache.autotuner.installed import VERSION_RE, installed_flashinfer_version
 from autotune_cache.humanize import parse_size
-from autotune_cache.tree.select import EntryFilter
+from autotune_cache.tree.select import EntryFilter, staleness_fingerprint as judged_against
 from autotune_cache.tree.status import EntryStatus
 
 from .params import ARCHS, DURATION, STATUSES, VERSIONS, flatten
@@ -81,17 +81,11 @@ def entry_filter(model, versions, arch, status, older_than, unused_for, other_ve
 
 
 def staleness_fingerprint(env_from: str | None, check_env: bool, flt: EntryFilter, out):
-    """The fingerprint to judge staleness against, or None (with a note saying why).
-
-    ``--env-from`` wins; ``--check-env`` or ``--status stale`` mean this host, which must have a
-    GPU: a host without one is no serving environment, so nothing is called stale there.
-    """
-    wants_stale = EntryStatus.STALE in flt.statuses
-    if not (env_from or check_env or wants_stale):
-        return None
-    fp = fingerprint_for_staleness(env_from, required=wants_stale)
-    if fp is None:
-        out.warn(NO_GPU_STALENESS)
+    """The fingerprint to judge staleness against, or None (``tree.select.staleness_fingerprint``),
+    its warning said on stderr."""
+    fp, warning = judged_against(flt, env_from, check_env)
+    if warning:
+        out.warn(warning)
     return fp
 
 

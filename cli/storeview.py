@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import time
 
-from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.humanize import format_size, plural
 from autotune_cache.tree.status import EntryStatus
-from autotune_cache.tree.store.store import Store
-from autotune_cache.tree.store.storehouse import record_views, require_store_filters
-from autotune_cache.tree.store.storesweep import survey
+from autotune_cache.tree.store.storehouse import StoreListing
 
 from .output import Output
 
@@ -18,18 +15,15 @@ from .output import Output
 STORE_HEADERS = ["ID", "MODEL", "GPU", "PARALLEL", "RANKS", "SIZE", "PUSHED", "SHA256", "STATUS"]
 
 
-def ls_store(out: Output, url: str, flt, env_from: str | None) -> None:
+def ls_store(out: Output, listing: StoreListing) -> None:
     """``ls URL``: the entries published in a store (from its index records), filtered as the
     tree's are (``--older-than``: by push time), each with a status as ``ls`` gives one."""
-    require_store_filters(flt)
-    store = Store(url)
-    records = store.records()
+    store = listing.store
     for line in store.unreadable:  # one bad record is named, the others list
         out.warn(line)
     now = time.time()
-    fp = Fingerprint.load(env_from) if env_from else None
-    views = sorted((v for v in record_views(records, fp) if flt.reasons(v, now) is not None), key=lambda v: str(v.id))
-    remains = survey(store, records)  # counted, never swept: ls only reads
+    views = listing.views(now)
+    remains = listing.remains()  # counted, never swept: ls only reads
 
     def human() -> None:
         def parallel(r) -> str:

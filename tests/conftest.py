@@ -47,15 +47,29 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(scope="session")
+def _homes(tmp_path_factory) -> Path:
+    """One directory per test process for every test's own home (``_own_home_caches``)."""
+    return tmp_path_factory.mktemp("homes")
+
+
+_HOME_NUMBERS = iter(range(1 << 62))
+
+
 @pytest.fixture(autouse=True)
-def _own_home_caches(tmp_path_factory, monkeypatch):
+def _own_home_caches(_homes, monkeypatch):
     """Keep every test off this machine's home, both ways. `ls` without --cache-dir lists each
     layout whose default root exists, so a FlashInfer store left under ~/.cache/flashinfer/autotune
     (by an engine, or by anything run on a shared CI host) would show up in tests that expect none;
     and our own digest index and work dirs (platformdirs' user cache) must not pile up in the
     user's ~/.cache/fi-autotune. Each test gets its own not-yet-existing store root and its own
-    user cache; tests of those name their own."""
-    home = tmp_path_factory.mktemp("home")
+    user cache; tests of those name their own.
+
+    Numbered here, under one directory: ``tmp_path_factory.mktemp`` finds its next number by
+    listing the base directory, which every test's directories fill (~2,000 per test process), so
+    ~1,000 calls cost ~2 million name parses, a few CPU-s per process."""
+    home = _homes / f"home{next(_HOME_NUMBERS)}"
+    home.mkdir()
     monkeypatch.setenv("FLASHINFER_AUTOTUNE_CACHE_DIR", str(home / "no-flashinfer-v2"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "xdg-cache"))
 

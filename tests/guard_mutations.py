@@ -215,10 +215,10 @@ MUTATIONS = [
      "        return self.socket.encode() in b\"\\0\".join(argv)\n",
      "tests/tune/workers/test_served_misuse.py::test_stop_never_kills_a_process_whose_command_line_only_contains_the_socket"),
     ("33: ls reads a killed import's tree as it is (readers never write)", "autotune_cache/tree/listing.py",
-     "        self._scans = [iter_entries(root.path, pick, layout=layout, fingerprint=fingerprint)\n",
+     "        self._scans = [iter_entries(root.path, pick, layout=layout, fingerprint=self.fingerprint)\n",
      "        [__import__('autotune_cache.tree.crashsafe.recovery', fromlist=['_']).recover_journals(lay, r.path)\n"
      "         for lay, r in self.trees]\n"
-     "        self._scans = [iter_entries(root.path, pick, layout=layout, fingerprint=fingerprint)\n",
+     "        self._scans = [iter_entries(root.path, pick, layout=layout, fingerprint=self.fingerprint)\n",
      "tests/tree/crashsafe/test_reliability.py::test_recovery_keeps_an_entry_rewritten_after_the_kill"),
     ("33: prune --dry-run finishes nothing", "cli/commands/prune.py",
      "    recovered = [] if dry_run else recover_journals(layout, root.path)",

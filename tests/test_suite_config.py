@@ -304,3 +304,18 @@ def test_no_test_module_imports_torch_flashinfer_or_the_s3_stack_while_collectin
     assert heavy == {}, "use tests/support/lazy.py's importorskip_lazily: " + repr(heavy)
     bad = ast.parse('import os\ncore = pytest.importorskip("flashinfer.jit.core")\nfrom moto import server\n')
     assert _heavy_top_level(bad) == ["flashinfer.jit.core", "moto"]  # the check itself sees both forms
+
+
+_HOMES_SEEN: list[str] = []
+
+
+@pytest.mark.xdist_group("own-homes")
+@pytest.mark.parametrize("i", range(3))
+def test_each_test_has_its_own_home_caches_off_the_users(i):
+    """``_own_home_caches`` (tests/conftest.py): a store root that does not exist and a user cache
+    of the test's own, numbered without listing a directory; never the user's ~/.cache."""
+    xdg, store = Path(os.environ["XDG_CACHE_HOME"]), Path(os.environ["FLASHINFER_AUTOTUNE_CACHE_DIR"])
+    assert xdg.parent == store.parent and xdg.parent.is_dir() and not store.exists()
+    assert Path.home() not in xdg.parents
+    assert str(xdg) not in _HOMES_SEEN, "two tests shared a home"
+    _HOMES_SEEN.append(str(xdg))

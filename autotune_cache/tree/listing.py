@@ -12,12 +12,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.tree.records import CacheEntry
 from autotune_cache.tree.roots import Rooting, choose_trees, named_roots
 from autotune_cache.tree.scanner.atime import TimeSpan, atime_doubt
 from autotune_cache.tree.scanner.scan import iter_entries
-from autotune_cache.tree.select import EntryFilter, model_hint
+from autotune_cache.tree.select import EntryFilter, model_hint, staleness_fingerprint
 from autotune_cache.tree.status import EntryStatus
 
 SORTS = {
@@ -137,41 +136,57 @@ def _first(entries: Iterator[dict], n: int) -> Iterator[dict]:
             yield e
 
 
+@dataclass(frozen=True)
+class ListingQuery:
+    """What ``ls`` was asked, read once at the top: the filters, the environment staleness is
+    judged against (``--env-from``, ``--check-env``), the order and how much of each entry."""
+
+    flt: EntryFilter
+    env_from: str | None = None
+    check_env: bool = False
+    sort: str = "id"
+    reverse: bool = False
+    limit: int | None = None
+    full: bool = False  # each entry's whole record (``--json``), not only its row
+
+
 class Listing:
     """One ``ls`` of the trees: which roots it reads (chosen here, as every reader's are: with no
-    ``--cache-dir`` and no layout named, every configured layout whose root exists), then, once
-    ``scan`` is called, their entries as summaries (``summary``), streamed in the walk's order where
-    the order asked allows, the footer's totals counted as they go by. What the walk found that
-    does not belong and what the listing needs said (``closing_notes``) are complete once the
-    entries are consumed. Built from what the user asked, as ``huggingface_hub``'s scan is, so the
-    CLI only prints."""
+    ``--cache-dir`` and no layout named, every configured layout whose root exists), the
+    fingerprint staleness is judged against (``warnings`` says why there is none), then, from
+    ``entries()``, each entry the query selects as its summary (``summary``), streamed in the
+    walk's order where the order asked allows, the footer's totals counted as they go by. What the
+    walk found that does not belong and what the listing needs said (``closing_notes``) are
+    complete once the entries are consumed. Built from what the user asked, as
+    ``huggingface_hub``'s cache scan is, so the CLI only prints."""
 
-    def __init__(self, rooting: Rooting, layouts: tuple[str, ...], *, roots_only: bool = False):
+    def __init__(self, rooting: Rooting, layouts: tuple[str, ...], query: ListingQuery | None = None, *,
+                 roots_only: bool = False):
         cache_dir, new_trees, say = rooting.cache_dir, rooting.new_trees, rooting.say
+        self.query, self.fingerprint, self.warnings = query, None, ()
         if roots_only:  # ``ls --dir``: where it would read, existing or not; nothing is read
             self.roots = named_roots(cache_dir, layouts, new_trees=new_trees, say=say)
             self.trees = []
         else:
             self.trees = choose_trees(cache_dir, layouts, every_existing=True, new_trees=new_trees, say=say)
             self.roots = [(layout.name, root) for layout, root in self.trees]
+            fp, warning = staleness_fingerprint(query.flt, query.env_from, query.check_env)
+            self.fingerprint, self.warnings = fp, (warning,) if warning else ()
         self.totals = Totals()
         self._scans: list = []
-        self._flt: EntryFilter | None = None
 
-    def scan(self, flt: EntryFilter, fingerprint: Fingerprint | None, *, sort: str = "id", reverse: bool = False,
-             limit: int | None = None, full: bool = False) -> Iterator[dict]:
-        """Each entry ``flt`` selects, as ``summary`` (``full``: the whole record), in ``sort``'s
-        order; one tree in the walk's order streams, any other order is sorted once all is scanned.
-        With ``limit`` the rest is still scanned: the footer counts the whole tree."""
-        self._flt = flt
-        pick = picker(flt, time.time(), full)
-        self._scans = [iter_entries(root.path, pick, layout=layout, fingerprint=fingerprint)
+    def entries(self) -> Iterator[dict]:
+        """Each entry the filters select, as ``summary`` (``full``: the whole record), in the
+        query's order; one tree in the walk's order streams, any other order is sorted once all is
+        scanned. With a limit the rest is still scanned: the footer counts the whole tree."""
+        q = self.query
+        pick = picker(q.flt, time.time(), q.full)
+        self._scans = [iter_entries(root.path, pick, layout=layout, fingerprint=self.fingerprint)
                        for layout, root in self.trees]
         entries = self._scanned()
-        if not (sort == "id" and not reverse and len(self.trees) == 1):
-            entries = iter(sorted(entries, key=SORTS[sort], reverse=reverse))
-        return entries if limit is None else _first(entries, limit)
-
+        if not (q.sort == "id" and not q.reverse and len(self.trees) == 1):
+            entries = iter(sorted(entries, key=SORTS[q.sort], reverse=q.reverse))
+        return entries if q.limit is None else _first(entries, q.limit)
     def _scanned(self) -> Iterator[dict]:
         for batches, _ in self._scans:
             for batch in batches:
@@ -192,7 +207,7 @@ class Listing:
         """What an empty or misleading listing needs said, once the walk is done: the versions the
         tree holds when the ones asked matched nothing, the models ``--model`` (exact) missed, why
         the USED column is not last use."""
-        flt, totals, notes = self._flt, self.totals, []
+        flt, totals, notes = self.query.flt, self.totals, []
         if hint := version_hint(flt.flashinfer_versions, totals):
             notes.append(hint)
         if not totals.entries and (hint := model_hint(flt.model, totals.models_left_out)):
@@ -201,11 +216,11 @@ class Listing:
             notes.append(f"USED is not last use: {doubt}")
         return notes
 
-    def head(self, fingerprint: Fingerprint | None) -> dict:
+    def head(self) -> dict:
         """``ls --json``'s fields before the entries."""
         return {"root": str(self.trees[0][1].path) if len(self.trees) == 1 else None,
                 "roots": {layout.name: str(root.path) for layout, root in self.trees},
-                "fingerprint": fingerprint.to_dict() if fingerprint else None}
+                "fingerprint": self.fingerprint.to_dict() if self.fingerprint else None}
 
     def tail(self) -> dict:
         """``ls --json``'s fields after the entries (asked once they are consumed)."""

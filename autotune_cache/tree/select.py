@@ -11,6 +11,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Callable
 
+from autotune_cache.autotuner.fingerprint import NO_GPU_STALENESS, Fingerprint, fingerprint_for_staleness
 from autotune_cache.autotuner.installed import version_order
 from autotune_cache.humanize import Duration, format_age, format_size
 from autotune_cache.registry import get_layout
@@ -271,3 +272,16 @@ def model_hint(asked: str | None, models) -> str | None:
     shown = ", ".join(near[:3]) + (f" (+{len(near) - 3})" if len(near) > 3 else "")
     return f"--model matches the model path exactly; {shown} only contain{'s' if len(near) == 1 else ''} " \
            f"{asked!r}: --model-glob '*{asked}*' selects by pattern"
+
+
+def staleness_fingerprint(flt: EntryFilter, env_from: str | None, check_env: bool) -> tuple[Fingerprint | None, str | None]:
+    """The fingerprint to judge staleness against, or None with the warning that says why.
+
+    ``--env-from`` wins; ``--check-env`` or ``--status stale`` mean this host, which must have a
+    GPU: a host without one is no serving environment, so nothing is called stale there.
+    """
+    wants_stale = EntryStatus.STALE in flt.statuses
+    if not (env_from or check_env or wants_stale):
+        return None, None
+    fp = fingerprint_for_staleness(env_from, required=wants_stale)
+    return fp, (NO_GPU_STALENESS if fp is None else None)

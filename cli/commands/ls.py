@@ -9,11 +9,12 @@ from __future__ import annotations
 import click
 
 from autotune_cache.humanize import format_size, plural
-from autotune_cache.tree.listing import SORTS, Listing
+from autotune_cache.tree.listing import SORTS, Listing, ListingQuery
+from autotune_cache.tree.store.storehouse import StoreListing
 
 from ..output import Mode, Output
 from ..storeview import ls_store
-from ..filters import size_filters, entry_filter, filter_options, staleness_fingerprint
+from ..filters import size_filters, entry_filter, filter_options
 from ..params import flatten, cache_dir_option, check_env_option, env_from_option, json_option, layout_option, quiet_option, timeout_option
 from ..roots import rooting
 
@@ -84,14 +85,18 @@ def ls_cmd(store, cache_dir, layouts, model, model_glob, versions, arch, status,
     out = Output(as_json, quiet)
     roots, names = rooting(cache_dir), flatten(layouts)
     if show_dir:
-        return _print_roots(out, Listing(roots, names, roots_only=True))
+        where = Listing(roots, names, roots_only=True)
+        return _print_roots(out, where)
     flt = entry_filter(model, versions, arch, status, older_than, unused_for, larger_than=larger_than,
                        smaller_than=smaller_than, model_glob=model_glob)
     if store is not None:
-        return ls_store(out, store, flt, env_from)
-    listing = Listing(roots, names)
-    fingerprint = staleness_fingerprint(env_from, check_env, flt, out)
-    entries = listing.scan(flt, fingerprint, sort=sort, reverse=reverse, limit=limit, full=as_json)
+        published = StoreListing(store, flt, env_from)
+        return ls_store(out, published)
+    query = ListingQuery(flt, env_from, check_env, sort, reverse, limit, full=as_json)
+    listing = Listing(roots, names, query)
+    for warning in listing.warnings:
+        out.warn(warning)
+    entries = listing.entries()
     totals = listing.totals
 
     def closing_notes() -> None:
@@ -127,7 +132,7 @@ def ls_cmd(store, cache_dir, layouts, model, model_glob, versions, arch, status,
             yield e
 
     out.emit_stream(human=lambda: human(entries), items_key="entries", items=bare(entries),
-                    head=listing.head(fingerprint), tail=listing.tail)
+                    head=listing.head(), tail=listing.tail)
     if out.mode is not Mode.HUMAN:  # the human view says it under its footer
         closing_notes()
 

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import format_size
 from autotune_cache.tree.crashsafe.faults import crashpoint
@@ -84,6 +85,29 @@ def require_store_filters(flt: EntryFilter) -> None:
     if flt.unused_for is not None:
         raise UsageError("a store does not record when an entry was last used: --unused-for works on a tree only "
                          "(--older-than selects by push time)")
+
+
+
+class StoreListing:
+    """``ls URL``: a store's published entries (its index records), the records it could not read
+    (``store.unreadable``, to be said before anything is judged), then, from ``views``, the
+    entries the filters select, each judged as ``ls`` judges one (stale against ``env_from``'s
+    fingerprint), and from ``remains`` what an interrupted push or delete left (counted, never
+    swept: ``ls`` only reads)."""
+
+    def __init__(self, url: str, flt: EntryFilter, env_from: str | None):
+        require_store_filters(flt)
+        self.store = Store(url)
+        self.records = self.store.records()
+        self._flt, self._env_from = flt, env_from
+
+    def views(self, now: float) -> list[RecordView]:
+        fp = Fingerprint.load(self._env_from) if self._env_from else None
+        return sorted((v for v in record_views(self.records, fp) if self._flt.reasons(v, now) is not None),
+                      key=lambda v: str(v.id))
+
+    def remains(self) -> Remains:
+        return survey(self.store, self.records)
 
 
 @dataclass(frozen=True)
