@@ -84,10 +84,12 @@ def prepare_side(spec: str, label: str) -> Side:
             sh(["git", "-C", REPO, "worktree", "add", "--detach", path, sha])
     side = Side(label, path.resolve())
     if not (side.bin / "fi-autotune").exists():
-        print(f"[{label}] making {side.root}/.venv (pip install {TORCH_PIN}, -e .)", file=sys.stderr)
+        # the test extra: it pins the FlashInfer the checkout's goldens are of (a bare ``-e .`` takes
+        # the newest 0.7.x, and every plan would differ by its version alone)
+        print(f"[{label}] making {side.root}/.venv (pip install {TORCH_PIN}, -e .[test])", file=sys.stderr)
         sh([sys.executable, "-m", "venv", side.root / ".venv"])
         sh([side.bin / "pip", "install", "-q", TORCH_PIN])
-        sh([side.bin / "pip", "install", "-q", "-e", side.root])
+        sh([side.bin / "pip", "install", "-q", "-e", f"{side.root}[test]"])
     # bytecode once, in the checkout (gitignored), not compiled again by every one of ~1,500 runs
     sh([side.bin / "python", "-m", "compileall", "-q", *(p for p in ("autotune_cache", "cli", "tests") if (side.root / p).is_dir())],
        cwd=side.root)
@@ -600,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind in FIXTURES:
         build_fixtures(old, kind, BASE / "fixtures" / kind)
     cases = [c for c in all_cases(old, new) if not args.family or c.family in args.family]
-    print(f"old {old.root}\nnew {new.root}\n{len(cases)} commands, {args.jobs} at a time", file=sys.stderr)
+    print(f"old {old.root} (FlashInfer {flashinfer_of(old)})\nnew {new.root} (FlashInfer {flashinfer_of(new)})\n"
+          f"{len(cases)} commands, {args.jobs} at a time", file=sys.stderr)
     results = []
     with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
         for r in pool.map(run_case, range(len(cases)), cases, [old] * len(cases), [new] * len(cases)):
@@ -622,6 +625,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{doc['seconds']} s; {args.out}/cli_compare.json, {sum(r['verdict'] != 'same' for r in results)} diffs in "
           f"{args.out}/diffs/")
     return 1 if counts["total"]["differs"] or counts["total"]["unstable"] else 0
+
+
+def flashinfer_of(side: Side) -> str:
+    """The FlashInfer the side's venv holds (a plan names it: two sides that differ here differ in
+    every plan's output)."""
+    code = "import importlib.metadata as m; print(m.version('flashinfer-python'))"
+    try:
+        return sh([side.bin / "python", "-c", code]).stdout.strip()
+    except subprocess.CalledProcessError:
+        return "not installed"
 
 
 def head_of(side: Side) -> str:
