@@ -8,7 +8,7 @@ import click
 from autotune_cache.autotuner.fingerprint import Fingerprint, is_known
 from autotune_cache.autotuner.installed import VERSION_RE, installed_flashinfer_version
 from autotune_cache.humanize import parse_size
-from autotune_cache.tree.select import EntryFilter, staleness_fingerprint as judged_against
+from autotune_cache.tree.select import EntryFilter, judged_against
 from autotune_cache.tree.status import EntryStatus
 
 from .params import ARCHS, DURATION, STATUSES, VERSIONS, flatten
@@ -81,7 +81,7 @@ def entry_filter(model, versions, arch, status, older_than, unused_for, other_ve
 
 
 def staleness_fingerprint(env_from: str | None, check_env: bool, flt: EntryFilter, out):
-    """The fingerprint to judge staleness against, or None (``tree.select.staleness_fingerprint``),
+    """The fingerprint to judge staleness against, or None (``tree.select.judged_against``),
     its warning said on stderr."""
     fp, warning = judged_against(flt, env_from, check_env)
     if warning:

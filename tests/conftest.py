@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -53,7 +54,7 @@ def _homes(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("homes")
 
 
-_HOME_NUMBERS = iter(range(1 << 62))
+_HOME_NUMBERS = itertools.count()
 
 
 @pytest.fixture(autouse=True)

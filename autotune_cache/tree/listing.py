@@ -12,11 +12,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from autotune_cache.tree.layouts.base import CacheLayout
+from autotune_cache.tree.layouts.values import RootChoice
 from autotune_cache.tree.records import CacheEntry
 from autotune_cache.tree.roots import Rooting, choose_trees, named_roots
 from autotune_cache.tree.scanner.atime import TimeSpan, atime_doubt
 from autotune_cache.tree.scanner.scan import iter_entries
-from autotune_cache.tree.select import EntryFilter, model_hint, staleness_fingerprint
+from autotune_cache.tree.select import EntryFilter, judged_against, model_hint
 from autotune_cache.tree.status import EntryStatus
 
 SORTS = {
@@ -164,13 +166,13 @@ class Listing:
                  roots_only: bool = False):
         cache_dir, new_trees, say = rooting.cache_dir, rooting.new_trees, rooting.say
         self.query, self.fingerprint, self.warnings = query, None, ()
+        self.roots: list[tuple[str, RootChoice]] = []  # ``ls --dir``'s answer: (layout name, root)
+        self.trees: list[tuple[CacheLayout, RootChoice]] = []  # the trees the scan reads
         if roots_only:  # ``ls --dir``: where it would read, existing or not; nothing is read
             self.roots = named_roots(cache_dir, layouts, new_trees=new_trees, say=say)
-            self.trees = []
         else:
             self.trees = choose_trees(cache_dir, layouts, every_existing=True, new_trees=new_trees, say=say)
-            self.roots = [(layout.name, root) for layout, root in self.trees]
-            fp, warning = staleness_fingerprint(query.flt, query.env_from, query.check_env)
+            fp, warning = judged_against(query.flt, query.env_from, query.check_env)
             self.fingerprint, self.warnings = fp, (warning,) if warning else ()
         self.totals = Totals()
         self._scans: list = []
@@ -187,6 +189,7 @@ class Listing:
         if not (q.sort == "id" and not q.reverse and len(self.trees) == 1):
             entries = iter(sorted(entries, key=SORTS[q.sort], reverse=q.reverse))
         return entries if q.limit is None else _first(entries, q.limit)
+
     def _scanned(self) -> Iterator[dict]:
         for batches, _ in self._scans:
             for batch in batches:

@@ -274,7 +274,7 @@ def model_hint(asked: str | None, models) -> str | None:
            f"{asked!r}: --model-glob '*{asked}*' selects by pattern"
 
 
-def staleness_fingerprint(flt: EntryFilter, env_from: str | None, check_env: bool) -> tuple[Fingerprint | None, str | None]:
+def judged_against(flt: EntryFilter, env_from: str | None, check_env: bool) -> tuple[Fingerprint | None, str | None]:
     """The fingerprint to judge staleness against, or None with the warning that says why.
 
     ``--env-from`` wins; ``--check-env`` or ``--status stale`` mean this host, which must have a

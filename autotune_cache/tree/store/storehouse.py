@@ -87,7 +87,6 @@ def require_store_filters(flt: EntryFilter) -> None:
                          "(--older-than selects by push time)")
 
 
-
 class StoreListing:
     """``ls URL``: a store's published entries (its index records), the records it could not read
     (``store.unreadable``, to be said before anything is judged), then, from ``views``, the
