@@ -102,12 +102,28 @@ class LayoutName(click.ParamType):
         self.fail(f"{value!r} is not one of {', '.join(map(repr, self.offered()))}.", param, ctx)
 
 
+class HelpWhenShown(click.Option):
+    """An option whose help text is written when ``--help`` shows it, from ``help_text()``: text
+    that reads the environment (a layout's root: ``$SGLANG_CACHE_DIR``, ``~``) says what holds for
+    that command, and importing the CLI reads no variable for it."""
+
+    def __init__(self, *args, help_text, **kw):
+        super().__init__(*args, **kw)
+        self.help_text = help_text
+
+    def get_help_record(self, ctx):
+        self.help = self.help_text()
+        return super().get_help_record(ctx)
+
+
+def _layouts_help() -> str:
+    roots = ", ".join(f"{n} ({l.default_root().source.removeprefix('the default ')})" for n, l in known_layouts().items())
+    return f"Which engine's tree: {roots}. Default: {default_layout().name}; `ls` lists every one that exists."
+
+
 LAYOUT_NAMES = CommaList("layout", choices=lambda: list(known_layouts()))
-layout_option = click.option(
-    "--layout", "layouts", multiple=True, type=LAYOUT_NAMES,
-    help="Which engine's tree: " + ", ".join(f"{n} ({l.default_root().source.removeprefix('the default ')})"
-                                            for n, l in known_layouts().items()) + f". Default: {default_layout().name}; `ls` lists every one that exists.",
-)
+layout_option = click.option("--layout", "layouts", multiple=True, type=LAYOUT_NAMES, cls=HelpWhenShown,
+                             help_text=_layouts_help)
 
 
 def _layout_named(ctx, param, value):  # noqa: ARG001 - click's callback signature

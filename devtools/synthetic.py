@@ -22,15 +22,7 @@ from autotune_cache.engines.vllm.layout import VllmRankName
 from autotune_cache.plan.topology import Topology
 from autotune_cache.tree.writer import commit_entry
 
-DEFAULT_METADATA = {
-    "flashinfer_version": "0.7.2.post1",
-    "cuda_version": "13.0",
-    "cublas_version": "13.1.0",
-    "cudnn_version": "91500",
-    "cudnn_frontend_version": "1.32.0",
-    "cutlass_dsl_version": "nvidia-cutlass-dsl==4.8.1",
-    "gpu": "NVIDIA H200",
-}
+from .fingerprint import DEFAULT_METADATA
 
 HYBRID_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 8192)
 

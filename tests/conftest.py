@@ -27,6 +27,38 @@ def pytest_configure(config):
 
     for folder in ("autotune_cache", "cli", "devtools", "tests/standins", "tests/support"):
         compileall.compile_dir(str(REPO / folder), quiet=1, workers=1)
+    _rewrite_test_modules_once(config)
+
+
+def _rewrite_test_modules_once(config) -> None:
+    """pytest keeps each test module's assert-rewritten code in ``__pycache__`` (``*-pytest-*.pyc``),
+    but writes it only where ``PYTHONDONTWRITEBYTECODE`` is unset; it reads it either way. Unwritten,
+    every test process rewrote every test module again while collecting: about 3 CPU-s of each
+    process's 6.6. Written here once, before the test processes start; from pytest's own functions
+    (pinned below 9.2), so that a change there costs the cache and never a test: the processes then
+    rewrite as before."""
+    try:
+        from _pytest.assertion import rewrite
+    except ImportError:
+        return
+    if config.getoption("assertmode", "rewrite") != "rewrite":
+        return
+
+    class _Quiet:
+        trace = staticmethod(lambda *a: None)
+
+    for fn in sorted(REPO.glob("tests/**/*.py")):
+        if not fn.name.startswith("test_") and fn.name != "conftest.py":
+            continue
+        try:
+            pyc = rewrite.get_cache_dir(fn) / (fn.name[:-3] + rewrite.PYC_TAIL)
+            if rewrite._read_pyc(fn, pyc, _Quiet.trace) is not None:  # noqa: SLF001
+                continue
+            pyc.parent.mkdir(exist_ok=True)
+            stat, code = rewrite._rewrite_test(fn, config)  # noqa: SLF001
+            rewrite._write_pyc(_Quiet(), code, stat, pyc)  # noqa: SLF001
+        except Exception:  # noqa: BLE001 - a cache: the test process rewrites the module itself
+            continue
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_ARGV = [sys.executable, "-m", "fi_autotune_cli"]
@@ -34,6 +66,9 @@ CLI_ARGV = [sys.executable, "-m", "fi_autotune_cli"]
 FAULT_CLI = [sys.executable, str(Path(__file__).resolve().parent / "standins" / "fault_cli.py")]
 #: tests/support/fake_gpus.py's ``FAKE_GPU_CLI``: the CLI on stand-in GPUs
 FAKE_GPU_CLI = [sys.executable, str(Path(__file__).resolve().parent / "standins" / "fake_gpu_cli.py")]
+#: tests/standins/deploy_steps.py: the docs recipes' GPU steps (``env``, ``warm``) on no GPU; a recipe's
+#: shell runs it as ``"$FI_GPU_STEPS" ARGS`` (zygotes.cli_on_path: forked by a zygote where one serves)
+GPU_STEPS = {"FI_GPU_STEPS": Path(__file__).resolve().parent / "standins" / "deploy_steps.py"}
 #: launchers the zygote runs as ``python SCRIPT`` (each a script that runs the CLI in its process)
 ZYGOTE_SCRIPTS = (FAULT_CLI, FAKE_GPU_CLI)
 

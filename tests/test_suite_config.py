@@ -63,7 +63,10 @@ def test_a_zygote_command_prints_and_exits_as_a_fresh_one(tmp_path):
 
 
 def test_environment_changes_reach_the_zygote_child(tmp_path, monkeypatch):
+    import os
+
     from .conftest import run_cli
+    from .support import zygotes
 
     missing = str(tmp_path / "absent")
     run_cli("--version")  # this environment's zygote exists before the changes below
@@ -73,7 +76,9 @@ def test_environment_changes_reach_the_zygote_child(tmp_path, monkeypatch):
     monkeypatch.delenv("FI_AUTOTUNE_DEBUG")
     z, f = _both("ls", "--cache-dir", missing)
     assert z.stderr == f.stderr and "Traceback" not in z.stderr
-    # read at import (--layout's help names each root's source): another zygote, the same text as fresh
+    # --layout's help names each root's source, read when the help is shown: one zygote serves both
+    # environments, and each prints what a fresh process prints
+    served = []
     for value in (None, str(tmp_path / "sglang")):
         if value is None:
             monkeypatch.delenv("SGLANG_CACHE_DIR", raising=False)
@@ -81,6 +86,9 @@ def test_environment_changes_reach_the_zygote_child(tmp_path, monkeypatch):
             monkeypatch.setenv("SGLANG_CACHE_DIR", value)
         z, f = _both("ls", "--help")
         assert z.stdout == f.stdout and ("($SGLANG_CACHE_DIR)" in z.stdout) == (value is not None)
+        served.append(zygotes.POOL.zygote_for(dict(os.environ)))
+        zygotes.POOL.done(served[-1])
+    assert served[0] is not None and served[0] is served[1]
     z, f = _both("ls", "--json", cwd=tmp_path)  # cwd, and the variable's value at run time
     assert (z.returncode, z.stdout, z.stderr) == (f.returncode, f.stdout, f.stderr)
 
@@ -202,8 +210,9 @@ def test_the_fault_launcher_runs_in_the_zygote_and_dies_where_asked(tmp_path):
 def test_fi_autotune_on_a_shells_path_is_the_console_script(tmp_path):
     """``zygotes.cli_on_path`` (the recipes' and docs examples' shells): the shell's ``fi-autotune`` is
     the installed console script forked by a zygote, and prints and exits as that script run fresh;
-    a command whose environment differs from the zygote's in what it read at import (another class
-    of ``$SGLANG_CACHE_DIR``, exported by the shell) is refused by the zygote and runs fresh."""
+    a command whose environment differs from the zygote's in what it read at import (another
+    ``$HOME``, which fsspec and botocore read at import, exported by the shell) is refused by the
+    zygote and runs fresh."""
     import os
 
     from .support import zygotes
@@ -212,7 +221,7 @@ def test_fi_autotune_on_a_shells_path_is_the_console_script(tmp_path):
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the installed fi-autotune
     absent = str(tmp_path / "absent")
     script = (f"fi-autotune ls --bogus; echo rc=$?; fi-autotune --version; fi-autotune ls --cache-dir {absent}; "
-              f"echo rc=$?; SGLANG_CACHE_DIR= fi-autotune ls --help; echo rc=$?\n")
+              f"echo rc=$?; HOME={tmp_path} fi-autotune ls --help; echo rc=$?\n")
     fresh = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
     with zygotes.cli_on_path(env) as shell_env:
         found = subprocess.run(["bash", "-c", "type -p fi-autotune"], env=shell_env, capture_output=True, text=True)
@@ -222,7 +231,7 @@ def test_fi_autotune_on_a_shells_path_is_the_console_script(tmp_path):
     assert z.stdout.count("rc=") == 3 and "rc=2" in z.stdout and "rc=1" in z.stdout, z.stdout
     # the zygote itself: it takes a request in its own environment, refuses one that differs at import
     taken = []
-    for extra in ({}, {"SGLANG_CACHE_DIR": ""}):
+    for extra in ({}, {"HOME": str(tmp_path)}):
         zyg = zygotes.POOL.zygote_for(env)
         marker_r, marker_w = os.pipe()
         try:
@@ -234,6 +243,27 @@ def test_fi_autotune_on_a_shells_path_is_the_console_script(tmp_path):
         taken.append((p.returncode, os.read(marker_r, 1)))
         os.close(marker_r)
     assert taken == [(0, b"S"), (197, b"")], taken  # 197: zygote_client.NOT_STARTED (run_cli: fresh)
+
+
+def test_a_stand_in_script_a_shell_runs_is_forked_by_the_zygote_else_fresh(tmp_path, monkeypatch):
+    """``cli_on_path(env, scripts)``: ``"$VAR" ARGS`` in the shell runs ``python SCRIPT ARGS``, in a
+    zygote child where one serves the shell's environment (the docs recipes' GPU steps), fresh
+    where none does; the same arguments, output and exit status either way."""
+    import os
+
+    from .support import zygotes
+
+    script = tmp_path / "step.py"
+    script.write_text("import sys\nprint(sys.argv[1:], 'tests.support.zygote' in sys.modules)\nsys.exit(3)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    seen = {}
+    for how in ("zygote", "fresh"):
+        if how == "fresh":
+            monkeypatch.setenv("FIA_TEST_FRESH_CLI", "1")  # no zygote serves any environment
+        with zygotes.cli_on_path(env, {"FI_STEP": script}) as shell_env:
+            seen[how] = subprocess.run(["bash", "-c", '"$FI_STEP" env --json; echo rc=$?'], env=shell_env,
+                                       capture_output=True, text=True, timeout=60).stdout
+    assert seen == {"zygote": "['env', '--json'] True\nrc=3\n", "fresh": "['env', '--json'] False\nrc=3\n"}, seen
 
 
 def test_the_stand_in_gpus_cli_runs_in_the_zygote_as_a_fresh_one_would(tmp_path):

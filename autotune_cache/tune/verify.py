@@ -21,6 +21,7 @@ from autotune_cache.autotuner.fingerprint import this_host
 from autotune_cache.autotuner.rankfile import parse_cache_bytes, read_regular_file
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.plan.tuning import TuningPlan, dummy_tokens
+from autotune_cache.tune.workers.gpus import NO_GPU_TO_REPLAY_ON
 from autotune_cache.tune.workers.lm_head import lm_head_stub
 from autotune_cache.tune.workers.skeleton import SkeletonModel
 
@@ -67,7 +68,7 @@ def verify(plan: TuningPlan, key_dir: Path) -> VerifyReport:
     import torch
 
     if not torch.cuda.is_available():
-        raise UsageError("no CUDA GPU found: verify replays the engine's pass on one")
+        raise UsageError(NO_GPU_TO_REPLAY_ON)
     buckets = plan.engine.tuning_buckets(plan)
     if buckets is not None:
         return verify_bucketed(plan, Path(key_dir), buckets)

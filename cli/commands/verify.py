@@ -18,11 +18,12 @@ from autotune_cache.errors import ExitCode, FiAutotuneError, UsageError
 from autotune_cache.tree.layouts.values import DEFAULT_LAYOUT_NAME
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tune.session.recorded import request_of
+from autotune_cache.tune.workers.gpus import NO_GPU_TO_REPLAY_ON
 
 from ..output import Output
 from ..params import LayoutName, json_option
 from ..roots import resolve_root
-from ..serving import build_plan, engine_options, planned_layouts, request_from, serving_options
+from ..serving import build_plan, engine_options, machine_of, planned_layouts, request_from, serving_options
 
 
 def _plan_from_flags(kw: dict, layout: str):
@@ -73,15 +74,17 @@ def verify_cmd(ctx, ref, layout, as_json, **kw):
     or by --model with the server's flags (any entry those flags map to, engine-written ones
     included; a single-rank vLLM's store is found from this GPU's environment).
     """
-    # tune.verify imports torch (the skeleton): only ``verify`` pays for it.
-    from autotune_cache.tune.verify import verify
-
     flags_given = [k for k in kw if k not in ("model", "cache_dir")
                    and ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE]
     if ref is None and kw["model"] is None:
         raise UsageError("give an entry ID or --model")
     single = registry.engine_of_layout(layout).name != registry.default_engine().name
     plan = _plan_from_flags(kw, layout) if ref is None and (flags_given or single) else _plan_from_entry(ref, kw, layout)
+    if not machine_of(ctx).detect_gpus().count:  # NVML: said in a moment, not after torch's seconds of import
+        raise UsageError(NO_GPU_TO_REPLAY_ON)
+    # tune.verify imports torch (the skeleton): only ``verify`` pays for it, once there is a GPU to replay on.
+    from autotune_cache.tune.verify import verify
+
     report = verify(plan, plan.key_dir)
     out = Output(as_json)
 

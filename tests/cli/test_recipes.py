@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ..conftest import REPO
+from ..conftest import GPU_STEPS, REPO
 from ..support.zygotes import cli_on_path
 
 README = REPO / "README.md"
@@ -45,7 +45,7 @@ README_STORE = "s3://bucket/caches"
 
 SHELL_BLOCK_RE = re.compile(r"```bash\n(.*?)```", re.S)
 RECIPE_RE = re.compile(r"^# recipe: (?P<name>[\w-]+) (?P<step>\d+)/(?P<steps>\d+) \((?P<where>[^)]*)\)\n")
-STANDIN = ('fi-autotune() { case "$1" in env|warm) PYTHONPATH="$FI_REPO" "$FI_PY" -m tests.standins.deploy_steps "$@";; '
+STANDIN = ('fi-autotune() { case "$1" in env|warm) "$FI_GPU_STEPS" "$@";; '
            '*) command fi-autotune "$@";; esac; }\n')
 
 
@@ -106,11 +106,11 @@ def test_every_gate_after_an_export_checks_the_extracted_bundle(doc):
 # -- running them ---------------------------------------------------------------------------------
 
 def _env(s3: dict, work: Path) -> dict:
-    """The recipe shell's environment; the stand-in's PYTHONPATH (tests.standins) is its own, not the
-    recipe's (STANDIN), so that the recipe's other ``fi-autotune`` lines can be forked by the test
-    process's CLI fork server (``cli_on_path``: the installed console script, a real process each)."""
+    """The recipe shell's environment: the recipe's ``fi-autotune`` lines and the GPU steps' stand-in
+    (STANDIN, ``$FI_GPU_STEPS``) are forked by the test process's CLI fork server (``cli_on_path``:
+    the installed console script and the stand-in script, a real process each)."""
     bindir = str(Path(sys.executable).parent)
-    return {**os.environ, **s3["env"], "STORE": s3["url"], "FI_PY": sys.executable, "FI_REPO": str(REPO),
+    return {**os.environ, **s3["env"], "STORE": s3["url"],
             "PATH": f"{bindir}:{os.environ['PATH']}",
             "SGLANG_CACHE_DIR": str(work / "gpu-box-cache"),  # the GPU box's engine root; the build uses ./sglang-cache
             "TMPDIR": str(work)}  # the recipes' `mktemp -d` (the extracted bundle) stays in the test's own directory
@@ -121,7 +121,7 @@ def run_recipe(name: str, s3: dict, work: Path) -> subprocess.CompletedProcess:
     the block, as a failing ``RUN`` or CI step fails the build); the first failing block's result."""
     out, err = [], []
     proc = None
-    with cli_on_path(_env(s3, work)) as env:
+    with cli_on_path(_env(s3, work), GPU_STEPS) as env:
         for gpu, block in RECIPES[name]:
             script = "set -euo pipefail\n" + (STANDIN if gpu else "") + block.replace(README_STORE, s3["url"])
             proc = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=600)
@@ -199,7 +199,7 @@ def test_check_on_the_live_tree_still_means_the_engine_uses_it(s3, tmp_path):
     gate = next(ln for ln in block.splitlines() if "check --strict" in ln)
     live = re.sub(r'--cache-dir "\$shipped"', "--cache-dir ./sglang-cache", gate)
     assert live != gate
-    with cli_on_path(_env(s3, tmp_path)) as env:
+    with cli_on_path(_env(s3, tmp_path), GPU_STEPS) as env:
         proc = subprocess.run(["bash", "-c", STANDIN + "fi-autotune env --json > env.json\n" + live], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

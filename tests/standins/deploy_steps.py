@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
-from devtools.synthetic import DEFAULT_METADATA, write_plan_entry
-from fi_autotune_cli.serving import build_plan, request_from
-from fi_autotune_cli.commands.warm import warm_cmd
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: tests and devtools from the repo
+from devtools.synthetic import DEFAULT_METADATA, write_plan_entry  # noqa: E402
+from fi_autotune_cli.serving import build_plan, request_from  # noqa: E402
+from fi_autotune_cli.commands.warm import warm_cmd  # noqa: E402
+from tests.standins.fake_gpu_cli import fake_machine, run  # noqa: E402
 
-from .fake_gpu_cli import fake_machine, run
+#: the recipes' shells run it as ``python deploy_steps.py`` (tests/support/zygotes.py ``cli_on_path``)
+SCRIPT = Path(__file__).resolve()
 
 H200 = {"format": 1, "tool": "fi-autotune env", "fingerprint": DEFAULT_METADATA, "arch": "sm90",
         "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": None}], "host": "gpu-box", "captured": None}

@@ -21,8 +21,8 @@ from autotune_cache.tune.workers.gpus import GpuInfo
 from autotune_cache.tune.workers.machine import Machine
 from fi_autotune_cli import main as cli_main
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: devtools.synthetic
-from devtools.synthetic import DEFAULT_METADATA  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: devtools from the repo
+from devtools.fingerprint import DEFAULT_METADATA  # noqa: E402
 
 DEFAULT_GPUS = "2xNVIDIA H200@sm90"
 DEFAULT_WORKER = str(Path(__file__).resolve().parent / "fake_worker.py")

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import cache_file_bytes, parse_file_key
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: devtools.synthetic from the repo
-from devtools.synthetic import DEFAULT_METADATA  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: devtools from the repo
+from devtools.fingerprint import DEFAULT_METADATA  # noqa: E402
 
 META = {**DEFAULT_METADATA, "gpu": os.environ.get("FAKE_GPU", "NVIDIA H200")}
 

@@ -35,13 +35,9 @@ its own). Found by tracing every ``os.environ`` access while the zygote imports 
 (``IMPORT_TIME_READS`` below is filled the same way on every start, so a new import-time read
 is caught, not assumed away):
 
-- our package: ``fi_autotune_cli.params`` builds ``--layout``'s help at import by asking every
-  layout's ``default_root()`` (cli/params.py ``layout_option``, cli/roots.py), which reads ``SGLANG_CACHE_DIR``,
-  ``FLASHINFER_AUTOTUNE_CACHE_DIR``, ``FLASHINFER_WORKSPACE_BASE``, ``VLLM_CACHE_ROOT``,
-  ``XDG_CACHE_HOME``, ``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` and ``HOME``. The help keeps only
-  each root's *source* (``$SGLANG_CACHE_DIR`` or "the default ~/.cache/sglang"), which depends
-  on whether the variable is unset, empty or set (``is None``, truthiness, ``in``), never on
-  its value: for these, ``SOURCE_ONLY``, the zygote is matched by that class of value.
+- our package: none. ``--layout``'s help names each layout's root source (``$SGLANG_CACHE_DIR``,
+  ``~/.cache/sglang``...), read from the environment when ``--help`` shows it (cli/params.py
+  ``HelpWhenShown``), not at import.
 - fsspec.config reads every ``FSSPEC_*`` variable (it copies the environment and keeps ``FSSPEC*``)
   and ``FSSPEC_CONFIG_DIR`` into its ``conf`` at import; s3fs ``S3FS_LOGGING_LEVEL``; botocore
   ``HOME`` (default paths) and ``AWS_NEW_RETRIES_2026``; aiohttp ``AIOHTTP_NO_EXTENSIONS``,
@@ -82,18 +78,10 @@ PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session",
 
 #: what tests/support/zygote_client.py passes on to the command
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-#: variables whose value our package reads at import only to name a root's source in help text
-SOURCE_ONLY = frozenset({"SGLANG_CACHE_DIR", "FLASHINFER_AUTOTUNE_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
-                         "VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"})
 #: read by the interpreter at startup
 STARTUP_EXACT = ("LANG", "LC_ALL", "LC_CTYPE")
 #: the variables read while importing PRELOAD; and whether the environment was iterated (fsspec)
 IMPORT_TIME_READS: set[str] = set()
-
-
-def value_class(env: dict, name: str) -> str:
-    value = env.get(name)
-    return "unset" if value is None else ("empty" if value == "" else "set")
 
 
 def signature(env: dict, reads) -> tuple:
@@ -102,7 +90,7 @@ def signature(env: dict, reads) -> tuple:
     if "<iterated>" in reads:
         return tuple(sorted(env.items()))
     names = set(reads) | {k for k in env if k.startswith(("PYTHON", "FSSPEC"))} | set(STARTUP_EXACT)
-    return tuple(sorted((n, value_class(env, n)) if n in SOURCE_ONLY else (n, env.get(n)) for n in names))
+    return tuple(sorted((n, env.get(n)) for n in names))
 
 
 def _command_modules() -> list[str]:
@@ -309,8 +297,7 @@ def serve() -> None:
     # (no fork: the client exits NOT_STARTED and the caller runs the command fresh). run_cli only
     # sends matching requests (tests/support/zygotes.py picks the zygote by this signature); a
     # ``fi-autotune`` on a shell's PATH (zygotes.cli_on_path) sends whatever the shell exports.
-    reads = IMPORT_TIME_READS | SOURCE_ONLY
-    own = signature(start_env, reads)
+    own = signature(start_env, IMPORT_TIME_READS)
     os.write(ready_fd, ("ready " + json.dumps(sorted(IMPORT_TIME_READS)) + "\n").encode())
     os.close(ready_fd)
     sel = selectors.DefaultSelector()
@@ -346,7 +333,7 @@ def serve() -> None:
                 except (OSError, ValueError):
                     conn.close()
                     continue
-                if signature(request["env"], reads) != own:
+                if signature(request["env"], IMPORT_TIME_READS) != own:
                     for fd in fds:
                         os.close(fd)
                     conn.close()

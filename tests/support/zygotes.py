@@ -133,7 +133,7 @@ class Pool:
             z.env = env
             if self.reads is None or not set(z.reads) <= set(self.reads):
                 # what this zygote read at import (a read can depend on another variable's value)
-                self.reads = sorted(set(self.reads or ()) | set(z.reads) | Z.SOURCE_ONLY)
+                self.reads = sorted(set(self.reads or ()) | set(z.reads))
                 self.zygotes = {Z.signature(o.env, self.reads): o for o in self.zygotes.values()}
             key = Z.signature(env, self.reads)
             old = self.zygotes.get(key)
@@ -218,30 +218,42 @@ marker="{dir}/started.$$"
 rc=$?
 if [ -s "$marker" ]; then rm -f "$marker"; exit $rc; fi
 rm -f "$marker"
-exec "{script}" "$@"
+exec {fresh} "$@"
 """
 
 
 @contextlib.contextmanager
-def cli_on_path(env: dict):
+def cli_on_path(env: dict, scripts: dict[str, Path] | None = None):
     """``env`` with a ``fi-autotune`` first on its ``PATH`` whose commands a zygote forks (the shell
     recipes and the docs' examples run that command dozens of times, each a fresh interpreter
     otherwise): the same console script (``.venv/bin/fi-autotune``, its ``sys.argv[0]`` and
     ``sys.path[0]``), a real process with the shell's fds, environment and working directory.
+    ``scripts``: variable -> a Python script (a stand-in the shell runs as ``"$VAR" ARGS``), each
+    set to a command that a zygote forks as ``python SCRIPT ARGS``, or that runs it fresh.
     ``env`` unchanged where no zygote serves it (its ``PYTHON*`` variables, ``FIA_TEST_FRESH_CLI=1``)
-    or the console script is not installed beside this interpreter."""
+    or the console script is not installed beside this interpreter; each script's variable then
+    runs it fresh."""
     script = Path(sys.executable).parent / "fi-autotune"
     z = POOL.zygote_for(env) if script.is_file() else None
-    if z is None:
-        yield env
-        return
-    bindir = Path(tempfile.mkdtemp(prefix="bin-", dir=POOL.dir))
+    bindir = Path(tempfile.mkdtemp(prefix="bin-", dir=POOL.dir if z is not None else None))
     try:
+        shims = {}
+        for var, path in (scripts or {}).items():
+            shim = bindir / var
+            fresh = f'"{sys.executable}" "{path}"'
+            shim.write_text(SHIM.format(dir=bindir, python=sys.executable, client=CLIENT, socket=z.socket_path,
+                                        script=path, fresh=fresh) if z is not None else f'#!/bin/sh\nexec {fresh} "$@"\n')
+            shim.chmod(0o755)
+            shims[var] = str(shim)
+        if z is None:
+            yield {**env, **shims}
+            return
         shim = bindir / "fi-autotune"
         shim.write_text(SHIM.format(dir=bindir, python=sys.executable, client=CLIENT, socket=z.socket_path,
-                                    script=script))
+                                    script=script, fresh=f'"{script}"'))
         shim.chmod(0o755)
-        yield {**env, "PATH": f"{bindir}{os.pathsep}{env.get('PATH', '')}"}
+        yield {**env, **shims, "PATH": f"{bindir}{os.pathsep}{env.get('PATH', '')}"}
     finally:
-        POOL.done(z)  # not stopped (least recently used) while the shell may still use it
+        if z is not None:
+            POOL.done(z)  # not stopped (least recently used) while the shell may still use it
         shutil.rmtree(bindir, ignore_errors=True)

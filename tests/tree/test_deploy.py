@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import REPO
+from ..conftest import GPU_STEPS, REPO
 from ..support.zygotes import cli_on_path
 
 DOC = REPO / "docs" / "deploy.md"
 BLOCK_RE = re.compile(r"```bash\n(# recipe: (?P<name>[\w-]+) (?P<step>\d+)/(?P<steps>\d+) \((?P<where>[^)]*)\)\n.*?)```", re.S)
 
 STANDIN = (
-    'fi-autotune() { case "$1" in env|warm) PYTHONPATH="$FI_REPO" "$FI_PY" -m tests.standins.deploy_steps "$@";; '
+    'fi-autotune() { case "$1" in env|warm) "$FI_GPU_STEPS" "$@";; '
     '*) command fi-autotune "$@";; esac; }\n'
 )
 
@@ -44,12 +44,12 @@ def test_recipe_runs(name, s3, tmp_path):  # noqa: F811 - fixture
     work = tmp_path / name
     work.mkdir()
     bindir = str(Path(sys.executable).parent)
-    env = {**os.environ, **s3["env"], "STORE": s3["url"], "FI_PY": sys.executable, "FI_REPO": str(REPO),
+    env = {**os.environ, **s3["env"], "STORE": s3["url"],
            "PATH": f"{bindir}:{os.environ['PATH']}", "SGLANG_CACHE_DIR": str(work / "engine-cache")}
-    # the recipe's `fi-autotune` lines: the installed console script, each a process forked by the
-    # test process's CLI fork server (tests/support/zygotes.py cli_on_path) rather than a fresh
-    # interpreter; the stand-in's PYTHONPATH (tests.standins) is its own, not the recipe's
-    with cli_on_path(env) as env:
+    # the recipe's `fi-autotune` lines (the installed console script) and the GPU steps' stand-in
+    # ($FI_GPU_STEPS), each a process forked by the test process's CLI fork server
+    # (tests/support/zygotes.py cli_on_path) rather than a fresh interpreter
+    with cli_on_path(env, GPU_STEPS) as env:
         for where, block in recipes()[name]:
             gpu = "GPU" in where and "no GPU" not in where
             script = "set -euo pipefail\n" + (STANDIN if gpu else "") + block

@@ -20,6 +20,9 @@ class GpuInfo:
 
 
 NO_GPU = GpuInfo(0, None, ())
+#: ``verify``'s refusal without a GPU: said by the CLI where NVML lists none (before torch's seconds
+#: of import), and by the replay where CUDA reaches none of the GPUs NVML lists
+NO_GPU_TO_REPLAY_ON = "no CUDA GPU found: verify replays the engine's pass on one"
 
 
 @dataclass(frozen=True)

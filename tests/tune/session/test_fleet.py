@@ -376,7 +376,8 @@ def test_ctrl_c_is_one_line_exit_130_and_a_rerun_resumes(fleet, tmp_path, target
 
 def test_verify_on_a_host_without_a_gpu_says_so_not_pass_arch(fleet, tmp_path):
     """An entry warm wrote knows its arch: on a GPU-less host verify names the missing GPU (the
-    real problem), with or without --arch, instead of asking for an --arch it already has."""
+    real problem), with or without --arch, instead of asking for an --arch it already has; and
+    says so from NVML, before importing torch for a replay it cannot run."""
     warm = run_gpu_cli("warm", "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend",
                        "flashinfer_cutlass", "--cache-dir", str(tmp_path / "root"), "--json",
                        env=gpu_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg")))
@@ -384,6 +385,8 @@ def test_verify_on_a_host_without_a_gpu_says_so_not_pass_arch(fleet, tmp_path):
     key_dir = Path(json.loads(warm.stdout)["key_dir"])
     eid = f"{key_dir.parent.parent.name}/{key_dir.parent.name}/{key_dir.name}"
     for extra in ([], ["--arch", "sm90"]):
-        proc = run_cli("verify", eid, *extra, "--cache-dir", str(tmp_path / "root"))
+        proc = run_cli("verify", eid, *extra, "--cache-dir", str(tmp_path / "root"), env={"PYTHONPROFILEIMPORTTIME": "1"})
         assert proc.returncode == 2 and "no CUDA GPU found" in proc.stderr, proc.stderr
         assert "pass --arch" not in proc.stderr
+        imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time:")}
+        assert "click" in imported and "torch" not in imported
