@@ -247,13 +247,20 @@ def tmpfs(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
+def s3_server_log(tmp_path_factory) -> Path:
+    """Where the S3 server logs each request it answers, one line each (its method and path):
+    what a test counts a command's requests in."""
+    return tmp_path_factory.mktemp("moto") / "server.log"
+
+
+@pytest.fixture(scope="session")
+def s3_server(s3_server_log):
     """A real S3 server on loopback (moto's server mode), one per test process (xdist worker)."""
     pytest.importorskip("moto")
     port = free_port()
     # Its log goes to a file, never to a pipe nobody reads: the server logs every request, and
     # once a pipe's buffer is full it blocks on the write and stops answering.
-    log = tmp_path_factory.mktemp("moto") / "server.log"
+    log = s3_server_log
     with open(log, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                 stdout=subprocess.DEVNULL, stderr=err, text=True)
@@ -266,7 +273,7 @@ def s3_server(tmp_path_factory):
 
 
 @pytest.fixture
-def s3(s3_server, monkeypatch, request):
+def s3(s3_server, s3_server_log, monkeypatch, request):
     """A fresh bucket and the environment every S3 client (ours and boto3) reads."""
     pytest.importorskip("s3fs")
     boto3 = pytest.importorskip("boto3")
@@ -280,4 +287,4 @@ def s3(s3_server, monkeypatch, request):
     client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key=SECRET)
     client.create_bucket(Bucket=bucket)
-    return {"url": f"s3://{bucket}/caches", "bucket": bucket, "client": client, "env": env}
+    return {"url": f"s3://{bucket}/caches", "bucket": bucket, "client": client, "env": env, "log": s3_server_log}

@@ -93,6 +93,27 @@ def test_environment_changes_reach_the_zygote_child(tmp_path, monkeypatch):
     assert (z.returncode, z.stdout, z.stderr) == (f.returncode, f.stdout, f.stderr)
 
 
+def test_a_variable_a_preloaded_module_keeps_by_its_prefix_gets_its_own_zygote():
+    """tqdm (preloaded: huggingface_hub imports it) keeps every ``TQDM_*`` variable at import by
+    walking the environment, as fsspec keeps ``FSSPEC*``: a command run with one set must not be
+    forked from a zygote that imported tqdm without it. A variable nothing read at import changes
+    nothing: the same zygote serves."""
+    import os
+
+    from .conftest import run_cli
+    from .support import zygote, zygotes
+
+    run_cli("--version")  # this environment's zygote, and what zygotes read at import
+    reads = zygotes.POOL.reads
+    assert reads and "<iterated>" not in reads, reads  # else any variable would pick a zygote of its own
+
+    def key(**extra):  # the pool picks a zygote by this (``zygote_for``)
+        return zygote.signature({**os.environ, **extra}, reads)
+
+    assert key(FIA_TEST_NOTHING_READS_THIS="1") == key()
+    assert key(TQDM_DISABLE="1") != key() and key(FSSPEC_TEST_OPTION="1") != key()
+
+
 def _interrupted(sig, **kw):
     import os
     import signal as S

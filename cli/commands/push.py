@@ -110,7 +110,7 @@ def _would_push(store: Store, layout, chosen) -> PushResult:
     """What ``store.push`` would do, decided as it decides (a record naming these very bytes, its
     bundle there: unchanged), with nothing written."""
     pushed, unchanged, uploaded, vanished = [], [], 0, []
-    there = bool(store.marker())  # no store yet: the push would make it, and every bundle is new
+    there = bool(store.known_marker())  # no store yet: the push would make it, and every bundle is new
     for e in chosen:
         data = bundle_of(layout, e)
         if data is None:

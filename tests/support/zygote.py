@@ -42,11 +42,14 @@ is caught, not assumed away):
   and ``FSSPEC_CONFIG_DIR`` into its ``conf`` at import; s3fs ``S3FS_LOGGING_LEVEL``; botocore
   ``HOME`` (default paths) and ``AWS_NEW_RETRIES_2026``; aiohttp ``AIOHTTP_NO_EXTENSIONS``,
   ``PYTHONASYNCIODEBUG``; yarl/multidict/propcache/frozenlist/wrapt their ``*_NO_EXTENSIONS``;
-  ssl ``SSLKEYLOGFILE``; gettext (click) ``LANGUAGE``, ``LC_ALL``, ``LC_MESSAGES``, ``LANG``:
-  matched by exact value.
+  ssl ``SSLKEYLOGFILE``; gettext (click) ``LANGUAGE``, ``LC_ALL``, ``LC_MESSAGES``, ``LANG``;
+  platformdirs ``ANDROID_DATA``: matched by exact value. tqdm reads every ``TQDM_*`` variable
+  (its ``envwrap`` walks the environment for them): all of those are part of the signature.
 - not preloaded, because they keep environment-derived constants: huggingface_hub (``HF_HOME``,
-  ``HF_HUB_OFFLINE``... in ``huggingface_hub.constants``), torch, flashinfer; platformdirs reads
-  at call time, not import (and is not imported by the CLI at start).
+  ``HF_HUB_OFFLINE``, and ``XDG_CACHE_HOME``, which every test sets to its own, in
+  ``huggingface_hub.constants``), torch, flashinfer. What huggingface_hub imports is preloaded
+  (yaml, filelock, tqdm: two thirds of its import): a command that looks for a model's config in
+  the HF cache imports only huggingface_hub's own modules.
 - the interpreter itself: every ``PYTHON*`` variable and the locale (``LANG``, ``LC_ALL``,
   ``LC_CTYPE``) shape startup (stdio encoding, hash seed, paths, warnings): exact value.
 
@@ -74,7 +77,10 @@ PRELOAD = ("click", "fi_autotune_cli.entry", "fi_autotune_cli.main", "autotune_c
            # the package's public names are imported when first used (autotune_cache/__init__.py): the
            # modules behind them, which nearly every command imports, loaded once here
            "autotune_cache.tree.scanner.scan", "autotune_cache.tree.manifest", "autotune_cache.tune.workers.lm_head")
-PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session", "autotune_cache.tree.store.s3")
+PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session", "autotune_cache.tree.store.s3",
+                    # what a command that plans imports through huggingface_hub (not preloaded itself: see
+                    # above), and the user-cache paths (the digest index, work dirs)
+                    "yaml", "filelock", "tqdm", "tqdm.auto", "platformdirs")
 
 #: what tests/support/zygote_client.py passes on to the command
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -82,6 +88,9 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 STARTUP_EXACT = ("LANG", "LC_ALL", "LC_CTYPE")
 #: the variables read while importing PRELOAD; and whether the environment was iterated (fsspec)
 IMPORT_TIME_READS: set[str] = set()
+#: modules that walk the whole environment at import and keep the variables of one prefix: those
+#: variables are always part of the signature, the rest of the walk is not a read
+PREFIX_READERS = {os.path.join("fsspec", "config.py"): "FSSPEC", os.path.join("tqdm", "utils.py"): "TQDM_"}
 
 
 def signature(env: dict, reads) -> tuple:
@@ -89,7 +98,7 @@ def signature(env: dict, reads) -> tuple:
     signature give the same imports; ``reads``: the variables the zygote read while importing."""
     if "<iterated>" in reads:
         return tuple(sorted(env.items()))
-    names = set(reads) | {k for k in env if k.startswith(("PYTHON", "FSSPEC"))} | set(STARTUP_EXACT)
+    names = set(reads) | {k for k in env if k.startswith(("PYTHON", *PREFIX_READERS.values()))} | set(STARTUP_EXACT)
     return tuple(sorted((n, env.get(n)) for n in names))
 
 
@@ -106,26 +115,26 @@ def _preload() -> None:
     env_class = type(os.environ)
     reads = IMPORT_TIME_READS
 
-    def by_fsspec_config() -> bool:
+    def by_prefix_reader() -> bool:
         # fsspec.config copies the whole environment (``dict(os.environ)``) and keeps the FSSPEC*
-        # variables: those are always part of the signature, the rest of that copy is not a read
+        # variables, tqdm keeps the TQDM_* ones (``PREFIX_READERS``)
         f = sys._getframe(2)  # noqa: SLF001
         for _ in range(8):
             if f is None:
                 return False
-            if f.f_code.co_filename.endswith(os.path.join("fsspec", "config.py")):
+            if f.f_code.co_filename.endswith(tuple(PREFIX_READERS)):
                 return True
             f = f.f_back
         return False
 
     class Traced(env_class):
         def __getitem__(self, key):
-            if not by_fsspec_config():
+            if not by_prefix_reader():
                 reads.add(key)
             return super().__getitem__(key)
 
         def __iter__(self):
-            if not by_fsspec_config():
+            if not by_prefix_reader():
                 reads.add("<iterated>")  # anyone else: every variable counts (never so far)
             return super().__iter__()
 

@@ -42,7 +42,7 @@ from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import EntryId
 from autotune_cache.tree.crashsafe.locks import hold_owner_lock, release_owner_lock
 from autotune_cache.tree.store.storeio import (HTTP_PROTOCOLS, LISTING_BYTES, TIMEOUT_ENV, DeadlinePassed, TooLarge, bounded,
-                                               is_timeout, read_capped, store_timeout, timeout_options)
+                                               is_missing, is_timeout, read_capped, store_timeout, timeout_options)
 from autotune_cache.tree.store.storerecord import MAX_RECORD_BYTES, StoreError, StoreRecord, redact
 
 MARKER = "fi-autotune-store.json"
@@ -108,6 +108,8 @@ class Store:
         #: Index records ``records`` left out, one line each (``ls URL`` and ``pull`` warn), and their paths.
         self.unreadable: list[str] = []
         self.unreadable_paths: list[str] = []
+        #: The marker as this Store last read or wrote it (``known_marker``); None: not yet.
+        self._marker: dict | None = None
 
     def __str__(self) -> str:
         return redact(self.url)
@@ -130,8 +132,9 @@ class Store:
     # reading ------------------------------------------------------------------------------------
     def require(self) -> dict:
         """The store's marker; an error (exit 1) where there is no store at this URL, or it
-        cannot be reached - never an empty listing on a typo."""
-        marker = self.marker()
+        cannot be reached - never an empty listing on a typo. Asked of the marker this Store
+        knows (``known_marker``): a command reads it once, not once per record."""
+        marker = self.known_marker()
         if not marker:
             raise StoreError(f"no fi-autotune store at {self} (no {MARKER}; `fi-autotune push` creates one)")
         if "unreadable" in marker and self.protocol in HTTP_PROTOCOLS and marker.get("answered"):
@@ -260,7 +263,19 @@ class Store:
     def marker(self) -> dict:
         """The store's marker: {} where there is none, ``{"unreadable": why}`` where one is there
         but cannot be read as one (truncated, not JSON, over its cap): a store that may be
-        sealed - never taken for an unsealed one."""
+        sealed - never taken for an unsealed one. Read now, every call (one request or two on
+        a remote store), and remembered for ``known_marker``."""
+        self._marker = self._read_marker()
+        return self._marker
+
+    def known_marker(self) -> dict:
+        """The marker as this Store last read or wrote it, read now if it has not been. Whether
+        a store is there, and in which format, does not change under a command that has seen
+        it; whether it is sealed may (another writer seals it while a warm tunes), so every
+        write asks that afresh (``check_writable``)."""
+        return self._marker if self._marker is not None else self.marker()
+
+    def _read_marker(self) -> dict:
         try:
             data = self.read_small(self.join(MARKER), MAX_MARKER_BYTES, "marker")
         except StoreError as e:
@@ -297,17 +312,21 @@ class Store:
 
     def put_marker(self, *, read_only: bool) -> None:
         """Write the store's marker (creating the store, sealing or unsealing it)."""
+        marker = {"format": STORE_FORMAT, "read_only": read_only}
         try:
-            self.put(self.join(MARKER), json.dumps({"format": STORE_FORMAT, "read_only": read_only}).encode())
+            self.put(self.join(MARKER), json.dumps(marker).encode())
         except Exception as e:  # noqa: BLE001 - backends raise their own types
             raise _fail(self.url, "cannot write to", e, self.timeout) from None
+        self._marker = marker
 
     def release(self) -> None:
         """Drop this process's owner lock in a local store (its temp files are all renamed)."""
         if self.local:
             release_owner_lock(Path(self.root))
 
-    def check_writable(self) -> None:
+    def check_writable(self) -> dict:
+        """Refuse to write a store that is sealed, or may be; its marker, read afresh ({}: no
+        store yet). Before every write: another writer may have sealed it since we looked."""
         if self.protocol in READ_ONLY_PROTOCOLS:
             raise UsageError(f"{self} is an {self.protocol}:// store: read-only (push to s3://, gs:// or file://)")
         marker = self.marker()
@@ -318,15 +337,16 @@ class Store:
             raise FiAutotuneError(f"{self}: store format {marker['format']} is newer than this fi-autotune: nothing was pushed")
         if marker.get("read_only"):
             raise FiAutotuneError(f"{self} is marked read-only ({MARKER}): nothing was pushed")
+        return marker
 
     def push(self, layout: CacheLayout, bundles: list[tuple[object, bytes | None]], *, seal: bool = False) -> PushResult:
         """Publish ``(entry, bundle bytes)`` pairs: bundle first, then its index record. An entry
         whose bundle is None vanished before it was bundled (``bundle_of``): it is skipped and
         reported, as ``export`` does, and the others are pushed."""
-        self.check_writable()
+        marker = self.check_writable()
         pushed, unchanged, uploaded, vanished = [], [], 0, []
         try:
-            if not self.marker():
+            if not marker:
                 self.put_marker(read_only=False)
             for entry, data in bundles:
                 if data is None:
@@ -360,19 +380,6 @@ class Store:
         finally:
             self.release()
         return PushResult(tuple(pushed), tuple(unchanged), uploaded, tuple(vanished))
-
-
-def is_missing(e: BaseException) -> bool:
-    """Backends report a missing object in their own ways (HTTP 404, ClientError NoSuchKey) -
-    and fsspec's HTTP backend reports an unreachable server as FileNotFoundError too, with the
-    connection error as its cause; that one is not "missing"."""
-    cause = e.__cause__ or e.__context__
-    if cause is not None and any(s in type(cause).__name__ for s in ("Connect", "Timeout", "OSError", "ClientOS")):
-        return False
-    if isinstance(e, FileNotFoundError):
-        return True
-    text = f"{type(e).__name__} {e}"
-    return any(s in text for s in ("404", "NoSuchKey", "Not Found", "NotFound"))
 
 
 def bundle_of(layout: CacheLayout, entry) -> bytes | None:

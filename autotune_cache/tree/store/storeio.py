@@ -134,6 +134,19 @@ def is_timeout(e: BaseException) -> bool:
     return False
 
 
+def is_missing(e: BaseException) -> bool:
+    """Backends report a missing object in their own ways (HTTP 404, ClientError NoSuchKey) -
+    and fsspec's HTTP backend reports an unreachable server as FileNotFoundError too, with the
+    connection error as its cause; that one is not "missing"."""
+    cause = e.__cause__ or e.__context__
+    if cause is not None and any(s in type(cause).__name__ for s in ("Connect", "Timeout", "OSError", "ClientOS")):
+        return False
+    if isinstance(e, FileNotFoundError):
+        return True
+    text = f"{type(e).__name__} {e}"
+    return any(s in text for s in ("404", "NoSuchKey", "Not Found", "NotFound"))
+
+
 def read_capped(fs, path: str, limit: int, *, local: bool, protocol: str, timeout: float) -> bytes:
     """At most ``limit`` bytes of one object; ``TooLarge`` past it, having read ``limit + 1``.
     A local file is opened without blocking and must be regular; an HTTP body is streamed (a

@@ -37,8 +37,8 @@ from autotune_cache.tree.delete import STALE_TEMP_AGE_S
 from autotune_cache.tree.layouts.values import EntryId
 from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME
 from autotune_cache.tree.crashsafe.locks import dead_owner, other_owner_alive
-from autotune_cache.tree.store.store import TEMP_PREFIX, TOMBSTONES, Store, is_missing
-from autotune_cache.tree.store.storeio import LISTING_BYTES, bounded, env_seconds
+from autotune_cache.tree.store.store import TEMP_PREFIX, TOMBSTONES, Store
+from autotune_cache.tree.store.storeio import LISTING_BYTES, bounded, env_seconds, is_missing
 from autotune_cache.tree.store.storerecord import MAX_RECORD_BYTES
 
 #: A bundle no record names goes once this old, whoever may be writing: a push publishes its
@@ -269,7 +269,7 @@ def sweep_store(store: Store, own: str | None = None) -> Swept:
     writes the store, after ``check_writable``."""
     temps, freed = sweep_temps(store)
     removed = temps
-    marker = store.marker()  # one read: on a remote store each is a request
+    marker = store.known_marker()  # as check_writable read it, or a push wrote it
     if not marker or "unreadable" in marker:
         return Swept(removed, freed, temps)
     remains = survey(store, tidy=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -163,6 +164,35 @@ def test_a_sealed_store_refuses_pushes(s3, tmp_path):
     proc = cli("push", s3["url"], "--cache-dir", str(src))
     assert proc.returncode == 1 and "marked read-only" in proc.stderr
     assert [e["id"] for e in ok_json("ls", s3["url"])["entries"]] == [GLM_ID]
+
+
+def marker_requests(s3, during) -> list[str]:
+    """The requests for the store's marker the S3 server answered while ``during()`` ran
+    (method and path of each, from the server's own log)."""
+    log, path = Path(s3["log"]), f"/{s3['bucket']}/caches/fi-autotune-store.json"
+    start = log.stat().st_size
+    during()
+    with open(log, "rb") as f:
+        f.seek(start)
+        lines = f.read().decode(errors="replace").splitlines()
+    found = (re.search(r"(?<![A-Z])(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP", line) for line in lines)
+    return [m[1] for m in found if m and m[2].split("?")[0] == path]
+
+
+def test_a_push_reads_the_marker_before_each_write_not_once_per_entry(s3, tmp_path):
+    """On a remote store each marker read is a request or two: a push reads it where the seal
+    must be fresh (the command's check and the write's), not again per entry or per sweep. A
+    push of 3 entries read it 9 times before: 6, and once more for each entry's record."""
+    src = tmp_path / "src"
+    seeded(src, 3)
+
+    def push():
+        assert cli("push", s3["url"], "--cache-dir", str(src)).returncode == 0
+
+    made = marker_requests(s3, push)  # a new store: two reads find none, one PUT makes it
+    assert sorted(made) == ["HEAD", "HEAD", "PUT"], made
+    again = marker_requests(s3, push)  # 3 entries unchanged: two reads (HEAD for the size, then GET)
+    assert sorted(again) == ["GET", "GET", "HEAD", "HEAD"], again
 
 
 def test_pull_refuses_another_gpu_unless_asked_and_checks_the_store(s3, tmp_path):

@@ -14,8 +14,11 @@ from pathlib import Path
 import fsspec
 import pytest
 
+from autotune_cache.errors import FiAutotuneError
+from autotune_cache.registry import get_layout
+from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.store.store import Store
-from autotune_cache.tree.store.storehouse import plan_store_delete
+from autotune_cache.tree.store.storehouse import plan_store_delete, unseal
 from devtools.synthetic import default_fields, write_fake_entry
 
 from tests.standins.fault_cli import crash_at
@@ -133,6 +136,31 @@ def test_rm_skips_an_entry_pushed_again_since_the_plan(tmp_path):
     result = plan.execute()
     assert result.deleted == () and result.skipped == ((ids[0], "pushed again since the plan was made"),)
     assert (path / f"index/sglang/{ids[0]}.json").exists()
+
+
+def test_a_store_sealed_after_a_command_looked_refuses_its_later_writes(tmp_path):
+    """A command reads the marker once for what cannot change under it (a store is there, its
+    format), but whether it is sealed afresh before each write: a warm --push checks the store
+    at its start and pushes minutes later, and a delete is planned before it runs. A store
+    another writer sealed meanwhile takes neither write."""
+    root, path = tmp_path / "tree", tmp_path / "store"
+    files = StoreFiles(f"file://{path}", path=path)
+    ids = published(files, root)
+    layout = get_layout("sglang")
+    entry = next(e for e in scan_cache(root, layout).entries if str(e.id) == ids[0])
+    pusher, looker = Store(files.url), Store(files.url)
+    pusher.check_writable()
+    looker.require()
+    plan = plan_store_delete(Store(files.url), refs=(ids[0],))
+    Store(files.url).put_marker(read_only=True)  # another writer seals it
+    before = keys(files)
+    with pytest.raises(FiAutotuneError, match="read-only"):
+        pusher.push(layout, [(entry, b"other bytes: a push that would write")])
+    with pytest.raises(FiAutotuneError, match="read-only"):
+        plan.execute()
+    assert keys(files) == before and listed(files) == ids
+    assert unseal(looker) is True  # it saw the store unsealed once: whether it is sealed is asked again
+    assert json.loads((path / "fi-autotune-store.json").read_bytes())["read_only"] is False
 
 
 # --- the transfer surface --------------------------------------------------------------------------
