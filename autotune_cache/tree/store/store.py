@@ -265,8 +265,9 @@ class Store:
         but cannot be read as one (truncated, not JSON, over its cap): a store that may be
         sealed - never taken for an unsealed one. Read now, every call (one request or two on
         a remote store), and remembered for ``known_marker``."""
-        self._marker = self._read_marker()
-        return self._marker
+        marker = self._read_marker()
+        self._marker = marker  # a fleet's pushes share one Store across threads: each returns its own read
+        return marker
 
     def known_marker(self) -> dict:
         """The marker as this Store last read or wrote it, read now if it has not been. Whether

@@ -269,7 +269,9 @@ def sweep_store(store: Store, own: str | None = None) -> Swept:
     writes the store, after ``check_writable``."""
     temps, freed = sweep_temps(store)
     removed = temps
-    marker = store.known_marker()  # as check_writable read it, or a push wrote it
+    # As the command's check_writable read it (or its push wrote it) just before its own writes:
+    # no older than a fresh read here would be by the time the sweep's deletes run
+    marker = store.known_marker()
     if not marker or "unreadable" in marker:
         return Swept(removed, freed, temps)
     remains = survey(store, tidy=True)
