@@ -86,7 +86,8 @@ PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session",
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: read by the interpreter at startup
 STARTUP_EXACT = ("LANG", "LC_ALL", "LC_CTYPE")
-#: the variables read while importing PRELOAD; and whether the environment was iterated (fsspec)
+#: the variables read while importing PRELOAD; "<iterated>" where something other than a PREFIX_READERS
+#: module walked the whole environment (then every variable counts)
 IMPORT_TIME_READS: set[str] = set()
 #: modules that walk the whole environment at import and keep the variables of one prefix: those
 #: variables are always part of the signature, the rest of the walk is not a read
