@@ -190,6 +190,67 @@ def test_a_zygote_that_is_gone_means_a_fresh_process(tmp_path, monkeypatch):
     assert now is not z
 
 
+STEP = r"""
+import os, signal, subprocess, sys, time
+what = sys.argv[1]
+if what == "echo":  # stdin past a pipe's buffer, both ways; a status; newlines to translate
+    data = sys.stdin.read()
+    sys.stdout.write(data.upper() * 3)
+    sys.stderr.write("cr-lf\r\ncr\rend " + os.getcwd() + " %o" % os.umask(0) + "\n")
+    sys.exit(5)
+if what == "signal":
+    print("before", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+if what == "grandchild":  # it holds stdout after the command has exited
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3); print('late')"])
+    print("early", flush=True)
+if what == "sleep":
+    open(sys.argv[2], "w").write(str(os.getpid()))
+    time.sleep(60)
+"""
+
+
+def test_run_cli_through_a_zygote_is_subprocess_run_of_a_fresh_process(tmp_path):
+    """``run_cli``'s zygote path has no client process (tests/support/zygote_call.py): what the test
+    reads is what ``subprocess.run(capture_output=True, text=True)`` of a fresh process gives: the
+    status (a death by a signal too), stdout and stderr with newlines translated, ``input`` past a
+    pipe's buffer, the working directory and umask, output a grandchild writes after the command
+    ended; a timeout raises ``TimeoutExpired`` and the command is killed."""
+    import os
+    import signal
+    import time
+
+    from .support import zygotes
+
+    script = tmp_path / "step.py"
+    script.write_text(STEP)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    fresh_argv = [sys.executable, str(script)]
+    text = "ab\r\ncd\n" * 40_000
+    for args, given in ((["echo"], text), (["signal"], None), (["grandchild"], None)):
+        z = zygotes.run(args, env=env, input=given, timeout=60, cwd=tmp_path, fresh_argv=fresh_argv, script=str(script))
+        f = subprocess.run([*fresh_argv, *args], env=env, input=given, timeout=60, cwd=tmp_path, capture_output=True,
+                           text=True)
+        assert z.via_zygote and (z.args, z.returncode, z.stdout, z.stderr) == (f.args, f.returncode, f.stdout, f.stderr)
+        assert z.returncode == {"echo": 5, "signal": -signal.SIGTERM, "grandchild": 0}[args[0]], z.stderr
+    assert len(z.stdout) == len("early\nlate\n")
+    pid_file = tmp_path / "pid"
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        zygotes.run(["sleep", str(pid_file)], env=env, input=None, timeout=2, cwd=tmp_path, fresh_argv=fresh_argv,
+                    script=str(script))
+    assert time.monotonic() - t0 < 30
+    pid = int(pid_file.read_text())
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the command outlived its timeout")
+
+
 def test_fia_test_fresh_cli_runs_every_command_fresh(monkeypatch):
     from .conftest import run_cli
 

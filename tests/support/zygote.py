@@ -10,7 +10,7 @@ code path (``runpy._run_module_as_main``, what ``-m`` calls), set up as a fresh 
 - ``os.environ`` replaced wholesale by the request's (``putenv``/``unsetenv`` too: what the command
   starts sees it), the request's working directory and umask, ``sys.argv``/``sys.orig_argv`` and
   ``sys.path[0]`` as ``python -m`` sets them;
-- file descriptors 0, 1, 2 are the client's (received over the socket, SCM_RIGHTS), every other
+- file descriptors 0, 1, 2 are the caller's (received over the socket, SCM_RIGHTS), every other
   descriptor of the zygote closed; ``sys.stdin/stdout/stderr`` rebuilt on them as the
   interpreter builds them (encoding and errors of this interpreter, line buffering where a tty,
   stderr always line-buffered, ``newline="\\n"``);
@@ -26,8 +26,11 @@ code path (``runpy._run_module_as_main``, what ``-m`` calls), set up as a fresh 
 
 It runs as ``python -c "from tests.support.zygote import serve; serve()" SOCKET READY_FD
 PARENT_FD`` with the environment of the run that started it, and serves one UNIX socket;
-``tests/support/zygote_client.py`` is the process the test sees (it forwards signals and exits
-with the command's status). It exits when its test process does (EOF on PARENT_FD, a pipe whose
+``run_cli`` asks it from the test process itself (``tests/support/zygote_call.py``: the ends of its
+own pipes as the command's fds, the command's status read here). Where a process must stand for the
+command (a ``Popen`` whose signals reach the command, a shell's ``fi-autotune``),
+``tests/support/zygote_client.py`` is that process (it forwards signals and exits with the
+command's status); both send the same request. It exits when its test process does (EOF on PARENT_FD, a pipe whose
 other end only the test process holds), and on SIGTERM.
 
 Environment read at import time (what a child would inherit from the zygote instead of reading
@@ -82,7 +85,7 @@ PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session",
                     # above), and the user-cache paths (the digest index, work dirs)
                     "yaml", "filelock", "tqdm", "tqdm.auto", "platformdirs")
 
-#: what tests/support/zygote_client.py passes on to the command
+#: what tests/support/zygote_client.py passes on to the command (the process that stands for it)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: read by the interpreter at startup
 STARTUP_EXACT = ("LANG", "LC_ALL", "LC_CTYPE")
@@ -277,7 +280,7 @@ def _child(request: dict, fds: list[int], close: list) -> None:
 
 
 def parse_request(data: bytes) -> dict:
-    """What tests/support/zygote_client.py ``request_bytes`` sends: NUL-separated cwd, umask, argc,
+    """What tests/support/zygote_client.py ``request_bytes`` makes (and zygote_call.py sends): NUL-separated cwd, umask, argc,
     argv, then the environment's ``NAME=value`` pairs."""
     fields = data.split(b"\0")
     argc = int(fields[3])
@@ -304,7 +307,7 @@ def serve() -> None:
     listener.bind(path)
     listener.listen(64)
     # A request whose environment differs from this zygote's in what the imports read is refused
-    # (no fork: the client exits NOT_STARTED and the caller runs the command fresh). run_cli only
+    # (no fork: the connection closes, the client exits NOT_STARTED, and the caller runs the command fresh). run_cli only
     # sends matching requests (tests/support/zygotes.py picks the zygote by this signature); a
     # ``fi-autotune`` on a shell's PATH (zygotes.cli_on_path) sends whatever the shell exports.
     own = signature(start_env, IMPORT_TIME_READS)
@@ -373,7 +376,7 @@ def serve() -> None:
             if entry is None:
                 continue
             if kind == "conn":
-                # the client went away (killed by a timeout): kill the command, as subprocess.run does
+                # the caller went away (a timeout; the client killed): kill the command, as subprocess.run does
                 try:
                     data = entry["conn"].recv(1)
                 except OSError:

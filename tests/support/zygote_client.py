@@ -1,13 +1,15 @@
-"""The process a test sees in place of ``python -m fi_autotune_cli`` when the zygote runs the command
-(tests/support/zygote.py). Run as ``python -I -S zygote_client.py SOCKET MARKER_FD [SCRIPT] -- ARGS...``:
+"""The process that stands for a command the zygote runs (tests/support/zygote.py), where a process
+must: a ``Popen`` whose signals reach the command (``zygotes.popen``), a shell's ``fi-autotune``
+(``zygotes.cli_on_path``). ``run_cli`` needs none: the test process sends the same request itself
+(tests/support/zygote_call.py). Run as ``python -I -S zygote_client.py SOCKET MARKER_FD [SCRIPT] -- ARGS...``:
 stdlib only, no site (~0.02 CPU-s). With SCRIPT the command is ``python SCRIPT ARGS...`` instead
 (tests/standins/fault_cli.py: the CLI killed at an exact step).
 
 It sends the zygote its argv, its environment, its working directory and umask, and its own file
 descriptors 0, 1 and 2 (SCM_RIGHTS), so the command reads and writes exactly what this process
 was given (pipes, files, /dev/null). Once the zygote has forked the command it writes ``S`` to
-MARKER_FD (so ``run_cli`` knows the command started: before that, any failure here is a
-zygote that is gone, and ``run_cli`` runs the command fresh instead). SIGINT, SIGTERM, SIGHUP and
+MARKER_FD (so its caller knows the command started: before that, any failure here is a
+zygote that is gone, and the caller runs the command fresh instead). SIGINT, SIGTERM, SIGHUP and
 SIGQUIT sent to this process go on to the command. Its end: the command's exit status, or the
 command's death by a signal re-raised here (``returncode == -n``, as ``subprocess`` reports it).
 Killed itself (``subprocess.run``'s timeout), the zygote sees the connection close and kills the
@@ -24,14 +26,11 @@ NOT_STARTED = 197  # never an exit status of fi-autotune's (0, 1, 2, 130); run_c
 FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
 
 
-def request_bytes(args: list[str], script: str = "") -> bytes:
+def request_bytes(args: list[str], script: str, cwd: str, umask: int, env) -> bytes:
     """cwd, umask, script ("": ``-m fi_autotune_cli``), argv, environment as NUL-separated fields
-    (tests/support/zygote.py ``parse_request``)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    env = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in os.environ.items()]
-    fields = [os.fsencode(os.getcwd()), b"%d" % umask, os.fsencode(script), b"%d" % len(args), *map(os.fsencode, args),
-              *env]
+    (tests/support/zygote.py ``parse_request``); tests/support/zygote_call.py sends the same."""
+    pairs = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
+    fields = [os.fsencode(cwd), b"%d" % umask, os.fsencode(script), b"%d" % len(args), *map(os.fsencode, args), *pairs]
     return b"\0".join(fields)
 
 
@@ -66,7 +65,9 @@ def main() -> None:
         return line
 
     try:
-        request = request_bytes(args, script)
+        umask = os.umask(0)
+        os.umask(umask)
+        request = request_bytes(args, script, os.getcwd(), umask, os.environ)
         conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         conn.connect(path)
         fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))

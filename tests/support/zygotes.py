@@ -1,8 +1,10 @@
 """The test process's side of the CLI fork server (tests/support/zygote.py): which zygote runs a
-command, starting zygotes, and the command line of the client that stands for the command.
+command, starting zygotes, running a command through one (``run``: from this process,
+tests/support/zygote_call.py), and the command line of the client that stands for the command
+where a process must (``popen``, ``cli_on_path``).
 
-``command(env)`` answers the argv prefix to run in place of ``python -m fi_autotune_cli``, or None
-where the command must run fresh (``FIA_TEST_FRESH_CLI=1``, an environment whose ``PYTHON*``
+``POOL.zygote_for(env)`` answers the zygote that runs a command in ``env``, or None where the
+command must run fresh (``FIA_TEST_FRESH_CLI=1``, an environment whose ``PYTHON*``
 variables differ from this process's, too many distinct environments, a zygote that failed).
 """
 
@@ -21,6 +23,7 @@ import threading
 from pathlib import Path
 
 from . import zygote as Z
+from . import zygote_call
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT = Path(__file__).with_name("zygote_client.py")
@@ -170,22 +173,15 @@ def run(args, *, env: dict, input, timeout, cwd, fresh_argv: list[str], script: 
         **kw) -> subprocess.CompletedProcess:
     """``subprocess.run`` of the command through a zygote (or fresh where none serves ``env``):
     ``fresh_argv + args`` as a fresh process would run it (``script``: ``fresh_argv`` is
-    ``python SCRIPT``)."""
-    z = POOL.zygote_for(env)
+    ``python SCRIPT``; ``kw``: more of ``subprocess.run``'s arguments, fresh)."""
+    z = POOL.zygote_for(env) if not kw else None
     if z is not None:
-        marker_r, marker_w = os.pipe()
         try:
-            proc = subprocess.run([*client_argv(z, marker_w, script), *args], capture_output=True, text=True, env=env,
-                                  input=input, timeout=timeout, cwd=cwd, pass_fds=(marker_w,), **kw)
+            proc = zygote_call.call(z.socket_path, list(args), env=env, input=input, timeout=timeout, cwd=cwd,
+                                    script=script, cmd=[*fresh_argv, *args])
         finally:
             POOL.done(z)
-            os.close(marker_w)
-            try:
-                started = os.read(marker_r, 1) == b"S" if select.select([marker_r], [], [], 0)[0] else False
-            finally:
-                os.close(marker_r)
-        if started:
-            proc.args = [*fresh_argv, *args]
+        if proc is not None:
             proc.via_zygote = True
             return proc
         z.dead = True  # it is gone: this command, and the next ones for this environment, run fresh
