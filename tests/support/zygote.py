@@ -80,7 +80,7 @@ PRELOAD = ("click", "fi_autotune_cli.entry", "fi_autotune_cli.main", "autotune_c
            # the package's public names are imported when first used (autotune_cache/__init__.py): the
            # modules behind them, which nearly every command imports, loaded once here
            "autotune_cache.tree.scanner.scan", "autotune_cache.tree.manifest", "autotune_cache.tune.workers.lm_head")
-PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session", "autotune_cache.tree.store.s3",
+PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session",
                     # what a command that plans imports through huggingface_hub (not preloaded itself: see
                     # above), and the user-cache paths (the digest index, work dirs)
                     "yaml", "filelock", "tqdm", "tqdm.auto", "platformdirs")
@@ -114,7 +114,7 @@ def _command_modules() -> list[str]:
 
 def _preload() -> None:
     """Import what the CLI imports, recording every environment variable read while doing so."""
-    import importlib
+    import importlib.util
 
     env_class = type(os.environ)
     reads = IMPORT_TIME_READS
@@ -151,8 +151,10 @@ def _preload() -> None:
         for name in PRELOAD_OPTIONAL:
             try:
                 importlib.import_module(name)
-            except ImportError:
-                pass
+            except ImportError as e:
+                if e.name == name and importlib.util.find_spec(name.partition(".")[0]) is not None:
+                    raise  # the package is there, the module is not: a name here that is out of date
+                # an extra that is not installed (s3fs without the [s3] extra...): the command imports it
     finally:
         os.environ.__class__ = env_class
     for forbidden in ("torch", "flashinfer", "huggingface_hub"):
