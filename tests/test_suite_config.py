@@ -251,6 +251,60 @@ def test_run_cli_through_a_zygote_is_subprocess_run_of_a_fresh_process(tmp_path)
         raise AssertionError("the command outlived its timeout")
 
 
+def test_what_subprocess_refuses_or_times_out_fails_the_same_way_through_a_zygote(tmp_path):
+    """A NUL in an argument (the request's separator) or ``=`` in a variable's name is refused as
+    ``subprocess`` refuses it, never sent; a missing working directory fails as a fresh process's
+    and leaves the zygote serving (a command it runs meanwhile is not lost); a zygote that does not
+    answer within the timeout is ``TimeoutExpired``, not a fresh run with a new timeout."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from .support import zygotes
+
+    script = tmp_path / "step.py"
+    script.write_text(STEP)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    run = dict(env=env, input=None, timeout=60, fresh_argv=[sys.executable, str(script)], script=str(script))
+    for args, extra in ((["echo", "a\0ZZ=injected"], {}), (["echo"], {"A=B": "1"})):
+        with pytest.raises(ValueError) as zyg:
+            zygotes.run(args, **{**run, "env": {**env, **extra}}, cwd=tmp_path)
+        with pytest.raises(ValueError) as fresh:
+            subprocess.run([*run["fresh_argv"], *args], env={**env, **extra}, cwd=tmp_path)
+        assert str(zyg.value) == str(fresh.value)
+    z = zygotes.POOL.zygote_for(env)
+    zygotes.POOL.done(z)
+    pid_file = tmp_path / "pid"
+    running = []
+
+    def sleeper():
+        try:
+            running.append(zygotes.run(["sleep", str(pid_file)], **{**run, "timeout": 3}, cwd=tmp_path))
+        except subprocess.TimeoutExpired:
+            running.append("timeout")
+
+    t = threading.Thread(target=sleeper, daemon=True)
+    t.start()
+    for _ in range(200):
+        if pid_file.exists():
+            break
+        time.sleep(0.05)
+    with pytest.raises(FileNotFoundError):
+        zygotes.run(["echo"], **run, cwd=tmp_path / "absent")
+    again = zygotes.run(["signal"], **run, cwd=tmp_path)
+    assert again.via_zygote and not z.dead and zygotes.POOL.zygote_for(env) is z
+    zygotes.POOL.done(z)
+    t.join(60)
+    assert running == ["timeout"], running  # it ran to its own timeout, not to a zygote stopped under it (197)
+    os.kill(z.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            zygotes.run(["echo"], **{**run, "timeout": 1, "input": "x"}, cwd=tmp_path)
+    finally:
+        os.kill(z.proc.pid, signal.SIGCONT)
+
+
 def test_fia_test_fresh_cli_runs_every_command_fresh(monkeypatch):
     from .conftest import run_cli
 

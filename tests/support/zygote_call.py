@@ -25,12 +25,34 @@ import time
 
 from .zygote_client import NOT_STARTED, request_bytes
 
-#: what ``subprocess.run(text=True)`` decodes with, and encodes ``input`` with
-ENCODING = io.TextIOWrapper(io.BytesIO(), encoding=io.text_encoding(None)).encoding
 GONE = b"zygote_client: the zygote went away while the command ran; its exit status is lost\n"
 LOCALE = ("LC_ALL", "LC_CTYPE", "LANG")
 _coerced: dict[tuple, str | None] = {}
 _coerced_lock = threading.Lock()
+
+
+class NotHere(Exception):
+    """The command cannot go through the zygote for a reason of this process's (a kernel without
+    ``Umask:`` in /proc): run it fresh; the zygote itself is fine."""
+
+
+def _encoding() -> str:
+    """What ``subprocess.run(text=True)`` decodes with, and encodes ``input`` with (read at each
+    call, as it reads it)."""
+    return io.TextIOWrapper(io.BytesIO(), encoding=io.text_encoding(None)).encoding
+
+
+def _check(args: list[str], env: dict, cwd) -> None:
+    """What ``subprocess`` refuses before it starts anything, refused the same way: a NUL (the
+    request's separator) in an argument, a variable or the directory, ``=`` in a variable's name."""
+    for value in (*args, *env.values(), cwd):
+        if b"\0" in os.fsencode(value):
+            raise ValueError("embedded null byte")
+    for name in env:
+        if b"=" in os.fsencode(name):
+            raise ValueError("illegal environment variable name")
+        if b"\0" in os.fsencode(name):
+            raise ValueError("embedded null byte")
 
 
 def _umask() -> int | None:
@@ -59,30 +81,43 @@ def _client_env(env: dict) -> dict:
     return {**env, "LC_CTYPE": ctype}
 
 
-def _text(data: bytes) -> str:
-    return data.decode(ENCODING).replace("\r\n", "\n").replace("\r", "\n")
+def _text(data: bytes, encoding: str) -> str:
+    return data.decode(encoding).replace("\r\n", "\n").replace("\r", "\n")
 
 
 def call(socket_path: str, args: list[str], *, env: dict, input: str | None, timeout: float | None, cwd,
          script: str, cmd: list[str]) -> subprocess.CompletedProcess | None:
     """``subprocess.run([client, *args], capture_output=True, text=True, ...)`` as the client would
     answer it, ``cmd`` its ``args``; None where the zygote did not start the command (gone, or this
-    environment is not its own: the caller runs it fresh, as for the client's ``NOT_STARTED``)."""
+    environment is not its own: the caller runs it fresh, as for the client's ``NOT_STARTED``).
+    ``NotHere``: run it fresh, the zygote is not at fault (a missing ``cwd`` then fails as
+    ``subprocess`` fails on it)."""
+    _check(args, env, cwd)
     umask = _umask()
     if umask is None or not os.path.isdir(cwd):
-        return None  # a kernel without the line; a missing directory (the fresh process's own error)
+        raise NotHere(cwd)
     deadline = None if timeout is None else time.monotonic() + timeout
+    encoding = _encoding()
     request = request_bytes(args, script, os.path.realpath(cwd), umask, _client_env(env))
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    in_r, in_w = os.pipe() if input is not None else (0, None)  # no input: this process's stdin, as inherited
-    ours = [out_r, err_r] + ([in_w] if in_w is not None else [])
-    theirs = [out_w, err_w] + ([in_r] if in_w is not None else [])
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours: list[int] = []
+    theirs: list[int] = []
+    conn = None
     try:
+        out_r, out_w = os.pipe()
+        ours.append(out_r)
+        theirs.append(out_w)
+        err_r, err_w = os.pipe()
+        ours.append(err_r)
+        theirs.append(err_w)
+        if input is not None:
+            in_r, in_w = os.pipe()
+            ours.append(in_w)
+            theirs.append(in_r)
+        else:
+            in_r, in_w = 0, None  # no input: this process's stdin, as the client inherited it
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.settimeout(timeout)
-            conn.connect(socket_path)
+            conn.connect(socket_path)  # a UNIX socket: at once, or refused
             socket.send_fds(conn, [len(request).to_bytes(4, "big")], [in_r, out_w, err_w])
             conn.sendall(request)
         except OSError:
@@ -94,19 +129,22 @@ def call(socket_path: str, args: list[str], *, env: dict, input: str | None, tim
         lines = _Lines(conn)
         try:
             started = lines.next(deadline)
-        except (OSError, TimeoutError):
+        except (TimeoutError, BlockingIOError):
+            raise subprocess.TimeoutExpired(cmd, timeout) from None  # as subprocess.run's, whatever the zygote does
+        except OSError:
             started = b""
         if not started.startswith(b"P"):
             return None
-        given = (input or "").encode(ENCODING) if in_w is not None else None
+        given = (input or "").encode(encoding) if in_w is not None else None
         stdout, stderr, status = _pump(ours, lines, given, deadline, cmd, timeout)
         if status is None:
             code, stderr = NOT_STARTED, stderr + GONE
         else:
             code = os.waitstatus_to_exitcode(status)
-        return subprocess.CompletedProcess(cmd, code, _text(stdout), _text(stderr))
+        return subprocess.CompletedProcess(cmd, code, _text(stdout, encoding), _text(stderr, encoding))
     finally:
-        conn.close()  # before the command ends (a timeout, an error here): the zygote kills it
+        if conn is not None:
+            conn.close()  # before the command ends (a timeout, an error here): the zygote kills it
         for fd in ours + theirs:
             try:
                 os.close(fd)

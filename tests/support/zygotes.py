@@ -176,15 +176,19 @@ def run(args, *, env: dict, input, timeout, cwd, fresh_argv: list[str], script: 
     ``python SCRIPT``; ``kw``: more of ``subprocess.run``'s arguments, fresh)."""
     z = POOL.zygote_for(env) if not kw else None
     if z is not None:
+        theirs = True  # None from the zygote: gone, or it refused this environment
         try:
             proc = zygote_call.call(z.socket_path, list(args), env=env, input=input, timeout=timeout, cwd=cwd,
                                     script=script, cmd=[*fresh_argv, *args])
+        except zygote_call.NotHere:
+            proc, theirs = None, False  # this process's reason: fresh, and the zygote serves the next one
         finally:
             POOL.done(z)
         if proc is not None:
             proc.via_zygote = True
             return proc
-        z.dead = True  # it is gone: this command, and the next ones for this environment, run fresh
+        if theirs:
+            z.dead = True  # it is gone: this command, and the next ones for this environment, run fresh
     proc = subprocess.run([*fresh_argv, *args], capture_output=True, text=True, env=env, input=input, timeout=timeout,
                           cwd=cwd, **kw)
     proc.via_zygote = False
