@@ -32,8 +32,9 @@ _coerced_lock = threading.Lock()
 
 
 class NotHere(Exception):
-    """The command cannot go through the zygote for a reason of this process's (a kernel without
-    ``Umask:`` in /proc): run it fresh; the zygote itself is fine."""
+    """The command cannot go through the zygote for a reason of this process's (a working directory
+    that is not there, a kernel without ``Umask:`` in /proc): run it fresh, which fails or runs as it
+    would have; the zygote itself is fine."""
 
 
 def _encoding() -> str:
