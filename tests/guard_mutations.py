@@ -464,7 +464,7 @@ MUTATIONS = [
      "        marker = self.known_marker()\n        if \"unreadable\" in marker:\n            raise FiAutotuneError(",
      "tests/tree/store/test_store_housekeeping.py::test_a_store_sealed_after_a_command_looked_refuses_its_later_writes"),
     ("store: an unseal reads whether the store is sealed afresh", "autotune_cache/tree/store/storehouse.py",
-     "    store.marker()  # afresh: whether it is sealed now\n", "",
+     "    marker = store.require(fresh=True)", "    marker = store.require()",
      "tests/tree/store/test_store_housekeeping.py::test_a_store_sealed_after_a_command_looked_refuses_its_later_writes"),
     ("store: a marker must have its fields", "autotune_cache/tree/store/store.py",
      " or type(d.get(\"format\")) is not int or type(d.get(\"read_only\")) is not bool:", ":",

@@ -130,11 +130,12 @@ class Store:
         return "/".join(("bundles", layout, *eid.parts, f"{sha}.tar.gz"))
 
     # reading ------------------------------------------------------------------------------------
-    def require(self) -> dict:
+    def require(self, *, fresh: bool = False) -> dict:
         """The store's marker; an error (exit 1) where there is no store at this URL, or it
         cannot be reached - never an empty listing on a typo. Asked of the marker this Store
-        knows (``known_marker``): a command reads it once, not once per record."""
-        marker = self.known_marker()
+        knows (``known_marker``): a command reads it once, not once per record; ``fresh``: read
+        now (whether it is sealed, before a write that depends on it)."""
+        marker = self.marker() if fresh else self.known_marker()
         if not marker:
             raise StoreError(f"no fi-autotune store at {self} (no {MARKER}; `fi-autotune push` creates one)")
         if "unreadable" in marker and self.protocol in HTTP_PROTOCOLS and marker.get("answered"):

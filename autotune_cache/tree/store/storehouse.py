@@ -263,8 +263,7 @@ def unseal(store: Store) -> bool:
     """Mark a sealed store writable again (the inverse of ``push --read-only``); False when it
     was not sealed. A marker that cannot be read is not overwritten: it may say more than we
     know (a newer format)."""
-    store.marker()  # afresh: whether it is sealed now
-    marker = store.require()
+    marker = store.require(fresh=True)  # whether it is sealed now
     if "unreadable" in marker:
         raise FiAutotuneError(f"{store}: its marker cannot be read ({marker['unreadable']}): not unsealing "
                               f"on a guess (restore {MARKER} first)")
