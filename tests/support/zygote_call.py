@@ -74,7 +74,7 @@ def _client_env(env: dict) -> dict:
         if key not in _coerced:
             probe = subprocess.run([sys.executable, "-I", "-S", "-c", "import os; print(os.environ.get('LC_CTYPE'))"],
                                    env={k: v for k, v in zip(LOCALE, key) if v is not None}, capture_output=True,
-                                   text=True, check=True)
+                                   text=True, check=True, timeout=60)
             _coerced[key] = probe.stdout.strip()
         ctype = _coerced[key]
     if ctype == "None" or ctype == env.get("LC_CTYPE"):
