@@ -30,8 +30,8 @@ PARENT_FD`` with the environment of the run that started it, and serves one UNIX
 own pipes as the command's fds, the command's status read here). Where a process must stand for the
 command (a ``Popen`` whose signals reach the command, a shell's ``fi-autotune``),
 ``tests/support/zygote_client.py`` is that process (it forwards signals and exits with the
-command's status); both send the same request. It exits when its test process does (EOF on PARENT_FD, a pipe whose
-other end only the test process holds), and on SIGTERM.
+command's status); both send the same request. It exits when its test process does (EOF on
+PARENT_FD, a pipe whose other end only the test process holds), and on SIGTERM.
 
 Environment read at import time (what a child would inherit from the zygote instead of reading
 its own). Found by tracing every ``os.environ`` access while the zygote imports what it preloads
@@ -282,8 +282,8 @@ def _child(request: dict, fds: list[int], close: list) -> None:
 
 
 def parse_request(data: bytes) -> dict:
-    """What tests/support/zygote_client.py ``request_bytes`` makes (and zygote_call.py sends): NUL-separated cwd, umask, argc,
-    argv, then the environment's ``NAME=value`` pairs."""
+    """What tests/support/zygote_client.py ``request_bytes`` makes (and zygote_call.py sends):
+    NUL-separated cwd, umask, argc, argv, then the environment's ``NAME=value`` pairs."""
     fields = data.split(b"\0")
     argc = int(fields[3])
     env = dict(os.fsdecode(f).partition("=")[::2] for f in fields[4 + argc:] if f)
@@ -309,9 +309,10 @@ def serve() -> None:
     listener.bind(path)
     listener.listen(64)
     # A request whose environment differs from this zygote's in what the imports read is refused
-    # (no fork: the connection closes, the client exits NOT_STARTED, and the caller runs the command fresh). run_cli only
-    # sends matching requests (tests/support/zygotes.py picks the zygote by this signature); a
-    # ``fi-autotune`` on a shell's PATH (zygotes.cli_on_path) sends whatever the shell exports.
+    # (no fork: the connection closes, the client exits NOT_STARTED, and the caller runs the
+    # command fresh). run_cli only sends matching requests (tests/support/zygotes.py picks the
+    # zygote by this signature); a ``fi-autotune`` on a shell's PATH (zygotes.cli_on_path) sends
+    # whatever the shell exports.
     own = signature(start_env, IMPORT_TIME_READS)
     os.write(ready_fd, ("ready " + json.dumps(sorted(IMPORT_TIME_READS)) + "\n").encode())
     os.close(ready_fd)
