@@ -19,8 +19,10 @@ against FlashInfer's own function, case by case).
 
 from __future__ import annotations
 
+import glob
 import json
 import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,18 +205,36 @@ def this_host(gpu_index: int = 0) -> Fingerprint:
                        datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
+#: What CUDA needs to reach a GPU on Linux: the NVIDIA driver's device nodes (a container with a GPU
+#: has them mounted), its ``/proc`` entry (the nodes are made on first use where the driver is loaded
+#: but nothing made them yet), or WSL 2's ``/dev/dxg``.
+CUDA_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia", "/dev/dxg")
+
+
+def cuda_device_possible() -> bool:
+    """False only where CUDA cannot see a GPU, whatever is installed: Linux with none of
+    ``CUDA_DEVICE_PATHS``. There FlashInfer's ``gpu`` field reads "unknown" (its
+    ``torch.cuda.get_device_name`` raises), so a GPU-less host's verdict needs no torch import
+    (seconds). Anywhere else (another OS, or a path present) this is True and FlashInfer is asked."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(glob.glob(pattern) for pattern in CUDA_DEVICE_PATHS)
+
+
 def fingerprint_for_staleness(env_from: str | None, *, required: bool) -> Fingerprint | None:
     """The fingerprint ``ls``/``show``/``prune`` judge staleness against, or None.
 
     ``env_from`` wins. Otherwise this host, if it has a GPU; a host without one is no serving
     environment: ``required`` (``--status stale`` asks for a verdict) makes that a usage error,
-    else None and the caller says why nothing is marked stale.
+    else None and the caller says why nothing is marked stale. A host where CUDA can reach no
+    device is GPU-less whether or not FlashInfer imports there, and is told so without importing it.
     """
     if env_from:
         return Fingerprint.load(env_from)
-    fp = this_host()
-    if fp.has_gpu:
-        return fp
+    if cuda_device_possible():  # else this_host() would read gpu "unknown": no torch import to learn it
+        fp = this_host()
+        if fp.has_gpu:
+            return fp
     if required:
         raise UsageError(NO_GPU_STALENESS)
     return None

@@ -78,3 +78,33 @@ def test_load_accepts_env_output_rank_files_and_plain_objects(tmp_path):
             Fingerprint.load(p)
     with pytest.raises(UsageError, match="No such file"):
         Fingerprint.load(tmp_path / "absent.json")
+
+
+def test_a_host_where_cuda_can_reach_no_device_is_gpu_less_without_asking_flashinfer(tmp_path, monkeypatch):
+    """``ls --check-env`` / ``prune --status stale`` on a GPU-less host: no device node (nor the
+    driver's /proc entry, nor WSL's /dev/dxg) means CUDA sees no GPU, which is all FlashInfer's
+    fingerprint would say there (tests/cli/test_cli.py checks that against the real one). Where any
+    of them exists, or on another OS, FlashInfer is asked (a GPU cannot exist here: a stand-in
+    ``this_host`` records that it was)."""
+    from autotune_cache.autotuner import fingerprint as fpmod
+
+    on_gpu = Fingerprint(dict(DEFAULT_METADATA), "this host", "sm90")
+    asked = []
+    monkeypatch.setattr(fpmod, "this_host", lambda: asked.append(1) or on_gpu)
+    monkeypatch.setattr(fpmod, "CUDA_DEVICE_PATHS", (str(tmp_path / "nvidiactl"), str(tmp_path / "nvidia[0-9]*")))
+    monkeypatch.setattr(fpmod.sys, "platform", "linux")
+    assert fpmod.fingerprint_for_staleness(None, required=False) is None
+    with pytest.raises(UsageError, match="this host has no GPU"):
+        fpmod.fingerprint_for_staleness(None, required=True)
+    assert not asked
+    (tmp_path / "nvidia3").touch()
+    assert fpmod.fingerprint_for_staleness(None, required=True) is on_gpu and asked == [1]
+    # a device node, but FlashInfer reads no GPU (CUDA_VISIBLE_DEVICES="", a driver that fails): still refused
+    monkeypatch.setattr(fpmod, "this_host", lambda: asked.append(2) or Fingerprint({**DEFAULT_METADATA, "gpu": "unknown"}, "this host"))
+    with pytest.raises(UsageError, match="this host has no GPU"):
+        fpmod.fingerprint_for_staleness(None, required=True)
+    assert fpmod.fingerprint_for_staleness(None, required=False) is None and asked == [1, 2, 2]
+    monkeypatch.setattr(fpmod, "this_host", lambda: asked.append(3) or on_gpu)
+    (tmp_path / "nvidia3").unlink()
+    monkeypatch.setattr(fpmod.sys, "platform", "win32")
+    assert fpmod.fingerprint_for_staleness(None, required=True) is on_gpu and asked == [1, 2, 2, 3]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune_cache.autotuner.fingerprint import cuda_device_possible
 from autotune_cache.registry import default_layout
 from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 
@@ -546,7 +547,7 @@ def test_tree_commands_do_not_import_torch_or_flashinfer(root, tmp_path):
     for cmd in cmds:
         proc = run_cli(*cmd, "--cache-dir", str(root), env={"PYTHONPROFILEIMPORTTIME": "1"})
         assert proc.returncode == 0, (cmd, proc.stderr[-2000:])
-        imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time:")}
+        imported = _imported(proc.stderr)
         assert "click" in imported  # the probe works
         assert not imported & {"torch", "flashinfer", "numpy"}, (cmd, imported & {"torch", "flashinfer", "numpy"})
 
@@ -591,14 +592,27 @@ def test_no_gpu_host_never_calls_a_cache_stale(root, tmp_path, host_env):
     """The CI host has no GPU: its fingerprint reads gpu 'unknown'. It is no serving environment."""
     assert host_env.returncode == 0, host_env.stderr
     if json.loads(host_env.stdout)["fingerprint"]["gpu"] not in ("unknown", None):
+        assert cuda_device_possible()
         pytest.skip("this host has a GPU")
     write_fake_entry(root)
-    proc = run_cli("ls", "--check-env", "--cache-dir", str(root))
+    # Where CUDA can reach no device (FlashInfer's own fingerprint above says "unknown" there), the
+    # verdict needs neither torch nor flashinfer: the import-time lines show whether they came in.
+    no_device = not cuda_device_possible()
+    env = {"PYTHONPROFILEIMPORTTIME": "1"}
+    proc = run_cli("ls", "--check-env", "--cache-dir", str(root), env=env)
     assert proc.returncode == 0 and "complete" in proc.stdout and "stale" not in proc.stdout.split("\n")[2]
     assert "this host has no GPU" in proc.stderr and "--env-from" in proc.stderr
-    proc = run_cli("prune", "--status", "stale", "-y", "--cache-dir", str(root))
-    assert proc.returncode == 2 and "this host has no GPU" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert _imported(proc.stderr).isdisjoint({"torch", "flashinfer"}) == no_device, _imported(proc.stderr)
+    proc = run_cli("prune", "--status", "stale", "-y", "--cache-dir", str(root), env=env)
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2 and "this host has no GPU" in errors[0] and len(errors) == 1
+    assert _imported(proc.stderr).isdisjoint({"torch", "flashinfer"}) == no_device, _imported(proc.stderr)
     assert ids(root) == [GLM_ID]
+
+
+def _imported(stderr: str) -> set[str]:
+    """The top-level packages a command imported, from its PYTHONPROFILEIMPORTTIME lines."""
+    return {line.split("|")[-1].strip().split(".")[0] for line in stderr.splitlines() if line.startswith("import time:")}
 
 
 def test_env_from_judges_staleness_anywhere(root, tmp_path):
@@ -644,8 +658,9 @@ def test_plan_for_a_model_sglang_would_not_tune_names_no_key_dir(root):
 
 
 def test_flashinfer_not_importable_is_one_line_exit_2(root):
-    """A Python without flashinfer (blocked the way Python itself blocks an import): env and
-    --check-env say so in one line, exit 2; plan and the tree commands do not need it."""
+    """A Python without flashinfer (blocked the way Python itself blocks an import): env, and
+    --check-env where a GPU could be, say so in one line, exit 2; plan and the tree commands do not
+    need it."""
     write_fake_entry(root)
     code = ("import sys; sys.modules['flashinfer'] = None\n"
             "from fi_autotune_cli.main import main\n"
@@ -653,6 +668,9 @@ def test_flashinfer_not_importable_is_one_line_exit_2(root):
     for args in (["env"], ["ls", "--check-env"]):
         proc = subprocess.run([sys.executable, "-c", code, *args, *(["--cache-dir", str(root)] if args[0] != "env" else [])],
                               capture_output=True, text=True, cwd=REPO)
+        if args[0] == "ls" and not cuda_device_possible():  # no GPU can be here: that is the answer, FlashInfer or not
+            assert proc.returncode == 0 and GLM_ID in proc.stdout and "this host has no GPU" in proc.stderr, proc.stderr
+            continue
         assert proc.returncode == 2, (args, proc.stderr)
         assert "flashinfer is not importable" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     proc = subprocess.run([sys.executable, "-c", code, "ls", "--cache-dir", str(root)], capture_output=True, text=True, cwd=REPO)
