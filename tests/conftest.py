@@ -139,6 +139,17 @@ def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeo
     return proc
 
 
+def imported_packages(stderr: str) -> set[str]:
+    """The top-level packages a command run with ``PYTHONPROFILEIMPORTTIME=1`` imported (its stderr's
+    "import time:" lines; through a zygote, only what the zygote had not preloaded)."""
+    return {line.split("|")[-1].strip().split(".")[0] for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+def error_lines(stderr: str) -> list[str]:
+    """A command's stderr without ``PYTHONPROFILEIMPORTTIME``'s lines."""
+    return [line for line in stderr.splitlines() if not line.startswith("import time:")]
+
+
 def run_json(*args: str, **kw):
     proc = run_cli(*args, "--json", **kw)
     assert proc.returncode == 0, proc.stderr

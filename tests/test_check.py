@@ -11,7 +11,7 @@ from autotune_cache.plan.request import TuneRequest
 from autotune_cache.plan.flags import ServerFlags
 from devtools.synthetic import DEFAULT_METADATA, entry_path, write_plan_entry
 
-from .conftest import run_cli
+from .conftest import imported_packages, run_cli
 
 QWEN = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass", "--arch", "sm90",
         "--flashinfer-version", "0.7.2.post1"]
@@ -175,7 +175,7 @@ def test_check_imports_neither_torch_nor_flashinfer(root, fingerprint):
     proc = run_cli("check", *QWEN, "--cache-dir", str(root), "--env-from", str(fingerprint),
                    env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    imported = imported_packages(proc.stderr)
     assert "click" in imported and not imported & {"torch", "flashinfer", "numpy"}
 
 

@@ -159,15 +159,14 @@ def _print(out: Output, report: DiffReport, show_all: bool) -> None:
 
 
 def _measure(report: DiffReport, units: list[CacheUnit], runs: int) -> list[dict]:
+    with_manifest = next((u for u in units if u.manifest is not None and getattr(u.manifest, "request", None)), None)
+    if with_manifest is None:  # said before the import below: seconds, for nothing to measure
+        raise UsageError("--measure builds the layers from the request fi-autotune warm recorded: neither side has one")
     # diffmeasure imports torch (the skeleton): only ``diff --measure`` pays for it.
     try:
         from autotune_cache.tune.diffmeasure import measure
     except ImportError as e:
         raise UsageError(f"--measure needs torch and flashinfer in this Python ({e})") from None
-
-    with_manifest = next((u for u in units if u.manifest is not None and getattr(u.manifest, "request", None)), None)
-    if with_manifest is None:
-        raise UsageError("--measure builds the layers from the request fi-autotune warm recorded: neither side has one")
 
     class _Entry:  # what request_of reads
         id, manifest = with_manifest.label, with_manifest.manifest

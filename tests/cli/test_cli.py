@@ -15,7 +15,7 @@ from autotune_cache.autotuner.fingerprint import cuda_device_possible
 from autotune_cache.registry import default_layout
 from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry
 
-from ..conftest import REPO, run_cli, run_json
+from ..conftest import REPO, error_lines, imported_packages, run_cli, run_json
 
 KEY_ARGS = [
     "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--pp", "1", "--dp", "8", "--ep", "1", "--dtype", "bfloat16",
@@ -547,7 +547,7 @@ def test_tree_commands_do_not_import_torch_or_flashinfer(root, tmp_path):
     for cmd in cmds:
         proc = run_cli(*cmd, "--cache-dir", str(root), env={"PYTHONPROFILEIMPORTTIME": "1"})
         assert proc.returncode == 0, (cmd, proc.stderr[-2000:])
-        imported = _imported(proc.stderr)
+        imported = imported_packages(proc.stderr)
         assert "click" in imported  # the probe works
         assert not imported & {"torch", "flashinfer", "numpy"}, (cmd, imported & {"torch", "flashinfer", "numpy"})
 
@@ -602,17 +602,12 @@ def test_no_gpu_host_never_calls_a_cache_stale(root, tmp_path, host_env):
     proc = run_cli("ls", "--check-env", "--cache-dir", str(root), env=env)
     assert proc.returncode == 0 and "complete" in proc.stdout and "stale" not in proc.stdout.split("\n")[2]
     assert "this host has no GPU" in proc.stderr and "--env-from" in proc.stderr
-    assert _imported(proc.stderr).isdisjoint({"torch", "flashinfer"}) == no_device, _imported(proc.stderr)
+    assert imported_packages(proc.stderr).isdisjoint({"torch", "flashinfer"}) == no_device, imported_packages(proc.stderr)
     proc = run_cli("prune", "--status", "stale", "-y", "--cache-dir", str(root), env=env)
-    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    errors = error_lines(proc.stderr)
     assert proc.returncode == 2 and "this host has no GPU" in errors[0] and len(errors) == 1
-    assert _imported(proc.stderr).isdisjoint({"torch", "flashinfer"}) == no_device, _imported(proc.stderr)
+    assert imported_packages(proc.stderr).isdisjoint({"torch", "flashinfer"}) == no_device, imported_packages(proc.stderr)
     assert ids(root) == [GLM_ID]
-
-
-def _imported(stderr: str) -> set[str]:
-    """The top-level packages a command imported, from its PYTHONPROFILEIMPORTTIME lines."""
-    return {line.split("|")[-1].strip().split(".")[0] for line in stderr.splitlines() if line.startswith("import time:")}
 
 
 def test_env_from_judges_staleness_anywhere(root, tmp_path):

@@ -9,7 +9,7 @@ from autotune_cache.tree.diff import compare_configs, token_positions
 from autotune_cache.autotuner.rankfile import cache_file_bytes
 from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, fake_configs, write_fake_entry
 
-from ..conftest import run_cli
+from ..conftest import error_lines, imported_packages, run_cli
 
 # as FlashInfer prints them: the cuBLAS runner's extras are bare dtypes (not a Python literal)
 GEMM = "('fp8_gemm', 'CublasFp8GemmRunner', ((1, {m}, 8192), (1, 8192, 1024), (1,), (1,), (1, {m}, 1024)), (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16))"
@@ -201,8 +201,11 @@ def test_usage_errors(tmp_path, root):
     proc = run_cli("diff", str(tmp_path / "x.json"), str(tmp_path / "x.json"), "--measure")
     assert proc.returncode == 0  # identical: nothing to measure
     write_file(tmp_path / "y.json", configs(m1=2))
-    proc = run_cli("diff", str(tmp_path / "x.json"), str(tmp_path / "y.json"), "--measure")
-    assert proc.returncode == 2 and "recorded" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli("diff", str(tmp_path / "x.json"), str(tmp_path / "y.json"), "--measure", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    errors = error_lines(proc.stderr)
+    assert proc.returncode == 2 and "recorded" in errors[0] and len(errors) == 1
+    imported = imported_packages(proc.stderr)
+    assert "click" in imported and "torch" not in imported  # nothing to measure: said without importing torch
     proc = run_cli("diff", str(tmp_path / "missing.json"), str(tmp_path / "x.json"))
     assert proc.returncode == 1 and "missing.json: no such file or directory" in proc.stderr
     proc = run_cli("diff", str(tmp_path / "junk.json"), str(tmp_path / "x.json"), "--exit-code")

@@ -19,7 +19,7 @@ from autotune_cache.errors import UsageError
 from autotune_cache.plan.targets import MAX_TARGETS, assign, load_targets, parse_shard, parse_targets, shard_from_env
 
 from tests.support.fake_gpus import FAKE_GPU_CLI, gpu_env, run_gpu_cli
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, imported_packages, run_cli
 
 TARGETS = """\
 defaults:
@@ -388,5 +388,5 @@ def test_verify_on_a_host_without_a_gpu_says_so_not_pass_arch(fleet, tmp_path):
         proc = run_cli("verify", eid, *extra, "--cache-dir", str(tmp_path / "root"), env={"PYTHONPROFILEIMPORTTIME": "1"})
         assert proc.returncode == 2 and "no CUDA GPU found" in proc.stderr, proc.stderr
         assert "pass --arch" not in proc.stderr
-        imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time:")}
+        imported = imported_packages(proc.stderr)
         assert "click" in imported and "torch" not in imported
