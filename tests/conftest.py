@@ -178,6 +178,28 @@ def root(tmp_path: Path) -> Path:
 #: collected first (docs/results/test_time_profile.md: where the time goes)
 SLOW_FIRST = ("tests/tree/", "tests/tune/")
 
+#: The test modules that import torch and FlashInfer into the test process (to compare with their
+#: own functions, or to build layers on CPU). Each test process that runs one pays ~4.5 CPU-s for
+#: the import, so they are one xdist group ("torch"): one process imports them. Found by running
+#: each module alone; ``_torch_stays_in_its_group`` fails a test elsewhere that imports torch.
+IMPORTS_TORCH = tuple(f"tests/{m}.py::" for m in (
+    "autotuner/test_buckets", "autotuner/test_fingerprint", "engines/test_sglang_oracle", "engines/test_v2_bundles",
+    "engines/test_v2store", "engines/test_vllm_plan", "engines/test_vllm_single_rank", "engines/test_vllm_sm100",
+    "tune/careful/test_exhaustive", "tune/careful/test_race_context", "tune/careful/test_span",
+    "tune/workers/test_kernel_modules", "tune/workers/test_skeleton"))
+
+
+@pytest.fixture(autouse=True)
+def _torch_stays_in_its_group(request):
+    """A test outside ``IMPORTS_TORCH`` that brings torch into the test process fails, naming the
+    list: seen when it is the first in its process to import it (always so in a process that runs
+    none of the group), which is enough to keep the list true."""
+    before = "torch" in sys.modules
+    yield
+    if not before and "torch" in sys.modules and not request.node.nodeid.startswith(IMPORTS_TORCH):
+        pytest.fail(f"{request.node.nodeid} imported torch into the test process: add its module to "
+                    "tests/conftest.py IMPORTS_TORCH (one xdist group, so that one process imports it)")
+
 
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker more than the cores this process may use. Part of the suite waits
@@ -193,6 +215,7 @@ def pytest_xdist_auto_num_workers(config):
     return cores + 1
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """GPU tests need CUDA; skip them (visibly) on machines without a GPU. Where they run, they run
     one after another in one test process (``--dist loadgroup``): they time kernels, and two tuning
@@ -201,11 +224,13 @@ def pytest_collection_modifyitems(config, items):
     The slow folders (stores, kills and served workers) are handed out first, the many short tests
     last, so that both test processes finish at about the same time (in collection order the
     slowest files came last and one process ran them alone). Same tests, same ids; within a file
-    the order is the file's."""
+    the order is the file's. The modules of ``IMPORTS_TORCH`` are one group."""
     items.sort(key=lambda item: 0 if item.nodeid.startswith(SLOW_FIRST) else 1)  # stable
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("gpu"))
+        elif item.nodeid.startswith(IMPORTS_TORCH):
+            item.add_marker(pytest.mark.xdist_group("torch"))
     try:
         has_gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0
     except (OSError, subprocess.TimeoutExpired):

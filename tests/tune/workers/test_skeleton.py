@@ -97,24 +97,19 @@ def test_bmm_fp8_weight_is_column_major_and_scales_are_scalars():
     assert kw["A_scale"].shape == (1,) and kw["dtype"] == torch.bfloat16 and kw["backend"] == "cublas"
 
 
-#: The tests of Qwen3's CPU skeleton run in one test process, so that it is built once (xdist hands a
-#: module's tests to every worker, and each would build its own).
-QWEN_SKELETON = pytest.mark.xdist_group("qwen-cpu-skeleton")
-
-
 @pytest.fixture(scope="module")
 def qwen_cutlass():
     """Qwen3-30B-A3B's skeleton on CPU with a recorder in place of its MoE call, built once for
-    this module. Its first layer is ``OpLayer(ops[0], "cpu", seed=0, api=recorder)``; each test
-    clears the recorder. At tp=8 its expert weights are ~75M random values (1 CPU-s to build; 6 at
-    tp=2): what these tests check (routing, token inputs per bucket) is the same at any tp."""
+    this module (its tests run in one test process: the "torch" xdist group, tests/conftest.py).
+    Its first layer is ``OpLayer(ops[0], "cpu", seed=0, api=recorder)``; each test clears the
+    recorder. At tp=8 its expert weights are ~75M random values (1 CPU-s to build; 6 at tp=2):
+    what these tests check (routing, token inputs per bucket) is the same at any tp."""
     _, ops = ops_of("Qwen/Qwen3-30B-A3B", "sm90", tp=8, moe_runner_backend="flashinfer_cutlass")
     rec = Recorder()
     model = skeleton.SkeletonModel(ops, hidden=2048, vocab=1000, tp=8, dp=1, dtype="bfloat16", device="cpu", apis={ops[0]["api"]: rec})
     return ops, model, rec
 
 
-@QWEN_SKELETON
 def test_cutlass_moe_routing_ids_are_valid_expert_indices(qwen_cutlass):
     ops, model, rec = qwen_cutlass
     layer = model.layers[0]
@@ -130,7 +125,6 @@ def test_cutlass_moe_routing_ids_are_valid_expert_indices(qwen_cutlass):
     assert int(kw["activation_type"]) == 3
 
 
-@QWEN_SKELETON
 def test_token_inputs_are_the_same_for_one_bucket_every_time(qwen_cutlass):
     """Every race of one (op, bucket) must time the same routing (a MoE call's time and its tactics'
     order depend on which experts the tokens pick): a bucket's inputs do not change between calls,
@@ -181,7 +175,6 @@ def test_lm_head_stub_patches_and_restores_foreign_modules():
     assert lin(x).shape == (5, 100) and "forward" not in vars(lin)
 
 
-@QWEN_SKELETON
 def test_skeleton_runs_layers_at_their_token_counts(qwen_cutlass):
     _, model, rec = qwen_cutlass
     rec.calls.clear()
