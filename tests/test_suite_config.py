@@ -25,8 +25,11 @@ def test_grouped(i):
 def test_an_xdist_group_runs_in_one_worker(tmp_path: Path):
     (tmp_path / "test_grouped.py").write_text(GROUPED)
     out = tmp_path / "workers.txt"
+    # its own --basetemp: by default a pytest run deletes all but the last three runs' temporary
+    # trees under /tmp/pytest-of-<user>, seconds of unlinking (the suite's own start did it already)
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "2",
-                        "--dist", "loadgroup", "-o", "addopts=", str(tmp_path / "test_grouped.py")],
+                        "--dist", "loadgroup", "-o", "addopts=", "--basetemp", str(tmp_path / "basetemp"),
+                        str(tmp_path / "test_grouped.py")],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**__import__("os").environ,
                                                                                        "OUT": str(out)})
     assert p.returncode == 0, p.stdout + p.stderr
