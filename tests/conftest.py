@@ -3,6 +3,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,6 +91,22 @@ def _homes(tmp_path_factory) -> Path:
 
 
 _HOME_NUMBERS = itertools.count()
+_TMP_NUMBERS = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def _tmp_paths(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("t")
+
+
+@pytest.fixture
+def tmp_path(request, _tmp_paths) -> Path:
+    """pytest's ``tmp_path`` (a new directory per test, named after it, kept as pytest keeps them),
+    numbered here for the reason ``_own_home_caches`` gives: pytest finds its next number by
+    listing the whole base directory, which each test's directory grows (~1,000 per test process)."""
+    path = _tmp_paths / (re.sub(r"\W", "_", request.node.name)[:30] + str(next(_TMP_NUMBERS)))
+    path.mkdir()
+    return path
 
 
 @pytest.fixture(autouse=True)
@@ -196,7 +213,9 @@ def _torch_stays_in_its_group(request):
     none of the group), which is enough to keep the list true."""
     before = "torch" in sys.modules
     yield
-    if not before and "torch" in sys.modules and not request.node.nodeid.startswith(IMPORTS_TORCH):
+    if before or "gpu" in request.node.keywords:  # the GPU tests are a group of their own
+        return
+    if "torch" in sys.modules and not request.node.nodeid.startswith(IMPORTS_TORCH):
         pytest.fail(f"{request.node.nodeid} imported torch into the test process: add its module to "
                     "tests/conftest.py IMPORTS_TORCH (one xdist group, so that one process imports it)")
 
