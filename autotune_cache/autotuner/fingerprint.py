@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -205,20 +206,45 @@ def this_host(gpu_index: int = 0) -> Fingerprint:
                        datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-#: What CUDA needs to reach a GPU on Linux: the NVIDIA driver's device nodes (a container with a GPU
-#: has them mounted), its ``/proc`` entry (the nodes are made on first use where the driver is loaded
-#: but nothing made them yet), or WSL 2's ``/dev/dxg``.
-CUDA_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia", "/dev/dxg")
+#: The device nodes through which torch reaches a GPU on Linux: the NVIDIA driver's (a container
+#: with a GPU has them mounted) and its ``/proc`` entry; WSL 2's ``/dev/dxg``; Jetson's (Tegra's
+#: nvgpu driver: ``/dev/nvhost-*``, ``/dev/nvgpu/...``, ``/dev/nvmap``, and no ``/dev/nvidia*`` on
+#: Nano and Xavier); ROCm's ``/dev/kfd`` (``torch.cuda`` is HIP there).
+CUDA_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia", "/dev/dxg",
+                     "/dev/nvhost-*", "/dev/nvgpu*", "/dev/nvmap", "/dev/kfd")
+#: Where an NVIDIA GPU shows before its driver is loaded (``nvidia-modprobe`` loads it and makes the
+#: nodes at CUDA's first call): a PCI device of vendor 0x10de and class 0x03 (a display controller).
+PCI_DEVICES = "/sys/bus/pci/devices"
 
 
 def cuda_device_possible() -> bool:
-    """False only where CUDA cannot see a GPU, whatever is installed: Linux with none of
-    ``CUDA_DEVICE_PATHS``. There FlashInfer's ``gpu`` field reads "unknown" (its
-    ``torch.cuda.get_device_name`` raises), so a GPU-less host's verdict needs no torch import
-    (seconds). Anywhere else (another OS, or a path present) this is True and FlashInfer is asked."""
+    """False only where torch cannot see a GPU, whatever is installed: Linux with none of
+    ``CUDA_DEVICE_PATHS`` and no NVIDIA display controller on the PCI bus. There FlashInfer's
+    ``gpu`` field reads "unknown" (its ``torch.cuda.get_device_name`` raises), so a GPU-less host's
+    verdict needs no torch import (seconds). Anywhere else (another OS, a node present, a bus that
+    cannot be read) this is True and FlashInfer is asked."""
     if not sys.platform.startswith("linux"):
         return True
-    return any(glob.glob(pattern) for pattern in CUDA_DEVICE_PATHS)
+    return any(glob.glob(pattern) for pattern in CUDA_DEVICE_PATHS) or _nvidia_gpu_on_the_pci_bus()
+
+
+def _nvidia_gpu_on_the_pci_bus() -> bool:
+    try:
+        devices = os.listdir(PCI_DEVICES)
+    except OSError:
+        return True  # no view of the bus: cannot rule a GPU out
+    for name in devices:
+        try:
+            with open(os.path.join(PCI_DEVICES, name, "vendor")) as f:
+                vendor = f.read().strip()
+            if vendor != "0x10de":
+                continue
+            with open(os.path.join(PCI_DEVICES, name, "class")) as f:
+                if f.read().strip().startswith("0x03"):
+                    return True
+        except OSError:
+            return True  # a device that cannot be read might be one
+    return False
 
 
 def fingerprint_for_staleness(env_from: str | None, *, required: bool) -> Fingerprint | None:
@@ -226,8 +252,9 @@ def fingerprint_for_staleness(env_from: str | None, *, required: bool) -> Finger
 
     ``env_from`` wins. Otherwise this host, if it has a GPU; a host without one is no serving
     environment: ``required`` (``--status stale`` asks for a verdict) makes that a usage error,
-    else None and the caller says why nothing is marked stale. A host where CUDA can reach no
-    device is GPU-less whether or not FlashInfer imports there, and is told so without importing it.
+    else None and the caller says why nothing is marked stale. A host where torch can reach no
+    device (``cuda_device_possible``) is GPU-less whether or not FlashInfer imports there, and is
+    told so without importing it.
     """
     if env_from:
         return Fingerprint.load(env_from)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 
 import pytest
 
@@ -81,30 +82,62 @@ def test_load_accepts_env_output_rank_files_and_plain_objects(tmp_path):
 
 
 def test_a_host_where_cuda_can_reach_no_device_is_gpu_less_without_asking_flashinfer(tmp_path, monkeypatch):
-    """``ls --check-env`` / ``prune --status stale`` on a GPU-less host: no device node (nor the
-    driver's /proc entry, nor WSL's /dev/dxg) means CUDA sees no GPU, which is all FlashInfer's
-    fingerprint would say there (tests/cli/test_cli.py checks that against the real one). Where any
-    of them exists, or on another OS, FlashInfer is asked (a GPU cannot exist here: a stand-in
-    ``this_host`` records that it was)."""
+    """``ls --check-env`` / ``prune --status stale`` on a GPU-less host: no device node (the NVIDIA
+    driver's, WSL's, Jetson's, ROCm's) and no NVIDIA display controller on the PCI bus means torch
+    sees no GPU, which is all FlashInfer's fingerprint would say there (tests/cli/test_cli.py checks
+    that against the real one). Where any of them is, or on another OS, FlashInfer is asked (a GPU
+    cannot exist here: a stand-in ``this_host`` records that it was). The real patterns are used,
+    under a stand-in root."""
     from autotune_cache.autotuner import fingerprint as fpmod
 
     on_gpu = Fingerprint(dict(DEFAULT_METADATA), "this host", "sm90")
     asked = []
     monkeypatch.setattr(fpmod, "this_host", lambda: asked.append(1) or on_gpu)
-    monkeypatch.setattr(fpmod, "CUDA_DEVICE_PATHS", (str(tmp_path / "nvidiactl"), str(tmp_path / "nvidia[0-9]*")))
+    monkeypatch.setattr(fpmod, "CUDA_DEVICE_PATHS", tuple(str(tmp_path) + p for p in fpmod.CUDA_DEVICE_PATHS))
+    bus = tmp_path / "sys" / "bus" / "pci" / "devices"
+    monkeypatch.setattr(fpmod, "PCI_DEVICES", str(bus))
     monkeypatch.setattr(fpmod.sys, "platform", "linux")
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "proc" / "driver").mkdir(parents=True)
+
+    def pci(name: str, vendor: str, cls: str) -> None:
+        (bus / name).mkdir(parents=True)
+        (bus / name / "vendor").write_text(vendor + "\n")
+        (bus / name / "class").write_text(cls + "\n")
+
+    pci("0000:00:01.0", "0x8086", "0x060000")  # a host bridge
+    pci("0000:00:1f.3", "0x10de", "0x040300")  # NVIDIA, but audio
     assert fpmod.fingerprint_for_staleness(None, required=False) is None
     with pytest.raises(UsageError, match="this host has no GPU"):
         fpmod.fingerprint_for_staleness(None, required=True)
     assert not asked
-    (tmp_path / "nvidia3").touch()
+    for node in ("dev/nvidiactl", "dev/nvidia3", "proc/driver/nvidia", "dev/dxg", "dev/nvhost-ctrl-gpu",
+                 "dev/nvgpu/igpu0/ctrl", "dev/nvmap", "dev/kfd"):
+        (tmp_path / node).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / node).touch()
+        assert fpmod.fingerprint_for_staleness(None, required=True) is on_gpu and asked == [1], node
+        asked.clear()
+        (tmp_path / node).unlink()
+        if node.startswith("dev/nvgpu/"):
+            shutil.rmtree(tmp_path / "dev" / "nvgpu")
+    pci("0000:41:00.0", "0x10de", "0x030200")  # an NVIDIA 3D controller whose driver is not loaded yet
     assert fpmod.fingerprint_for_staleness(None, required=True) is on_gpu and asked == [1]
+    asked.clear()
+    (bus / "0000:41:00.0" / "vendor").unlink()  # a device that cannot be read might be one
+    assert fpmod.fingerprint_for_staleness(None, required=True) is on_gpu and asked == [1]
+    shutil.rmtree(bus / "0000:41:00.0")
+    assert fpmod.fingerprint_for_staleness(None, required=False) is None and asked == [1]
+    monkeypatch.setattr(fpmod, "PCI_DEVICES", str(tmp_path / "no-sysfs"))  # no view of the bus
+    assert fpmod.fingerprint_for_staleness(None, required=True) is on_gpu and asked == [1, 1]
+    monkeypatch.setattr(fpmod, "PCI_DEVICES", str(bus))
     # a device node, but FlashInfer reads no GPU (CUDA_VISIBLE_DEVICES="", a driver that fails): still refused
+    (tmp_path / "dev" / "nvidiactl").touch()
     monkeypatch.setattr(fpmod, "this_host", lambda: asked.append(2) or Fingerprint({**DEFAULT_METADATA, "gpu": "unknown"}, "this host"))
+    asked.clear()
     with pytest.raises(UsageError, match="this host has no GPU"):
         fpmod.fingerprint_for_staleness(None, required=True)
-    assert fpmod.fingerprint_for_staleness(None, required=False) is None and asked == [1, 2, 2]
+    assert fpmod.fingerprint_for_staleness(None, required=False) is None and asked == [2, 2]
     monkeypatch.setattr(fpmod, "this_host", lambda: asked.append(3) or on_gpu)
-    (tmp_path / "nvidia3").unlink()
+    (tmp_path / "dev" / "nvidiactl").unlink()
     monkeypatch.setattr(fpmod.sys, "platform", "win32")
-    assert fpmod.fingerprint_for_staleness(None, required=True) is on_gpu and asked == [1, 2, 2, 3]
+    assert fpmod.fingerprint_for_staleness(None, required=True) is on_gpu and asked == [2, 2, 3]
