@@ -486,3 +486,44 @@ def test_each_test_has_its_own_home_caches_off_the_users(i):
     assert Path.home() not in xdg.parents
     assert str(xdg) not in _HOMES_SEEN, "two tests shared a home"
     _HOMES_SEEN.append(str(xdg))
+
+
+BOTOCORE_LOADER = """
+import hashlib, json, sys
+import botocore.session
+
+loader = botocore.session.Session().get_component("data_loader")
+parsed = sorted({key[1] for key in getattr(loader, "_cache", {}) if key[0] == "load_service_model"})
+model = loader.load_service_model("s3", "service-2")
+print(json.dumps({"parsed": parsed, "paths": loader.search_paths,
+                  "model": hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()}))
+"""
+
+
+def test_a_zygote_child_reads_s3_model_the_zygote_parsed_and_the_same_as_a_fresh_one(tmp_path):
+    """The zygote parses botocore's data files once (``_prime_botocore``): a child's session is handed
+    that loader, with S3's model already in it and equal to what a fresh process reads; a session with a
+    data path of its own (``AWS_DATA_PATH``) reads for itself, as it does in a fresh process."""
+    import json
+    import os
+
+    pytest.importorskip("botocore")
+    from .support import zygotes
+
+    script = tmp_path / "loader.py"
+    script.write_text(BOTOCORE_LOADER)
+    env = {k: v for k, v in os.environ.items() if k != "AWS_DATA_PATH"}
+    own = tmp_path / "models"
+    own.mkdir()
+    seen = {}
+    for name, extra in (("default", {}), ("own path", {"AWS_DATA_PATH": str(own)})):
+        z = zygotes.run([], env={**env, **extra}, input=None, timeout=60, cwd=tmp_path,
+                        fresh_argv=[sys.executable, str(script)], script=str(script))
+        f = subprocess.run([sys.executable, str(script)], env={**env, **extra}, timeout=60, cwd=tmp_path,
+                           capture_output=True, text=True)
+        assert z.via_zygote and z.returncode == f.returncode == 0, z.stderr + f.stderr
+        seen[name] = json.loads(z.stdout), json.loads(f.stdout)
+    (primed, fresh), (own_zygote, own_fresh) = seen["default"], seen["own path"]
+    assert primed["parsed"] == ["s3"] and fresh["parsed"] == [], (primed, fresh)
+    assert primed["model"] == fresh["model"] and primed["paths"] == fresh["paths"]
+    assert own_zygote["parsed"] == [] and own_zygote == own_fresh and str(own) in own_zygote["paths"], own_zygote
