@@ -86,7 +86,9 @@ PRELOAD = ("click", "fi_autotune_cli.entry", "fi_autotune_cli.main", "autotune_c
 PRELOAD_OPTIONAL = ("s3fs", "fsspec", "aiobotocore.session", "botocore.session",
                     # what a command that plans imports through huggingface_hub (not preloaded itself: see
                     # above), and the user-cache paths (the digest index, work dirs)
-                    "yaml", "filelock", "tqdm", "tqdm.auto", "platformdirs")
+                    "yaml", "filelock", "tqdm", "tqdm.auto", "platformdirs",
+                    # what every child runs the command through, and what fsspec imports to open any URL
+                    "runpy", "fsspec.implementations.chained")
 
 #: what tests/support/zygote_client.py passes on to the command (the process that stands for it)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
