@@ -496,34 +496,47 @@ loader = botocore.session.Session().get_component("data_loader")
 parsed = sorted({key[1] for key in getattr(loader, "_cache", {}) if key[0] == "load_service_model"})
 model = loader.load_service_model("s3", "service-2")
 print(json.dumps({"parsed": parsed, "paths": loader.search_paths,
+                  "retries": loader.load_data("_retry")["retry"]["__default__"]["max_attempts"],
                   "model": hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()}))
 """
 
 
 def test_a_zygote_child_reads_s3_model_the_zygote_parsed_and_the_same_as_a_fresh_one(tmp_path):
     """The zygote parses botocore's data files once (``_prime_botocore``): a child's session is handed
-    that loader, with S3's model already in it and equal to what a fresh process reads; a session with a
-    data path of its own (``AWS_DATA_PATH``) reads for itself, as it does in a fresh process."""
+    that loader, with S3's model already in it and equal to what a fresh process reads. A session with
+    a data path of its own (``AWS_DATA_PATH``), or where the user's ``~/.aws/models`` has appeared since
+    the zygote started, reads for itself, as it does in a fresh process."""
     import json
     import os
 
-    pytest.importorskip("botocore")
+    botocore_loaders = pytest.importorskip("botocore.loaders")
     from .support import zygotes
 
     script = tmp_path / "loader.py"
     script.write_text(BOTOCORE_LOADER)
-    env = {k: v for k, v in os.environ.items() if k != "AWS_DATA_PATH"}
+    home = tmp_path / "home"  # a zygote of its own (HOME is read at import), with no ~/.aws/models yet
+    home.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if k != "AWS_DATA_PATH"}, "HOME": str(home)}
     own = tmp_path / "models"
     own.mkdir()
-    seen = {}
-    for name, extra in (("default", {}), ("own path", {"AWS_DATA_PATH": str(own)})):
+
+    def both(extra: dict) -> tuple[dict, dict]:
         z = zygotes.run([], env={**env, **extra}, input=None, timeout=60, cwd=tmp_path,
                         fresh_argv=[sys.executable, str(script)], script=str(script))
         f = subprocess.run([sys.executable, str(script)], env={**env, **extra}, timeout=60, cwd=tmp_path,
                            capture_output=True, text=True)
         assert z.via_zygote and z.returncode == f.returncode == 0, z.stderr + f.stderr
-        seen[name] = json.loads(z.stdout), json.loads(f.stdout)
-    (primed, fresh), (own_zygote, own_fresh) = seen["default"], seen["own path"]
+        return json.loads(z.stdout), json.loads(f.stdout)
+
+    primed, fresh = both({})
     assert primed["parsed"] == ["s3"] and fresh["parsed"] == [], (primed, fresh)
-    assert primed["model"] == fresh["model"] and primed["paths"] == fresh["paths"]
+    assert {**primed, "parsed": []} == fresh
+    own_zygote, own_fresh = both({"AWS_DATA_PATH": str(own)})
     assert own_zygote["parsed"] == [] and own_zygote == own_fresh and str(own) in own_zygote["paths"], own_zygote
+    # the user's models directory, made after the zygote started: botocore reads it before its own
+    retry = json.loads((Path(botocore_loaders.Loader.BUILTIN_DATA_PATH) / "_retry.json").read_text())
+    retry["retry"]["__default__"]["max_attempts"] = fresh["retries"] + 7
+    (home / ".aws" / "models").mkdir(parents=True)
+    (home / ".aws" / "models" / "_retry.json").write_text(json.dumps(retry))
+    users, users_fresh = both({})
+    assert users["parsed"] == [] and users == users_fresh and users["retries"] == fresh["retries"] + 7, users

@@ -176,16 +176,21 @@ def _prime_botocore() -> None:
     Each botocore session makes its own data loader, which parses S3's service model, its endpoint
     rules, the partitions and the retry and default configs afresh (JSON of a few MB). Here one
     loader reads them, through a client made as an S3 command makes one, and a child's session is
-    handed that loader where it asks for the default search path: the same files a fresh
-    interpreter would read, already parsed in memory the child inherits. A session with a data path
-    of its own (``AWS_DATA_PATH``, a config file's ``data_path``) gets a new loader, as it would
-    anyway. Where the priming fails (a profile the zygote's environment names and no config holds),
-    nothing is handed on and every session reads for itself."""
+    handed that loader where it asks for the default search path and the user's own models
+    directory (``~/.aws/models``, which botocore searches first) is absent, as it was when the
+    loader read: then the files are botocore's own, the same in every process, already parsed in
+    memory the child inherits. Anywhere else (a data path of the session's own, ``AWS_DATA_PATH`` or
+    a config file's ``data_path``; a models directory, made before or after this zygote started)
+    the session gets a new loader and reads for itself, as in a fresh interpreter. Where the
+    priming fails (a profile the zygote's environment names and no config holds), nothing is
+    handed on. What a client does to the loaded data (botocore fills in the endpoints it resolved,
+    S3's handlers rewrite a request URI) it does the same way again in each process."""
     try:
         import botocore.loaders
         import botocore.session
     except ImportError:
         return
+    user_models = botocore.loaders.Loader.CUSTOMER_DATA_PATH  # ``~`` as botocore expanded it at import
     loader = botocore.loaders.create_loader()
     try:
         session = botocore.session.Session()
@@ -197,7 +202,9 @@ def _prime_botocore() -> None:
     fresh = botocore.session.create_loader
 
     def create_loader(search_path_string=None):
-        return loader if search_path_string is None else fresh(search_path_string)
+        if search_path_string is None and not os.path.lexists(user_models):
+            return loader
+        return fresh(search_path_string)
 
     botocore.session.create_loader = create_loader
 
