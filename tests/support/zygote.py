@@ -183,8 +183,10 @@ def _prime_botocore() -> None:
     a config file's ``data_path``; a models directory, made before or after this zygote started)
     the session gets a new loader and reads for itself, as in a fresh interpreter. Where the
     priming fails (a profile the zygote's environment names and no config holds), nothing is
-    handed on. What a client does to the loaded data (botocore fills in the endpoints it resolved,
-    S3's handlers rewrite a request URI) it does the same way again in each process."""
+    handed on. What a client writes into the loaded data (botocore fills in the endpoints it
+    resolved, S3's handlers rewrite a request URI) comes out the same when written again: a child's
+    client resolves the same endpoints as one on a fresh loader (checked across regions, dual-stack
+    and FIPS, by a review of this change)."""
     try:
         import botocore.loaders
         import botocore.session
