@@ -631,19 +631,22 @@ def test_env_from_judges_staleness_anywhere(root, tmp_path):
 
 
 def test_gpu_commands_without_a_gpu_are_usage_errors(root):
-    """warm and verify on a machine with no GPU: one line, exit 2, nothing written."""
-    proc = run_cli("warm", "--model", "nvidia/Llama-3.1-70B-Instruct-FP8", "--tp", "4", "--cache-dir", str(root))
+    """warm and verify on a machine with no GPU (on a GPU host, CUDA_VISIBLE_DEVICES="" makes one):
+    one line, exit 2, nothing written."""
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
+    proc = run_cli("warm", "--model", "nvidia/Llama-3.1-70B-Instruct-FP8", "--tp", "4", "--cache-dir", str(root),
+                   env=no_gpu)
     assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr and "fi-autotune plan" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not any(root.rglob("*"))
-    proc = run_cli("verify", "--cache-dir", str(root))
+    proc = run_cli("verify", "--cache-dir", str(root), env=no_gpu)
     assert proc.returncode == 2 and "entry ID" in proc.stderr
     write_fake_entry(root, with_manifest=False)
-    proc = run_cli("verify", GLM_ID, "--cache-dir", str(root))
+    proc = run_cli("verify", GLM_ID, "--cache-dir", str(root), env=no_gpu)
     assert proc.returncode == 2 and "not written by fi-autotune warm" in proc.stderr
     # with the server's flags the entry is found by its key even without a manifest; the GPU is next
     proc = run_cli("verify", "--model", "zai-org/GLM-5.1-FP8", "--tp", "8", "--dp", "8", "--arch", "sm100",
-                   "--quantization", "fp8", "--cache-dir", str(root))
+                   "--quantization", "fp8", "--cache-dir", str(root), env=no_gpu)
     assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr, proc.stderr
 
 

@@ -270,6 +270,7 @@ def test_plan_cli_json_and_errors(tmp_path):
         (["--model", "zai-org/GLM-5.1-FP8", "--tp", "0", "--arch", "sm90"], 2, "0 is not in the range"),
         (["--model", "zai-org/GLM-5.1-FP8"], 2, "pass --arch"),
     ]:
-        proc = run_cli("plan", *args, "--cache-dir", str(tmp_path), env={"HF_HUB_OFFLINE": "1"})
+        # the last needs a host without a GPU: on a GPU host, CUDA_VISIBLE_DEVICES="" makes one
+        proc = run_cli("plan", *args, "--cache-dir", str(tmp_path), env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""})
         assert proc.returncode == code and needle in proc.stderr, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1

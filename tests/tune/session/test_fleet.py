@@ -385,7 +385,8 @@ def test_verify_on_a_host_without_a_gpu_says_so_not_pass_arch(fleet, tmp_path):
     key_dir = Path(json.loads(warm.stdout)["key_dir"])
     eid = f"{key_dir.parent.parent.name}/{key_dir.parent.name}/{key_dir.name}"
     for extra in ([], ["--arch", "sm90"]):
-        proc = run_cli("verify", eid, *extra, "--cache-dir", str(tmp_path / "root"), env={"PYTHONPROFILEIMPORTTIME": "1"})
+        proc = run_cli("verify", eid, *extra, "--cache-dir", str(tmp_path / "root"),
+                       env={"PYTHONPROFILEIMPORTTIME": "1", "CUDA_VISIBLE_DEVICES": ""})  # GPU-less on a GPU host too
         assert proc.returncode == 2 and "no CUDA GPU found" in proc.stderr, proc.stderr
         assert "pass --arch" not in proc.stderr
         imported = imported_packages(proc.stderr)
