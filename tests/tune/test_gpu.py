@@ -365,7 +365,8 @@ def test_single_gpu_vllm_store_serves_vllms_startup_pass(tmp_path):
 
 def test_vllm_targets_in_a_targets_file(tmp_path):
     """One targets file, one pool: a single-rank vLLM target (its managed store), a TP2 vLLM target
-    (its rank files, by config hash) and an SGLang TP2 target; each verified by its engine's pass."""
+    (its rank files, by config hash) and an SGLang TP2 target, each written where its engine reads
+    (no --cache-dir: with one, every target goes under it, issue 45) and verified by its engine's pass."""
     h = "7a11" * 16
     targets = tmp_path / "targets.yaml"
     targets.write_text("defaults:\n  model: Qwen/Qwen3-30B-A3B\n  moe_runner_backend: flashinfer_cutlass\ntargets:\n"
@@ -373,15 +374,18 @@ def test_vllm_targets_in_a_targets_file(tmp_path):
                        f"  - {{name: vllm-tp2, tp: 2, layouts: [vllm], vllm_config_hash: '{h}'}}\n"
                        "  - {name: sglang-tp2, tp: 2}\n")
     env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "",
-           "FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "fi")}
-    proc = run_cli("warm", "--targets", str(targets), "--cache-dir", str(tmp_path / "sg"), "--json", timeout=900, env=env)
+           "FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "fi"), "SGLANG_CACHE_DIR": str(tmp_path / "sg")}
+    proc = run_cli("warm", "--targets", str(targets), "--json", timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     by_name = {t["name"]: t for t in out["workers"]}
     assert all(t["status"] == "written" for t in by_name.values()), out
+    assert Path(by_name["vllm-1gpu"]["key_dir"]).parent == tmp_path / "fi" / "v2"
+    assert Path(by_name["vllm-tp2"]["key_dir"]).is_relative_to(tmp_path / "vllm" / "flashinfer_autotune_cache")
+    assert Path(by_name["sglang-tp2"]["key_dir"]).is_relative_to(tmp_path / "sg" / "flashinfer" / "autotune")
     base = ["--model", "Qwen/Qwen3-30B-A3B", "--moe-runner-backend", "flashinfer_cutlass", "--json"]
     runs = {"vllm-1gpu": ["--tp", "1", "--layout", "vllm"], "vllm-tp2": ["--tp", "2", "--layout", "vllm", "--vllm-config-hash", h],
-            "sglang-tp2": ["--tp", "2", "--cache-dir", str(tmp_path / "sg")]}
+            "sglang-tp2": ["--tp", "2"]}
     results = {}
     for name, extra in runs.items():
         v = run_cli("verify", *base, *extra, timeout=600, env=env)
