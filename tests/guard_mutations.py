@@ -714,6 +714,16 @@ MUTATIONS = [
      "        if self._scratch is not None:\n            self.discard()\n            raise RuntimeError(",
      "        if False:\n            self.discard()\n            raise RuntimeError(",
      "tests/tree/crashsafe/test_txn_preview.py::test_a_preview_only_transaction_refuses_to_commit_and_leaves_no_scratch"),
+    ("46: a running dry run's scratch is kept (its owner lock is held)", "autotune_cache/tree/crashsafe/recovery.py",
+     "            if held.enter_context(peek_lock(path)) is not True:\n",
+     "            if False:\n",
+     "tests/tree/crashsafe/test_txn_preview.py::test_a_running_dry_runs_scratch_is_kept"),
+    ("46: a scratch without a lock file goes only once an hour old", "autotune_cache/tree/crashsafe/recovery.py",
+     "    if not locks and age < STALE_TEMP_AGE_S:\n", "    if False:\n",
+     "tests/tree/crashsafe/test_txn_preview.py::test_only_a_dead_owners_scratch_goes_and_a_lockless_one_after_an_hour"),
+    ("46: another user's dry-run scratch is never touched", "autotune_cache/tree/crashsafe/recovery.py",
+     "        if st.st_uid != os.getuid():\n", "        if False:\n",
+     "tests/tree/crashsafe/test_txn_preview.py::test_another_users_dead_scratch_is_never_touched"),
 ]
 
 

@@ -124,7 +124,8 @@ def _interrupted(sig, **kw):
 
     from .support import zygotes
 
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    # TMPDIR: the dry run's scratch, which a kill leaves, stays in the test's directory
+    env = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, "TMPDIR": str(kw["tmp_path"])}
     args = ["import", "-", "--dry-run", "--cache-dir", str(kw["tmp_path"] / "tree")]
     out = {}
     for how in ("zygote", "fresh"):

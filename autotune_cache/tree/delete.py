@@ -32,13 +32,10 @@ from autotune_cache.tree.layouts.values import EntryId
 from autotune_cache.tree.layouts.own_names import OUR_PREFIX, trash_name
 from autotune_cache.tree.crashsafe.locks import entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.records import CacheEntry, CacheInfo, Finding
-from autotune_cache.tree.crashsafe.recovery import (deleted_by_dead, remove_leftover, sweep_leftovers,
-                                          write_delete_journal)
+from autotune_cache.tree.crashsafe.recovery import (STALE_TEMP_AGE_S, deleted_by_dead, remove_leftover,
+                                                   sweep_leftovers, write_delete_journal)
 from autotune_cache.tree.select import EntryFilter, Reader, beyond_latest, evict_class, eviction_key, over_budget, reader_notes
 from autotune_cache.tree.status import EntryStatus
-
-#: A temp file younger than this may be an engine's save in flight (engines take no lock).
-STALE_TEMP_AGE_S = 3600.0
 
 
 @dataclass(frozen=True)

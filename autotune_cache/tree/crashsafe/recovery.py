@@ -10,7 +10,9 @@ a transaction's (``"entries"``: the swaps of one commit, ``txn``) and a delete's
 entries one ``rm``/``prune`` took out of the tree, written once they are all in trash and
 removed after the last trash dir. While a dead owner's delete journal is there, a re-run of the
 same ``rm`` knows which of its ids were deleted, not mistyped; the next writer's
-``sweep_leftovers`` finishes it, a reader never does."""
+``sweep_leftovers`` finishes it, a reader never does. A dry run stages outside the tree, in a
+scratch dir of the temp dir: what a killed one left there, the next dry run removes
+(``sweep_dead_previews``)."""
 
 from __future__ import annotations
 
@@ -18,19 +20,26 @@ import contextlib
 import json
 import os
 import secrets
+import stat as stat_mod
+import tempfile
+import time
 from pathlib import Path
 
-from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, ensure_tree_dirs, fsync_dir
+from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, ensure_tree_dirs, fsync_dir, peek_lock
 from autotune_cache.tree.crashsafe.dirs import remove_tree
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import EntryId
-from autotune_cache.tree.layouts.own_names import OUR_PREFIX, STAGE_DIR_RE, TRASH_DIR_RE
+from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME, OUR_PREFIX, PREVIEW_PREFIX, STAGE_DIR_RE, TRASH_DIR_RE
 from autotune_cache.tree.crashsafe.locks import dead_owner, entry_lock
 from autotune_cache.tree.records import CacheInfo, Finding
 from autotune_cache.tree.refs import exact_ref
 from autotune_cache.tree.crashsafe.swap import inode_of, swap_in, unlink_synced
 
 JOURNAL_FORMAT = 1
+#: What of ours names no owner to ask (a temp file: it may be an engine's save in flight, as
+#: engines take no lock; a dry run's scratch killed before it took its owner lock) goes only
+#: once this old.
+STALE_TEMP_AGE_S = 3600.0
 #: A delete journal's ``kind`` (a transaction's has none).
 DELETE_KIND = "delete"
 
@@ -220,6 +229,69 @@ def sweep_leftovers(layout: CacheLayout, root: Path) -> int:
 
     walk(base, 0)
     return removed
+
+
+def sweep_dead_previews(temp_dir: str | Path | None = None) -> int:
+    """Remove the scratch dirs that killed dry runs (``import``/``pull --dry-run``, ``txn``'s
+    preview-only transaction) left in the temp dir; how many went. Asked by every dry run before
+    it makes its own: nobody else would ever remove them. A scratch dir goes when its owner is
+    provably gone (its owner lock, taken read-only, is free), or, with no lock file in it (killed
+    before it took its lock), once ``STALE_TEMP_AGE_S`` old. Only this user's directories, never
+    through a link."""
+    top = Path(temp_dir if temp_dir is not None else tempfile.gettempdir())
+    try:
+        with os.scandir(top) as it:
+            found = [c for c in it if c.name.startswith(PREVIEW_PREFIX)]
+    except OSError:
+        return 0
+    removed, now = 0, time.time()
+    for c in found:
+        try:
+            st = c.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat_mod.S_ISDIR(st.st_mode):
+            continue  # a link or a file of that name: none of ours
+        if st.st_uid != os.getuid():
+            continue  # another user's dry run, alive or not: theirs to remove
+        removed += _remove_if_dead(Path(c.path), now - st.st_mtime)
+    return removed
+
+
+def _remove_if_dead(scratch: Path, age: float) -> bool:
+    locks = _owner_locks_in(scratch)
+    if not locks and age < STALE_TEMP_AGE_S:
+        return False  # made a moment ago by a dry run that has not taken its lock yet
+    with contextlib.ExitStack() as held:
+        for path in locks:
+            if held.enter_context(peek_lock(path)) is not True:
+                return False  # its owner runs (or it cannot tell)
+        return remove_tree(scratch) is None
+
+
+def _owner_locks_in(scratch: Path) -> list[Path]:
+    """The owner lock files in a scratch dir: ``<base>/.fi-autotune-locks/owners/*.lock``, the
+    base 1 or 2 levels down (its layout's ``base_parts``, not known here); links not followed."""
+    locks, level = [], [scratch]
+    for _ in range(3):
+        below = []
+        for d in level:
+            try:
+                with os.scandir(d) as it:
+                    subdirs = [Path(c.path) for c in it if c.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for s in subdirs:
+                if s.name != LOCKS_DIRNAME:
+                    below.append(s)
+                    continue
+                try:
+                    names = os.listdir(s / "owners")
+                except OSError:
+                    continue
+                locks += [s / "owners" / n for n in sorted(names) if n.endswith(".lock")]
+        level = below
+    return locks
 
 
 def in_flight(info: CacheInfo, ref: str) -> tuple[EntryId, Finding] | None:

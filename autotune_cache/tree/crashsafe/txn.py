@@ -48,10 +48,11 @@ from autotune_cache.tree.crashsafe.dirs import first_missing, remove_dir_chain, 
 from autotune_cache.tree.crashsafe.faults import crashpoint
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import EntryId
-from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME, MANIFEST_NAME, stage_name, trash_name
+from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME, MANIFEST_NAME, PREVIEW_PREFIX, stage_name, trash_name
 from autotune_cache.tree.crashsafe.locks import entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.manifest import Manifest, RankRecord
-from autotune_cache.tree.crashsafe.recovery import JOURNAL_FORMAT, recover_journals, remove_dead_siblings, sweep_leftovers
+from autotune_cache.tree.crashsafe.recovery import (JOURNAL_FORMAT, recover_journals, remove_dead_siblings,
+                                                   sweep_dead_previews, sweep_leftovers)
 from autotune_cache.tree.crashsafe.swap import inode_of, swap_in, undo_swap, unlink_synced
 
 __all__ = ["Check", "CommitResult", "StagedEntry", "Transaction"]
@@ -95,10 +96,14 @@ class Transaction:
         ``--dry-run``) decides on the tree as it is and writes nothing in it: it stages in a
         private scratch directory outside the tree, takes no lock there, creates no directory
         (not even a missing root), never rolls another writer's journal forward nor sweeps its
-        leftovers - so a dry run answers over a tree its user cannot write, too."""
+        leftovers - so a dry run answers over a tree its user cannot write, too. What killed dry
+        runs left there goes first (``sweep_dead_previews``)."""
         self.layout = layout
         self.root = Path(root)
-        self._scratch = Path(tempfile.mkdtemp(prefix="fi-autotune-preview-")) if preview_only else None
+        self._scratch = None
+        if preview_only:
+            sweep_dead_previews()
+            self._scratch = Path(tempfile.mkdtemp(prefix=PREVIEW_PREFIX))
         home = self._scratch or self.root  # where staging (and the owner lock) live
         self.base = layout.base(home)
         #: The highest directory this transaction made. What it made and left empty (a refused

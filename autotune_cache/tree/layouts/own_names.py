@@ -21,6 +21,9 @@ TEMP_FILE_RE = re.compile(r"^(?:\.fi-autotune-.*\.tmp|\.autotuner_.*\.tmp)\Z")
 #: (a token whose lock is held while the owning command runs) and the entry's last id part.
 STAGE_DIR_RE = re.compile(r"^\.fi-autotune-stage-(?P<owner>[0-9a-f]{12})-(?P<name>.+)\Z")
 TRASH_DIR_RE = re.compile(r"^\.fi-autotune-trash-(?P<owner>[0-9a-f]{12})-(?P<name>.+)\Z")
+#: A dry run's private scratch dir, in the temp dir, not in any tree (``txn``'s preview-only
+#: transaction); a killed dry run's is removed by a later one (``recovery.sweep_dead_previews``).
+PREVIEW_PREFIX = "fi-autotune-preview-"
 
 
 def stage_name(owner: str, entry_name: str) -> str:

@@ -1,14 +1,28 @@
 """A transaction that only previews (``import``/``pull --dry-run``) stages outside the tree and can never
-commit: a dry run writes nothing in the tree, and no code path can turn its staging into a write."""
+commit: a dry run writes nothing in the tree, and no code path can turn its staging into a write. Its
+scratch dir, in the temp dir, goes with it; one a killed dry run left, the next dry run removes once
+its owner is provably gone - never a running one's, never another user's."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+
+import filelock
 import pytest
 
 from autotune_cache.registry import default_layout
+from autotune_cache.tree.crashsafe.recovery import STALE_TEMP_AGE_S, sweep_dead_previews
 from autotune_cache.tree.crashsafe.txn import Transaction
+from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME, PREVIEW_PREFIX
 from autotune_cache.tree.writer import replace_policy
 from devtools.synthetic import DEFAULT_METADATA, cache_file_bytes, fake_configs
+
+from tests.conftest import CLI_ARGV, REPO, run_cli
+from tests.standins.fault_cli import crash_at
+from tests.tree.crashsafe.test_reliability import seeded_archive
 
 
 def _stage(txn: Transaction, layout):
@@ -47,3 +61,91 @@ def test_a_preview_decides_against_the_real_tree_and_cleans_up(tmp_path):
     again = Transaction(layout, root, preview_only=True)
     _stage(again, layout)
     assert [str(e) for e in again.preview(replace_policy(layout, root, False)).unchanged] == [str(eid)]
+
+
+def _scratch(top, name: str, *, lock: bool = True):
+    """A scratch dir as a dry run makes it (its owner lock file under the layout's base), nobody
+    holding the lock: what a killed dry run leaves. ``lock=False``: killed before it took it."""
+    scratch = top / f"{PREVIEW_PREFIX}{name}"
+    owners = default_layout().base(scratch) / LOCKS_DIRNAME / "owners"
+    owners.mkdir(parents=True)
+    if lock:
+        (owners / "0123456789ab.lock").touch()
+    return scratch
+
+
+def _previews(top) -> list[str]:
+    return sorted(p.name.removeprefix(PREVIEW_PREFIX) for p in top.iterdir() if p.name.startswith(PREVIEW_PREFIX))
+
+
+def test_a_killed_dry_runs_scratch_is_removed_by_the_next_dry_run(tmp_path):
+    """Killed (SIGKILL) while staging, a dry run cannot remove its scratch; the next dry run does."""
+    archive, _ = seeded_archive(tmp_path, 1)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    args = ("import", str(archive), "--dry-run", "--cache-dir", str(tmp_path / "tree"))
+    killed = run_cli(*args, env={"TMPDIR": str(tmp)}, launcher=crash_at("txn.staged_file"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert len(_previews(tmp)) == 1
+    again = run_cli(*args, env={"TMPDIR": str(tmp)})
+    assert again.returncode == 0 and "would import" in again.stdout, again.stderr
+    assert list(tmp.iterdir()) == [] and not (tmp_path / "tree").exists()
+
+
+def test_a_running_dry_runs_scratch_is_kept(tmp_path):
+    """A dry run waiting on its archive (stdin) holds its owner lock: another dry run, then a
+    sweep, leave its scratch; it removes it itself when it ends."""
+    archive, _ = seeded_archive(tmp_path, 1)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    running = subprocess.Popen([*CLI_ARGV, "import", "-", "--dry-run", "--cache-dir", str(tmp_path / "tree")],
+                               env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp.glob(f"{PREVIEW_PREFIX}*/**/{LOCKS_DIRNAME}/owners/*.lock")):
+            assert running.poll() is None and time.monotonic() < deadline, running.stderr.read()
+            time.sleep(0.05)
+        (mine,) = _previews(tmp)
+        other = run_cli("import", str(archive), "--dry-run", "--cache-dir", str(tmp_path / "tree"),
+                        env={"TMPDIR": str(tmp)})
+        assert other.returncode == 0, other.stderr
+        assert sweep_dead_previews(tmp) == 0 and _previews(tmp) == [mine]
+    finally:
+        running.communicate(input="", timeout=60)  # an empty archive: refused, its scratch removed
+    assert running.returncode != 0 and list(tmp.iterdir()) == []
+
+
+def test_only_a_dead_owners_scratch_goes_and_a_lockless_one_after_an_hour(tmp_path):
+    dead = _scratch(tmp_path, "dead")
+    young = _scratch(tmp_path, "young", lock=False)
+    old = _scratch(tmp_path, "old", lock=False)
+    past = time.time() - STALE_TEMP_AGE_S - 60
+    os.utime(old, (past, past))
+    held = _scratch(tmp_path, "held")
+    (lock_file,) = held.rglob("*.lock")
+    lock = filelock.FileLock(str(lock_file), timeout=0)
+    lock.acquire()  # its owner runs
+    elsewhere = _scratch(tmp_path / "elsewhere", "target")
+    (tmp_path / f"{PREVIEW_PREFIX}link").symlink_to(elsewhere, target_is_directory=True)
+    (tmp_path / f"{PREVIEW_PREFIX}file").write_text("not ours")
+    not_ours = tmp_path / "fi-autotune-previewer"
+    not_ours.mkdir()
+    try:
+        assert sweep_dead_previews(tmp_path) == 2
+        assert _previews(tmp_path) == ["file", "held", "link", "young"]
+        assert dead.exists() is old.exists() is False and lock_file.exists()
+        assert elsewhere.is_dir() and list(elsewhere.rglob("*.lock")) and not_ours.is_dir()
+    finally:
+        lock.release()
+    assert sweep_dead_previews(tmp_path) == 1 and _previews(tmp_path) == ["file", "link", "young"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making another user's directory needs root")
+def test_another_users_dead_scratch_is_never_touched(tmp_path):
+    theirs = _scratch(tmp_path, "theirs")
+    past = time.time() - STALE_TEMP_AGE_S - 60
+    os.utime(theirs, (past, past))
+    os.chown(theirs, 65534, 65534)
+    assert sweep_dead_previews(tmp_path) == 0 and theirs.is_dir() and list(theirs.rglob("*.lock"))
