@@ -29,7 +29,7 @@ from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, ensure_tree
 from autotune_cache.tree.crashsafe.dirs import remove_tree
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import EntryId
-from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME, OUR_PREFIX, PREVIEW_PREFIX, STAGE_DIR_RE, TRASH_DIR_RE
+from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME, OUR_PREFIX, PREVIEW_DIR_RE, STAGE_DIR_RE, TRASH_DIR_RE
 from autotune_cache.tree.crashsafe.locks import dead_owner, entry_lock
 from autotune_cache.tree.records import CacheInfo, Finding
 from autotune_cache.tree.refs import exact_ref
@@ -40,6 +40,9 @@ JOURNAL_FORMAT = 1
 #: engines take no lock; a dry run's scratch killed before it took its owner lock) goes only
 #: once this old.
 STALE_TEMP_AGE_S = 3600.0
+#: A dry run's owner lock file is made, then locked: a free one younger than this may be a dry
+#: run starting (stalled between the two steps), not a dead one.
+NEWBORN_LOCK_S = 60.0
 #: A delete journal's ``kind`` (a transaction's has none).
 DELETE_KIND = "delete"
 
@@ -235,13 +238,13 @@ def sweep_dead_previews(temp_dir: str | Path | None = None) -> int:
     """Remove the scratch dirs that killed dry runs (``import``/``pull --dry-run``, ``txn``'s
     preview-only transaction) left in the temp dir; how many went. Asked by every dry run before
     it makes its own: nobody else would ever remove them. A scratch dir goes when its owner is
-    provably gone (its owner lock, taken read-only, is free), or, with no lock file in it (killed
-    before it took its lock), once ``STALE_TEMP_AGE_S`` old. Only this user's directories, never
-    through a link."""
+    provably gone (its owner lock, taken read-only, is free, and older than ``NEWBORN_LOCK_S``),
+    or, with no lock file in it (killed before it took its lock), once ``STALE_TEMP_AGE_S`` old.
+    Only this user's directories named and made as ``mkdtemp`` makes them, never through a link."""
     top = Path(temp_dir if temp_dir is not None else tempfile.gettempdir())
     try:
         with os.scandir(top) as it:
-            found = [c for c in it if c.name.startswith(PREVIEW_PREFIX)]
+            found = [c for c in it if PREVIEW_DIR_RE.match(c.name)]
     except OSError:
         return 0
     removed, now = 0, time.time()
@@ -254,16 +257,23 @@ def sweep_dead_previews(temp_dir: str | Path | None = None) -> int:
             continue  # a link or a file of that name: none of ours
         if st.st_uid != os.getuid():
             continue  # another user's dry run, alive or not: theirs to remove
-        removed += _remove_if_dead(Path(c.path), now - st.st_mtime)
+        if stat_mod.S_IMODE(st.st_mode) != 0o700:
+            continue  # not as mkdtemp made it: somebody's own directory of that name
+        removed += _remove_if_dead(Path(c.path), now - st.st_mtime, now)
     return removed
 
 
-def _remove_if_dead(scratch: Path, age: float) -> bool:
+def _remove_if_dead(scratch: Path, age: float, now: float) -> bool:
     locks = _owner_locks_in(scratch)
     if not locks and age < STALE_TEMP_AGE_S:
         return False  # made a moment ago by a dry run that has not taken its lock yet
     with contextlib.ExitStack() as held:
         for path in locks:
+            try:
+                if now - path.lstat().st_mtime < NEWBORN_LOCK_S:
+                    return False  # its dry run may be about to lock it
+            except OSError:
+                pass  # gone since the listing: its owner released it
             if held.enter_context(peek_lock(path)) is not True:
                 return False  # its owner runs (or it cannot tell)
         return remove_tree(scratch) is None

@@ -24,6 +24,8 @@ TRASH_DIR_RE = re.compile(r"^\.fi-autotune-trash-(?P<owner>[0-9a-f]{12})-(?P<nam
 #: A dry run's private scratch dir, in the temp dir, not in any tree (``txn``'s preview-only
 #: transaction); a killed dry run's is removed by a later one (``recovery.sweep_dead_previews``).
 PREVIEW_PREFIX = "fi-autotune-preview-"
+#: ... as ``tempfile.mkdtemp`` names it: the prefix and 8 characters of its alphabet.
+PREVIEW_DIR_RE = re.compile("^" + re.escape(PREVIEW_PREFIX) + r"[a-z0-9_]{8}\Z")
 
 
 def stage_name(owner: str, entry_name: str) -> str:
