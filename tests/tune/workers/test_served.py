@@ -18,6 +18,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from autotune_cache.tune.workers.servedstate import ServedWorker
+
 from tests.support.fake_gpus import FAKE_GPU_CLI, REPO, gpu_env, run_gpu_cli
 
 QWEN = ["--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass"]
@@ -172,21 +174,13 @@ def test_a_failed_session_ends_the_worker_and_the_warm_says_so(served, tmp_path)
     assert q.returncode == 0 and again["timings"]["pool"]["source"] == "started" and "have exited" in q.stderr
 
 
-def _serving(worker: dict) -> bool:
-    """Whether the worker's process still runs (its command line, as ``workers status`` reads it)."""
-    try:
-        argv = Path(f"/proc/{worker['pid']}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return any(a == b"--serve" and b == worker["socket"].encode() for a, b in zip(argv, argv[1:]))
-
-
 def test_served_workers_exit_when_idle_and_remove_their_sockets(served, tmp_path):
     env, start = served
     workers = start("--idle-timeout", "1")["workers"]
     deadline = time.monotonic() + 20
     # a worker removes its socket, then exits: status asked in between still sees it alive
-    while any(Path(w["socket"]).exists() or _serving(w) for w in workers):
+    while any(Path(w["socket"]).exists() or ServedWorker(**{k: w[k] for k in ServedWorker.__annotations__}).alive()
+              for w in workers):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     status = run_gpu_cli("workers", "status", "--json", env=env)
