@@ -1,8 +1,10 @@
-"""Human strings for sizes, ages, durations and counts (one place, so every command prints alike)."""
+"""Human strings for sizes, ages, durations, counts and process ends (one place, so every command
+prints alike)."""
 
 from __future__ import annotations
 
 import re
+import signal
 import time
 from dataclasses import dataclass
 
@@ -42,6 +44,20 @@ def shorten(text: str, width: int = 200) -> str:
         return text
     cut = text.rfind(" ", 0, width - 3)
     return (text[:cut] if cut > width // 2 else text[:width - 3]).rstrip() + "..."
+
+
+def how_it_ended(returncode: int | None) -> str:
+    """A child process's end as ``Popen.returncode`` holds it, in words: ``killed by SIGKILL``
+    (the kernel's OOM killer, ``kill -9``, a scheduler's time limit), ``exit status 1``. A worker
+    killed before it logs a line says nothing else about why it stopped."""
+    if returncode is None:
+        return "no exit status"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
 
 
 def plural(n: int, singular: str, plural_form: str | None = None) -> str:

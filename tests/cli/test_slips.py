@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from autotune_cache.humanize import parse_duration, parse_size
+from autotune_cache.humanize import how_it_ended, parse_duration, parse_size
 from autotune_cache.errors import UsageError
 from devtools.synthetic import DEFAULT_METADATA, default_fields, entry_path, write_fake_entry, write_vllm_entry
 
@@ -85,6 +85,13 @@ def test_durations_any_case_with_long_forms(text, seconds):
 def test_durations_refused(text):
     with pytest.raises(UsageError):
         parse_duration(text)
+
+
+def test_a_process_end_in_words():
+    """What a worker's failure says of how it ended (``Popen.returncode``)."""
+    assert [how_it_ended(rc) for rc in (-9, -15, 0, 3, None, -200)] == [
+        "killed by SIGKILL", "killed by SIGTERM", "exit status 0", "exit status 3", "no exit status",
+        "killed by signal 200"]
 
 
 def test_every_option_takes_the_grammar(root):

@@ -15,7 +15,8 @@ another runner wins. ``race <spec>`` times FlashInfer's default at 1.0 ms and th
 at 1 / (1 + FAKE_RACE_GAIN) * (1 + 0.01 i) ms; FAKE_RACE_LOG gets one line per race;
 FAKE_RACE_CRASH_AFTER=N kills the worker at its (N+1)-th race; FAKE_PAIR_FASTEST=i makes the
 i-th candidate of every pair-round race (``careful.plan_pair_races``) the fastest, at 0.5 ms;
-FAKE_PAIR_UNREADABLE=1 writes a pair-round result that is not JSON.
+FAKE_PAIR_UNREADABLE=1 writes a pair-round result that is not JSON. FAKE_SERVE_START=kill (or
+exit-N) makes a served worker die before it listens or logs a line: SIGKILL (exit status N).
 """
 
 import json
@@ -143,4 +144,9 @@ if __name__ == "__main__":
     from autotune_cache.tune.workers.serve import serve_args, serve_sessions
 
     serving = serve_args(sys.argv[1:])  # `fi-autotune workers start`: served, as the real worker is
+    death = os.environ.get("FAKE_SERVE_START") if serving else None
+    if death == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if death:
+        sys.exit(int(death.removeprefix("exit-")))
     sys.exit(serve_sessions(*serving, main) if serving else main())

@@ -31,6 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterator
 
+from autotune_cache.humanize import how_it_ended
 from autotune_cache.tune.workers.gpus import devices
 from autotune_cache.tune.workers.servedstate import (ServedPool, ServedWorker, StateError, make_runtime_dir,
                                                      remove_runtime_dir, state_dir)
@@ -186,7 +187,7 @@ def _spawn(n: int, worker_argv, idle_s: float, wait_s: float, base: Path) -> Ser
     # CUDA_VISIBLE_DEVICES: the fingerprint is the starting shell's, as every client computes it).
     prints = Path(runtime) / "fingerprint.json"
     prints.write_text(json.dumps(mine, sort_keys=True))
-    workers = []
+    workers, procs = [], []
     for w, dev in enumerate(devices(n)):
         sock, log = os.path.join(runtime, f"w{w}.sock"), str(base / f"worker{w}.log")
         with open(log, "wb") as f:  # this start's log only
@@ -194,6 +195,7 @@ def _spawn(n: int, worker_argv, idle_s: float, wait_s: float, base: Path) -> Ser
                                     stdin=subprocess.DEVNULL, stdout=f, stderr=f, start_new_session=True,
                                     env={**os.environ, "CUDA_VISIBLE_DEVICES": dev, "PYTHONUNBUFFERED": "1"})
         workers.append(ServedWorker(w, proc.pid, sock, dev, log))
+        procs.append(proc)
     pool = ServedPool(tuple(workers), mine, time.time(), idle_s, runtime, ready=False)
     pool.save(base)  # before they answer: `stop` finds them even if this command is killed now
     deadline = time.monotonic() + wait_s
@@ -204,7 +206,9 @@ def _spawn(n: int, worker_argv, idle_s: float, wait_s: float, base: Path) -> Ser
                 waiting.remove(w)
             elif not (w.alive() or w.exec_pending()):
                 _stop(base, pool)
-                raise RuntimeError(f"served worker {w.index} exited while starting: {_last_line(w.log)}")
+                # how it ended too: a worker killed (OOM, kill -9) before its first line logs nothing
+                raise RuntimeError(f"served worker {w.index} exited while starting "
+                                   f"({how_it_ended(procs[w.index].poll())}): {_last_line(w.log)}")
         if waiting and time.monotonic() > deadline:
             _stop(base, pool)
             raise RuntimeError(f"served workers did not answer within {wait_s:.0f} s (logs in {base})")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from autotune_cache.errors import FiAutotuneError, Interrupted
+from autotune_cache.humanize import how_it_ended
 from autotune_cache.tune.workers.pool import WorkerPool, kill
 
 #: ``on_done(event)`` may return callbacks to run once every worker has saved what it holds.
@@ -207,12 +208,13 @@ def supervise(workers, phases: list[Phase], progress, pool: WorkerPool, on_done:
 
 
 def exit_failure(pool: WorkerPool, w: int, proc: subprocess.Popen, current: dict) -> str:
-    """Why worker ``w`` stopped before it was told to: its exit status and last log line."""
+    """Why worker ``w`` stopped before it was told to: how it ended (``killed by SIGKILL``, ``exit
+    status 1``) and its last log line."""
     try:
-        rc = proc.wait(timeout=10)
+        how = how_it_ended(proc.wait(timeout=10))
     except subprocess.TimeoutExpired:
-        rc = "no exit status (its output closed)"
+        how = "no exit status: its output closed"
     err = [ln for ln in pool.log_text(w).splitlines() if ln.strip()]
     op, bucket = current.get(w, (None, None))
     where = f" while tuning {op} at {bucket} tokens" if op else ""
-    return f"worker on GPU {w} exited with {rc}{where}: {err[-1] if err else 'no message'}"
+    return f"worker on GPU {w} stopped ({how}){where}: {err[-1] if err else 'no message'}"

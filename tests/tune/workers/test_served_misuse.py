@@ -377,6 +377,21 @@ def test_a_start_waits_for_another_start_or_stop(tmp_path):
         run_gpu_cli("workers", "stop", env=env)
 
 
+@pytest.mark.parametrize("death,said", [("kill", "killed by SIGKILL"), ("exit-3", "exit status 3")])
+def test_a_worker_that_dies_silently_while_starting_says_how_it_ended(tmp_path, death, said):
+    """A worker killed before it logs a line (the OOM killer, ``kill -9``) has no last line to
+    show: the start says how it ended, one line, exit 1, and leaves no worker and no state."""
+    env = gpu_env(tmp_path, FAKE_SERVE_START=death)
+    proc = run_gpu_cli("workers", "start", "--gpus", "2", env=env)
+    try:
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+        assert f"exited while starting ({said}): no message" in lines[0], lines[0]
+        assert serving_pids(env) == [] and not (state_base(env) / "state.json").exists()
+    finally:
+        run_gpu_cli("workers", "stop", env=env)
+
+
 def test_a_warm_does_not_use_workers_whose_start_has_not_finished(served, tmp_path):
     """state.json says ``ready: false`` until every worker answered its start (here: a start killed
     while waiting): a warm starts its own and says why, even though the workers answer."""
