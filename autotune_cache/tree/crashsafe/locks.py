@@ -18,7 +18,7 @@ from autotune_cache.errors import FiAutotuneError, os_error_message
 from autotune_cache.tree.crashsafe.atomic import ensure_tree_dirs, file_lock, peek_lock, retry_vanished_dir, try_lock
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import EntryId
-from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME
+from autotune_cache.tree.layouts.own_names import OWNER_LOCKS_PARTS, owner_locks_dir
 
 _OWNER: dict = {"pid": None, "held": {}}
 
@@ -31,7 +31,7 @@ def _held() -> dict:
 
 
 def _owner_lock_path(base: Path, token: str) -> Path:
-    return base / LOCKS_DIRNAME / "owners" / f"{token}.lock"
+    return owner_locks_dir(base) / f"{token}.lock"
 
 
 def hold_owner_lock(base: Path, make_base: Callable[[], object] | None = None) -> str:
@@ -47,7 +47,7 @@ def hold_owner_lock(base: Path, make_base: Callable[[], object] | None = None) -
         path = _owner_lock_path(base, token)
         lock = filelock.FileLock(str(path), timeout=0)
         try:
-            retry_vanished_dir(lambda: (make_base and make_base(), ensure_tree_dirs(base, (LOCKS_DIRNAME, "owners")),
+            retry_vanished_dir(lambda: (make_base and make_base(), ensure_tree_dirs(base, OWNER_LOCKS_PARTS),
                                         lock.acquire()))
         except filelock.Timeout:
             raise FiAutotuneError(f"the owner lock {path} is taken") from None
@@ -103,7 +103,7 @@ def other_owner_alive(base: Path, *, tidy: bool = False) -> bool:
     running there). With ``tidy`` (a writer's sweep) dead owners' lock files are removed on the
     way; without it (``ls URL``, a dry run's plan) nothing is touched."""
     try:
-        names = os.listdir(base / LOCKS_DIRNAME / "owners")
+        names = os.listdir(owner_locks_dir(base))
     except OSError:
         return False
     for name in names:

@@ -29,7 +29,8 @@ from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes, ensure_tree
 from autotune_cache.tree.crashsafe.dirs import remove_tree
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import EntryId
-from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME, OUR_PREFIX, PREVIEW_DIR_RE, STAGE_DIR_RE, TRASH_DIR_RE
+from autotune_cache.tree.layouts.own_names import (LOCKS_DIRNAME, OUR_PREFIX, PREVIEW_DIR_RE, STAGE_DIR_RE, TRASH_DIR_RE,
+                                                   owner_locks_dir)
 from autotune_cache.tree.crashsafe.locks import dead_owner, entry_lock
 from autotune_cache.tree.records import CacheInfo, Finding
 from autotune_cache.tree.refs import exact_ref
@@ -295,11 +296,12 @@ def _owner_locks_in(scratch: Path) -> list[Path]:
                 if s.name != LOCKS_DIRNAME:
                     below.append(s)
                     continue
+                owners = owner_locks_dir(d)
                 try:
-                    names = os.listdir(s / "owners")
+                    names = os.listdir(owners)
                 except OSError:
                     continue
-                locks += [s / "owners" / n for n in sorted(names) if n.endswith(".lock")]
+                locks += [owners / n for n in sorted(names) if n.endswith(".lock")]
         level = below
     return locks
 

@@ -48,7 +48,7 @@ from autotune_cache.tree.crashsafe.dirs import first_missing, remove_dir_chain, 
 from autotune_cache.tree.crashsafe.faults import crashpoint
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import EntryId
-from autotune_cache.tree.layouts.own_names import LOCKS_DIRNAME, MANIFEST_NAME, PREVIEW_PREFIX, stage_name, trash_name
+from autotune_cache.tree.layouts.own_names import MANIFEST_NAME, PREVIEW_PREFIX, owner_locks_dir, stage_name, trash_name
 from autotune_cache.tree.crashsafe.locks import entry_lock, hold_owner_lock, release_owner_lock
 from autotune_cache.tree.manifest import Manifest, RankRecord
 from autotune_cache.tree.crashsafe.recovery import (JOURNAL_FORMAT, recover_journals, remove_dead_siblings,
@@ -109,7 +109,7 @@ class Transaction:
         #: The highest directory this transaction made. What it made and left empty (a refused
         #: or unreadable archive) goes again, so a failed import into a root that did not exist
         #: leaves no empty tree behind; a directory holding anything stays. None: all existed.
-        self._deepest = os.path.realpath(self.base / LOCKS_DIRNAME / "owners")  # as the kernel will resolve it
+        self._deepest = os.path.realpath(owner_locks_dir(self.base))  # as the kernel will resolve it
         self.created = first_missing(self._deepest)
 
         def make_base() -> None:
