@@ -77,8 +77,13 @@ serving_command_argument = click.argument("serving_command", nargs=-1, type=clic
 
 def fold_serving_command(ctx: click.Context, kw: dict, out: Output, layout_param: str) -> tuple[dict, str]:
     """Fold a pasted serving command (after ``--``) into the command's keyword arguments, read by
-    the engine whose program starts it (``vllm serve`` is vLLM's). A flag given both ways with two
-    values is a usage error; flags the key and the plan do not use are listed. Returns the keyword
+    the engine whose program starts it (``vllm serve`` is vLLM's). The command alone says the
+    server's options: one given here with another value than the command's - or than the default
+    the server runs with where the command does not set it - is a usage error (folded in, a
+    ``--tp 4`` beside a command without ``--tp-size`` planned an entry its TP1 server never reads);
+    fi-autotune's own options (``Option.ours``: the arch, the config, the key schema) and
+    ``--cache-dir`` (where to write or check, e.g. a copy to be shipped) stay the caller's. Flags
+    the key and the plan do not use are listed. Returns the keyword
     arguments and the layout: the one ``--layout`` (the parameter ``layout_param``) names, which
     must be the command's engine's, else the tree the command's server reads."""
     layout = ctx.params[layout_param]
@@ -97,10 +102,16 @@ def fold_serving_command(ctx: click.Context, kw: dict, out: Output, layout_param
     else:
         layout = cmd.layout or engine.layout().name
     for name, value in cmd.options.items():
-        given = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE if name in kw else False
-        if given and kw[name] != value:
+        if _given(ctx, name, kw) and kw[name] != value:
             raise UsageError(f"--{name.replace('_', '-')} is {kw[name]!r} here but {value!r} in the serving command")
         kw[name] = value
+    for option in _server_options():
+        name = option.name
+        if name not in cmd.options and _given(ctx, name, kw) and kw[name] != (default := _default(ctx, name)):
+            said = "given" if option.kind == "flag" else f"{kw[name]!r}"
+            runs = "without it" if default in (None, "", (), False) else f"with {default!r}"
+            raise UsageError(f"{option.spelling} is {said} here, but the serving command does not set it (its server "
+                             f"runs {runs}): set it in the serving command, or drop {option.spelling}")
     for note in cmd.notes:
         out.note(f"serving command: {note}")
     if cmd.ignored:
@@ -110,6 +121,20 @@ def fold_serving_command(ctx: click.Context, kw: dict, out: Output, layout_param
         out.note(f"warning: serving command: not understood: {flag}")
     kw["not_understood"] = tuple(cmd.not_understood)
     return kw, layout
+
+
+def _given(ctx: click.Context, name: str, kw: dict) -> bool:
+    return name in kw and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+
+def _default(ctx: click.Context, name: str):
+    return next(p for p in ctx.command.params if p.name == name).get_default(ctx)
+
+
+def _server_options() -> list[Option]:
+    """The options that say how the server runs: every serving option and engine option but
+    fi-autotune's own."""
+    return [o for o in (*GIVEN_OPTIONS, *(o for e in registry.engines() for o in e.cli_options)) if not o.ours]
 
 
 def machine_of(ctx: click.Context | None = None) -> Machine:

@@ -15,6 +15,10 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("46: a server option the pasted serving command does not set is refused, never folded in", "cli/serving.py",
+     "        if name not in cmd.options and _given(ctx, name, kw) and kw[name] != (default := _default(ctx, name)):\n",
+     "        if False and (default := None):\n",
+     "tests/test_check.py::test_a_server_option_the_serving_command_does_not_set_is_refused"),
     ("45: a fleet's --cache-dir applies to every target, vLLM's too", "autotune_cache/tune/session/fleetplan.py",
      "        plan = plan_request(r, rooting, machine=machine)\n",
      "        plan = plan_request(r, rooting if r.engine.name == 'sglang' else replace(rooting, cache_dir=None), machine=machine)\n",

@@ -162,6 +162,45 @@ def test_the_serving_command_itself(root):
     assert proc.returncode == 2 and "--tp is 4 here but 2 in the serving command" in proc.stderr
 
 
+SGLANG_QWEN = ["python", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-30B-A3B", "--moe-runner-backend",
+               "flashinfer_cutlass"]
+
+
+@pytest.mark.parametrize("command", ["plan", "check", "warm"])
+@pytest.mark.parametrize("front,serving", [
+    (["--tp", "2"], SGLANG_QWEN),  # the server runs TP1
+    (["--dp", "2", "--tp", "2"], [*SGLANG_QWEN, "--tp-size", "2"]),  # no --enable-dp-attention: no DP attention
+    (["--dtype", "float16"], SGLANG_QWEN),
+    (["--autotune-extend"], SGLANG_QWEN),  # its environment variable is the command's
+    (["--skip-ops", "x"], ["vllm", "serve", "Qwen/Qwen3-30B-A3B"]),
+    (["--max-num-batched-tokens", "4096"], ["vllm", "serve", "Qwen/Qwen3-30B-A3B"]),  # an engine's own option
+])
+def test_a_server_option_the_serving_command_does_not_set_is_refused(root, command, front, serving):
+    """The command is the server: an option given beside it that it does not set would plan an
+    entry the server never reads (``--tp 2`` beside a TP1 server's command). One line, exit 2,
+    naming the option; nothing written."""
+    proc = run_cli(command, "--arch", "sm90", "--cache-dir", str(root), *front, "--", *serving)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"{front[0]} is " in lines[0] and "the serving command does not set it" in lines[0], lines[0]
+    assert not any(root.iterdir())
+
+
+def test_beside_a_serving_command_our_own_options_and_a_servers_default_are_taken(root, tmp_path):
+    """fi-autotune's own options (the arch, the config, the key schema's release, --max-tokens,
+    --cache-dir) are not the server's; a server option at the value the server runs with anyway
+    changes nothing."""
+    def plan(*front: str) -> dict:
+        proc = run_cli("plan", "--json", "--arch", "sm90", "--cache-dir", str(tmp_path / "elsewhere"), *front,
+                       "--", *SGLANG_QWEN)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["workers"][0]
+
+    worker = plan("--engine", "sglang==0.5.23", "--max-tokens", "512", "--tp", "1", "--dtype", "auto")
+    alone_worker = plan()
+    assert worker["key"] == alone_worker["key"] and worker["max_tokens_override"] == 512
+
+
 def test_nothing_to_tune_needs_no_cache(root):
     code, report, _ = check(root, "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--arch", "sm90")
     assert code == 0 and not report["autotunes"]

@@ -49,6 +49,10 @@ class Option:
     records: str | None = None
     #: False: set from a pasted serving command only, never a flag or a targets-file field.
     given: bool = True
+    #: fi-autotune's own setting (where the config comes from, the arch, the key schema...), which
+    #: no serving command says. Every other option is the server's: with a serving command
+    #: pasted, the command alone says it (``cli/serving.fold_serving_command``).
+    ours: bool = False
 
     @property
     def spelling(self) -> str:
@@ -64,14 +68,14 @@ def _o(name: str, kind: str = "str", default: Any = None, help: str = "", *,  # 
 
 SERVING_OPTIONS: tuple[Option, ...] = (
     _o("model", help="Where the config comes from: a hub id, a built-in preset, or a local model directory "
-                     "(default: --model-path).", records=None),
+                     "(default: --model-path).", records=None, ours=True),
     _o("model_path", help="The server's --model-path exactly as it will be launched (hashed into the key), "
                           "e.g. /models/GLM-5.1-FP8 in an image (default: --model).", reads=("model_path",),
        records=None),
     _o("config_path", flag="--config", help="A config.json (or a directory holding one) to use instead of looking it up.",
-       records=None),
+       records=None, ours=True),
     _o("revision", help="Hub revision of the config.", reads=("revision",), records=None),
-    _o("arch", help="Target arch: sm90, sm100 or sm103 (default: this machine's GPU).", records=None),
+    _o("arch", help="Target arch: sm90, sm100 or sm103 (default: this machine's GPU).", records=None, ours=True),
     _o("tp", "positive", 1, reads=("tp_size",)),
     _o("pp", "positive", 1, reads=("pp_size",)),
     # parallel_hook.py: --dp-size counts replicas unless --enable-dp-attention; --attn-dp-size is DP attention
@@ -119,14 +123,15 @@ SERVING_OPTIONS: tuple[Option, ...] = (
     _o("disable_cuda_graph", "flag", False, help="The server runs with --disable-cuda-graph.",
        reads=("disable_cuda_graph", "disable_decode_cuda_graph"), records="decode_cuda_graph"),
     _o("max_tokens", "positive", help="Tune buckets up to this many tokens instead of the engine's maximum.",
-       records=None),
+       records=None, ours=True),
     # recorded as resolved by the caller (``auto``: this machine's GPUs), not as given
     _o("gpu_uuids", help="flashinfer_megamoe only: the serving GPUs' UUIDs in tp-rank order (comma-separated, as "
-                         "nvidia-smi -L prints them), or 'auto' for this machine's (rank t on GPU t)."),
+                         "nvidia-smi -L prints them), or 'auto' for this machine's (rank t on GPU t).", ours=True),
     _o("engine", metavar="sglang==X.Y.Z", help="The SGLang release that will serve: picks its cache-key schema (default: the sglang "
-                      "installed here, read without importing it; else 0.5.23).", flag="--engine", records=None),
-    _o("schema", help="Key schema by name, overriding --engine.", records=None),
-    _o("flashinfer_version", help="Default: the installed flashinfer-python.", records=None),
+                      "installed here, read without importing it; else 0.5.23).", flag="--engine", records=None,
+       ours=True),
+    _o("schema", help="Key schema by name, overriding --engine.", records=None, ours=True),
+    _o("flashinfer_version", help="Default: the installed flashinfer-python.", records=None, ours=True),
     _o("json_model_override_args", metavar="JSON",
        help="A JSON object the server applies to the model's config (SGLang --json-model-override-args, vLLM "
             "--hf-overrides): the plan reads the config with it applied.",

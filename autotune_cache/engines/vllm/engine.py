@@ -29,7 +29,7 @@ class Vllm(Engine):
         Option("vllm_config_hash", "str", metavar="HASH", help="vllm layouts, more than one rank: the 64-hex hash vLLM "
                "names its cache dir by (computed by vLLM after it loads the model); its startup line 'Using FlashInfer "
                "autotune cache file: ...' or that path may be pasted whole. A single-rank vLLM needs none: it reads "
-               "FlashInfer's managed store, keyed by the environment."),
+               "FlashInfer's managed store, keyed by the environment.", ours=True),
         Option("max_num_batched_tokens", "positive", help="vllm layouts: the server's --max-num-batched-tokens "
                "[default: vllm serve's for the GPU: 8192 on an H100/H200, 16384 on a B200/B300]."),
     )
