@@ -15,6 +15,17 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("46: a rank file or manifest this user may not read makes its entry unreadable, never corrupt (prune deletes corrupt)",
+     "autotune_cache/tree/scanner/entry_scan.py",
+     "    if unknown or any(rf.unknown for rf in bad):\n", "    if False:\n",
+     "tests/tree/crashsafe/test_reliability.py::test_a_file_this_user_may_not_read_makes_its_entry_unreadable_never_corrupt"),
+    ("46: only the system's refusal (an errno) leaves a rank file unknown", "autotune_cache/autotuner/rankfile.py",
+     "                   unknown=e.errno is not None)", "                   unknown=False)",
+     "tests/tree/crashsafe/test_reliability.py::test_a_file_this_user_may_not_read_makes_its_entry_unreadable_never_corrupt"),
+    ("46: a FlashInfer store entry file this user may not read makes the store unreadable, never corrupt",
+     "autotune_cache/tree/layout_kinds/flashinfer_v2/layout.py",
+     "    unknown = found.unknown or any(f.unknown for f in files)\n", "    unknown = False\n",
+     "tests/engines/test_v2_bundles.py::test_an_entry_file_this_user_may_not_read_makes_the_store_unreadable_never_corrupt"),
     ("46: a server option the pasted serving command does not set is refused, never folded in", "cli/serving.py",
      "        if name not in cmd.options and _given(ctx, name, kw) and kw[name] != (default := _default(ctx, name)):\n",
      "        if False and (default := None):\n",

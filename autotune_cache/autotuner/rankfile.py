@@ -209,7 +209,9 @@ def summarize_ops(obj: dict) -> list[OpSummary]:
 
 class RankFile(NamedTuple):
     """One data file of an entry as found on disk. ``error`` is set when it is corrupt or
-    unreadable. A tuple: ``ls`` builds 80,000 of them."""
+    unreadable; ``unknown`` when the system would not let it be read (permissions, I/O, gone
+    meanwhile): what it holds is then not known, and the entry is no corrupt one to delete. A
+    tuple: ``ls`` builds 80,000 of them."""
 
     directory: Path
     name: str
@@ -220,6 +222,7 @@ class RankFile(NamedTuple):
     num_configs: int = 0
     metadata: dict = {}  # noqa: RUF012 - never mutated; shared by identical files
     error: str | None = None
+    unknown: bool = False
 
     @property
     def path(self) -> Path:
@@ -252,13 +255,16 @@ class RankFile(NamedTuple):
         return cls(**base, sha256=digest, num_configs=count, metadata=meta)
 
     @classmethod
-    def unreadable(cls, directory: Path, name: str, st: os.stat_result, why: str) -> "RankFile":
-        return cls(directory, name, st.st_size, st.st_mtime, st.st_mtime_ns, error=f"unreadable: {why}")
+    def unreadable(cls, directory: Path, name: str, st: os.stat_result, e: OSError) -> "RankFile":
+        """``e`` from reading it: the system's refusal (an errno: EACCES, EIO...) leaves its
+        contents unknown; ``read_regular_file``'s own (not a regular file, too large) is a fact."""
+        return cls(directory, name, st.st_size, st.st_mtime, st.st_mtime_ns, error=f"unreadable: {e.strerror or e}",
+                   unknown=e.errno is not None)
 
     @classmethod
     def read(cls, directory: Path, name: str, st: os.stat_result) -> "RankFile":
         try:
             data = read_regular_file(os.path.join(directory, name))
         except OSError as e:
-            return cls.unreadable(directory, name, st, e.strerror or str(e))
+            return cls.unreadable(directory, name, st, e)
         return cls.from_bytes(directory, name, st, data)

@@ -8,7 +8,8 @@ import enum
 class EntryStatus(str, enum.Enum):
     """In order of precedence (an entry gets the first that applies)."""
 
-    UNREADABLE = "unreadable"  # the entry dir cannot be listed (permissions): nothing is known
+    #: the entry dir, or a file in it, cannot be read (permissions, I/O): what it holds is not known
+    UNREADABLE = "unreadable"
     CORRUPT = "corrupt"  # a data file or our manifest cannot be parsed, or sizes beyond bounds
     STALE = "stale"  # the engine described by a fingerprint would ignore its files
     DIVERGED = "diverged"  # files that must be identical differ: SGLang deletes them and re-tunes

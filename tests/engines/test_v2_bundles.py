@@ -158,3 +158,21 @@ def test_what_cannot_be_read_as_an_entry_is_other_content(store_root, tmp_path):
     proc = run_cli("import", *V2, "--cache-dir", str(target), str(bundle))
     assert proc.returncode == 1 and "already there with other content" in proc.stderr
     assert victim.is_symlink()
+
+
+def test_an_entry_file_this_user_may_not_read_makes_the_store_unreadable_never_corrupt(store_root):
+    """FlashInfer's store written by a server's user (0600 files) and pruned by another: what the
+    file holds is not known, so ``prune --status corrupt`` leaves the environment dir."""
+    from ..conftest import run_cli_unprivileged
+
+    locked = sorted((env_dir(store_root) / "entries").glob("*.json"))[0]
+    locked.chmod(0)
+    try:
+        ls = run_cli_unprivileged("ls", *V2, "--json", "--cache-dir", str(store_root))
+        (entry,) = json.loads(ls.stdout)["entries"]
+        assert entry["status"] == "unreadable" and any("Permission denied" in p for p in entry["problems"]), entry
+        proc = run_cli_unprivileged("prune", *V2, "--status", "corrupt", "-y", "--cache-dir", str(store_root))
+        assert proc.returncode == 0 and "Nothing to delete" in proc.stdout, proc.stdout + proc.stderr
+    finally:
+        locked.chmod(0o644)
+    assert env_dir(store_root).is_dir()

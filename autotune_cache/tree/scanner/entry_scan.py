@@ -46,6 +46,7 @@ class _Listing:
     notes: list[str] = field(default_factory=list)
     manifest: Manifest | None = None
     manifest_error: str | None = None
+    manifest_unknown: bool = False  # the system would not let it be read
     data_stats: list[tuple[str, os.stat_result]] = field(default_factory=list)
     engine_files: list[Path] = field(default_factory=list)
     temp: list[Finding] = field(default_factory=list)
@@ -62,7 +63,7 @@ def _read_unvouched(path: Path, name: str, st: os.stat_result, parsed: dict[str,
     try:
         data = read_regular_file(os.path.join(path, name))
     except OSError as e:
-        return RankFile.unreadable(path, name, st, e.strerror or str(e))
+        return RankFile.unreadable(path, name, st, e)
     digest = hashlib.sha256(data).hexdigest()
     seen = parsed.get(digest)
     if seen is None:
@@ -82,7 +83,8 @@ def _read_entry_files(path: Path, files: list[tuple[str, os.stat_result]], diges
         known = digests.get_entry(key, len(files))
         if known is not None:
             # tuple.__new__ with every field: RankFile's generated __new__ is a Python frame per file
-            return [_new_tuple(RankFile, (path, name, st.st_size, st.st_mtime, st.st_mtime_ns, sha, configs, meta, None))
+            return [_new_tuple(RankFile, (path, name, st.st_size, st.st_mtime, st.st_mtime_ns, sha, configs, meta, None,
+                                                 False))
                     for (name, st), (sha, configs, meta) in zip(files, known)]
     parsed: dict[str, RankFile] = {}
     read = [_read_unvouched(path, name, st, parsed) for name, st in files]
@@ -149,6 +151,7 @@ def _list_entry(layout: CacheLayout, path: Path, children: list[os.DirEntry]) ->
                 notes.append(f"{MANIFEST_NAME}: {e}; listed from its data files only")
             except (OSError, ValueError) as e:
                 out.manifest_error = str(e)
+                out.manifest_unknown = isinstance(e, OSError) and e.errno is not None
         elif kind is NameKind.TEMP and is_reg:
             temp.append(Finding(path / name, "temp", "temporary file of an interrupted write", st.st_size, st.st_mtime))
         elif kind is NameKind.ENGINE_SIDE:
@@ -234,7 +237,7 @@ def scan_entry(
             problems.append(f"rank file names beyond the bounds: {beyond}")
     version = ids.get("flashinfer_version") or _version_from_files(rank_files)
     status = entry_status(layout, rank_files, topology, manifest, manifest_error, problems, found.notes, fingerprint,
-                          inferred=manifest is None)
+                          inferred=manifest is None, unknown=found.manifest_unknown)
     return CacheEntry.scanned(
         id=eid, path=path, flashinfer_version=version, arch=ids.get("arch"),
         manifest=manifest if manifest_error is None else None, rank_files=tuple(rank_files), topology=topology,
@@ -255,16 +258,23 @@ def entry_status(
     notes: list[str],
     fingerprint: Fingerprint | None,
     inferred: bool = False,
+    unknown: bool = False,
 ) -> EntryStatus:
-    """Order of precedence: corrupt > stale > diverged > incomplete > unverified > complete.
+    """Order of precedence: unreadable > corrupt > stale > diverged > incomplete > unverified >
+    complete.
 
     ``inferred``: the topology was guessed from the file names (no manifest). The files present
-    may then all agree and still be short of what the engine reads, so the entry is unverified."""
+    may then all agree and still be short of what the engine reads, so the entry is unverified.
+    ``unknown``: the manifest could not be read (permissions, I/O); with a data file the same,
+    the entry is unreadable, never corrupt: ``prune`` deletes corrupt entries, and a file this
+    user may not read (an engine's 0600 file, a cron job of another user) may be whole."""
     bad = [rf for rf in rank_files if rf.error is not None]  # not ``rf.ok``: a property call per file
     for rf in bad:
         problems.append(f"{rf.name}: {rf.error}")
     if manifest_error:
         problems.append(f"{MANIFEST_NAME}: {manifest_error}")
+    if unknown or any(rf.unknown for rf in bad):
+        return EntryStatus.UNREADABLE
     if bad or manifest_error or problems:
         return EntryStatus.CORRUPT
     if fingerprint is not None:

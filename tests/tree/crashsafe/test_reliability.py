@@ -442,6 +442,31 @@ def test_unreadable_entries_are_reported_and_skipped(root):
     assert list(listed(root)) == [str(b)]
 
 
+@pytest.mark.parametrize("which", ["a rank file", "the manifest"])
+def test_a_file_this_user_may_not_read_makes_its_entry_unreadable_never_corrupt(root, which):
+    """A rank file (or manifest) another user wrote 0600 - a server running as a service user, a
+    cron prune as another - is not known to be bad: ``prune --status corrupt`` and a size budget
+    (which evicts corrupt entries first) leave its entry, and say why."""
+    kept = write_fake_entry(root, fields=default_fields("kept"))
+    other = write_fake_entry(root, fields=default_fields("other"))
+    names = sorted(p.name for p in entry_path(root, kept).iterdir())
+    locked = entry_path(root, kept) / (names[-1] if which == "a rank file" else "fi-autotune.manifest.json")
+    assert locked.name.startswith("rank_") or which == "the manifest"
+    locked.chmod(0)
+    try:
+        ls = run_cli_unprivileged("ls", "--json", "--cache-dir", str(root))
+        entries = {e["id"]: e for e in json.loads(ls.stdout)["entries"]}
+        assert {i: e["status"] for i, e in entries.items()} == {str(kept): "unreadable", str(other): "complete"}
+        assert any("Permission denied" in p for p in entries[str(kept)]["problems"]), entries[str(kept)]
+        corrupt = run_cli_unprivileged("prune", "--status", "corrupt", "-y", "--json", "--cache-dir", str(root))
+        assert corrupt.returncode == 0 and not (json.loads(corrupt.stdout)["result"] or {}).get("deleted"), corrupt.stdout
+        budget = run_cli_unprivileged("prune", "--max-size", "1B", "-y", "--cache-dir", str(root))
+        assert budget.returncode == 0 and "kept by unreadable entries (never deleted)" in budget.stdout, budget.stdout
+    finally:
+        locked.chmod(0o644)
+    assert list(listed(root)) == [str(kept)]
+
+
 def test_a_file_where_a_directory_belongs(tmp_path):
     archive, _ = seeded_archive(tmp_path, 1)
     root = tmp_path / "dest"

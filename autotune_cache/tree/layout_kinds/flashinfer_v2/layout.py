@@ -204,6 +204,7 @@ class _EnvDir:
     state: list = field(default_factory=list)
     files: list[RankFile] = field(default_factory=list)
     manifest: dict | None = None
+    unknown: bool = False  # a file the system would not let us read: what the directory holds is not known
     size: int = 0
     newest: float = 0.0
     newest_atime: float = 0.0
@@ -217,10 +218,12 @@ def _read_manifest(found: _EnvDir, path: str) -> None:
         found.manifest = manifest
     except (OSError, ValueError, RecursionError) as e:
         found.problems.append(f"{MANIFEST}: {str(e)[:80]}")
+        found.unknown |= isinstance(e, OSError) and e.errno is not None
 
 
-def _entry_error(path: str, name: str) -> str | None:
-    """Why FlashInfer would not use this entry file, or None."""
+def _entry_error(path: str, name: str) -> tuple[str | None, bool]:
+    """(why FlashInfer would not use this entry file, or None; whether that is because the
+    system would not let it be read, which leaves its contents unknown)."""
     try:
         entry = json.loads(read_regular_file(path, limit=MAX_RANK_FILE_BYTES))
         if not (isinstance(entry, dict) and isinstance(entry.get("key"), str)
@@ -229,8 +232,8 @@ def _entry_error(path: str, name: str) -> str | None:
         if entry_name(entry["key"]) != name:
             raise ValueError("its embedded key does not hash to its name (FlashInfer would skip it)")
     except (OSError, ValueError, RecursionError) as ex:
-        return str(ex)[:100]
-    return None
+        return str(ex)[:100], isinstance(ex, OSError) and ex.errno is not None
+    return None, False
 
 
 def _read_entries(found: _EnvDir, entries_dir: Path) -> None:
@@ -248,9 +251,9 @@ def _read_entries(found: _EnvDir, entries_dir: Path) -> None:
         found.size += est.st_size
         found.newest = max(found.newest, est.st_mtime)
         found.newest_atime = max(found.newest_atime, est.st_atime)
-        error = _entry_error(e.path, e.name)
+        error, unknown = _entry_error(e.path, e.name)
         found.files.append(RankFile(entries_dir, e.name, est.st_size, est.st_mtime, est.st_mtime_ns, None,
-                                    0 if error else 1, {}, error))
+                                    0 if error else 1, {}, error, unknown))
 
 
 def _list_env_dir(layout: FlashInferV2Layout, path: Path, children: list[os.DirEntry]) -> _EnvDir:
@@ -286,7 +289,8 @@ def scan_env_dir(layout: FlashInferV2Layout, path: Path, eid: EntryId, fingerpri
     elif manifest is not None and env_hash(manifest) != eid.name:
         problems.append(f"{MANIFEST} hashes to {env_hash(manifest)}, not to its directory: FlashInfer never looks here")
     problems.extend(f"{f.name}: {f.error}" for f in files if f.error)
-    status = EntryStatus.CORRUPT if problems else EntryStatus.COMPLETE
+    unknown = found.unknown or any(f.unknown for f in files)
+    status = EntryStatus.UNREADABLE if unknown else EntryStatus.CORRUPT if problems else EntryStatus.COMPLETE
     if not problems and not files:
         notes.append("no entries yet")
     if status == EntryStatus.COMPLETE and fingerprint is not None:
