@@ -749,6 +749,15 @@ MUTATIONS = [
     ("46: another user's dry-run scratch is never touched", "autotune_cache/tree/crashsafe/recovery.py",
      "        if st.st_uid != os.getuid():\n", "        if False:\n",
      "tests/tree/crashsafe/test_txn_preview.py::test_another_users_dead_scratch_is_never_touched"),
+    ("vanish: an entry dir gone since the walk listed it is not listed", "autotune_cache/tree/scanner/entry_scan.py",
+     "        if skip_gone and _gone(path, e):\n            return None\n", "        if False:\n            return None\n",
+     "tests/tree/scanner/test_scan.py::test_entry_deleted_after_the_walk_listed_it_is_not_listed"),
+    ("vanish: only ENOENT on the entry dir itself, confirmed by lstat, is gone", "autotune_cache/tree/scanner/entry_scan.py",
+     "    return e.errno == errno.ENOENT and _gone_now(path)\n", "    return True\n",
+     "tests/tree/scanner/test_scan.py::test_unreadable_entry_dir_is_still_listed_by_ls"),
+    ("vanish: a file missing inside an entry that is still there is reported", "autotune_cache/tree/scanner/entry_scan.py",
+     "or found.foreign) and _gone_now(path):\n", "or found.foreign):\n",
+     "tests/tree/scanner/test_scan.py::test_a_file_missing_inside_an_entry_that_is_still_there_is_reported"),
 ]
 
 

@@ -8,6 +8,7 @@ finishes. The shape of an entry (which names are data files) comes from its ``Ca
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from autotune_cache.autotuner.rankfile import RankFile, read_regular_file
 from autotune_cache.plan.topology import MAX_RANK_FILES, Topology
 from autotune_cache.tree.layouts.memo import memo_of
 from autotune_cache.tree.scanner.digestindex import DigestIndex, stats_digest
-from autotune_cache.tree.crashsafe.dirs import dir_size, list_dir
+from autotune_cache.tree.crashsafe.dirs import dir_size
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import EntryId, NameKind
 from autotune_cache.tree.layouts.own_names import MANIFEST_NAME
@@ -98,6 +99,24 @@ def manifest_names_other_entry(manifest: Manifest, ids: dict, eid: EntryId) -> b
     layout's path has are compared (a ``vllm-dir`` entry has no version or arch level)."""
     return manifest.key != eid.name or any(
         getattr(manifest, f) != ids[f] for f in ("flashinfer_version", "arch") if f in ids)
+
+
+def _gone(path: Path, e: OSError) -> bool:
+    """Was the entry dir itself deleted, or renamed into a trash dir by ``rm``/``prune``, after the
+    walk listed it? Only when listing it said ENOENT *and* a second ``lstat`` finds no such name:
+    any other error, or a dir that is there again, is still the entry's problem to report."""
+    return e.errno == errno.ENOENT and _gone_now(path)
+
+
+def _gone_now(path: Path) -> bool:
+    """Is the entry dir itself no longer there (``lstat``: no such name)?"""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _unreadable_entry(path: Path, eid: EntryId, ids: dict, err: str) -> CacheEntry:
@@ -203,16 +222,25 @@ def scan_entry(
     fingerprint: Fingerprint | None = None,
     atime_trusted: bool = True,
     digests: DigestIndex | None = None,
-) -> CacheEntry:
+    skip_gone: bool = False,
+) -> CacheEntry | None:
     """Read one entry dir. Cheap when a manifest (or the digest index) vouches for unchanged
-    data files. A layout whose entries are not rank files scans them itself."""
+    data files. A layout whose entries are not rank files scans them itself.
+
+    ``skip_gone`` (a scan of the tree, whose walk listed this dir a moment ago): None if the entry
+    dir no longer exists (a concurrent ``rm``/``prune`` took it), rather than an entry that is
+    unreadable. Without it (one named entry) such an entry is ``unreadable``."""
     own = layout.scan_entry(path, eid, fingerprint, atime_trusted)
     if own is not None:
         return own
     ids = layout.id_fields(eid)
-    children, err = list_dir(path, sort=False)
-    if err:
-        return _unreadable_entry(path, eid, ids, err)
+    try:
+        with os.scandir(path) as it:
+            children = list(it)
+    except OSError as e:
+        if skip_gone and _gone(path, e):
+            return None
+        return _unreadable_entry(path, eid, ids, f"cannot list: {e.strerror or e}")
     if len(children) > MAX_ENTRY_CHILDREN:
         found = _Listing(problems=[f"holds {len(children)} names, more than any cache entry "
                                    f"(limit {MAX_ENTRY_CHILDREN}): not read"])
@@ -238,6 +266,9 @@ def scan_entry(
     version = ids.get("flashinfer_version") or _version_from_files(rank_files)
     status = entry_status(layout, rank_files, topology, manifest, manifest_error, problems, found.notes, fingerprint,
                           inferred=manifest is None, unknown=found.manifest_unknown)
+    if skip_gone and (status is not EntryStatus.COMPLETE or found.foreign) and _gone_now(path):
+        # renamed away by rm/prune while its names were read: what failed inside was the move
+        return None
     return CacheEntry.scanned(
         id=eid, path=path, flashinfer_version=version, arch=ids.get("arch"),
         manifest=manifest if manifest_error is None else None, rank_files=tuple(rank_files), topology=topology,

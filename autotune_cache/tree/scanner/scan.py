@@ -62,7 +62,8 @@ def scan_cache(
     with _no_cyclic_gc():
         entry_dirs, findings = list_entry_dirs(layout, root)
         digests = DigestIndex.for_root(root, layout.name) if entry_dirs else None
-        entries = tuple(scan_entry(layout, p, eid, fingerprint, trusted, digests) for p, eid in entry_dirs)
+        entries = tuple(e for p, eid in entry_dirs
+                        if (e := scan_entry(layout, p, eid, fingerprint, trusted, digests, skip_gone=True)) is not None)
     if digests is not None:
         digests.save()
     return CacheInfo(Path(root), layout, entries, tuple(findings))
@@ -128,7 +129,9 @@ def iter_entries(
         digests: DigestIndex | None = None
 
         def run(chunk):
-            return [fn(scan_entry(layout, p, eid, fingerprint, trusted, digests)) for p, eid in chunk]
+            # an entry dir gone since the walk listed it (a concurrent rm took it) is not listed
+            return [fn(e) for p, eid in chunk
+                    if (e := scan_entry(layout, p, eid, fingerprint, trusted, digests, skip_gone=True)) is not None]
 
         # The children of the next batch are forked before this one is handed over: they scan
         # while the caller consumes (formats, prints) this one, and the parent takes the smaller

@@ -37,11 +37,14 @@ def check_base(layout: CacheLayout, root: Path) -> Path | None:
     return path
 
 
-def _tree_level_finding(path: Path, child: os.DirEntry) -> Finding | None:
-    """Our own hidden names found between entries."""
+def _tree_level_finding(path: Path, child: os.DirEntry) -> Finding | None | bool:
+    """Our own hidden names found between entries; False: the name is gone since its directory
+    was listed (a trash dir ``rm`` just finished removing), nothing to report."""
     name = child.name
     try:
         st = child.stat(follow_symlinks=False)
+    except FileNotFoundError:
+        return False  # lstat of the name itself: it is no longer in its directory
     except OSError as e:
         return Finding(path / name, "unreadable", f"cannot stat: {e.strerror or e}")
     p = path / name
@@ -95,6 +98,8 @@ def iter_entry_dirs(layout: CacheLayout, root: Path, findings: list[Finding]) ->
                     yield from walk(path / name, depth + 1, (*parts, name))
                 continue
             found = _tree_level_finding(path, child)
+            if found is False:
+                continue
             if found is None:
                 try:
                     st = child.stat(follow_symlinks=False)

@@ -153,6 +153,124 @@ def test_unreadable_entry_dir(root):
     assert status == "unreadable" and has_mtime and "Permission denied" in problems[0]
 
 
+def test_unreadable_entry_dir_is_still_listed_by_ls(root):
+    """An entry dir that exists but cannot be listed (EACCES) stays `unreadable` in `ls`: only a dir
+    that is gone is left out (the two tests below)."""
+    from tests.conftest import run_cli_unprivileged
+
+    eid = write_fake_entry(root)
+    write_fake_entry(root, fields=default_fields("other", tp=2, dp=1))
+    entry_path(root, eid).chmod(0o000)
+    try:
+        proc = run_cli_unprivileged("ls", "--json", "--cache-dir", str(root))
+    finally:
+        entry_path(root, eid).chmod(0o755)
+    assert proc.returncode == 0, proc.stderr
+    rows = {e["id"]: e for e in json.loads(proc.stdout)["entries"]}
+    assert len(rows) == 2
+    assert rows[str(eid)]["status"] == "unreadable" and "Permission denied" in rows[str(eid)]["problems"][0]
+
+
+def _trash(path: Path) -> None:
+    """What rm/prune does to an entry dir: one rename to a trash name beside it, then remove it."""
+    import shutil
+
+    trash = path.parent / f".fi-autotune-trash-test-{path.name}"
+    os.rename(path, trash)
+    shutil.rmtree(trash)
+
+
+@pytest.mark.parametrize("how", ["scan_cache", "map_entries", "iter_entries"])
+def test_entry_deleted_after_the_walk_listed_it_is_not_listed(root, monkeypatch, how):
+    """`ls` while `rm` deletes: an entry dir gone between the walk listing its parent and the scan
+    listing it (ENOENT on the dir itself) is gone, not `unreadable: cannot list`."""
+    gone = write_fake_entry(root, fields=default_fields("gone", tp=2, dp=1))
+    kept = write_fake_entry(root, fields=default_fields("kept", tp=2, dp=1))
+    real_scandir = entry_scan_mod.os.scandir
+
+    def scandir_after_rm(path):
+        if isinstance(path, (str, os.PathLike)) and Path(path) == entry_path(root, gone):
+            _trash(Path(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(entry_scan_mod.os, "scandir", scandir_after_rm)
+    if how == "scan_cache":
+        info = scan_cache(root)
+        ids, findings = [e.id for e in info.entries], list(info.findings)
+    elif how == "map_entries":
+        ids, findings = scan_mod.map_entries(root, lambda e: e.id, jobs=1)
+    else:
+        batches, findings = scan_mod.iter_entries(root, lambda e: e.id, jobs=1, batch=1)
+        ids = [i for b in batches for i in b]
+    assert ids == [kept]
+    assert findings == []
+
+
+def test_entry_renamed_away_while_its_files_are_read_is_not_listed(root, monkeypatch):
+    """The narrower window: the entry dir was listed, then renamed to trash before its files were
+    stat'ed and read. Every ENOENT inside is the move; the entry is gone."""
+    gone = write_fake_entry(root, fields=default_fields("gone", tp=2, dp=1), with_manifest=False)
+    kept = write_fake_entry(root, fields=default_fields("kept", tp=2, dp=1))
+    real = entry_scan_mod._list_entry
+
+    def list_after_rm(layout, path, children):
+        if path == entry_path(root, gone):
+            _trash(path)
+        return real(layout, path, children)
+
+    monkeypatch.setattr(entry_scan_mod, "_list_entry", list_after_rm)
+    info = scan_cache(root)
+    assert [e.id for e in info.entries] == [kept] and info.findings == ()
+
+
+def test_a_file_missing_inside_an_entry_that_is_still_there_is_reported(root, monkeypatch):
+    """ENOENT on something *inside* an entry dir that still exists is not the entry being gone: a rank
+    file that vanished between listing and stat stays a problem of the entry."""
+    eid = write_fake_entry(root, fields=default_fields("m", tp=2, dp=1))
+    real = entry_scan_mod._list_entry
+
+    def list_then_lose_a_rank(layout, path, children):
+        (path / "rank_tp1_pp0_dp0.json").unlink()
+        return real(layout, path, children)
+
+    monkeypatch.setattr(entry_scan_mod, "_list_entry", list_then_lose_a_rank)
+    (e,) = scan_cache(root).entries
+    assert e.id == eid and e.status is not EntryStatus.COMPLETE
+    assert any("No such file" in f.message for f in e.foreign)
+
+
+def test_a_named_entry_that_is_gone_is_still_unreadable(root):
+    """``scan_entry`` of one named entry (check, rm's re-read, publish) keeps answering for a dir
+    that is not there: only a tree scan, whose walk just listed it, leaves it out."""
+    eid = write_fake_entry(root)
+    path = entry_path(root, eid)
+    _trash(path)
+    e = scan_mod.scan_entry(SG, path, eid)
+    assert e.status is EntryStatus.UNREADABLE and "No such file" in e.problems[0]
+    assert scan_mod.scan_entry(SG, path, eid, skip_gone=True) is None
+
+
+def test_a_trash_dir_removed_after_its_parent_was_listed_is_no_finding(root, monkeypatch):
+    """rm finishing its trash dir between the walk listing the arch dir and stat'ing the name: no
+    `unreadable: cannot stat` finding for what is gone."""
+    from autotune_cache.tree.scanner import walk as walk_mod
+
+    eid = write_fake_entry(root)
+    trash = entry_path(root, eid).parent / ".fi-autotune-trash-0123456789ab-0123456789abcdef"
+    trash.mkdir()
+    real = walk_mod.list_dir
+
+    def list_then_rm(path, sort=True):
+        children, err = real(path, sort)
+        if Path(path) == trash.parent and trash.exists():
+            trash.rmdir()
+        return children, err
+
+    monkeypatch.setattr(walk_mod, "list_dir", list_then_rm)
+    info = scan_cache(root)
+    assert [e.id for e in info.entries] == [eid] and info.findings == ()
+
+
 # --- bounded work on hostile data ------------------------------------------------------------
 
 def _manifest_path(root, eid):
