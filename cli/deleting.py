@@ -56,6 +56,8 @@ def run_delete(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: b
             n = len(plan.candidates)
             out.line(f"{verb} {plan.expected_freed_size_str} ({n} {'entry' if n == 1 else 'entries'}).")
 
+    if not plan.empty:  # a dry run refuses what the run would: a sealed store, a tree this user cannot write
+        plan.check_writable()
     if dry_run or plan.empty:
         out.emit(human=human_plan, data={"dry_run": dry_run, "plan": plan.to_dict(), "result": None,
                                          "recovered": list(recovered)},
@@ -63,7 +65,6 @@ def run_delete(plan: DeletePlan, out: Output, dry_run: bool, yes: bool, named: b
         if named and plan.left_alone and not dry_run:
             raise click.exceptions.Exit(int(ExitCode.FAILURE))
         return
-    plan.check_writable()
     out.human(human_plan)
     if not yes:
         if not sys.stdin.isatty():

@@ -15,6 +15,12 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("46: a dry run refuses a sealed store as rm and prune do", "cli/deleting.py",
+     "    if not plan.empty:  # a dry run refuses", "    if not dry_run and not plan.empty:  # a dry run refuses",
+     "tests/tree/store/test_store_housekeeping.py::test_a_sealed_store_refuses_rm_and_prune_until_unsealed"),
+    ("46: a dry run refuses a tree this user cannot write as the run does", "cli/deleting.py",
+     "    if not plan.empty:  # a dry run refuses", "    if not dry_run and not plan.empty:  # a dry run refuses",
+     "tests/tree/crashsafe/test_reliability.py::test_a_dry_run_on_a_tree_this_user_cannot_write_refuses_as_the_run_does"),
     ("46: a rank file or manifest this user may not read makes its entry unreadable, never corrupt (prune deletes corrupt)",
      "autotune_cache/tree/scanner/entry_scan.py",
      "    if unknown or any(rf.unknown for rf in bad):\n", "    if False:\n",

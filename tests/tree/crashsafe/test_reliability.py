@@ -467,6 +467,22 @@ def test_a_file_this_user_may_not_read_makes_its_entry_unreadable_never_corrupt(
     assert list(listed(root)) == [str(kept)]
 
 
+def test_a_dry_run_on_a_tree_this_user_cannot_write_refuses_as_the_run_does(root):
+    """``prune --dry-run`` said "Would free" where the run then refused: one line, exit 1, both."""
+    eid = write_fake_entry(root)
+    base = entry_path(root, eid).parents[2]
+    base.chmod(0o555)
+    try:
+        for args in (("prune", "--older-than", "0s", "--dry-run"), ("prune", "--older-than", "0s", "-y"),
+                     ("rm", str(eid), "--dry-run"), ("rm", str(eid), "-y")):
+            proc = run_cli_unprivileged(*args, "--cache-dir", str(root))
+            assert proc.returncode == 1 and "not writable by this user" in proc.stderr, (args, proc.stderr)
+            assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == "", (args, proc.stdout)
+    finally:
+        base.chmod(0o755)
+    assert list(listed(root)) == [str(eid)]
+
+
 def test_a_file_where_a_directory_belongs(tmp_path):
     archive, _ = seeded_archive(tmp_path, 1)
     root = tmp_path / "dest"

@@ -90,10 +90,11 @@ def test_a_sealed_store_refuses_rm_and_prune_until_unsealed(store, tmp_path):
     root = tmp_path / "tree"
     ids = published(store, root)
     ok("push", store.url, "--cache-dir", str(root), "--read-only")
-    for args in (("rm", "-y", store.url, ids[0]), ("prune", store.url, "--arch", "sm90", "-y")):
-        proc = cli(*args)
-        assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-        assert "read-only" in proc.stderr and "--unseal" in proc.stderr
+    for args in (("rm", "-y", store.url, ids[0]), ("prune", store.url, "--arch", "sm90", "-y"),
+                 ("rm", "--dry-run", store.url, ids[0]), ("prune", "--dry-run", store.url, "--arch", "sm90")):
+        proc = cli(*args)  # a dry run refuses as the run does (it said "Would free" and the run refused)
+        assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
+        assert "read-only" in proc.stderr and "--unseal" in proc.stderr and proc.stdout == "", (args, proc.stdout)
     assert listed(store) == ids
     assert cli("push", store.url, "--unseal", ids[0]).returncode == 2  # unsealing pushes nothing
     assert ok("push", "--unseal", store.url)["unsealed"] is True
