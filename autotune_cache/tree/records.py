@@ -6,13 +6,12 @@ is ``entry_scan``'s and ``walk``'s business."""
 from __future__ import annotations
 
 import os
-import re
 import stat as stat_mod
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from autotune_cache.autotuner.rankfile import RankFile
-from autotune_cache.errors import AmbiguousEntry, FiAutotuneError
+from autotune_cache.errors import FiAutotuneError
 from autotune_cache.humanize import format_age, format_size
 from autotune_cache.plan.topology import Topology
 from autotune_cache.registry import get_layout
@@ -21,7 +20,7 @@ from autotune_cache.tree.layouts.values import EntryId
 from autotune_cache.tree.layouts.memo import memo_of
 from autotune_cache.tree.lookup import wrong_tree_hint
 from autotune_cache.tree.manifest import Manifest
-from autotune_cache.tree.refs import exact_ref
+from autotune_cache.tree.refs import named_by
 from autotune_cache.tree.status import EntryStatus
 
 
@@ -260,8 +259,8 @@ class CacheInfo:
 
     def resolve(self, refs: "list[str] | tuple[str, ...]") -> list[CacheEntry]:
         """The entries named by ids (``<version>/<arch>/<key>``), unique bare keys, or entry dir
-        paths, in the order given, each once. An unknown ref fails (exit 1); a bare key that
-        names several entries is a usage error listing their ids (exit 2)."""
+        paths, in the order given, each once. An unknown ref fails (exit 1), and so does a key or
+        prefix that names several entries, listing their ids (``AmbiguousEntry``)."""
         out: list[CacheEntry] = []
         for ref in refs:
             for e in self.find(ref):
@@ -270,24 +269,12 @@ class CacheInfo:
         return out
 
     def find(self, ref: str) -> list[CacheEntry]:
-        """The entries ``ref`` names: an id, a key, a unique key prefix (at least
-        ``MIN_PREFIX`` hex digits, alone or at the end of an id, as docker and git take), or
-        an entry's path. A key or prefix that names several is refused, listing them."""
-        text = exact_ref(ref).rstrip("/")
-        eid = self.layout.parse_id(text)
-        if eid is not None:
-            matches = [e for e in self.entries if e.id == eid]
-            if matches:
-                return matches
-        if self.layout.is_entry_name(text):
-            matches = [e for e in self.entries if e.key == text]
-            if matches:
-                return _one(ref, matches)
-        head, _, tail = text.rpartition("/")
-        if PREFIX_RE.fullmatch(tail):
-            matches = [e for e in self.entries if e.key.startswith(tail) and (not head or str(e.id).startswith(text))]
-            if matches:
-                return _one(ref, matches)
+        """The entries ``ref`` names: an id, a key or a unique key prefix (``named_by``, the
+        rules a store's listing is read by too), or an entry's path. A key or prefix that names
+        several is refused, listing them."""
+        matches = named_by(ref, self.entries, (self.layout,))
+        if matches:
+            return matches
         p = Path(ref)
         if ("/" in ref or p.is_absolute()) and os.path.lexists(p):
             real = p.resolve()
@@ -297,14 +284,3 @@ class CacheInfo:
         raise FiAutotuneError(f"no cache entry {ref!r} under {self.root}",
                               hint=wrong_tree_hint(self.layout, ref) or "`fi-autotune ls -q` lists the ids")
 
-
-#: The shortest key prefix taken for a whole key (git's default abbreviation is 7; docker takes any).
-MIN_PREFIX = 4
-PREFIX_RE = re.compile(r"[0-9a-f]{%d,}" % MIN_PREFIX)
-
-
-def _one(ref: str, matches: list[CacheEntry]) -> list[CacheEntry]:
-    if len(matches) > 1:
-        raise AmbiguousEntry(f"{ref!r} names {len(matches)} entries; give one id: "
-                             + ", ".join(str(e.id) for e in matches))
-    return matches

@@ -18,11 +18,11 @@ import io
 from dataclasses import dataclass
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
-from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.errors import FiAutotuneError
 from autotune_cache.tree.store.archive import ImportPlan, ImportResult, import_archives
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import EntryId
-from autotune_cache.tree.refs import exact_ref
+from autotune_cache.tree.refs import exact_ref, named_by
 from autotune_cache.tree.store.store import Store
 from autotune_cache.tree.store.storerecord import StoreError, StoreRecord
 from autotune_cache.tree.crashsafe.txn import StagedEntry, Transaction
@@ -47,24 +47,23 @@ class PullResult:
 
 
 def _id_of(store: Store, layout: CacheLayout, ref: str, listing: list | None) -> tuple[EntryId, list | None]:
-    """The id a ref names in the store: an id of the layout, or a bare key naming one entry."""
+    """The id a ref names in the store: a whole id of the layout as given (no listing: it names
+    that entry or none), else what the tree's rules (``named_by``: a key, a unique key prefix,
+    alone or at the end of an id) make of it against the store's listing, read once."""
     eid = layout.parse_id(exact_ref(ref))
     if eid is not None:
         return eid, listing
     listing = listing if listing is not None else store.records(layout.name)
-    matches = [r.id for r in listing if r.id.name == ref]
-    if len(matches) > 1:
-        raise UsageError(f"{ref!r} names {len(matches)} entries in {store}; give one id: "
-                         + ", ".join(map(str, matches)))
+    matches = named_by(ref, listing, (layout,), where=f" in {store}")
     if not matches:
         raise FiAutotuneError(f"no entry {ref!r} in {store}")
-    return matches[0], listing
+    return matches[0].id, listing
 
 
 def select_records(store: Store, layout: CacheLayout, refs: tuple[str, ...] = (),
                    ids: list[EntryId] | None = None) -> list[StoreRecord]:
-    """The store's records of the entries named by ``ids``, else by ``refs`` (ids or unique bare
-    keys), else every entry of the layout. An entry the store lacks fails."""
+    """The store's records of the entries named by ``ids``, else by ``refs`` (ids, keys or
+    unique key prefixes), else every entry of the layout. An entry the store lacks fails."""
     if ids is None and refs:
         ids, listing = [], None
         for ref in refs:

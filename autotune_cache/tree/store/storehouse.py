@@ -23,9 +23,10 @@ from datetime import datetime, timezone
 from autotune_cache.autotuner.fingerprint import Fingerprint
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.humanize import format_size
+from autotune_cache.registry import get_layout
 from autotune_cache.tree.crashsafe.faults import crashpoint
 from autotune_cache.tree.delete import Candidate, DeleteResult
-from autotune_cache.tree.refs import exact_ref
+from autotune_cache.tree.refs import named_by
 from autotune_cache.tree.select import EntryFilter
 from autotune_cache.tree.status import EntryStatus
 from autotune_cache.tree.store.store import MARKER, STORE_FORMAT, Store
@@ -210,19 +211,18 @@ def delete_record(store: Store, rec: StoreRecord) -> str | None:
 
 def plan_store_delete(store: Store, flt: EntryFilter | None = None, refs: tuple[str, ...] = (),
                       fingerprint=None, now: float | None = None) -> StoreDeletePlan:
-    """The records ``refs`` name (ids or unique bare keys: an unknown one fails before
-    anything), or those matching every filter of ``flt`` (at least one given)."""
+    """The records ``refs`` name (ids, keys or unique key prefixes, by the tree's own rules,
+    ``named_by``: an unknown or ambiguous one fails before anything), or those matching every
+    filter of ``flt`` (at least one given)."""
     store.require()
     records = store.records()
     if refs:
         remains = survey(store, records)
-        views = {str(v.id): v for v in record_views(records, fingerprint)}
+        views = record_views(records, fingerprint)
+        held = [get_layout(name) for name in dict.fromkeys(v.layout for v in views)]
         picked, resumed = [], []
-        for ref in map(exact_ref, refs):
-            matches = [v for k, v in views.items() if ref in (k, v.id.name, str(v.id.path_str))]
-            if len(matches) > 1:
-                raise UsageError(f"{ref!r} names {len(matches)} entries in {store}; give one id: "
-                                 + ", ".join(str(v.id) for v in matches))
+        for ref in refs:
+            matches = named_by(ref, views, held, where=f" in {store}")
             if not matches:
                 stone = remains.deleted_by_a_killed_rm(ref)
                 if stone is None:

@@ -86,6 +86,53 @@ def test_rm_and_prune_a_store_plan_then_delete(store, tmp_path):
     assert [k for k in keys(store) if k.startswith(("index/", "bundles/"))] == []
 
 
+def unique_prefix(eid: str, others: list[str]) -> str:
+    """The shortest prefix (at least 4 digits) of ``eid``'s key that no other key starts with."""
+    key, rest = eid.rsplit("/", 1)[1], [o.rsplit("/", 1)[1] for o in others if o != eid]
+    return key[:next(n for n in range(4, len(key) + 1) if not any(o.startswith(key[:n]) for o in rest))]
+
+
+def test_a_unique_key_prefix_names_one_store_entry_for_rm_and_pull(store, tmp_path):
+    """``rm URL``/``pull URL`` take a key prefix, alone or at the end of an id, as the tree does."""
+    ids = published(store, tmp_path / "tree")
+    a = ids[1]
+    short = unique_prefix(a, ids)
+    in_id = f"{a.rsplit('/', 1)[0]}/{short}"
+    pulled = ok("pull", store.url, short, "--cache-dir", str(tmp_path / "dest"), "--any-env")
+    assert pulled["imported"] == [a]
+    pulled = ok("pull", store.url, in_id, "--cache-dir", str(tmp_path / "dest2"), "--any-env")
+    assert pulled["imported"] == [a]
+    before = keys(store)
+    dry = ok("rm", store.url, short, "--dry-run")
+    assert [e["id"] for e in dry["plan"]["entries"]] == [a] and keys(store) == before
+    assert ok("rm", "-y", store.url, in_id)["result"]["deleted"] == [a]
+    assert listed(store) == [i for i in ids if i != a]
+
+
+def test_an_ambiguous_or_short_prefix_names_no_store_entry(tmp_path):
+    """A key or prefix two entries of a store share is refused naming both (exit 1, as in the
+    tree), by rm before anything is deleted and by pull; under 4 digits it is no prefix."""
+    root, path = tmp_path / "tree", tmp_path / "store"
+    files = StoreFiles(f"file://{path}", path=path)
+    a, c = str(write_fake_entry(root)), str(write_fake_entry(root, flashinfer_version="0.7.1"))  # one key, two versions
+    ok("push", files.url, "--cache-dir", str(root))
+    key, before = a.rsplit("/", 1)[1], keys(files)
+    for ref in (key[:6], key):
+        for args in (("rm", "-y", files.url, ref), ("rm", files.url, ref, "--dry-run"),
+                     ("pull", files.url, ref, "--cache-dir", str(tmp_path / "dest"), "--any-env")):
+            proc = cli(*args)
+            assert proc.returncode == 1, (args, proc.stderr)
+            assert f"{ref!r} names 2 entries in {files.url}; give one id: {c}, {a}" in proc.stderr, proc.stderr
+    assert keys(files) == before and not (tmp_path / "dest").exists()  # nothing deleted, nothing pulled
+    for args in (("rm", "-y", files.url, key[:3]), ("pull", files.url, key[:3], "--cache-dir", str(tmp_path / "dest"))):
+        proc = cli(*args)
+        assert proc.returncode == 1 and f"no entry {key[:3]!r} in {files.url}" in proc.stderr, proc.stderr
+    local = cli("rm", "-y", key[:3], "--cache-dir", str(root))  # the same minimum in the tree
+    assert local.returncode == 1 and "no cache entry" in local.stderr
+    assert keys(files) == before
+    assert ok("rm", "-y", files.url, f"{a.rsplit('/', 1)[0]}/{key[:6]}")["result"]["deleted"] == [a]
+
+
 def test_a_sealed_store_refuses_rm_and_prune_until_unsealed(store, tmp_path):
     root = tmp_path / "tree"
     ids = published(store, root)
