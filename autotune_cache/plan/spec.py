@@ -320,7 +320,31 @@ def _mla_spec(cfg: dict, family: Family) -> MLASpec | None:
     return mla
 
 
+#: The sizes every model has, and every MoE model's: a config (or a serving command's override of
+#: it) that sets one to zero or below describes no model the server would build.
+_POSITIVE = ("hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size")
+_POSITIVE_MOE = ("num_experts", "top_k", "intermediate_size")
+
+
 def build_spec(source: ConfigSource) -> ModelSpec:
+    """What the planners read from the config. A field that is missing or not a number (a
+    hand-edited config.json, an override such as ``{"n_routed_experts": "x"}``) or a size below 1
+    is one line naming the config, never an internal error or a wrong plan."""
+    try:
+        spec = _build_spec(source)
+    except KeyError as e:
+        raise UsageError(f"{source.describe()}: the config has no {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{source.describe()}: a config field is not a number: {e}") from None
+    sizes = [(n, getattr(spec, n)) for n in _POSITIVE]
+    sizes += [(n, getattr(spec.moe, n)) for n in _POSITIVE_MOE] if spec.moe is not None else []
+    for name, value in sizes:
+        if value < 1:
+            raise UsageError(f"{source.describe()}: {name} is {value}: the server builds no such model")
+    return spec
+
+
+def _build_spec(source: ConfigSource) -> ModelSpec:
     cfg = source.config
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else None
@@ -334,12 +358,9 @@ def build_spec(source: ConfigSource) -> ModelSpec:
     config_class = CONFIG_CLASSES.get(model_type)
     if config_class is None:
         raise UsageError(f"unsupported model_type {model_type!r} for {arch}; supported: {', '.join(sorted(CONFIG_CLASSES))}")
-    try:
-        hidden = int(cfg["hidden_size"])
-        layers = int(cfg["num_hidden_layers"])
-        heads = int(cfg["num_attention_heads"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UsageError(f"config is missing a required field: {e}") from None
+    hidden = int(cfg["hidden_size"])
+    layers = int(cfg["num_hidden_layers"])
+    heads = int(cfg["num_attention_heads"])
     kv_heads = int(_first(cfg, "num_key_value_heads", default=heads))
 
     moe, dense_inter = _moe_spec(cfg, arch, family, model_type)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from autotune_cache.errors import UsageError
+from autotune_cache.plan.config_source import PRESETS_DIR
 from autotune_cache.engines.sglang.serving_command import parse_serving_command
 
 from ..conftest import run_cli, run_json
@@ -138,6 +139,34 @@ def test_an_ep_outside_one_and_tp_with_cutlass_is_refused_as_sglang_refuses(tmp_
         ok = run_cli("plan", "--arch", "sm90", "--cache-dir", str(tmp_path), "--model", "Qwen/Qwen3-30B-A3B", "--tp", "8",
                      "--ep", ep, "--moe-runner-backend", "flashinfer_cutlass")
         assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("override,needle", [
+    ('{"num_experts": "x"}', "a config field is not a number"),
+    ('{"hidden_size": [1]}', "a config field is not a number"),
+    ('{"num_hidden_layers": -1}', "num_layers is -1"),
+    ('{"num_experts_per_tok": 0}', "top_k is 0"),
+])
+def test_a_config_override_that_breaks_the_config_is_one_line_naming_it(tmp_path, override, needle):
+    """A serving command's override (or a hand-edited config.json) with a field that is not a
+    number, or a size below 1, is a usage error naming the overridden config - not an internal
+    error, and not a complaint about --pp."""
+    proc = run_cli("plan", "--arch", "sm90", "--cache-dir", str(tmp_path), "--", "python", "-m", "sglang.launch_server",
+                   "--model-path", "Qwen/Qwen3-30B-A3B", "--tp", "2", "--moe-runner-backend", "flashinfer_cutlass",
+                   "--json-model-override-args", override)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "internal error" not in lines[0], proc.stderr
+    assert needle in lines[0] and "overridden by the serving command" in lines[0], lines[0]
+
+
+def test_a_config_without_a_required_field_is_one_line_naming_it(tmp_path):
+    config = json.loads((PRESETS_DIR / "Qwen--Qwen3-30B-A3B.json").read_text())
+    del config["vocab_size"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    proc = run_cli("plan", "--arch", "sm90", "--config", str(path), "--model", "Qwen/Qwen3-30B-A3B", "--tp", "2",
+                   "--moe-runner-backend", "flashinfer_cutlass", "--cache-dir", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.strip() == f"fi-autotune: error: --config: {path}: the config has no 'vocab_size'"
 
 
 def test_config_overrides_change_the_shapes_not_the_key(tmp_path):
