@@ -66,13 +66,16 @@ class FdWriter:
         return len(data)
 
 
-def dry_run_lines(out: Output, verb: str, rows: list[tuple[str, int]], where: str) -> None:
-    """The human view of a dry run: each entry that would move, and the total."""
+def dry_run_lines(out: Output, verb: str, rows: list[tuple[str, int]], where: str, upload: int | None = None) -> None:
+    """The human view of a dry run: each entry that would move, and the total; ``upload``: the
+    bytes the run would send (a push sends compressed bundles, a fraction of the size on disk),
+    so that the human total says what the run then reports, as ``--json``'s ``uploaded_bytes``."""
     past = {"push": "pushed to", "pull": "pulled from", "export": "exported to", "import": "imported into"}[verb]
     for entry_id, size in rows:
         out.line(f"would {verb:<7}{entry_id}  {format_size(size)}")
-    out.line(f"{plural(len(rows), 'entry', 'entries')} ({format_size(sum(n for _, n in rows))}) would be "
-             f"{past} {where}; nothing was changed (--dry-run)")
+    size = format_size(sum(n for _, n in rows))
+    total = size if upload is None else f"{size} on disk, {upload} bytes to upload"
+    out.line(f"{plural(len(rows), 'entry', 'entries')} ({total}) would be {past} {where}; nothing was changed (--dry-run)")
 
 
 def dry_run_extras(rows: list[tuple[str, int]] | None, where, keeps_entries: bool = True) -> dict:

@@ -94,7 +94,8 @@ def push_cmd(args, cache_dir, layout, model, model_glob, versions, arch, status,
         if dry_run:
             for entry_id in result.unchanged:
                 out.note(f"unchanged {entry_id}: already there")
-            return dry_run_lines(out, "push", [r for r in rows if r[0] in result.pushed], str(store))
+            return dry_run_lines(out, "push", [r for r in rows if r[0] in result.pushed], str(store),
+                                 upload=result.uploaded_bytes)
         for entry_id in result.pushed:
             out.line(f"pushed     {entry_id}")
         for entry_id in result.unchanged:

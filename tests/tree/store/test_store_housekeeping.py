@@ -233,7 +233,11 @@ def test_dry_run_transfers_change_nothing(tmp_path):
     url = f"file://{path}"
     would = ok("push", url, "--cache-dir", str(root), "--dry-run")
     assert would["dry_run"] is True and sorted(e["id"] for e in would["entries"]) == ids and not path.exists()
-    ok("push", url, "--cache-dir", str(root))
+    said = cli("push", url, "--cache-dir", str(root), "--dry-run").stdout.splitlines()[-1]
+    pushed = ok("push", url, "--cache-dir", str(root))
+    # the human dry run says the bytes the push then uploads (compressed bundles), not only the size on disk
+    assert pushed["uploaded_bytes"] == would["uploaded_bytes"] > 0
+    assert f"{pushed['uploaded_bytes']} bytes to upload" in said, said
     would = ok("pull", url, "--cache-dir", str(dest), "--dry-run", "--any-env")
     assert would["dry_run"] and sorted(would["imported"]) == ids and not dest.exists()
     archive = tmp_path / "a.tgz"
