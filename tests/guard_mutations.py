@@ -15,6 +15,9 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("46: the plan leaves an entry holding others' files, as the run does", "autotune_cache/tree/delete.py",
+     "    if not e.only_ours:\n        return not_ours(e)\n", "",
+     "tests/tree/crashsafe/test_reliability.py::test_an_entry_holding_someone_elses_file_is_left_by_the_plan_as_by_the_run"),
     ("46: a dry run refuses a sealed store as rm and prune do", "cli/deleting.py",
      "    if not plan.empty:  # a dry run refuses", "    if not dry_run and not plan.empty:  # a dry run refuses",
      "tests/tree/store/test_store_housekeeping.py::test_a_sealed_store_refuses_rm_and_prune_until_unsealed"),

@@ -62,8 +62,7 @@ def delete_entry(layout: CacheLayout, root: Path, entry, rescan: Callable) -> De
             if now.state != entry.state:
                 return DeleteOutcome(False, "changed since the plan was made")
             if not now.only_ours:
-                names = ", ".join(sorted(f.path.name for f in now.foreign)[:3])
-                return DeleteOutcome(False, f"holds files that are not part of a cache ({names}); remove them by hand")
+                return DeleteOutcome(False, not_ours(now))
             trash = entry.path.parent / trash_name(token, entry.path.name)
             try:
                 os.rename(entry.path, trash)
@@ -243,12 +242,24 @@ def _remove_temps_locked(layout: CacheLayout, root: Path, e: CacheEntry) -> int:
         return 0
 
 
-def _left_alone(info: CacheInfo, picked: list[CacheEntry]) -> tuple[tuple[str, str], ...]:
-    out = []
-    for e in picked:
-        if e.status == EntryStatus.UNREADABLE:
-            out.append((str(e.id), "unreadable: " + "; ".join(e.problems)))
-    return tuple(out)
+def not_ours(e: CacheEntry) -> str:
+    names = ", ".join(sorted(f.path.name for f in e.foreign)[:3])
+    return f"holds files that are not part of a cache ({names}); remove them by hand"
+
+
+def why_left(e: CacheEntry) -> str | None:
+    """Why a delete leaves ``e`` whatever selects it, or None: unreadable (what it holds is not
+    known), or holding someone else's files (``delete_entry`` refuses it at execution too). Said
+    in the plan, so that the dry run and the question before a delete show what the run does."""
+    if e.status == EntryStatus.UNREADABLE:
+        return "unreadable: " + "; ".join(e.problems)
+    if not e.only_ours:
+        return not_ours(e)
+    return None
+
+
+def _left_alone(picked: list[CacheEntry]) -> tuple[tuple[str, str], ...]:
+    return tuple((str(e.id), why) for e in picked if (why := why_left(e)) is not None)
 
 
 def plan_prune(
@@ -289,10 +300,10 @@ def plan_prune(
                                                            f"(kept: {first.id})",)
 
     held_by = " and ".join(w for w, on in (("--keep-latest", keep_latest is not None), ("the filters", not flt.empty))
-                           if on) or "unreadable entries (never deleted)"
-    evict, budget = over_budget(info.entries, max_size, lambda e: e.status != EntryStatus.UNREADABLE
+                           if on) or "unreadable entries or others' files (never deleted)"
+    evict, budget = over_budget(info.entries, max_size, lambda e: why_left(e) is None
                                 and selected(e) is not None, reader, held_by) if max_size is not None else (None, None)
-    candidates, picked_unreadable = [], []
+    candidates, picked_left = [], []
     for e in sorted(info.entries, key=lambda e: eviction_key(e, reader)) if ranked else info.entries:
         reasons = selected(e)
         if reasons is None:
@@ -302,8 +313,8 @@ def plan_prune(
             if why is None:
                 continue
             reasons += (why,)
-        if e.status == EntryStatus.UNREADABLE:
-            picked_unreadable.append(e)
+        if why_left(e) is not None:
+            picked_left.append(e)
             continue
         candidates.append(Candidate(e, reasons))
     leftovers = leftovers_of(info, now)
@@ -311,7 +322,7 @@ def plan_prune(
     ours = tuple(e for e in info.entries if e.id not in chosen
                  and any(t.path.name.startswith(OUR_PREFIX) and now - t.mtime < STALE_TEMP_AGE_S for t in e.temp_files))
     notes += reader_notes(info.entries, reader) if ranked else ()
-    return DeletePlan(info.layout, info.root, tuple(candidates), leftovers, _left_alone(info, picked_unreadable),
+    return DeletePlan(info.layout, info.root, tuple(candidates), leftovers, _left_alone(picked_left),
                       scan_fingerprint, locked_temps=ours, notes=notes, budget=budget)
 
 
@@ -339,10 +350,9 @@ def plan_rm(info: CacheInfo, refs: tuple[str, ...], resumed: dict[EntryId, Findi
     ``resumed``: named entries a killed ``rm`` had already taken out of the tree (``in_flight``):
     reported as already deleted, their trash dirs removed."""
     entries = info.resolve(refs)
-    candidates = [Candidate(e, ("named",)) for e in entries if e.status != EntryStatus.UNREADABLE]
-    unreadable = [e for e in entries if e.status == EntryStatus.UNREADABLE]
+    candidates = [Candidate(e, ("named",)) for e in entries if why_left(e) is None]
     resumed = resumed or {}
-    return DeletePlan(info.layout, info.root, tuple(candidates), tuple(resumed.values()), _left_alone(info, unreadable),
+    return DeletePlan(info.layout, info.root, tuple(candidates), tuple(resumed.values()), _left_alone(entries),
                       already_deleted=tuple(sorted(map(str, resumed))))
 
 

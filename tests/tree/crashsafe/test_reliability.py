@@ -337,7 +337,8 @@ def test_prune_reports_what_it_could_not_delete(tmp_path):
     assert d.is_dir() and (d / "rank_tp0_pp0_dp0.json").is_file()  # nothing of it was deleted
     assert (outside / "target.json").exists()
     human = run_cli("prune", "--flashinfer-version", "0.7.1", "-y", "--cache-dir", str(root))
-    assert "Deleted 0 entries" in human.stdout and f"left {eid}: holds files" in human.stderr
+    # the plan leaves it (as the run would): nothing to delete, and said why
+    assert "Nothing to delete." in human.stdout and f"left {eid}: holds files" in human.stderr
 
 
 def test_ls_and_prune_survive_a_hostile_tree(tmp_path):
@@ -362,7 +363,7 @@ def test_ls_and_prune_survive_a_hostile_tree(tmp_path):
         assert needle in proc.stderr, needle
     assert listed(root) == {str(good): "complete", str(bad): "corrupt"}
     out = run_json("prune", "--status", "corrupt", "-y", "--cache-dir", str(root))
-    assert out["result"]["deleted"] == [] and out["result"]["skipped"][0]["entry"] == str(bad)
+    assert out["result"] is None and out["plan"]["left_alone"][0]["entry"] == str(bad)  # left by the plan
     assert (outside / "precious").read_text() == "do not touch" and (vdir / "README").exists()
 
 
@@ -461,7 +462,7 @@ def test_a_file_this_user_may_not_read_makes_its_entry_unreadable_never_corrupt(
         corrupt = run_cli_unprivileged("prune", "--status", "corrupt", "-y", "--json", "--cache-dir", str(root))
         assert corrupt.returncode == 0 and not (json.loads(corrupt.stdout)["result"] or {}).get("deleted"), corrupt.stdout
         budget = run_cli_unprivileged("prune", "--max-size", "1B", "-y", "--cache-dir", str(root))
-        assert budget.returncode == 0 and "kept by unreadable entries (never deleted)" in budget.stdout, budget.stdout
+        assert budget.returncode == 0 and "kept by unreadable entries or others' files (never deleted)" in budget.stdout, budget.stdout
     finally:
         locked.chmod(0o644)
     assert list(listed(root)) == [str(kept)]
@@ -481,6 +482,22 @@ def test_a_dry_run_on_a_tree_this_user_cannot_write_refuses_as_the_run_does(root
     finally:
         base.chmod(0o755)
     assert list(listed(root)) == [str(eid)]
+
+
+def test_an_entry_holding_someone_elses_file_is_left_by_the_plan_as_by_the_run(root):
+    """The dry run listed it under "Would free" and the run then left it: the plan now leaves it
+    and says why, so the dry run, the question before the delete and the run agree."""
+    mine = write_fake_entry(root, fields=default_fields("mine"))
+    notes = write_fake_entry(root, fields=default_fields("with-notes"))
+    (entry_path(root, notes) / "notes.txt").write_text("someone's notes")
+    dry = json.loads(run_cli("prune", "--older-than", "0s", "--dry-run", "--json", "--cache-dir", str(root)).stdout)
+    assert [e["id"] for e in dry["plan"]["entries"]] == [str(mine)]
+    (left,) = dry["plan"]["left_alone"]
+    assert left["entry"] == str(notes) and "notes.txt" in left["reason"]
+    real = json.loads(run_cli("prune", "--older-than", "0s", "-y", "--json", "--cache-dir", str(root)).stdout)
+    assert real["result"]["deleted"] == [str(mine)] and list(listed(root)) == [str(notes)]
+    named = run_cli("rm", str(notes), "-y", "--cache-dir", str(root))
+    assert named.returncode == 1 and "notes.txt" in named.stderr and list(listed(root)) == [str(notes)]
 
 
 def test_a_file_where_a_directory_belongs(tmp_path):
