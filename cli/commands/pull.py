@@ -157,7 +157,8 @@ def pull_cmd(url, refs, layout, status, older_than, larger_than, smaller_than, e
 def _pull_data(store: Store, dry_run: bool, result: ImportResult, left_out) -> dict:
     """``pull --json``, one object whatever happened (a dry run: the same, ``dry_run`` true)."""
     return {"store": str(store), "dry_run": dry_run, **result.to_dict(),
-            "left_out": [{"entry": str(r.id), "reason": w} for r, w in left_out]}
+            "left_out": [{"entry": str(r.id), "reason": w} for r, w in left_out],
+            "unreadable": list(store.unreadable)}  # records left out, named: a program sees what was not pulled
 
 
 def _report(out: Output, store: Store, pulled, sizes: dict, dry_run: bool) -> None:

@@ -156,6 +156,9 @@ def test_one_bad_record_is_named_and_the_others_list_and_pull(store, tmp_path, b
     assert proc.returncode == 0 and f"pulled     {b}" in proc.stdout, proc.stderr
     assert f"{a}.json" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (dest / "flashinfer/autotune" / a).exists()
+    as_json = run_cli("pull", store.url, "--cache-dir", str(tmp_path / "dj"), "--any-env", "--json")
+    (unreadable,) = json.loads(as_json.stdout)["unreadable"]  # a program sees what was not pulled
+    assert as_json.returncode == 0 and f"index/sglang/{a}.json" in unreadable, as_json.stdout
     named = run_cli("pull", store.url, a, "--cache-dir", str(tmp_path / "d2"), "--any-env")
     assert named.returncode == 1 and len(named.stderr.strip().splitlines()) == 1 and a in named.stderr, named.stderr
 
