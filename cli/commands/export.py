@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 
 import click
 
-from autotune_cache.tree.store.export import export_entries, export_to_file
+from autotune_cache.tree.store.export import export_entries, export_to_file, open_stream, output_target
 from autotune_cache.errors import FiAutotuneError, UsageError
 from autotune_cache.tree.scanner.scan import scan_cache
 
@@ -54,16 +55,10 @@ def export_cmd(refs, output, cache_dir, layout, model, model_glob, versions, arc
     if dry_run:  # the very archive, written to nowhere: the run's object, exact to its size
         result = export_entries(layout, chosen, NullWriter())
     elif to_stdout:
-        try:
-            sys.stdout.flush()
-            result = export_entries(layout, chosen, FdWriter(sys.stdout.fileno()))
-        except BrokenPipeError:  # click would turn it into a silent exit 1
-            raise FiAutotuneError("the reader of stdout stopped before the end: the archive it got is cut short") from None
+        sys.stdout.flush()
+        result = _stream(layout, chosen, sys.stdout.fileno(), "stdout")
     else:
-        try:
-            result = export_to_file(layout, chosen, out_path)
-        except OSError as e:
-            raise FiAutotuneError(f"cannot write {out_path}: {e.strerror or e}") from None
+        result = _to_path(layout, chosen, out_path)
     for entry_id in result.vanished:
         out.note(f"skipped {entry_id}: deleted or replaced while exporting")
     for entry_id in result.empty:
@@ -74,3 +69,34 @@ def export_cmd(refs, output, cache_dir, layout, model, model_glob, versions, arc
     out.emit(human=(lambda: dry_run_lines(out, "export", rows, where)) if dry_run else (lambda: out.line(summary)),
              data={"archive": where, **result.to_dict(), "dry_run": dry_run,
                    **dry_run_extras(rows, where, keeps_entries=False)}, ids=list(result.entries))
+
+
+def _stream(layout, chosen, fd: int, reader: str):
+    """The archive written through ``fd`` as it is made (stdout, a device, a FIFO); a reader that
+    stops midway is one line and exit 1, a full device ``OSError``'s own line (``main``)."""
+    try:
+        return export_entries(layout, chosen, FdWriter(fd))
+    except BrokenPipeError:  # click would turn it into a silent exit 1
+        raise FiAutotuneError(f"the reader of {reader} stopped before the end: the archive it got is cut short") from None
+
+
+def _to_path(layout, chosen, out_path: Path):
+    """``-o PATH``: streamed into the device or FIFO at PATH exactly as into stdout (renaming a
+    temp file over it would replace it), else written atomically at PATH, or at the target of
+    the link PATH is (the link stays)."""
+    try:
+        target, stream = output_target(out_path)
+        fd = open_stream(target) if stream else None
+    except OSError as e:
+        raise FiAutotuneError(f"cannot write {out_path}: {e.strerror or e}") from None
+    if fd is None:
+        try:
+            return export_to_file(layout, chosen, target)
+        except OSError as e:
+            raise FiAutotuneError(f"cannot write {out_path}: {e.strerror or e}") from None
+    try:
+        if os.isatty(fd):
+            raise UsageError(f"refusing to write a binary archive to a terminal ({out_path}): give -o FILE")
+        return _stream(layout, chosen, fd, str(out_path))
+    finally:
+        os.close(fd)

@@ -162,6 +162,39 @@ def export_to_file(layout: CacheLayout, entries: list[CacheEntry], path: Path) -
     return result
 
 
+def output_target(path: Path) -> tuple[Path, bool]:
+    """Where ``export -o path`` puts the archive, and whether it streams there (True) instead of
+    writing it atomically. As shell ``>`` does: an existing device, FIFO or socket is written
+    through (a socket's open fails: it is left), never renamed over (as root that would destroy
+    ``/dev/null``); a symlink is followed, so the archive lands at its target and the link stays
+    (a dangling link's target is created, as ``>`` creates it: refusing it would guard nothing
+    that following a live link does not open). A regular file, a directory or a new name is the
+    path itself, written atomically."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return path, False
+    if stat_mod.S_ISLNK(st.st_mode):
+        path = Path(os.path.realpath(path))
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return path, False
+    # a link loop realpath gave up on streams: ``open_stream`` refuses it (O_NOFOLLOW, ELOOP)
+    return path, not (stat_mod.S_ISREG(st.st_mode) or stat_mod.S_ISDIR(st.st_mode))
+
+
+def open_stream(path: Path) -> int | None:
+    """A descriptor writing through to ``path``, a device or FIFO ``output_target`` found there
+    (a FIFO's open waits for its reader, as ``>`` does). It never creates, truncates or follows:
+    None if a regular file has taken the name since it was looked at (it gets the atomic write)."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if stat_mod.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
 def sweep_dead_temps(path: Path) -> int:
     """Remove the temp files of killed exports to ``path`` (``.<name>.<hex>.tmp`` whose flock
     can be taken: nobody is writing them); how many. A FIFO or a link by that name is left."""

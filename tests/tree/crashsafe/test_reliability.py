@@ -6,14 +6,18 @@ tests/standins/fault_cli.py (the process SIGKILLs itself there) - never by mocki
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import random
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +30,7 @@ from autotune_cache.tree.manifest import Manifest
 from autotune_cache.autotuner.rankfile import parse_cache_bytes
 from autotune_cache.tree.scanner.scan import scan_cache
 from autotune_cache.tree.status import EntryStatus
+from autotune_cache.tree.store.export import open_stream
 from devtools.synthetic import DEFAULT_METADATA, cache_file_bytes, default_fields, entry_path, fake_configs, write_fake_entry
 
 from tests.standins.fault_cli import crash_at
@@ -524,6 +529,137 @@ def test_permission_denied_is_one_line(root, tmp_path):
         assert imp.returncode == 1 and "Permission denied" in imp.stderr and len(imp.stderr.strip().splitlines()) == 1
     finally:
         locked_dir.chmod(0o755)
+
+
+# --- export -o onto what is already there ------------------------------------------------------
+
+def _plain_export(tmp_path: Path, root: Path) -> bytes:
+    """The archive ``export`` writes to a new regular file: what every other output must receive."""
+    plain = tmp_path / "plain.tgz"
+    assert run_cli("export", "-o", str(plain), "--cache-dir", str(root)).returncode == 0
+    return plain.read_bytes()
+
+
+def _char_device(tmp_path: Path, name: str, minor: int) -> Path:
+    """A memory char device of our own (``mknod c 1 minor``: 3 null, 7 full), never the host's /dev."""
+    dev = tmp_path / name
+    try:
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+        os.close(os.open(dev, os.O_WRONLY))  # a nodev mount makes it but will not open it
+    except OSError as e:
+        pytest.skip(f"cannot make and open a char device here: {e}")
+    return dev
+
+
+def test_export_into_a_fifo_streams_the_whole_archive_and_the_fifo_stays(root, tmp_path):
+    """Issue: ``-o FIFO`` renamed a temp file over the FIFO and its reader got nothing. It is written
+    through, as ``>`` writes it: the reader gets the very bytes a file would hold."""
+    write_fake_entry(root)
+    fifo, keep = tmp_path / "fifo", tmp_path / "fifo-keep"
+    os.mkfifo(fifo)
+    os.link(fifo, keep)  # the same FIFO by a second name: a reader left waiting can be let go
+    got: list[bytes] = []
+
+    def read_all() -> None:
+        with open(keep, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    proc = run_cli("export", "-o", str(fifo), "--cache-dir", str(root))
+    reader.join(30)
+    if reader.is_alive():  # nothing ever opened the FIFO to write: let the reader go
+        os.close(os.open(keep, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(30)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert got == [_plain_export(tmp_path, root)]
+
+
+def test_export_into_a_char_device_writes_through_it_and_it_stays(root, tmp_path):
+    """Issue: ``export -o /dev/null`` as root replaced the host's /dev/null with a regular file."""
+    write_fake_entry(root)
+    null = _char_device(tmp_path, "null", 3)
+    rdev = null.lstat().st_rdev
+    proc = run_cli("export", "-o", str(null), "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_ISCHR(null.lstat().st_mode) and null.lstat().st_rdev == rdev
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".null.")] == []
+
+
+def test_export_into_a_full_device_fails_as_stdout_does_and_it_stays(root, tmp_path):
+    """A full device is the error ``-o -`` onto it gives: one line "No space left on device", exit 1."""
+    write_fake_entry(root)
+    full = _char_device(tmp_path, "full", 7)
+    proc = run_cli("export", "-o", str(full), "--cache-dir", str(root))
+    with open(full, "wb") as dev:
+        to_stdout = subprocess.run([sys.executable, "-m", "fi_autotune_cli", "export", "-o", "-", "--cache-dir", str(root)],
+                                   stdout=dev, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120)
+    assert (proc.returncode, proc.stderr) == (to_stdout.returncode, to_stdout.stderr) == (1, proc.stderr)
+    assert proc.stderr.strip().splitlines() == ["fi-autotune: error: No space left on device"]
+    assert stat.S_ISCHR(full.lstat().st_mode)
+
+
+def test_export_into_a_terminal_is_refused_as_stdout_is(root, tmp_path):
+    """``-o /dev/pts/N`` is a terminal as a tty stdout is: refused (exit 2), nothing written to it."""
+    write_fake_entry(root)
+    controller, tty = os.openpty()
+    try:
+        proc = run_cli("export", "-o", os.ttyname(tty), "--cache-dir", str(root))
+        os.set_blocking(controller, False)
+        with contextlib.suppress(BlockingIOError):
+            assert os.read(controller, 1 << 16) == b""
+    finally:
+        os.close(controller)
+        os.close(tty)
+    assert proc.returncode == 2 and "terminal" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_export_onto_a_socket_fails_in_one_line_and_the_socket_stays(root, tmp_path):
+    """A socket cannot be opened as ``>`` opens a file: one line, exit 1, and the socket is left."""
+    write_fake_entry(root)
+    path = tmp_path / "sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        proc = run_cli("export", "-o", str(path), "--cache-dir", str(root))
+    assert proc.returncode == 1 and "cannot write" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert stat.S_ISSOCK(path.lstat().st_mode)
+
+
+def test_export_through_a_symlink_writes_its_target_and_the_link_stays(root, tmp_path):
+    """Issue: ``-o LINK`` replaced the link with a regular file. The archive is written, atomically,
+    at the link's target (the old archive there replaced whole), and the link still points at it."""
+    write_fake_entry(root)
+    target, link = tmp_path / "out" / "latest.tgz", tmp_path / "latest.tgz"
+    target.parent.mkdir()
+    target.write_bytes(b"last week's archive")
+    link.symlink_to(os.path.relpath(target, link.parent))
+    proc = run_cli("export", "-o", str(link), "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink() and link.resolve() == target
+    assert target.read_bytes() == _plain_export(tmp_path, root)
+    with tarfile.open(target) as tar:
+        assert any(m.name.endswith(MANIFEST_NAME) for m in tar.getmembers())
+    assert sorted(p.name for p in target.parent.iterdir()) == ["latest.tgz"]
+
+
+def test_export_through_a_dangling_symlink_creates_its_target(root, tmp_path):
+    """As ``>`` does: the link's target is created (atomically), the link left as it was."""
+    write_fake_entry(root)
+    link = tmp_path / "latest.tgz"
+    link.symlink_to("made.tgz")
+    proc = run_cli("export", "-o", str(link), "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink() and os.readlink(link) == "made.tgz"
+    assert (tmp_path / "made.tgz").read_bytes() == _plain_export(tmp_path, root)
+
+
+def test_open_stream_never_writes_into_a_regular_file(tmp_path):
+    """A regular file put where a device was looked at (a race) is no stream: it gets the atomic write."""
+    f = tmp_path / "a.tgz"
+    f.write_bytes(b"kept")
+    assert open_stream(f) is None
+    assert f.read_bytes() == b"kept"
 
 
 # --- hostile archives ---------------------------------------------------------------------------
