@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from autotune_cache.autotuner.rankfile import read_regular_file
+from autotune_cache.errors import UsageError
 from autotune_cache.tree.crashsafe.faults import crashpoint
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import NameKind
@@ -170,18 +171,36 @@ def output_target(path: Path) -> tuple[Path, bool]:
     (a dangling link's target is created, as ``>`` creates it: refusing it would guard nothing
     that following a live link does not open). A regular file, a directory or a new name is the
     path itself, written atomically."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return path, False
-    if stat_mod.S_ISLNK(st.st_mode):
-        path = Path(os.path.realpath(path))
+    for _ in range(_MAX_LINKS):
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             return path, False
-    # a link loop realpath gave up on streams: ``open_stream`` refuses it (O_NOFOLLOW, ELOOP)
-    return path, not (stat_mod.S_ISREG(st.st_mode) or stat_mod.S_ISDIR(st.st_mode))
+        if not stat_mod.S_ISLNK(st.st_mode):
+            return path, not (stat_mod.S_ISREG(st.st_mode) or stat_mod.S_ISDIR(st.st_mode))
+        if not _may_follow(path, st):
+            raise UsageError(f"{path} is another user's symlink in a shared sticky directory: not followed (as the "
+                             "kernel's protected_symlinks would not follow it for `>`); give the file itself")
+        path = path.parent / os.readlink(path)  # one link at a time: the kernel resolves the directories
+    # a loop: ``open_stream`` refuses it (O_NOFOLLOW, ELOOP), one line
+    return path, True
+
+
+#: Links followed at most, as the kernel's ELOOP limit.
+_MAX_LINKS = 40
+
+
+def _may_follow(link: Path, st: os.stat_result) -> bool:
+    """The kernel's ``fs.protected_symlinks`` rule, which a shell's ``>`` obeys and a link
+    resolved here would bypass: in a sticky, world-writable directory (``/tmp``) only a link of
+    this user or of the directory's owner is followed - else anyone could point ``/tmp/x.tgz`` at
+    ``/etc/passwd`` for root's export to replace."""
+    try:
+        d = os.stat(link.parent)
+    except OSError:
+        return False
+    shared = d.st_mode & stat_mod.S_ISVTX and d.st_mode & stat_mod.S_IWOTH
+    return not shared or st.st_uid in (os.geteuid(), d.st_uid)
 
 
 def open_stream(path: Path) -> int | None:

@@ -643,6 +643,34 @@ def test_export_through_a_symlink_writes_its_target_and_the_link_stays(root, tmp
     assert sorted(p.name for p in target.parent.iterdir()) == ["latest.tgz"]
 
 
+def test_export_never_follows_another_users_symlink_in_a_sticky_dir(root, tmp_path):
+    """``/tmp/x.tgz -> /etc/passwd`` planted by another user: root's ``export -o /tmp/x.tgz`` must
+    not replace the target (shell ``>`` is stopped there by the kernel's protected_symlinks, which
+    a link resolved by us would bypass). One line, exit 2; the target and the link stay. The
+    user's own link there, and another user's link in a directory that is not shared, are followed."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make another user's symlink")
+    write_fake_entry(root)
+    shared, precious = tmp_path / "shared", tmp_path / "precious.txt"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    precious.write_text("not an archive")
+    planted = shared / "x.tgz"
+    planted.symlink_to(precious)
+    os.lchown(planted, 65534, 65534)
+    proc = run_cli("export", "-o", str(planted), "--cache-dir", str(root))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "another user's symlink" in proc.stderr and precious.read_text() == "not an archive"
+    assert planted.is_symlink()
+    own = shared / "mine.tgz"
+    own.symlink_to(tmp_path / "mine-target.tgz")
+    assert run_cli("export", "-o", str(own), "--cache-dir", str(root)).returncode == 0
+    assert (tmp_path / "mine-target.tgz").read_bytes() == _plain_export(tmp_path, root)
+    shared.chmod(0o755)  # not shared: the rule does not apply
+    assert run_cli("export", "-o", str(planted), "--cache-dir", str(root)).returncode == 0
+    assert precious.read_bytes() == _plain_export(tmp_path, root) and planted.is_symlink()
+
+
 def test_export_through_a_dangling_symlink_creates_its_target(root, tmp_path):
     """As ``>`` does: the link's target is created (atomically), the link left as it was."""
     write_fake_entry(root)
