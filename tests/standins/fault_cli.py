@@ -28,8 +28,9 @@ from fi_autotune_cli import main as cli_main
 FAULT_CLI = [sys.executable, str(Path(__file__).resolve())]
 
 
-def kill_at(target: str) -> Callable[[str], None]:
-    """The hook for ``STEP[:N]``: SIGKILL this process the N-th time it reaches ``STEP``."""
+def kill_at(target: str, sig: int = signal.SIGKILL) -> Callable[[str], None]:
+    """The hook for ``STEP[:N]``: SIGKILL (or ``sig``: SIGINT is a Ctrl-C there) this process the
+    N-th time it reaches ``STEP``."""
     point, _, nth = target.partition(":")
     times = int(nth or 1)
     hits = 0
@@ -40,15 +41,17 @@ def kill_at(target: str) -> Callable[[str], None]:
             return
         hits += 1
         if hits >= times:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), sig)
 
     return hook
 
 
-def crash_at(target: str | None = None, no_exchange: bool = False) -> list[str]:
+def crash_at(target: str | None = None, no_exchange: bool = False, signal_name: str = "KILL") -> list[str]:
     """The command that runs ``fi-autotune`` killed at ``target`` (``STEP[:N]``; None: not
-    killed) and without ``RENAME_EXCHANGE`` if asked; its arguments follow."""
-    return [*FAULT_CLI, *(["--crash-at", target] if target else []), *(["--no-exchange"] if no_exchange else []), "--"]
+    killed; ``signal_name``: INT for a Ctrl-C there) and without ``RENAME_EXCHANGE`` if asked;
+    its arguments follow."""
+    return [*FAULT_CLI, *(["--crash-at", target, "--signal", signal_name] if target else []),
+            *(["--no-exchange"] if no_exchange else []), "--"]
 
 
 def run(argv: list[str]) -> int:
@@ -56,9 +59,11 @@ def run(argv: list[str]) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
     ap = argparse.ArgumentParser(prog="standins/fault_cli.py", description=__doc__.splitlines()[0])
     ap.add_argument("--crash-at", metavar="STEP[:N]", help="SIGKILL at the N-th time (default 1st) STEP is reached")
+    ap.add_argument("--signal", default="KILL", help="the signal sent there (default KILL; INT: a Ctrl-C)")
     ap.add_argument("--no-exchange", action="store_true", help="swap entries in with two renames")
     opts = ap.parse_args(argv[:split])
-    faults.install(kill_at(opts.crash_at) if opts.crash_at else None, exchange=not opts.no_exchange)
+    hook = kill_at(opts.crash_at, signal.Signals["SIG" + opts.signal]) if opts.crash_at else None
+    faults.install(hook, exchange=not opts.no_exchange)
     return cli_main.main(argv[split + 1:])
 
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from autotune_cache.version import __version__
-from autotune_cache.errors import FiAutotuneError, UsageError
+from autotune_cache.errors import FiAutotuneError, Interrupted, UsageError
+from autotune_cache.humanize import plural
 from autotune_cache.tree.store.export import export_entries
 from autotune_cache.tree.crashsafe.atomic import atomic_write_bytes
 from autotune_cache.tree.crashsafe.faults import crashpoint
@@ -375,6 +376,11 @@ class Store:
                 pushed.append(str(entry.id))
             if seal:
                 self.put_marker(read_only=True)
+        except KeyboardInterrupt:
+            # Ctrl-C: each entry counted here is whole in the store (its bundle, then its record)
+            raise Interrupted(f"interrupted: {plural(len(pushed), 'entry', 'entries')} pushed to {self} before it "
+                              f"(whole; `fi-autotune ls {self}` lists them), {len(unchanged)} already there; "
+                              "a rerun pushes the rest") from None
         except FiAutotuneError:
             raise
         except Exception as e:  # noqa: BLE001

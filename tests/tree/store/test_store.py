@@ -128,6 +128,21 @@ def test_a_push_killed_mid_upload_shows_nothing_and_a_retry_completes(s3, tmp_pa
     assert [e["id"] for e in ok_json("ls", s3["url"])["entries"]] == [GLM_ID]
 
 
+def test_a_push_interrupted_by_ctrl_c_says_what_it_pushed(s3, tmp_path):
+    """After a Ctrl-C the user cannot tell whether anything reached the store: the one line says
+    how many entries were pushed whole (the store lists exactly those) and that a rerun pushes the
+    rest. Exit 130."""
+    src = tmp_path / "src"
+    seeded(src, 3)
+    stopped = cli("push", s3["url"], "--cache-dir", str(src), launcher=crash_at("store.bundle_uploaded:2", signal_name="INT"))
+    lines = stopped.stderr.strip().splitlines()
+    assert stopped.returncode == 130 and len(lines) == 1, stopped.stderr
+    assert "interrupted: 1 entry pushed to" in lines[0] and "a rerun pushes the rest" in lines[0], lines[0]
+    assert len(ok_json("ls", s3["url"])["entries"]) == 1
+    rerun = ok_json("push", s3["url"], "--cache-dir", str(src))
+    assert len(rerun["pushed"]) == 2 and len(rerun["unchanged"]) == 1
+
+
 def test_a_corrupted_bundle_is_refused(s3, tmp_path):
     seeded(tmp_path / "src", 1)
     assert cli("push", s3["url"], "--cache-dir", str(tmp_path / "src")).returncode == 0
