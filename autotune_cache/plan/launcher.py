@@ -57,6 +57,9 @@ def split_command(argv: "list[str] | tuple[str, ...]") -> PastedCommand:
     if _PYTHON.fullmatch(first):
         i = 1
         while i < len(args) and args[i].startswith("-") and args[i] != "-m":
+            if args[i].startswith("-m"):  # ``-mMODULE``, as Python takes it
+                module = args[i][2:]
+                return PastedCommand(env, tuple(args[:i + 1]), f"python -m {module}", tuple(args[i + 1:]))
             i += 2 if args[i] in _PYTHON_VALUED else 1
         if i + 1 < len(args) and args[i] == "-m":
             return PastedCommand(env, tuple(args[:i + 2]), f"python -m {args[i + 1]}", tuple(args[i + 2:]))

@@ -40,6 +40,7 @@ def opts(command: str) -> dict:
     f"vllm serve {QWEN} -tp 2", f"vllm serve --model {QWEN} -tp 2", f"/usr/local/bin/vllm serve {QWEN} -tp 2",
     f"python -m vllm.entrypoints.openai.api_server --model {QWEN} -tp 2",
     f"python3.12 -u -m vllm.entrypoints.openai.api_server --model {QWEN} -tp 2",
+    f"python -u -mvllm.entrypoints.openai.api_server --model {QWEN} -tp 2",  # -mMODULE, as Python takes it
     f"VLLM_LOGGING_LEVEL=INFO env CUDA_VISIBLE_DEVICES=0,1 vllm serve {QWEN} -tp 2",
 ])
 def test_every_launcher_of_vllm_is_read_by_vllm(command):
@@ -50,6 +51,7 @@ def test_every_launcher_of_vllm_is_read_by_vllm(command):
 
 @pytest.mark.parametrize("command", [
     f"python -m sglang.launch_server --model-path {QWEN} --tp 2", f"sglang serve {QWEN} --tp 2",
+    f"python -msglang.launch_server --model-path {QWEN} --tp 2",
     f"sglang serve --model-path {QWEN} --tp 2", f"sglang serve {QWEN} --model-type llm --tp 2",
     f"--model-path {QWEN} --tp 2",
 ])
