@@ -145,17 +145,26 @@ cache_dir_option = click.option(
          "$SGLANG_CACHE_DIR else ~/.cache/sglang; vllm: $VLLM_CACHE_ROOT; see --layout).",
 )
 def _set_timeout(ctx, param, value):
+    """Seconds, bare (``30``) or in the durations' grammar (``30s``, ``2m``) that every other
+    span takes: a wait, unlike a span that selects what to delete, may go without its unit."""
     if value is not None:
-        if not value > 0:
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                seconds = parse_duration(value).seconds
+            except UsageError as e:
+                raise click.BadParameter(str(e), ctx, param) from None
+        if not seconds > 0:
             raise click.BadParameter("give a number of seconds above 0", ctx, param)
-        set_store_timeout(value)
+        set_store_timeout(seconds)
     return value
 
 
 timeout_option = click.option(
-    "--timeout", type=float, default=None, metavar="SECONDS", expose_value=False, callback=_set_timeout,
-    help=f"Seconds a store may stay silent before the command fails (default: ${TIMEOUT_ENV}, else "
-         f"{DEFAULT_TIMEOUT:g}; connecting waits at most 10).")
+    "--timeout", default=None, metavar="SECONDS", expose_value=False, callback=_set_timeout,
+    help=f"Seconds a store may stay silent before the command fails (30, or 30s, 2m; default: ${TIMEOUT_ENV}, "
+         f"else {DEFAULT_TIMEOUT:g}; connecting waits at most 10).")
 new_tree_option = click.option(
     "--new-tree", is_flag=True,
     help="Start a new tree at the root even though a directory one or two levels below it holds one "

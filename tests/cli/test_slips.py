@@ -104,6 +104,20 @@ def test_every_option_takes_the_grammar(root):
     assert ids(root) == [str(eid)]
 
 
+@pytest.mark.parametrize("value,code", [("30", 0), ("1.5", 0), ("30s", 0), ("2m", 0), ("0s", 2), ("0", 2), ("2y", 2),
+                                        ("abc", 2)])
+def test_a_store_timeout_takes_seconds_bare_or_with_a_unit(tmp_path, value, code):
+    """``--timeout 30s`` was "'30s' is not a valid float"; every other span takes a unit."""
+    path = tmp_path / "store"
+    path.mkdir()
+    proc = run_cli("ls", f"file://{path}", "--timeout", value)
+    lines = proc.stderr.strip().splitlines()
+    if code == 2:
+        assert proc.returncode == 2 and len(lines) == 1 and "--timeout" in lines[0], proc.stderr
+    else:  # the timeout taken: the command goes on to find no store there
+        assert proc.returncode == 1 and "no fi-autotune store" in proc.stderr, proc.stderr
+
+
 def test_the_grammar_is_documented():
     from ..conftest import REPO
 
