@@ -336,8 +336,7 @@ def build_spec(source: ConfigSource) -> ModelSpec:
         raise UsageError(f"{source.describe()}: the config has no {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
         raise UsageError(f"{source.describe()}: a config field is not a number: {e}") from None
-    sizes = [(n, getattr(spec, n)) for n in _POSITIVE]
-    sizes += [(n, getattr(spec.moe, n)) for n in _POSITIVE_MOE] if spec.moe is not None else []
+    sizes = [(n, getattr(spec, n)) for n in _POSITIVE] + [(n, getattr(spec.moe, n)) for n in _POSITIVE_MOE if spec.moe]
     for name, value in sizes:
         if value < 1:
             raise UsageError(f"{source.describe()}: {name} is {value}: the server builds no such model")
