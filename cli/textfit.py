@@ -42,8 +42,9 @@ def wrap_command(command: str, indent: str = "      ", width: int = 100) -> list
     """A command over several lines, each ending in `` \\`` but the last, to paste as it is."""
     lines, cur = [], indent
     words: list[str] = []
-    for word in command.split(" "):  # a flag and its value stay on one line
-        if words and words[-1].startswith("-") and not word.startswith("-") and words[-1] != "--":
+    for word in command.split(" "):  # a flag and its value stay on one line, where that line fits
+        if (words and words[-1].startswith("-") and not word.startswith("-") and words[-1] != "--"
+                and len(indent) + 2 + len(words[-1]) + 1 + len(word) + 2 <= width):
             words[-1] += " " + word
         else:
             words.append(word)

@@ -204,14 +204,14 @@ def _fix(s: Session, server: Server, trees: Trees, kind: str | None, loc: Locate
     warm = fixes.warm(engine, server.server_args, fields, root, opaque_key, store)
     if kind == DIVERGED:
         if entry is not None and entry.status is EntryStatus.COMPLETE:
-            return fixes.Fix(fixes.export_import(str(entry.id), engine, root, loc.layout.name),
+            return fixes.Fix(fixes.export_import(str(entry.id), engine, root, loc.layout.name, str(trees.root(loc.layout))),
                              "export here, import where the server's tree is built")
         return fixes.Fix(warm, "in the serving image")
     if kind == OTHER_ENV:
         return fixes.Fix(warm, "in the serving image (FlashInfer keeps a tuning for the environment it was made in)")
     if kind == NOT_COVERED:
         if entry is not None and s.loaded is None and not s.hits and root and root != str(trees.root(loc.layout)):
-            return fixes.Fix(fixes.export_import(str(entry.id), engine, root, loc.layout.name),
+            return fixes.Fix(fixes.export_import(str(entry.id), engine, root, loc.layout.name, str(trees.root(loc.layout))),
                              "if the server's tree lacks our entry (the log shows no load of it)")
         cmd = fixes.server_command(engine, server.server_args)
         return fixes.Fix("fi-autotune check --strict --env-from env.json -- "

@@ -88,10 +88,12 @@ def pull(store: str, entry_id: str, server_root: str | None) -> str:
     return shell(["fi-autotune", "pull", store, entry_id, *(["--cache-dir", server_root] if server_root else [])])
 
 
-def export_import(entry_id: str, engine: LogDialect | None, server_root: str | None, layout: str) -> str:
-    """Our entry, copied whole into the server's tree (run the import where the server's tree is)."""
+def export_import(entry_id: str, engine: LogDialect | None, server_root: str | None, layout: str,
+                  our_root: str) -> str:
+    """Our entry, copied whole from the tree doctor read (``our_root``: named, so that the export
+    runs wherever it is pasted) into the server's tree (run the import where that tree is)."""
     archive = "entry.tar.gz"
     lay = [] if layout == registry.default_layout().name else ["--layout", layout]
     root = ["--cache-dir", server_root] if server_root else []
-    return (shell(["fi-autotune", "export", *lay, entry_id, "-o", archive]) + " && "
+    return (shell(["fi-autotune", "export", *lay, entry_id, "--cache-dir", our_root, "-o", archive]) + " && "
             + shell(["fi-autotune", "import", *lay, archive, *root, "--force"]))

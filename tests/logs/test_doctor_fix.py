@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -204,8 +205,13 @@ def test_a_diverged_drop_is_fixed_by_importing_ours_whole(root):
     write_fake_entry(root, QWEN, Topology(tp=2, pp=1, dp=1, dp_attention=False), arch="sm90")
     logs = Path(__file__).resolve().parents[1] / "data" / "engine_logs"
     (cause,) = doctor(str(logs / "sglang-diverged.log"), "--cache-dir", str(root), code=1)["servers"][0]["causes"]
-    assert cause["fix"]["command"] == (f"fi-autotune export 0.7.2.post1/sm90/{key(QWEN)} -o entry.tar.gz && "
+    assert cause["fix"]["command"] == (f"fi-autotune export 0.7.2.post1/sm90/{key(QWEN)} --cache-dir {root} "
+                                       "-o entry.tar.gz && "
                                        "fi-autotune import entry.tar.gz --cache-dir /root/.cache/sglang --force")
+    # the export half runs as pasted, wherever it is pasted: it names the tree doctor read
+    export = shlex.split(cause["fix"]["command"].split(" && ")[0])[1:]
+    export[export.index("entry.tar.gz")] = str(root.parent / "entry.tar.gz")
+    assert run_cli(*export).returncode == 0 and (root.parent / "entry.tar.gz").stat().st_size > 0
 
 
 def test_the_vllm_fix_names_its_config_hash_and_its_flags(tmp_path):
