@@ -40,6 +40,10 @@ LIST_FIELDS = frozenset({"skip_ops", "layouts", "gpu_uuids"})
 #: Read at most this much of a targets file, and expand to at most this many targets.
 MAX_FILE_BYTES = 1 << 20
 MAX_TARGETS = 10_000
+#: Values (mappings, lists, scalars) a parsed file may hold, each alias counted where it is used:
+#: no file within MAX_FILE_BYTES holds more without YAML aliases repeating each other (a "billion
+#: laughs": 470 bytes that expand past memory).
+MAX_VALUES = MAX_FILE_BYTES
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,11 @@ def _fields(obj: object, where: str) -> dict:
     return {_norm(k, where): v for k, v in obj.items()}
 
 
+def _scalars(k: str, v: list) -> None:
+    if not all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in v):
+        raise UsageError(f"field {k!r}: a list of names (or a list of such lists to expand over), not {v!r:.80}")
+
+
 def _axes(fields: dict) -> list[tuple[str, list]]:
     """The fields a target expands over, with their values."""
     out = []
@@ -73,7 +82,10 @@ def _axes(fields: dict) -> list[tuple[str, list]]:
         if k == "name" or not isinstance(v, list):
             continue
         if k in LIST_FIELDS and not (v and all(isinstance(x, list) for x in v)):
+            _scalars(k, v)
             continue
+        for x in v if k in LIST_FIELDS else ():
+            _scalars(k, x)
         if not v:
             raise UsageError(f"field {k!r} is an empty list: nothing to expand")
         out.append((k, v))
@@ -103,7 +115,10 @@ def parse_targets(data: object, label: str, base: Path | None = None) -> list[Ta
     for i, entry in enumerate(entries):
         where = f"{label}: targets[{i}]"
         fields = {**defaults, **_fields(entry, where)}
-        axes = _axes(fields)
+        try:
+            axes = _axes(fields)
+        except UsageError as e:
+            raise UsageError(f"{where}: {e}") from None
         combos = 1
         for _, values in axes:
             combos *= len(values)
@@ -160,7 +175,25 @@ def load_targets(path: str | Path) -> list[Target]:
             raise UsageError(f"{label}: not valid YAML ({str(e).splitlines()[0]})") from None
         except RecursionError:
             raise UsageError(f"{label}: nested too deep to be a targets file") from None
+    _count_values(data, label)
     return parse_targets(data, label, base)
+
+
+def _count_values(data: object, label: str) -> None:
+    """Refuse a file whose aliases expand past ``MAX_VALUES``, counting (never copying) each
+    value where it is used, and stopping as soon as the count is past."""
+    seen, stack = 0, [data]
+    while stack:
+        v = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise UsageError(f"{label}: expands to more than {MAX_VALUES} values (YAML aliases repeating each "
+                             "other?): not a targets file")
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
 
 
 # --- sharding ----------------------------------------------------------------------------------

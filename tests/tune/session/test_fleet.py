@@ -69,7 +69,9 @@ def test_matrix_defaults_names_and_list_fields():
 
 @pytest.mark.parametrize("data,message", [
     ({"targets": []}, "non-empty list"),
-    ({"targets": [{"model": "m", "tp": []}]}, "empty list"),
+    ({"targets": [{"model": "m", "tp": []}]}, "t.yaml: targets[0]: field 'tp' is an empty list"),
+    ({"targets": [{"model": "m", "skip_ops": [[["x"]]]}]}, "targets[0]: field 'skip_ops': a list of names"),
+    ({"targets": [{"model": "m", "skip_ops": ["a", {"b": 1}]}]}, "targets[0]: field 'skip_ops': a list of names"),
     ({"target": [{"model": "m"}]}, "unknown top-level key"),
     ({"targets": ["m"]}, "expected a mapping"),
     ("just text", "expected a list of targets"),
@@ -78,6 +80,17 @@ def test_matrix_defaults_names_and_list_fields():
 def test_bad_files(data, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         parse_targets(data, "t.yaml")
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly_not_expanded(tmp_path):
+    """470 bytes whose aliases repeat each other 9 times over 8 levels (a "billion laughs") took
+    minutes of CPU and gigabytes; a file's values are counted, each alias where it is used, and
+    the count stops at the cap."""
+    levels = ['x0: &l0 ["x","x","x","x","x","x","x","x","x"]']
+    levels += [f"x{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    (tmp_path / "bomb.yaml").write_text("\n".join(levels) + "\ntargets:\n  - {model: org/m, skip_ops: *l8}\n")
+    with pytest.raises(UsageError, match="expands to more than .* values"):
+        load_targets(tmp_path / "bomb.yaml")
 
 
 def test_load_yaml_json_and_relative_config(tmp_path):
