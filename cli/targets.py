@@ -158,5 +158,6 @@ def _emit_fleet(out: Output, run: FleetRunResult, opts: WarmOptions, chosen) -> 
     out.emit(human=human, data=lambda: {**result.to_dict(), "pushed": [n for n, _ in run.pushed],
                                         "failed_after_writing": dict(run.failed_after_writing),
                                         "converted": run.converted,
+                                        "errors": [e.to_dict() for e in run.fleet.errors] if run.fleet else [],
                                         "shard": None if chosen is None else {"index": chosen.index, "count": chosen.count,
                                                                               "source": chosen.source}})

@@ -136,6 +136,10 @@ def test_warm_targets_tunes_the_good_targets_and_names_the_bad_one(tmp_path):
     proc = run_gpu_cli("warm", "--targets", str(targets), "--cache-dir", str(tmp_path / "root"), "--json",
                        env=gpu_env(tmp_path))
     assert proc.returncode == 2, proc.stderr
-    assert [(w["target"], w["status"]) for w in json.loads(proc.stdout)["workers"]] == [("good", "written")]
+    data = json.loads(proc.stdout)
+    assert [(w["target"], w["status"]) for w in data["workers"]] == [("good", "written")]
+    # --json names the bad target too, as plan --targets --json does
+    assert [(e["target"], e["target_source"]) for e in data["errors"]] == [("bad", "t.yaml: targets[1]")]
+    assert "unknown field 'tpp'" in data["errors"][0]["error"]
     assert proc.stderr.count("targets[1]") == 2 and "unknown field 'tpp'" in proc.stderr  # before tuning, and last
     assert proc.stderr.strip().splitlines()[-1].endswith("not tuned, their fields are wrong: t.yaml: targets[1]")
