@@ -161,7 +161,7 @@ def load_targets(path: str | Path) -> list[Target]:
         raise UsageError(f"{label}: larger than {MAX_FILE_BYTES} bytes")
     if str(path).endswith(".json"):
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_pairs)
         except ValueError as e:
             raise UsageError(f"{label}: not valid JSON ({e})") from None
         except RecursionError:  # [[[[... nested deeper than any targets file (hostile_files.py)
@@ -170,13 +170,46 @@ def load_targets(path: str | Path) -> list[Target]:
         import yaml
 
         try:
-            data = yaml.safe_load(text)  # JSON is YAML too
+            data = yaml.load(text, Loader=_unique_keys_loader())  # a safe loader; JSON is YAML too
         except yaml.YAMLError as e:
             raise UsageError(f"{label}: not valid YAML ({str(e).splitlines()[0]})") from None
         except RecursionError:
             raise UsageError(f"{label}: nested too deep to be a targets file") from None
     _count_values(data, label)
     return parse_targets(data, label, base)
+
+
+def _unique_pairs(pairs: list) -> dict:
+    """A JSON object whose keys are unique: ``tp: 4`` then ``tp: 8`` in one target is a slip that
+    would warm another topology without a word (parsers keep the last)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        dup = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
+        raise ValueError(f"the key {dup!r} is given twice in one object")
+    return out
+
+
+def _unique_keys_loader():
+    """PyYAML's safe loader, refusing a mapping that gives one key twice (YAML requires unique
+    keys; PyYAML keeps the last)."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: set[str] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # ``<<: *defaults``: its keys may be given again, that is what it is for
+                key = self.construct_object(key_node, deep=deep)
+                if not isinstance(key, str):
+                    continue
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice in one "
+                                                            "mapping", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeys
 
 
 def _count_values(data: object, label: str) -> None:

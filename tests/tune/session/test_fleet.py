@@ -93,6 +93,24 @@ def test_a_yaml_alias_bomb_is_refused_quickly_not_expanded(tmp_path):
         load_targets(tmp_path / "bomb.yaml")
 
 
+@pytest.mark.parametrize("name,text", [
+    ("t.yaml", "targets:\n  - model: org/m\n    tp: 4\n    tp: 8\n"),
+    ("t.json", '{"targets": [{"model": "org/m", "tp": 4, "tp": 8}]}'),
+])
+def test_a_key_given_twice_in_a_target_is_refused_not_the_last_taken(tmp_path, name, text):
+    """``tp: 4`` then ``tp: 8``: the parsers keep the last, and a slip warmed another topology."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises(UsageError, match="the key 'tp' is given twice"):
+        load_targets(tmp_path / name)
+
+
+def test_a_yaml_merge_key_still_takes_its_defaults(tmp_path):
+    """``<<: *defaults`` then a key of them again is YAML's override, not a key given twice."""
+    (tmp_path / "t.yaml").write_text("defaults: &b {model: org/m, tp: 4}\ntargets:\n  - {<<: *b, tp: 8}\n")
+    (t,) = load_targets(tmp_path / "t.yaml")
+    assert t.fields == {"model": "org/m", "tp": 8}
+
+
 def test_load_yaml_json_and_relative_config(tmp_path):
     (tmp_path / "cfg").mkdir()
     (tmp_path / "t.yaml").write_text("targets:\n  - {model: org/m, config: cfg/config.json, tp: 2}\n")
