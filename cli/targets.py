@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import click
 
-from autotune_cache.errors import ExitCode, UsageError
+from autotune_cache.errors import ExitCode, FiAutotuneError, Interrupted, UsageError
 from autotune_cache.humanize import plural
 from autotune_cache.plan.options import GIVEN_OPTIONS
 from autotune_cache.tree.store.store import Store
@@ -100,9 +100,11 @@ def fleet_command(order: FleetOrder, opts: WarmOptions, push_url: str | None, ou
     opts = replace(opts, store=writable_store(push_url))
     written = [0]
     count = [0]
+    planned: list[FleetItem] = []
 
     def on_planned(items: list[FleetItem], fleet: Fleet | None) -> None:
         count[0] = len(items)
+        planned[:] = items
         for e in fleet.errors if fleet is not None else ():
             out.error(e.line())
         if fleet is not None and fleet.shard is not None:
@@ -126,6 +128,11 @@ def fleet_command(order: FleetOrder, opts: WarmOptions, push_url: str | None, ou
     progress = Progress(out.mode.value == "human")
     try:
         run = run_fleet(order, opts, progress=progress, on_planned=on_planned, on_committed=on_committed)
+    except (FiAutotuneError, KeyboardInterrupt) as e:
+        if out.mode.value == "json":  # what was written before it stopped, for a program as for a person
+            out.emit(data={"workers": [i.to_dict() for i in planned], "stopped": str(e) or "interrupted",
+                           "interrupted": isinstance(e, (Interrupted, KeyboardInterrupt))})
+        raise
     finally:
         progress.close()  # before main() prints an interruption (exit 130)
     run.result.timings["command_wall_s"] = round(time.perf_counter() - t0, 3)

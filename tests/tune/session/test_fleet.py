@@ -13,6 +13,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from autotune_cache.errors import UsageError
@@ -297,11 +298,17 @@ def test_careful_tuning_is_one_target_in_its_own_work_dir():
 
 
 def test_a_failed_run_keeps_what_it_wrote_and_resumes(fleet, tmp_path):
-    proc = warm_targets(fleet, tmp_path, "--gpus", "1", "--deal", "targets", env={"FAKE_WORKER_MODE": "crash-after-100"})
+    proc = warm_targets(fleet, tmp_path, "--gpus", "1", "--deal", "targets", "--json",
+                        env={"FAKE_WORKER_MODE": "crash-after-100"})
     assert proc.returncode == 1 and "stopped (killed by SIGKILL)" in proc.stderr
     assert re.search(r"\d of 5 targets were written before it", proc.stderr), proc.stderr
     written = int(re.search(r"(\d) of 5 targets were written", proc.stderr)[1])
     assert written >= 1
+    # --json says it too: every target with its status, and why the warm stopped
+    stopped = json.loads(proc.stdout)
+    jsonschema.validate(stopped, json.loads((REPO / "docs" / "schemas" / "warm.schema.json").read_text()))
+    assert sum(t["status"] == "written" for t in stopped["workers"]) == written and len(stopped["workers"]) == 5
+    assert "killed by SIGKILL" in stopped["stopped"] and stopped["interrupted"] is False
     again = warm_targets(fleet, tmp_path, "--json")
     data = json.loads(again.stdout)
     assert again.returncode == 0 and sum(t["status"] == "written" for t in data["workers"]) == 5 - written
