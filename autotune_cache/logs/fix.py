@@ -78,7 +78,9 @@ def warm(engine: LogDialect | None, args: dict | None, fields: KeyFields | None,
         return shell(head) + " -- " + (shell(cmd) if cmd else engine.command_placeholder)
     if cmd:
         return shell(head) + " -- " + shell(cmd)
-    if fields is not None:
+    if fields is not None and not fields.is_draft:
+        # a draft worker's entry comes from the server's --speculative-* flags, which no key field
+        # holds: from the fields alone, warm would tune the target's entry again
         return shell([*head, *warm_options(fields)])
     return shell(head) + " -- " + (engine or default_dialect()).command_placeholder
 

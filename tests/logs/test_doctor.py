@@ -85,6 +85,10 @@ def test_speculative_draft_worker_missing_its_entry(qwen_tree):
         target, draft = r["sessions"]
         assert target["entry"] == QWEN_ID and target["cause"] is None and target["in_tree"]["worker"] == "target"
         assert draft["cause_kind"] == "no-entry" and "speculative draft worker" in draft["cause"]
+    # the log names no --speculative-* flag: a warm built from the key's fields would tune the
+    # target's entry again, so the fix asks for the server's own flags
+    (cause,) = report["servers"][0]["causes"]
+    assert cause["fix"]["command"] == "fi-autotune warm -- python -m sglang.launch_server <the server's flags>"
 
 
 def test_eight_ranks_interleaved_behind_kubectl_prefixes(root):
