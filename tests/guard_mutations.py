@@ -15,6 +15,9 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MUTATIONS = [
+    ("46: check's --arch that contradicts the serving image's env.json is refused, never checked", "autotune_cache/plan/request.py",
+     "        if self.arch and fingerprint.arch and self.arch != fingerprint.arch:", "        if False:",
+     "tests/test_check.py::test_an_arch_that_contradicts_the_env_from_is_refused_not_checked"),
     ("46: the plan leaves an entry holding others' files, as the run does", "autotune_cache/tree/delete.py",
      "    if not e.only_ours:\n        return not_ours(e)\n", "",
      "tests/tree/crashsafe/test_reliability.py::test_an_entry_holding_someone_elses_file_is_left_by_the_plan_as_by_the_run"),

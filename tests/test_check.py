@@ -150,6 +150,18 @@ def test_the_fingerprint_gives_arch_and_version(root, tmp_path):
     assert code == 0 and report["entry"].startswith("0.7.2.post1/sm90/")
 
 
+def test_an_arch_that_contradicts_the_env_from_is_refused_not_checked(root, tmp_path):
+    """``--arch sm90`` with an env.json of an sm100 image: the gate checked sm90's tree and said
+    OK, while the engine looks under sm100. One line, exit 2, under --strict or not."""
+    write_plan_entry(qwen_plan(root))
+    env = tmp_path / "env.json"
+    env.write_text(json.dumps({"fingerprint": {**DEFAULT_METADATA, "flashinfer_version": "0.7.2.post1"}, "arch": "sm100"}))
+    for strict in ((), ("--strict",)):
+        proc = run_cli("check", *strict, "--cache-dir", str(root), "--env-from", str(env), *QWEN)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "--arch sm90 here, but --env-from" in proc.stderr and "sm100" in proc.stderr
+
+
 def test_the_serving_command_itself(root):
     write_plan_entry(qwen_plan(root))
     proc = run_cli("check", "--arch", "sm90", "--flashinfer-version", "0.7.2.post1", "--cache-dir", str(root), "--strict",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from autotune_cache import registry
 from autotune_cache.autotuner.lookup_keys import unrecorded_release_note
+from autotune_cache.errors import UsageError
 from autotune_cache.plan.engine_target import EngineTarget
 from autotune_cache.plan.flags import ServerFlags
 from autotune_cache.plan.entry_key import DEFAULT_SCHEMA
@@ -75,6 +76,9 @@ class TuneRequest:
         whatever FlashInfer this machine has, if any."""
         if fingerprint is None:
             return self
+        if self.arch and fingerprint.arch and self.arch != fingerprint.arch:  # a gate would check another tree
+            raise UsageError(f"--arch {self.arch} here, but {fingerprint.source} says the serving GPU is "
+                             f"{fingerprint.arch}: drop --arch, or give the serving image's env.json")
         version = fingerprint.fields.get("flashinfer_version")
         return replace(
             self,
