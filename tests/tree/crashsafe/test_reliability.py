@@ -346,6 +346,22 @@ def test_prune_reports_what_it_could_not_delete(tmp_path):
     assert "Nothing to delete." in human.stdout and f"left {eid}: holds files" in human.stderr
 
 
+def test_delete_entry_itself_refuses_an_entry_holding_foreign_files(root):
+    """The plan leaves such an entry (``why_left``); the step that deletes refuses it too, on its
+    own rescan under the entry's lock, whoever made the plan it was handed."""
+    from autotune_cache.tree.delete import delete_entry
+    from autotune_cache.tree.scanner.entry_scan import scan_entry
+    from autotune_cache.tree.scanner.scan import scan_cache
+
+    eid = write_fake_entry(root)
+    (entry_path(root, eid) / "notes.txt").write_text("someone's notes")
+    info = scan_cache(root)
+    (e,) = info.entries
+    out = delete_entry(info.layout, root, e, lambda x: scan_entry(info.layout, x.path, x.id))
+    assert not out.deleted and "not part of a cache (notes.txt)" in out.why
+    assert (entry_path(root, eid) / "notes.txt").exists() and list(listed(root)) == [str(eid)]
+
+
 def test_ls_and_prune_survive_a_hostile_tree(tmp_path):
     root = tmp_path / "tree"
     outside = tmp_path / "outside"
