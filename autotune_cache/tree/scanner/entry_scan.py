@@ -8,7 +8,6 @@ finishes. The shape of an entry (which names are data files) comes from its ``Ca
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from autotune_cache.autotuner.rankfile import RankFile, read_regular_file
 from autotune_cache.plan.topology import MAX_RANK_FILES, Topology
 from autotune_cache.tree.layouts.memo import memo_of
 from autotune_cache.tree.scanner.digestindex import DigestIndex, stats_digest
-from autotune_cache.tree.crashsafe.dirs import dir_size
+from autotune_cache.tree.crashsafe.dirs import dir_size, list_dir
 from autotune_cache.tree.layouts.base import CacheLayout
 from autotune_cache.tree.layouts.values import EntryId, NameKind
 from autotune_cache.tree.layouts.own_names import MANIFEST_NAME
@@ -101,15 +100,10 @@ def manifest_names_other_entry(manifest: Manifest, ids: dict, eid: EntryId) -> b
         getattr(manifest, f) != ids[f] for f in ("flashinfer_version", "arch") if f in ids)
 
 
-def _gone(path: Path, e: OSError) -> bool:
-    """Was the entry dir itself deleted, or renamed into a trash dir by ``rm``/``prune``, after the
-    walk listed it? Only when listing it said ENOENT *and* a second ``lstat`` finds no such name:
-    any other error, or a dir that is there again, is still the entry's problem to report."""
-    return e.errno == errno.ENOENT and _gone_now(path)
-
-
 def _gone_now(path: Path) -> bool:
-    """Is the entry dir itself no longer there (``lstat``: no such name)?"""
+    """Is the entry dir itself no longer there (``lstat``: no such name)? Deleted, or renamed into
+    a trash dir by ``rm``/``prune``, since the walk listed it. Any other answer (there, or there
+    again, or an error of its own) leaves what failed the entry's problem to report."""
     try:
         os.lstat(path)
     except FileNotFoundError:
@@ -234,13 +228,11 @@ def scan_entry(
     if own is not None:
         return own
     ids = layout.id_fields(eid)
-    try:
-        with os.scandir(path) as it:
-            children = list(it)
-    except OSError as e:
-        if skip_gone and _gone(path, e):
+    children, err = list_dir(path, sort=False)
+    if err:
+        if skip_gone and _gone_now(path):
             return None
-        return _unreadable_entry(path, eid, ids, f"cannot list: {e.strerror or e}")
+        return _unreadable_entry(path, eid, ids, err)
     if len(children) > MAX_ENTRY_CHILDREN:
         found = _Listing(problems=[f"holds {len(children)} names, more than any cache entry "
                                    f"(limit {MAX_ENTRY_CHILDREN}): not read"])
