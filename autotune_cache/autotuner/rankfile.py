@@ -98,6 +98,14 @@ def open_for_reading(path: "Path | str", dir_fd: int | None = None) -> int:
     return os.open(path, flags, dir_fd=dir_fd)
 
 
+def refused_by_system(e: BaseException) -> bool:
+    """Whether reading failed because the system would not let it (EACCES, EIO, gone meanwhile:
+    an errno), which leaves the file's contents unknown - not because of what the file is
+    (``read_regular_file``'s own refusals, not a regular file or too large, carry no errno; bad
+    JSON is a ValueError). One rule for every reader of an entry's files."""
+    return isinstance(e, OSError) and e.errno is not None
+
+
 def read_regular_file(path: "Path | str", limit: int = MAX_RANK_FILE_BYTES, dir_fd: int | None = None) -> bytes:
     """Read a regular file without following a symlink, blocking on a FIFO, or touching atime."""
     fd = open_for_reading(path, dir_fd)
@@ -259,7 +267,7 @@ class RankFile(NamedTuple):
         """``e`` from reading it: the system's refusal (an errno: EACCES, EIO...) leaves its
         contents unknown; ``read_regular_file``'s own (not a regular file, too large) is a fact."""
         return cls(directory, name, st.st_size, st.st_mtime, st.st_mtime_ns, error=f"unreadable: {e.strerror or e}",
-                   unknown=e.errno is not None)
+                   unknown=refused_by_system(e))
 
     @classmethod
     def read(cls, directory: Path, name: str, st: os.stat_result) -> "RankFile":

@@ -15,7 +15,7 @@ from pathlib import Path
 from stat import S_ISDIR, S_ISREG
 
 from autotune_cache.autotuner.fingerprint import Fingerprint
-from autotune_cache.autotuner.rankfile import RankFile, read_regular_file
+from autotune_cache.autotuner.rankfile import RankFile, read_regular_file, refused_by_system
 from autotune_cache.plan.topology import MAX_RANK_FILES, Topology
 from autotune_cache.tree.layouts.memo import memo_of
 from autotune_cache.tree.scanner.digestindex import DigestIndex, stats_digest
@@ -164,7 +164,7 @@ def _list_entry(layout: CacheLayout, path: Path, children: list[os.DirEntry]) ->
                 notes.append(f"{MANIFEST_NAME}: {e}; listed from its data files only")
             except (OSError, ValueError) as e:
                 out.manifest_error = str(e)
-                out.manifest_unknown = isinstance(e, OSError) and e.errno is not None
+                out.manifest_unknown = refused_by_system(e)
         elif kind is NameKind.TEMP and is_reg:
             temp.append(Finding(path / name, "temp", "temporary file of an interrupted write", st.st_size, st.st_mtime))
         elif kind is NameKind.ENGINE_SIDE:

@@ -16,7 +16,7 @@ import stat as stat_mod
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, RankFile, read_regular_file
+from autotune_cache.autotuner.rankfile import MAX_RANK_FILE_BYTES, RankFile, read_regular_file, refused_by_system
 from autotune_cache.tree.layout_kinds.flashinfer_v2.bundle import StagedEnv, checked_env, merge_env
 from autotune_cache.tree.layout_kinds.flashinfer_v2.convert import write_entry
 from autotune_cache.tree.layout_kinds.flashinfer_v2.format import (ENTRIES, MANIFEST, V2Result, default_root, entry_name, env_hash,
@@ -218,7 +218,7 @@ def _read_manifest(found: _EnvDir, path: str) -> None:
         found.manifest = manifest
     except (OSError, ValueError, RecursionError) as e:
         found.problems.append(f"{MANIFEST}: {str(e)[:80]}")
-        found.unknown |= isinstance(e, OSError) and e.errno is not None
+        found.unknown |= refused_by_system(e)
 
 
 def _entry_error(path: str, name: str) -> tuple[str | None, bool]:
@@ -232,7 +232,7 @@ def _entry_error(path: str, name: str) -> tuple[str | None, bool]:
         if entry_name(entry["key"]) != name:
             raise ValueError("its embedded key does not hash to its name (FlashInfer would skip it)")
     except (OSError, ValueError, RecursionError) as ex:
-        return str(ex)[:100], isinstance(ex, OSError) and ex.errno is not None
+        return str(ex)[:100], refused_by_system(ex)
     return None, False
 
 
